@@ -1,0 +1,97 @@
+// Shared-memory layout between a trainer (client library) and its daemon (session protocol v1).
+//
+// Each client session has one control mapping (a memfd made by the daemon, passed with
+// SCM_RIGHTS at the handshake) holding a ShmControl: a submission ring (client -> daemon) and a
+// completion ring (daemon -> client), each single-producer/single-consumer. Each registered
+// tensor has its own data mapping (another memfd, pre-faulted) of `count` elements.
+//
+// Protocol of one step: the client writes its gradient into the tensor's mapping, pushes a
+// Submission and signals the submission eventfd; from then until the matching Completion the
+// client must not touch that mapping. The daemon writes the averaged gradient into the mapping,
+// pushes a Completion and signals the completion eventfd.
+//
+// Both sides treat the other as untrusted: indices are masked, every field is validated.
+// The layout is frozen for kShmVersion; golden tests pin the offsets.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace sparsecar::shm {
+
+inline constexpr uint32_t kShmMagic = 0x4D485343;  // "CSHM"
+inline constexpr uint32_t kShmVersion = 1;
+inline constexpr uint32_t kRingSlots = 256;      // power of two
+inline constexpr size_t kErrorTextBytes = 192;   // NUL-terminated, truncated
+
+struct Submission {
+  uint64_t seq;        // client's running count, for diagnostics
+  uint64_t step;
+  uint32_t tensor_id;  // as returned at registration
+  uint32_t flags;      // reserved, 0
+  float lr;            // learning rate of this step (0 = not given)
+  uint32_t reserved;
+};
+static_assert(sizeof(Submission) == 32);
+
+struct Completion {
+  uint64_t step;
+  uint32_t tensor_id;
+  int32_t code;              // sparsecar::Code; 0 = OK and the mapping holds the averaged gradient
+  uint64_t bytes_sent;       // bytes this daemon put on the wire for this (tensor, step)
+  uint64_t dense_bytes;      // what a dense exchange of the same step would have sent
+  uint64_t nnz;              // elements this node selected (== count when dense)
+  uint64_t reserved;
+  char message[kErrorTextBytes];  // error text when code != 0
+};
+static_assert(sizeof(Completion) == 240);
+
+// A single-producer/single-consumer ring. `head` is written only by the producer, `tail` only
+// by the consumer; both count pushes/pops since creation (wrap at 2^64, index = value % slots).
+template <typename Entry>
+struct alignas(64) Ring {
+  alignas(64) std::atomic<uint64_t> head;  // next slot the producer writes
+  alignas(64) std::atomic<uint64_t> tail;  // next slot the consumer reads
+  alignas(64) Entry entries[kRingSlots];
+};
+
+struct ShmControl {
+  uint32_t magic;
+  uint32_t version;
+  uint32_t ring_slots;
+  uint32_t reserved;
+  Ring<Submission> submissions;
+  Ring<Completion> completions;
+};
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "rings need lock-free 64-bit atomics");
+
+// Producer side: false when full (would block).
+template <typename Entry>
+inline bool ring_push(Ring<Entry>& ring, const Entry& entry) {
+  uint64_t head = ring.head.load(std::memory_order_relaxed);
+  uint64_t tail = ring.tail.load(std::memory_order_acquire);
+  if (head - tail >= kRingSlots) return false;
+  ring.entries[head % kRingSlots] = entry;
+  ring.head.store(head + 1, std::memory_order_release);
+  return true;
+}
+
+// Consumer side: false when empty. A producer that moved `head` more than kRingSlots ahead of
+// `tail` is corrupt; ring_pop reports it through *corrupt and consumes nothing.
+template <typename Entry>
+inline bool ring_pop(Ring<Entry>& ring, Entry* out, bool* corrupt = nullptr) {
+  uint64_t tail = ring.tail.load(std::memory_order_relaxed);
+  uint64_t head = ring.head.load(std::memory_order_acquire);
+  if (head == tail) return false;
+  if (head - tail > kRingSlots) {
+    if (corrupt) *corrupt = true;
+    return false;
+  }
+  *out = ring.entries[tail % kRingSlots];
+  ring.tail.store(tail + 1, std::memory_order_release);
+  return true;
+}
+
+}  // namespace sparsecar::shm

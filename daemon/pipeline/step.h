@@ -1,0 +1,63 @@
+// The seam between sessions (trainers on this node) and the pipeline (compression + exchange).
+//
+// Data flows one way: the session thread hands the pipeline a StepJob once every local client
+// has submitted (tensor, step) and the local dense sum is ready; the pipeline hands back a
+// StepResult through StepResultSink. Buffers in a StepJob are owned by the session and lent to
+// the pipeline until the matching StepResult: the session neither reads `result` nor writes
+// `local_sum` in between.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "sparsecar/common/status.h"
+
+namespace sparsecar {
+
+struct TensorSpec {
+  std::string name;
+  uint64_t count = 0;  // elements (fp32)
+};
+
+struct StepJob {
+  uint32_t tensor_id = 0;
+  uint64_t step = 0;
+  float lr = 0.0f;                     // learning rate the trainers passed (0 = not given)
+  std::span<const float> local_sum;    // sum over the local clients, count elements
+  std::span<float> result;             // the pipeline writes the job-wide average here
+};
+
+struct StepResult {
+  uint32_t tensor_id = 0;
+  uint64_t step = 0;
+  Status status;             // OK: `result` of the job holds the average
+  uint64_t bytes_sent = 0;   // bytes this daemon sent for the step (headers included)
+  uint64_t dense_bytes = 0;  // bytes a dense exchange of this step would have sent
+  uint64_t nnz = 0;          // elements this node selected
+};
+
+// The pipeline as the session sees it. All calls come from the session thread and never block.
+class StepSink {
+ public:
+  virtual ~StepSink() = default;
+  // A new tensor, announced before its first StepJob. Ids are dense, 0, 1, 2, ... in
+  // registration order. Returns an error when the job already started (no late registration).
+  virtual Status register_tensor(uint32_t tensor_id, const TensorSpec& spec) = 0;
+  // Queues a step. The pipeline answers every job exactly once through StepResultSink.
+  virtual void submit(const StepJob& job) = 0;
+  // A trainer reported a named scalar (e.g. "loss") for a step; controllers and metrics use it.
+  virtual void report_metric(const std::string& name, double value, uint64_t step) = 0;
+  // Every local client has gone: forget tensors, residuals and job state (the next clients start
+  // a new job). Jobs still queued are answered with kAborted first.
+  virtual void reset() = 0;
+};
+
+// The session as the pipeline sees it. complete() may be called from any thread; it only queues.
+class StepResultSink {
+ public:
+  virtual ~StepResultSink() = default;
+  virtual void complete(const StepResult& result) = 0;
+};
+
+}  // namespace sparsecar

@@ -1,0 +1,55 @@
+// Transport: moves opaque messages (a wire header + a payload) between the daemons of one job.
+//
+// The seam between the pipeline and the network. UcxTransport (ucx_transport.h) is the product;
+// tests/unit/daemon/fake_transport.h is an in-process fake for unit tests.
+//
+// Threads: the transport owns one progress thread. send() may be called from any thread; the
+// MessageSink callbacks run on the progress thread and must not block (copy what you keep and
+// return). A transport never interprets the bytes it moves; validation is the receiver's job.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+
+#include "sparsecar/common/status.h"
+
+namespace sparsecar {
+
+// Receives what arrives from peers. Called on the transport's progress thread.
+class MessageSink {
+ public:
+  virtual ~MessageSink() = default;
+  // One whole message from `peer`; both spans are valid only during the call.
+  virtual void on_message(uint32_t peer, std::span<const std::byte> header,
+                          std::span<const std::byte> payload) = 0;
+  // `peer` is gone (killed, connection reset, endpoint timeout). Called once per peer.
+  virtual void on_peer_failed(uint32_t peer, const Status& why) = 0;
+};
+
+// Called once when a send has completed (buffers may be reused) or failed.
+using SendCallback = std::function<void(const Status&)>;
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual uint32_t rank() const = 0;
+  virtual uint32_t world_size() const = 0;
+  // Human name of a peer for error messages: "rank 2 (10.0.0.3:41234)".
+  virtual std::string peer_name(uint32_t peer) const = 0;
+
+  // Queues `header` + `payload` for `peer` (peer != rank()). Zero-copy: the caller keeps both
+  // buffers alive and unchanged until `done` runs. `done` runs exactly once, on the progress
+  // thread, with OK or the reason the send failed (peer down, transport stopped).
+  // Returns an error without calling `done` if the request cannot even be queued.
+  virtual Status send(uint32_t peer, std::span<const std::byte> header,
+                      std::span<const std::byte> payload, SendCallback done) = 0;
+
+  // Stops the progress thread, fails queued sends, closes endpoints. Idempotent.
+  virtual void stop() = 0;
+};
+
+}  // namespace sparsecar

@@ -1,0 +1,37 @@
+// Enums shared by kernels, policies, codecs and the wire format.
+//
+// The numeric values travel on the wire and in the shm layout: they are frozen. Add new values
+// at the end; never renumber or reuse one.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+namespace sparsecar::kernels {
+
+// How the kept coordinates are chosen.
+enum class Selector : uint16_t {
+  kNone = 0,       // dense: every coordinate (compression off)
+  kTopk = 1,       // exact top-k by magnitude
+  kThreshold = 2,  // hard threshold: |e_i| >= lambda
+};
+
+// How a selection is laid out in a message payload.
+enum class Format : uint16_t {
+  kDense = 0,  // value[dense_len]
+  kCoo = 1,    // uint32 index[nnz] (strictly increasing), then value[nnz]
+};
+
+// Element type of the values in a payload.
+enum class ValueType : uint16_t {
+  kF32 = 0,
+};
+
+std::string_view selector_name(Selector s);
+std::string_view format_name(Format f);
+std::string_view value_type_name(ValueType v);
+// Parse the names above ("none", "topk", "threshold"; "dense", "coo"; "fp32"); false if unknown.
+bool parse_selector(std::string_view text, Selector* out);
+bool parse_format(std::string_view text, Format* out);
+
+}  // namespace sparsecar::kernels
