@@ -1,0 +1,214 @@
+#include "daemon/collective/collective.h"
+
+#include <array>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+
+#include "daemon/transport/wire.h"
+#include "sparsecar/kernels/codec.h"
+#include "sparsecar/kernels/select.h"
+
+namespace sparsecar {
+namespace {
+
+using HeaderBytes = std::array<std::byte, wire::kHeaderBytes>;
+
+// Tracks the sends of one step. Shared with the transport's callbacks, so it outlives an
+// early return; it also keeps the caller's buffers (keepalive) and the headers alive.
+class SendGroup {
+ public:
+  explicit SendGroup(std::shared_ptr<const void> keepalive) : keepalive_(std::move(keepalive)) {}
+
+  static Status send(const std::shared_ptr<SendGroup>& group, const ExchangeContext& ctx, uint32_t peer,
+                     wire::WireHeader header, std::span<const std::byte> payload, ExchangeStats* stats) {
+    HeaderBytes* bytes;
+    {
+      std::lock_guard<std::mutex> lock(group->mu_);
+      bytes = &group->headers_.emplace_back();
+      ++group->outstanding_;
+    }
+    wire::seal(header, payload, std::span<std::byte, wire::kHeaderBytes>(*bytes));
+    Status queued = ctx.transport->send(peer, *bytes, payload, [group, peer, &ctx_name = *ctx.transport](const Status& s) {
+      std::lock_guard<std::mutex> lock(group->mu_);
+      if (!s.ok() && group->first_error_.ok()) {
+        group->first_error_ = s.with_context("sending to " + ctx_name.peer_name(peer));
+      }
+      --group->outstanding_;
+      group->cv_.notify_all();
+    });
+    if (!queued.ok()) {
+      std::lock_guard<std::mutex> lock(group->mu_);
+      --group->outstanding_;
+      return queued.with_context("sending to " + ctx.transport->peer_name(peer));
+    }
+    stats->bytes_sent += wire::kHeaderBytes + payload.size();
+    stats->messages_sent += 1;
+    return Status::Ok();
+  }
+
+  // Waits until every send completed or the deadline passed.
+  Status wait(std::chrono::steady_clock::time_point deadline) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_until(lock, deadline, [&] { return outstanding_ == 0; })) {
+      return deadline_exceeded(std::to_string(outstanding_) + " send(s) did not complete in time");
+    }
+    return first_error_;
+  }
+
+ private:
+  std::shared_ptr<const void> keepalive_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<HeaderBytes> headers_;  // guarded by mu_; deque: stable addresses
+  int outstanding_ = 0;              // guarded by mu_
+  Status first_error_;               // guarded by mu_
+};
+
+wire::WireHeader make_header(const ExchangeContext& ctx, wire::Kind kind, uint32_t tensor_id, uint64_t step) {
+  wire::WireHeader h{};
+  h.magic = wire::kMagic;
+  h.version = wire::kVersion;
+  h.kind = static_cast<uint16_t>(kind);
+  h.job_id = ctx.job_id;
+  h.sender_rank = ctx.rank;
+  h.tensor_id = tensor_id;
+  h.step = step;
+  h.epoch = ctx.epoch;
+  return h;
+}
+
+std::span<const std::byte> as_bytes(std::span<const float> v) { return std::as_bytes(v); }
+
+// Element range of ring chunk c.
+std::pair<size_t, size_t> chunk_range(size_t n, uint32_t world, uint32_t c) {
+  return {n * c / world, n * (c + 1) / world};
+}
+
+}  // namespace
+
+Status sparse_allgather(const ExchangeContext& ctx, uint32_t tensor_id, uint64_t step, kernels::Format format,
+                        kernels::ValueType value_type, uint64_t nnz, std::span<const std::byte> payload,
+                        std::span<float> out, ExchangeStats* stats) {
+  std::fill(out.begin(), out.end(), 0.0f);
+  auto group = std::make_shared<SendGroup>(ctx.keepalive);
+  wire::WireHeader h = make_header(ctx, wire::Kind::kData, tensor_id, step);
+  h.format = static_cast<uint16_t>(format);
+  h.value_type = static_cast<uint16_t>(value_type);
+  h.dense_len = out.size();
+  h.nnz = nnz;
+  h.payload_bytes = payload.size();
+  for (uint32_t peer = 0; peer < ctx.world_size; ++peer) {
+    if (peer == ctx.rank) continue;
+    SC_RETURN_IF_ERROR(SendGroup::send(group, ctx, peer, h, payload, stats));
+  }
+  // Sum in rank order so that every node computes the same bits.
+  for (uint32_t r = 0; r < ctx.world_size; ++r) {
+    if (r == ctx.rank) {
+      SC_RETURN_IF_ERROR(kernels::decode_accumulate(format, value_type, payload, nnz, out)
+                             .with_context("decoding own selection"));
+      continue;
+    }
+    std::string name = ctx.transport->peer_name(r);
+    SC_ASSIGN_OR_RETURN(Envelope e, ctx.mailbox->take(wire::Kind::kData, r, tensor_id, step, 0, ctx.deadline, name));
+    if (e.header.dense_len != out.size()) {
+      return data_loss(name + " sent tensor " + std::to_string(tensor_id) + " with " +
+                       std::to_string(e.header.dense_len) + " elements; this node has " + std::to_string(out.size()));
+    }
+    if (e.header.epoch != ctx.epoch) {
+      return failed_precondition(name + " sent step " + std::to_string(step) + " under decision epoch " +
+                                 std::to_string(e.header.epoch) + "; this node is at epoch " +
+                                 std::to_string(ctx.epoch));
+    }
+    SC_RETURN_IF_ERROR(kernels::decode_accumulate(static_cast<kernels::Format>(e.header.format),
+                                                  static_cast<kernels::ValueType>(e.header.value_type), e.payload,
+                                                  e.header.nnz, out)
+                           .with_context("decoding from " + name));
+  }
+  return group->wait(ctx.deadline);
+}
+
+Status ring_allreduce(const ExchangeContext& ctx, uint32_t tensor_id, uint64_t step, std::span<float> data,
+                      ExchangeStats* stats) {
+  const uint32_t w = ctx.world_size;
+  if (w == 1) return Status::Ok();
+  const uint32_t right = (ctx.rank + 1) % w;
+  const uint32_t left = (ctx.rank + w - 1) % w;
+  const std::string left_name = ctx.transport->peer_name(left);
+  const size_t n = data.size();
+  auto group = std::make_shared<SendGroup>(ctx.keepalive);
+
+  // Phases 0 .. w-2 reduce-scatter, w-1 .. 2w-3 all-gather. In phase p this rank sends chunk
+  // `send_c` to the right and receives chunk `recv_c` from the left.
+  for (uint32_t phase = 0; phase < 2 * (w - 1); ++phase) {
+    const bool reduce = phase < w - 1;
+    const uint32_t s = reduce ? phase : phase - (w - 1);
+    const uint32_t send_c = reduce ? (ctx.rank + w - s) % w : (ctx.rank + 1 + w - s) % w;
+    const uint32_t recv_c = reduce ? (ctx.rank + 2 * w - s - 1) % w : (ctx.rank + w - s) % w;
+    auto [sb, se] = chunk_range(n, w, send_c);
+    auto send_span = as_bytes(std::span<const float>(data.data() + sb, se - sb));
+    wire::WireHeader h = make_header(ctx, wire::Kind::kData, tensor_id, step);
+    h.format = static_cast<uint16_t>(kernels::Format::kDense);
+    h.value_type = static_cast<uint16_t>(kernels::ValueType::kF32);
+    h.dense_len = se - sb;
+    h.nnz = se - sb;
+    h.payload_bytes = send_span.size();
+    h.chunk = phase;
+    SC_RETURN_IF_ERROR(SendGroup::send(group, ctx, right, h, send_span, stats));
+
+    SC_ASSIGN_OR_RETURN(Envelope e,
+                        ctx.mailbox->take(wire::Kind::kData, left, tensor_id, step, phase, ctx.deadline, left_name));
+    auto [rb, re] = chunk_range(n, w, recv_c);
+    if (e.header.dense_len != re - rb || e.header.format != static_cast<uint16_t>(kernels::Format::kDense)) {
+      return data_loss(left_name + " sent ring phase " + std::to_string(phase) + " of tensor " +
+                       std::to_string(tensor_id) + " with " + std::to_string(e.header.dense_len) +
+                       " dense elements; expected " + std::to_string(re - rb));
+    }
+    if (e.header.epoch != ctx.epoch) {
+      return failed_precondition(left_name + " is at decision epoch " + std::to_string(e.header.epoch) +
+                                 "; this node is at epoch " + std::to_string(ctx.epoch));
+    }
+    // The chunk we are about to overwrite was sent in an earlier phase: make sure that send is
+    // complete before touching it.
+    SC_RETURN_IF_ERROR(group->wait(ctx.deadline));
+    std::span<float> target(data.data() + rb, re - rb);
+    if (reduce) {
+      SC_RETURN_IF_ERROR(kernels::decode_accumulate(kernels::Format::kDense, kernels::ValueType::kF32, e.payload,
+                                                    e.header.nnz, target)
+                             .with_context("reducing ring chunk from " + left_name));
+    } else {
+      std::memcpy(target.data(), e.payload.data(), target.size_bytes());
+    }
+  }
+  return group->wait(ctx.deadline);
+}
+
+uint64_t ring_allreduce_bytes(uint64_t n, uint32_t world, uint32_t rank) {
+  if (world <= 1) return 0;
+  uint64_t total = 0;
+  for (uint32_t phase = 0; phase < 2 * (world - 1); ++phase) {
+    const bool reduce = phase < world - 1;
+    const uint32_t s = reduce ? phase : phase - (world - 1);
+    const uint32_t send_c = reduce ? (rank + world - s) % world : (rank + 1 + world - s) % world;
+    auto [b, e] = chunk_range(n, world, send_c);
+    total += wire::kHeaderBytes + (e - b) * sizeof(float);
+  }
+  return total;
+}
+
+void broadcast_abort(const ExchangeContext& ctx, uint32_t tensor_id, uint64_t step, const std::string& reason) {
+  if (ctx.transport == nullptr || ctx.world_size == 1) return;
+  auto text = std::make_shared<std::string>(reason.substr(0, 1024));
+  auto group = std::make_shared<SendGroup>(text);
+  wire::WireHeader h = make_header(ctx, wire::Kind::kAbort, tensor_id, step);
+  auto payload = std::as_bytes(std::span<const char>(text->data(), text->size()));
+  h.payload_bytes = payload.size();
+  ExchangeStats ignored;
+  for (uint32_t peer = 0; peer < ctx.world_size; ++peer) {
+    if (peer == ctx.rank) continue;
+    SendGroup::send(group, ctx, peer, h, payload, &ignored).ignore();
+  }
+}
+
+}  // namespace sparsecar

@@ -1,0 +1,60 @@
+// Collectives: how the nodes of a job combine one tensor step.
+//
+//   sparse_allgather: every node sends its encoded selection to every other node, then decodes
+//     all W selections (its own included) into the output in rank order — so every node computes
+//     bit-identical sums. Costs (W-1)(72 + payload) bytes sent per node.
+//   ring_allreduce: dense reduce-scatter then all-gather around the ring r -> r+1; every chunk is
+//     reduced once in a fixed order and then copied, so all nodes hold identical bits. Costs
+//     2(W-1) messages of about n/W elements per node.
+//
+// Both run on the pipeline thread, send through the Transport (zero-copy: `keepalive` holds the
+// buffers until UCX is done with them) and take peer messages from the Mailbox with one deadline
+// for the whole step. Errors name the peer and the step.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "daemon/collective/mailbox.h"
+#include "daemon/transport/transport.h"
+#include "sparsecar/common/status.h"
+#include "sparsecar/kernels/types.h"
+
+namespace sparsecar {
+
+struct ExchangeContext {
+  Transport* transport = nullptr;  // null only when world_size == 1
+  Mailbox* mailbox = nullptr;
+  uint64_t job_id = 0;
+  uint32_t rank = 0;
+  uint32_t world_size = 1;
+  uint32_t epoch = 0;
+  std::chrono::steady_clock::time_point deadline;
+  std::shared_ptr<const void> keepalive;  // owner of every buffer handed to send()
+};
+
+struct ExchangeStats {
+  uint64_t bytes_sent = 0;  // headers included
+  uint64_t messages_sent = 0;
+};
+
+// `payload` is this node's selection encoded as (format, value_type) with `nnz` entries of a
+// tensor of out.size() elements. On success `out` holds the sum over all nodes (not scaled).
+Status sparse_allgather(const ExchangeContext& ctx, uint32_t tensor_id, uint64_t step,
+                        kernels::Format format, kernels::ValueType value_type, uint64_t nnz,
+                        std::span<const std::byte> payload, std::span<float> out, ExchangeStats* stats);
+
+// In place: `data` becomes the sum over all nodes (not scaled).
+Status ring_allreduce(const ExchangeContext& ctx, uint32_t tensor_id, uint64_t step, std::span<float> data,
+                      ExchangeStats* stats);
+
+// Bytes rank `rank` sends in a ring all-reduce of n fp32 elements over `world` nodes, headers
+// included — the "dense equivalent" that compression ratios are quoted against.
+uint64_t ring_allreduce_bytes(uint64_t n, uint32_t world, uint32_t rank);
+
+// Sends a kAbort for (tensor, step) with `reason` to every peer (best effort, not awaited).
+void broadcast_abort(const ExchangeContext& ctx, uint32_t tensor_id, uint64_t step, const std::string& reason);
+
+}  // namespace sparsecar

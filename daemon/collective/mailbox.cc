@@ -1,0 +1,141 @@
+#include "daemon/collective/mailbox.h"
+
+#include "daemon/metrics/metrics.h"
+#include "sparsecar/common/log.h"
+
+namespace sparsecar {
+
+Mailbox::Mailbox(uint64_t job_id, uint32_t world_size, Metrics* metrics)
+    : job_id_(job_id), world_size_(world_size), metrics_(metrics), peer_failures_(world_size) {}
+
+void Mailbox::reject(uint32_t peer, const Status& why, const wire::WireHeader* trusted_header) {
+  rejected_.fetch_add(1);
+  if (metrics_) metrics_->messages_rejected.Increment();
+  SC_LOG_WARN("rejected message from rank %u: %s", peer, why.to_string().c_str());
+  if (trusted_header == nullptr) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  step_failures_[{peer, trusted_header->tensor_id, trusted_header->step}] =
+      data_loss("rank " + std::to_string(peer) + " sent a corrupt message for tensor " +
+                std::to_string(trusted_header->tensor_id) + " step " + std::to_string(trusted_header->step) +
+                ": " + why.message());
+  cv_.notify_all();
+}
+
+void Mailbox::on_message(uint32_t peer, std::span<const std::byte> header_bytes,
+                         std::span<const std::byte> payload) {
+  if (metrics_) metrics_->wire_bytes_received.Increment(static_cast<double>(header_bytes.size() + payload.size()));
+  if (header_bytes.size() != wire::kHeaderBytes) {
+    reject(peer, data_loss("header is " + std::to_string(header_bytes.size()) + " bytes, expected " +
+                               std::to_string(wire::kHeaderBytes)),
+           nullptr);
+    return;
+  }
+  std::span<const std::byte, wire::kHeaderBytes> fixed(header_bytes.data(), wire::kHeaderBytes);
+  wire::WireHeader h = wire::decode_header(fixed);
+  wire::Expectations expect;
+  expect.job_id = job_id_;
+  expect.world_size = world_size_;
+  expect.sender_rank = peer;
+  Status valid = wire::validate_header(h, expect, payload.size());
+  if (!valid.ok()) {
+    reject(peer, valid, nullptr);
+    return;
+  }
+  Status checksum = wire::verify_checksum(fixed, payload);
+  if (!checksum.ok()) {
+    // The header passed every field check; its (tensor, step) most likely is what the sender
+    // meant, so fail that step at once rather than let it run into the deadline.
+    reject(peer, checksum, &h);
+    return;
+  }
+  auto kind = static_cast<wire::Kind>(h.kind);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (kind == wire::Kind::kAbort) {
+    std::string reason(reinterpret_cast<const char*>(payload.data()), payload.size());
+    step_failures_[{peer, h.tensor_id, h.step}] =
+        aborted("rank " + std::to_string(peer) + " aborted tensor " + std::to_string(h.tensor_id) + " step " +
+                std::to_string(h.step) + ": " + reason);
+  } else {
+    Envelope& e = messages_[{h.kind, peer, h.tensor_id, h.step, h.chunk}];
+    e.header = h;
+    e.payload.assign(payload.begin(), payload.end());
+  }
+  cv_.notify_all();
+}
+
+void Mailbox::on_peer_failed(uint32_t peer, const Status& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (peer < peer_failures_.size() && peer_failures_[peer].ok()) {
+    peer_failures_[peer] = unavailable("rank " + std::to_string(peer) + " failed: " + why.message());
+  }
+  cv_.notify_all();
+}
+
+Expected<Envelope> Mailbox::take(wire::Kind kind, uint32_t peer, uint32_t tensor, uint64_t step,
+                                 uint32_t chunk, Clock::time_point deadline, const std::string& peer_name) {
+  std::unique_lock<std::mutex> lock(mu_);
+  Key key{static_cast<uint16_t>(kind), peer, tensor, step, chunk};
+  for (;;) {
+    auto it = messages_.find(key);
+    if (it != messages_.end()) {
+      Envelope e = std::move(it->second);
+      messages_.erase(it);
+      return e;
+    }
+    if (cancelled_) return aborted("step cancelled (daemon resetting or stopping)");
+    if (peer < peer_failures_.size() && !peer_failures_[peer].ok()) {
+      return Status(Code::kUnavailable, peer_name + " is down: " + peer_failures_[peer].message());
+    }
+    auto failed = step_failures_.find({peer, tensor, step});
+    if (failed != step_failures_.end()) return failed->second;
+    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
+      // One last look: the message may have arrived with the timeout.
+      if (messages_.count(key)) continue;
+      return deadline_exceeded(peer_name + " did not deliver tensor " + std::to_string(tensor) + " step " +
+                               std::to_string(step) + " in time");
+    }
+  }
+}
+
+void Mailbox::drop_before(uint32_t tensor, uint64_t step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = messages_.begin(); it != messages_.end();) {
+    if (std::get<2>(it->first) == tensor && std::get<3>(it->first) < step &&
+        std::get<0>(it->first) == static_cast<uint16_t>(wire::Kind::kData)) {
+      it = messages_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto it = step_failures_.begin(); it != step_failures_.end();) {
+    if (std::get<1>(it->first) == tensor && std::get<2>(it->first) < step) {
+      it = step_failures_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Mailbox::clear() {
+  std::lock_guard<std::mutex> lock(mu_);
+  messages_.clear();
+  step_failures_.clear();
+}
+
+void Mailbox::cancel() {
+  std::lock_guard<std::mutex> lock(mu_);
+  cancelled_ = true;
+  cv_.notify_all();
+}
+
+void Mailbox::resume() {
+  std::lock_guard<std::mutex> lock(mu_);
+  cancelled_ = false;
+}
+
+Status Mailbox::peer_status(uint32_t peer) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return peer < peer_failures_.size() ? peer_failures_[peer] : not_found("no such peer");
+}
+
+}  // namespace sparsecar

@@ -1,0 +1,87 @@
+// Mailbox: where messages from peers wait until the pipeline asks for them.
+//
+// The transport's progress thread delivers every message here (Mailbox is the MessageSink). Each
+// message is validated before it is kept: header fields (wire::validate_header), sender identity
+// (the header's sender must be the transport's peer) and the checksum. A bad message is counted,
+// logged once with the peer and reason, and — when its (tensor, step) can be trusted enough to
+// name — turned into a failure for that step so the waiting pipeline fails fast with kDataLoss
+// instead of running into its deadline.
+//
+// The pipeline thread takes messages with take(): it blocks until the message is there, the
+// peer has failed, the peer aborted that step, the deadline passes, or cancel() is called.
+//
+// Thread-safety: on_message/on_peer_failed run on the transport thread; everything else on the
+// pipeline thread; one mutex guards the state (messages are per tensor step, not per element).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "daemon/transport/transport.h"
+#include "daemon/transport/wire.h"
+
+namespace sparsecar {
+
+class Metrics;
+
+struct Envelope {
+  wire::WireHeader header{};
+  std::vector<std::byte> payload;
+};
+
+class Mailbox final : public MessageSink {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  Mailbox(uint64_t job_id, uint32_t world_size, Metrics* metrics);
+
+  // MessageSink (transport thread).
+  void on_message(uint32_t peer, std::span<const std::byte> header,
+                  std::span<const std::byte> payload) override;
+  void on_peer_failed(uint32_t peer, const Status& why) override;
+
+  // Waits for the message of `kind` from `peer` for (tensor, step, chunk). Errors:
+  // kUnavailable (peer failed), kAborted (peer aborted the step, or cancel()), kDataLoss (its
+  // message was corrupt), kDeadlineExceeded. `peer_name` is used in messages.
+  Expected<Envelope> take(wire::Kind kind, uint32_t peer, uint32_t tensor, uint64_t step, uint32_t chunk,
+                          Clock::time_point deadline, const std::string& peer_name);
+
+  // Drops messages for `tensor` with step < `step` (late arrivals of failed steps).
+  void drop_before(uint32_t tensor, uint64_t step);
+  // Forgets all messages and step failures (job reset). Peer failures stay: a dead peer stays dead.
+  void clear();
+  // Makes every current and future take() return kAborted until resume().
+  void cancel();
+  void resume();
+
+  // Why `peer` failed, or OK while it is alive.
+  Status peer_status(uint32_t peer) const;
+  uint64_t rejected() const { return rejected_.load(); }
+
+ private:
+  using Key = std::tuple<uint16_t, uint32_t, uint32_t, uint64_t, uint32_t>;  // kind, peer, tensor, step, chunk
+  using StepKey = std::tuple<uint32_t, uint32_t, uint64_t>;                   // peer, tensor, step
+
+  void reject(uint32_t peer, const Status& why, const wire::WireHeader* trusted_header);
+
+  const uint64_t job_id_;
+  const uint32_t world_size_;
+  Metrics* const metrics_;
+  std::atomic<uint64_t> rejected_{0};
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<Key, Envelope> messages_;            // guarded by mu_
+  std::map<StepKey, Status> step_failures_;     // guarded by mu_: aborts and corrupt messages
+  std::vector<Status> peer_failures_;           // guarded by mu_: OK while alive
+  bool cancelled_ = false;                      // guarded by mu_
+};
+
+}  // namespace sparsecar

@@ -1,0 +1,159 @@
+#include "daemon/config/config.h"
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <set>
+#include <sstream>
+#include <toml++/toml.h>
+
+namespace sparsecar {
+namespace {
+
+std::string dashed(std::string_view name) {
+  std::string out(name);
+  std::replace(out.begin(), out.end(), '_', '-');
+  return out;
+}
+
+// TOML value -> the text set_knob() parses.
+Expected<std::string> toml_text(const toml::node& node) {
+  if (auto s = node.as_string()) return s->get();
+  if (auto i = node.as_integer()) {
+    if (i->get() < 0) return invalid_argument("negative value " + std::to_string(i->get()));
+    return std::to_string(i->get());
+  }
+  if (auto f = node.as_floating_point()) {
+    std::ostringstream os;
+    os.precision(17);
+    os << f->get();
+    return os.str();
+  }
+  if (auto b = node.as_boolean()) return std::string(b->get() ? "on" : "off");
+  return invalid_argument("value must be a string, number or boolean");
+}
+
+// Environment fallbacks for knobs neither the file nor a flag set.
+Status apply_env(Config& config, const std::set<std::string>& already_set, const EnvLookup& env) {
+  for (const auto& spec : knob_table()) {
+    if (already_set.count(spec.name) || spec.env[0] == '\0') continue;
+    const char* value = env(spec.env);
+    if (value == nullptr || *value == '\0') continue;
+    SC_RETURN_IF_ERROR(set_knob(config, spec.name, value)
+                           .with_context(std::string("environment variable ") + spec.env));
+  }
+  // torchrun/Slurm style: the coordinator is the launcher's master address, one port above its
+  // store (MASTER_PORT itself belongs to the trainers' own rendezvous).
+  if (!already_set.count("coordinator") && env("SPARSECAR_COORDINATOR") == nullptr) {
+    const char* addr = env("MASTER_ADDR");
+    const char* port = env("MASTER_PORT");
+    if (addr && *addr && port && *port) {
+      char* end = nullptr;
+      long p = std::strtol(port, &end, 10);
+      if (*end != '\0' || p <= 0 || p >= 65535) {
+        return invalid_argument(std::string("environment variable MASTER_PORT: invalid port '") + port + "'");
+      }
+      config.coordinator = std::string(addr) + ":" + std::to_string(p + 1);
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::string version_string() { return "sparsecar 0.1.0"; }
+
+Expected<std::vector<std::string>> load_config_file(const std::string& path, Config& config) {
+  toml::table table;
+  try {
+    table = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream os;
+    os << path << ":" << e.source().begin.line << ":" << e.source().begin.column << ": "
+       << e.description();
+    return invalid_argument(os.str());
+  } catch (const std::exception& e) {
+    return invalid_argument(path + ": " + e.what());
+  }
+  std::vector<std::string> set_names;
+  for (const auto& [key, node] : table) {
+    std::string name(key.str());
+    std::string where = path + ":" + std::to_string(node.source().begin.line);
+    if (!find_knob(name)) return not_found(where + ": unknown knob '" + name + "'");
+    auto text = toml_text(node);
+    if (!text.ok()) return text.status().with_context(where + ": knob '" + name + "'");
+    SC_RETURN_IF_ERROR(set_knob(config, name, *text).with_context(where));
+    set_names.push_back(name);
+  }
+  return set_names;
+}
+
+Expected<CommandLine> parse_command_line(int argc, const char* const* argv, std::string* out,
+                                         const EnvLookup& env) {
+  CommandLine result;
+  CLI::App app{"sparsecard — the sparsecar gradient-compression daemon (one per node).\n"
+               "Trainers hand it gradients over shared memory; it sparsifies them with error\n"
+               "feedback, exchanges them with the other nodes over UCX and returns the average.",
+               "sparsecard"};
+  app.get_formatter()->column_width(34);
+  bool version = false;
+  std::string check_config;
+  app.add_option("--config", result.config_file, "TOML file of `knob = value` lines (flags override it)");
+  app.add_flag("--version", version, "print the version and exit");
+  app.add_option("--check-config", check_config, "validate a config file and exit");
+
+  std::map<std::string, std::string> flag_values;
+  for (const auto& spec : knob_table()) {
+    std::string doc = spec.doc;
+    doc += " [default: ";
+    std::string def = knob_default(spec);
+    doc += def.empty() ? "\"\"" : def;
+    doc += "]";
+    if (spec.choices[0] != '\0') doc += std::string(" {") + spec.choices + "}";
+    if (spec.env[0] != '\0') doc += std::string(" (env ") + spec.env + ")";
+    if (spec.live) doc += " (live)";
+    app.add_option("--" + dashed(spec.name), flag_values[spec.name], doc);
+  }
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    *out = app.help();
+    result.exit_now = true;
+    return result;
+  } catch (const CLI::ParseError& e) {
+    return invalid_argument(std::string(e.what()) + " (see --help)");
+  }
+  if (version) {
+    *out = version_string() + "\n";
+    result.exit_now = true;
+    return result;
+  }
+
+  std::set<std::string> explicitly_set;
+  for (const auto& spec : knob_table()) {
+    if (app.get_option("--" + dashed(spec.name))->count() > 0) explicitly_set.insert(spec.name);
+  }
+  std::string file = !check_config.empty() ? check_config : result.config_file;
+  std::vector<std::string> from_file;
+  if (!file.empty()) {
+    Config scratch = result.config;
+    SC_ASSIGN_OR_RETURN(from_file, load_config_file(file, scratch));
+  }
+  std::set<std::string> set_by_user(explicitly_set);
+  set_by_user.insert(from_file.begin(), from_file.end());
+  SC_RETURN_IF_ERROR(apply_env(result.config, set_by_user, env));
+  if (!file.empty()) SC_RETURN_IF_ERROR(load_config_file(file, result.config).status());
+  for (const auto& name : explicitly_set) {
+    SC_RETURN_IF_ERROR(set_knob(result.config, name, flag_values[name]).with_context("--" + dashed(name)));
+  }
+  SC_RETURN_IF_ERROR(validate(result.config));
+  if (!check_config.empty()) {
+    *out = check_config + ": OK\n";
+    result.exit_now = true;
+  }
+  return result;
+}
+
+}  // namespace sparsecar

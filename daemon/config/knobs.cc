@@ -1,0 +1,260 @@
+#include "daemon/config/knobs.h"
+
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <variant>
+
+#include "sparsecar/common/log.h"
+
+namespace sparsecar {
+namespace {
+
+using Member = std::variant<bool Config::*, uint32_t Config::*, uint64_t Config::*, double Config::*,
+                            std::string Config::*, kernels::Selector Config::*>;
+
+struct Knob {
+  KnobSpec spec;
+  Member member;
+};
+
+const std::vector<Knob>& knobs() {
+  using K = KnobType;
+  static const std::vector<Knob> table = {
+      {{"rank", K::kUint, "rank of this node in the job (0 = leader/coordinator)", 0, 65535, "", false,
+        false, "RANK"},
+       &Config::rank},
+      {{"world_size", K::kUint, "number of nodes (daemons) in the job", 1, 65536, "", false, true,
+        "WORLD_SIZE"},
+       &Config::world_size},
+      {{"coordinator", K::kString,
+        "HOST:PORT of rank 0's rendezvous listener (fallback: MASTER_ADDR and MASTER_PORT+1)", 0, 0, "",
+        false, false, "SPARSECAR_COORDINATOR"},
+       &Config::coordinator},
+      {{"job_id", K::kUint, "job identifier; daemons of different jobs refuse each other", 0, 1.8e19, "",
+        false, true, "SPARSECAR_JOB_ID"},
+       &Config::job_id},
+      {{"local_clients", K::kUint, "trainer processes per node whose gradients are summed each step", 1,
+        1024, "", false, false, "LOCAL_WORLD_SIZE"},
+       &Config::local_clients},
+      {{"socket", K::kString, "Unix socket path trainers connect to", 0, 0, "", false, false,
+        "SPARSECAR_SOCKET"},
+       &Config::socket},
+      {{"control", K::kString, "ZeroMQ control endpoint (ipc://PATH)", 0, 0, "", false, false, ""},
+       &Config::control},
+      {{"metrics_listen", K::kString, "ADDRESS:PORT for Prometheus /metrics, or 'off'", 0, 0, "", false,
+        false, ""},
+       &Config::metrics_listen},
+      {{"log_level", K::kChoice, "log verbosity", 0, 0, "error|warn|info|debug|trace", true, false,
+        "SPARSECAR_LOG_LEVEL"},
+       &Config::log_level},
+      {{"ucx_tls", K::kString, "UCX transports (UCX_TLS syntax, e.g. tcp or posix,self); empty = UCX default",
+        0, 0, "", false, false, ""},
+       &Config::ucx_tls},
+      {{"ucx_net_devices", K::kString, "UCX network devices (e.g. lo); empty = all", 0, 0, "", false, false,
+        ""},
+       &Config::ucx_net_devices},
+      {{"compression", K::kBool, "compress gradients (off = exact dense average)", 0, 0, "", true, true, ""},
+       &Config::compression},
+      {{"selector", K::kChoice, "how coordinates are chosen when compression is on", 0, 0, "topk|threshold",
+        true, true, ""},
+       &Config::selector},
+      {{"density", K::kDouble, "fraction of coordinates top-k keeps per step", 1e-6, 1.0, "", true, true, ""},
+       &Config::density},
+      {{"threshold", K::kDouble, "lambda of the hard-threshold selector: send |e_i| >= lambda", 1e-30, 1e30,
+        "", true, true, ""},
+       &Config::threshold},
+      {{"step_timeout_ms", K::kUint, "deadline for peers to deliver a step", 10, 3.6e6, "", true, false, ""},
+       &Config::step_timeout_ms},
+      {{"join_timeout_ms", K::kUint, "deadline for the rendezvous and the first-step agreement check", 100,
+        3.6e6, "", false, false, ""},
+       &Config::join_timeout_ms},
+  };
+  return table;
+}
+
+const Knob* find(std::string_view name) {
+  for (const auto& k : knobs()) {
+    if (name == k.spec.name) return &k;
+  }
+  return nullptr;
+}
+
+Status bad_value(const KnobSpec& spec, std::string_view value, std::string_view allowed) {
+  return invalid_argument("knob '" + std::string(spec.name) + "': invalid value '" + std::string(value) +
+                          "' (" + std::string(allowed) + ")");
+}
+
+std::string format_double(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  // Prefer the shortest text that round-trips.
+  for (int precision = 1; precision <= 17; ++precision) {
+    char shorter[64];
+    std::snprintf(shorter, sizeof shorter, "%.*g", precision, v);
+    if (std::strtod(shorter, nullptr) == v) return shorter;
+  }
+  return buf;
+}
+
+bool in_choices(const char* choices, std::string_view value) {
+  std::string_view rest(choices);
+  while (!rest.empty()) {
+    size_t bar = rest.find('|');
+    std::string_view item = rest.substr(0, bar);
+    if (item == value) return true;
+    if (bar == std::string_view::npos) break;
+    rest.remove_prefix(bar + 1);
+  }
+  return false;
+}
+
+}  // namespace
+
+const std::vector<KnobSpec>& knob_table() {
+  static const std::vector<KnobSpec> specs = [] {
+    std::vector<KnobSpec> out;
+    for (const auto& k : knobs()) out.push_back(k.spec);
+    return out;
+  }();
+  return specs;
+}
+
+const KnobSpec* find_knob(std::string_view name) {
+  const Knob* k = find(name);
+  return k ? &k->spec : nullptr;
+}
+
+Status set_knob(Config& config, std::string_view name, std::string_view value) {
+  const Knob* knob = find(name);
+  if (!knob) return not_found("unknown knob '" + std::string(name) + "'");
+  const KnobSpec& spec = knob->spec;
+  char range[96];
+  std::snprintf(range, sizeof range, "a number in [%g, %g]", spec.min, spec.max);
+  switch (spec.type) {
+    case KnobType::kBool: {
+      bool v;
+      if (value == "on" || value == "true" || value == "1" || value == "yes") {
+        v = true;
+      } else if (value == "off" || value == "false" || value == "0" || value == "no") {
+        v = false;
+      } else {
+        return bad_value(spec, value, "on|off");
+      }
+      config.*std::get<bool Config::*>(knob->member) = v;
+      return Status::Ok();
+    }
+    case KnobType::kUint: {
+      uint64_t v = 0;
+      auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
+      if (ec != std::errc() || end != value.data() + value.size() || value.empty()) {
+        return bad_value(spec, value, std::string("an unsigned integer in [") + format_double(spec.min) +
+                                          ", " + format_double(spec.max) + "]");
+      }
+      if (static_cast<double>(v) < spec.min || static_cast<double>(v) > spec.max) {
+        return bad_value(spec, value, std::string("an unsigned integer in [") + format_double(spec.min) +
+                                          ", " + format_double(spec.max) + "]");
+      }
+      if (auto* m = std::get_if<uint32_t Config::*>(&knob->member)) {
+        config.**m = static_cast<uint32_t>(v);
+      } else {
+        config.*std::get<uint64_t Config::*>(knob->member) = v;
+      }
+      return Status::Ok();
+    }
+    case KnobType::kDouble: {
+      std::string text(value);
+      char* end = nullptr;
+      double v = std::strtod(text.c_str(), &end);
+      if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v) || v < spec.min ||
+          v > spec.max) {
+        return bad_value(spec, value, range);
+      }
+      config.*std::get<double Config::*>(knob->member) = v;
+      return Status::Ok();
+    }
+    case KnobType::kString: {
+      if (value.find('\0') != std::string_view::npos || value.size() > 4096) {
+        return bad_value(spec, "<binary>", "text up to 4096 bytes");
+      }
+      config.*std::get<std::string Config::*>(knob->member) = std::string(value);
+      return Status::Ok();
+    }
+    case KnobType::kChoice: {
+      if (!in_choices(spec.choices, value)) return bad_value(spec, value, spec.choices);
+      if (auto* m = std::get_if<kernels::Selector Config::*>(&knob->member)) {
+        kernels::Selector s;
+        if (!kernels::parse_selector(value, &s)) return bad_value(spec, value, spec.choices);
+        config.**m = s;
+      } else {
+        config.*std::get<std::string Config::*>(knob->member) = std::string(value);
+      }
+      return Status::Ok();
+    }
+  }
+  return internal_error("knob type not handled");
+}
+
+Expected<std::string> get_knob(const Config& config, std::string_view name) {
+  const Knob* knob = find(name);
+  if (!knob) return not_found("unknown knob '" + std::string(name) + "'");
+  return std::visit(
+      [&](auto member) -> std::string {
+        const auto& v = config.*member;
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, bool>) {
+          return v ? "on" : "off";
+        } else if constexpr (std::is_same_v<T, double>) {
+          return format_double(v);
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          return v;
+        } else if constexpr (std::is_same_v<T, kernels::Selector>) {
+          return std::string(kernels::selector_name(v));
+        } else {
+          return std::to_string(v);
+        }
+      },
+      knob->member);
+}
+
+std::string knob_default(const KnobSpec& spec) {
+  Config defaults;
+  auto v = get_knob(defaults, spec.name);
+  return v.ok() ? *v : "";
+}
+
+std::string agreed_knobs(const Config& config) {
+  std::string out;
+  for (const auto& spec : knob_table()) {
+    if (!spec.agreed) continue;
+    if (!out.empty()) out += ' ';
+    out += spec.name;
+    out += '=';
+    out += get_knob(config, spec.name).value();
+  }
+  return out;
+}
+
+Status validate(const Config& config) {
+  if (config.rank >= config.world_size) {
+    return invalid_argument("rank " + std::to_string(config.rank) + " is not below world_size " +
+                            std::to_string(config.world_size));
+  }
+  if (config.world_size > 1 && config.coordinator.rfind(':') == std::string::npos) {
+    return invalid_argument("coordinator '" + config.coordinator + "' is not HOST:PORT");
+  }
+  if (config.socket.empty()) return invalid_argument("socket path is empty");
+  if (config.socket.size() >= 108) {
+    return invalid_argument("socket path '" + config.socket + "' is longer than a Unix socket allows (107)");
+  }
+  if (config.compression && config.selector == kernels::Selector::kNone) {
+    return invalid_argument("compression is on but selector is none");
+  }
+  LogLevel level;
+  if (!parse_log_level(config.log_level, &level)) {
+    return invalid_argument("log_level '" + config.log_level + "' is not error|warn|info|debug|trace");
+  }
+  return Status::Ok();
+}
+
+}  // namespace sparsecar

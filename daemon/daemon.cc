@@ -1,0 +1,83 @@
+#include "daemon/daemon.h"
+
+#include "daemon/collective/mailbox.h"
+#include "daemon/metrics/metrics.h"
+#include "daemon/pipeline/pipeline.h"
+#include "daemon/session/session_server.h"
+#include "daemon/transport/ucx_transport.h"
+#include "sparsecar/common/log.h"
+#include "sparsecar/policies/plan.h"
+
+namespace sparsecar {
+
+struct Daemon::Parts {
+  std::unique_ptr<Metrics> metrics;
+  std::unique_ptr<Mailbox> mailbox;
+  std::unique_ptr<UcxTransport> transport;
+  std::unique_ptr<Pipeline> pipeline;
+  std::unique_ptr<SessionServer> sessions;
+};
+
+Daemon::Daemon(std::unique_ptr<Parts> parts) : parts_(std::move(parts)) {}
+Daemon::~Daemon() { stop(); }
+
+Expected<std::unique_ptr<Daemon>> Daemon::start(const Config& config) {
+  auto parts = std::make_unique<Parts>();
+  SC_ASSIGN_OR_RETURN(parts->metrics, Metrics::create(config.metrics_listen));
+  parts->mailbox = std::make_unique<Mailbox>(config.job_id, config.world_size, parts->metrics.get());
+
+  if (config.world_size > 1) {
+    UcxTransportOptions t;
+    t.rank = config.rank;
+    t.world_size = config.world_size;
+    t.job_id = config.job_id;
+    t.coordinator = config.coordinator;
+    t.tls = config.ucx_tls;
+    t.net_devices = config.ucx_net_devices;
+    t.rendezvous_timeout = std::chrono::milliseconds(config.join_timeout_ms);
+    SC_LOG_INFO("rank %u of %u: joining the job through %s", config.rank, config.world_size,
+                config.coordinator.c_str());
+    auto transport = UcxTransport::start(t, parts->mailbox.get());
+    if (!transport.ok()) return transport.status().with_context("joining the job");
+    parts->transport = std::move(transport).value();
+  }
+
+  PipelineOptions p;
+  p.rank = config.rank;
+  p.world_size = config.world_size;
+  p.job_id = config.job_id;
+  p.local_clients = config.local_clients;
+  p.settings.compression = config.compression;
+  p.settings.selector = config.selector;
+  p.settings.density = config.density;
+  p.settings.threshold = config.threshold;
+  p.agreed_knobs = agreed_knobs(config);
+  p.step_timeout = std::chrono::milliseconds(config.step_timeout_ms);
+  p.join_timeout = std::chrono::milliseconds(config.join_timeout_ms);
+  parts->pipeline = std::make_unique<Pipeline>(p, parts->transport.get(), parts->mailbox.get(), parts->metrics.get());
+
+  SessionServerOptions s;
+  s.socket_path = config.socket;
+  s.local_clients = config.local_clients;
+  auto sessions = SessionServer::start(s, parts->pipeline.get());
+  if (!sessions.ok()) return sessions.status().with_context("opening the trainer socket");
+  parts->sessions = std::move(sessions).value();
+  parts->pipeline->set_result_sink(parts->sessions.get());
+  parts->pipeline->start();
+
+  policies::TensorObservation any;
+  SC_LOG_INFO("rank %u of %u ready: trainers connect to %s; plan: %s", config.rank, config.world_size,
+              config.socket.c_str(), policies::describe(policies::static_plan(p.settings, any)).c_str());
+  return std::unique_ptr<Daemon>(new Daemon(std::move(parts)));
+}
+
+void Daemon::stop() {
+  if (!parts_) return;
+  // Reverse of start: stop taking new work, finish or fail what is in flight, then the network.
+  if (parts_->sessions) parts_->sessions->stop();
+  if (parts_->pipeline) parts_->pipeline->stop();
+  if (parts_->transport) parts_->transport->stop();
+  parts_.reset();
+}
+
+}  // namespace sparsecar

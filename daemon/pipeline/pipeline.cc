@@ -1,0 +1,380 @@
+#include "daemon/pipeline/pipeline.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <sstream>
+
+#include "daemon/collective/collective.h"
+#include "daemon/metrics/metrics.h"
+#include "sparsecar/common/log.h"
+#include "sparsecar/kernels/codec.h"
+#include "sparsecar/kernels/select.h"
+
+namespace sparsecar {
+
+using Clock = std::chrono::steady_clock;
+
+// Per-tensor buffers, sized once at registration so that a step never allocates.
+struct Pipeline::TensorState {
+  uint32_t id = 0;
+  TensorSpec spec;
+  std::vector<float> residual;      // error feedback: what was not sent yet
+  std::vector<float> work;          // dense path: residual + local sum, reduced in place
+  std::vector<uint32_t> index;      // selection (capacity n)
+  std::vector<float> value;
+  std::vector<std::byte> scratch;   // top-k scratch
+  std::vector<std::byte> payload;   // encoded selection
+  bool has_step = false;
+  uint64_t last_step = 0;
+};
+
+Pipeline::Pipeline(const PipelineOptions& options, Transport* transport, Mailbox* mailbox, Metrics* metrics)
+    : options_(options), transport_(transport), mailbox_(mailbox), metrics_(metrics) {
+  SC_CHECK(options.world_size == 1 || transport != nullptr, "a multi-node pipeline needs a transport");
+}
+
+Pipeline::~Pipeline() { stop(); }
+
+void Pipeline::start() {
+  SC_CHECK(sink_ != nullptr, "set_result_sink() before start()");
+  thread_ = std::thread([this] { run(); });
+}
+
+void Pipeline::stop() {
+  std::deque<Command> leftover;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ && !thread_.joinable()) return;
+    stopping_ = true;
+    leftover.swap(queue_);
+    cv_.notify_all();
+  }
+  mailbox_->cancel();
+  if (thread_.joinable()) thread_.join();
+  fail_queued(leftover, "daemon is stopping");
+}
+
+void Pipeline::fail_queued(std::deque<Command>& queue, const std::string& why) {
+  for (auto& cmd : queue) {
+    if (auto* job = std::get_if<StepJob>(&cmd)) {
+      StepResult r;
+      r.tensor_id = job->tensor_id;
+      r.step = job->step;
+      r.status = aborted(why);
+      if (sink_) sink_->complete(r);
+    }
+  }
+  queue.clear();
+}
+
+Status Pipeline::register_tensor(uint32_t tensor_id, const TensorSpec& spec) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (job_started_) {
+    return failed_precondition("tensor '" + spec.name +
+                               "' registered after the job's first step; register every tensor before submitting");
+  }
+  if (tensor_id != registered_) {
+    return internal_error("tensor ids must be dense: got " + std::to_string(tensor_id) + ", expected " +
+                          std::to_string(registered_));
+  }
+  if (spec.count == 0 || spec.count > wire::kMaxDenseLen) {
+    return invalid_argument("tensor '" + spec.name + "' has " + std::to_string(spec.count) +
+                            " elements; allowed 1.." + std::to_string(wire::kMaxDenseLen));
+  }
+  for (char c : spec.name) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      return invalid_argument("tensor name contains a control character");
+    }
+  }
+  ++registered_;
+  queue_.push_back(Register{tensor_id, spec});
+  cv_.notify_all();
+  return Status::Ok();
+}
+
+void Pipeline::submit(const StepJob& job) {
+  std::lock_guard<std::mutex> lock(mu_);
+  job_started_ = true;
+  queue_.push_back(job);
+  cv_.notify_all();
+}
+
+void Pipeline::report_metric(const std::string& name, double value, uint64_t step) {
+  // Controllers that consume trainer metrics come with the controllers issue.
+  SC_LOG_DEBUG("trainer reported %s = %g at step %llu", name.c_str(), value, static_cast<unsigned long long>(step));
+}
+
+void Pipeline::reset() {
+  std::deque<Command> leftover;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& cmd : queue_) {
+      if (std::holds_alternative<StepJob>(cmd)) leftover.push_back(std::move(cmd));
+    }
+    std::erase_if(queue_, [](const Command& c) { return std::holds_alternative<StepJob>(c); });
+    queue_.push_back(Reset{});
+    registered_ = 0;
+    job_started_ = false;
+    cv_.notify_all();
+  }
+  mailbox_->cancel();  // the step in flight (if any) ends now instead of at its deadline
+  fail_queued(leftover, "every trainer on this node disconnected");
+}
+
+void Pipeline::run() {
+  for (;;) {
+    Command cmd;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (stopping_) return;
+      cmd = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    if (auto* reg = std::get_if<Register>(&cmd)) {
+      auto t = std::make_shared<TensorState>();
+      const size_t n = reg->spec.count;
+      t->id = reg->id;
+      t->spec = reg->spec;
+      t->residual.assign(n, 0.0f);
+      t->work.assign(n, 0.0f);
+      t->index.assign(n, 0);
+      t->value.assign(n, 0.0f);
+      t->scratch.resize(kernels::topk_scratch_bytes(n));
+      t->payload.resize(std::max(kernels::encoded_bytes(kernels::Format::kCoo, kernels::ValueType::kF32, n, n),
+                                 kernels::encoded_bytes(kernels::Format::kDense, kernels::ValueType::kF32, n, n)));
+      if (tensors_.size() != reg->id) tensors_.resize(reg->id);
+      tensors_.push_back(std::move(t));
+      SC_LOG_DEBUG("tensor %u '%s' registered (%zu elements)", reg->id, reg->spec.name.c_str(), n);
+    } else if (std::holds_alternative<Reset>(cmd)) {
+      tensors_.clear();
+      agreed_ = false;
+      total_trainers_ = 0;
+      mailbox_->clear();
+      mailbox_->resume();
+      SC_LOG_INFO("job reset: every trainer disconnected; waiting for the next job");
+    } else {
+      StepResult r = process(std::get<StepJob>(cmd));
+      if (metrics_) (r.status.ok() ? metrics_->steps_ok : metrics_->steps_failed).Increment();
+      sink_->complete(r);
+    }
+  }
+}
+
+StepResult Pipeline::process(const StepJob& job) {
+  StepResult r;
+  r.tensor_id = job.tensor_id;
+  r.step = job.step;
+  if (job.tensor_id >= tensors_.size() || !tensors_[job.tensor_id]) {
+    r.status = not_found("tensor " + std::to_string(job.tensor_id) + " is not registered");
+    return r;
+  }
+  TensorState& t = *tensors_[job.tensor_id];
+  if (job.local_sum.size() != t.spec.count || job.result.size() != t.spec.count) {
+    r.status = internal_error("step buffers of tensor '" + t.spec.name + "' have the wrong size");
+    return r;
+  }
+  if (t.has_step && job.step <= t.last_step) {
+    r.status = out_of_range("tensor '" + t.spec.name + "' step " + std::to_string(job.step) +
+                            " is not after the last step " + std::to_string(t.last_step));
+    return r;
+  }
+  if (!agreed_) {
+    Status agreed = agree_on_job(Clock::now() + options_.join_timeout);
+    if (!agreed.ok()) {
+      r.status = agreed;
+      SC_LOG_ERROR("job agreement failed: %s", agreed.to_string().c_str());
+      return r;
+    }
+  }
+  t.has_step = true;
+  t.last_step = job.step;
+  r.status = run_step(t, job, &r);
+  if (!r.status.ok()) {
+    r.status = r.status.with_context("tensor '" + t.spec.name + "' step " + std::to_string(job.step));
+    SC_LOG_WARN("%s", r.status.to_string().c_str());
+  }
+  return r;
+}
+
+Status Pipeline::run_step(TensorState& t, const StepJob& job, StepResult* result) {
+  const size_t n = t.spec.count;
+  policies::TensorObservation obs;
+  obs.tensor_id = t.id;
+  obs.elements = n;
+  obs.step = job.step;
+  obs.world_size = options_.world_size;
+  const policies::Plan plan = policies::static_plan(options_.settings, obs);
+
+  ExchangeContext ctx;
+  ctx.transport = transport_;
+  ctx.mailbox = mailbox_;
+  ctx.job_id = options_.job_id;
+  ctx.rank = options_.rank;
+  ctx.world_size = options_.world_size;
+  ctx.epoch = 0;
+  ctx.deadline = Clock::now() + options_.step_timeout;
+  ctx.keepalive = tensors_[t.id];
+  mailbox_->drop_before(t.id, job.step);
+
+  const float inv_trainers = 1.0f / static_cast<float>(total_trainers_);
+  ExchangeStats stats;
+  result->dense_bytes = ring_allreduce_bytes(n, options_.world_size, options_.rank);
+  if (metrics_) metrics_->elements_total.Increment(static_cast<double>(n));
+
+  if (plan.dense) {
+    // Error feedback with the identity compressor: send residual + gradient, residual -> 0.
+    std::copy(job.local_sum.begin(), job.local_sum.end(), t.work.begin());
+    kernels::add(t.work, t.residual);
+    Status s = ring_allreduce(ctx, t.id, job.step, t.work, &stats);
+    result->bytes_sent = stats.bytes_sent;
+    if (!s.ok()) {
+      kernels::ef_accumulate(t.residual, job.local_sum);  // nothing lost
+      broadcast_abort(ctx, t.id, job.step, s.message());
+      return s;
+    }
+    std::fill(t.residual.begin(), t.residual.end(), 0.0f);
+    std::copy(t.work.begin(), t.work.end(), job.result.begin());
+    kernels::scale(job.result, inv_trainers);
+    result->nnz = n;
+  } else {
+    size_t nnz = 0;
+    if (plan.selector == kernels::Selector::kThreshold) {
+      nnz = kernels::ef_threshold(t.residual, job.local_sum, plan.threshold, t.index.data(), t.value.data(), n);
+    } else {
+      kernels::ef_accumulate(t.residual, job.local_sum);
+      const size_t k = kernels::topk_count(n, plan.density);
+      auto selected = kernels::topk_exact(t.residual, k, t.scratch, t.index.data(), t.value.data());
+      if (!selected.ok()) return selected.status();
+      nnz = *selected;
+      kernels::clear_selected(t.residual, std::span<const uint32_t>(t.index.data(), nnz));
+    }
+    const size_t bytes = kernels::encoded_bytes(plan.format, plan.value_type, n, nnz);
+    std::span<std::byte> payload(t.payload.data(), bytes);
+    SC_RETURN_IF_ERROR(kernels::coo_encode(std::span<const uint32_t>(t.index.data(), nnz),
+                                           std::span<const float>(t.value.data(), nnz), payload));
+    Status s = sparse_allgather(ctx, t.id, job.step, plan.format, plan.value_type, nnz, payload, job.result, &stats);
+    result->bytes_sent = stats.bytes_sent;
+    if (!s.ok()) {
+      for (size_t j = 0; j < nnz; ++j) t.residual[t.index[j]] += t.value[j];  // nothing lost
+      broadcast_abort(ctx, t.id, job.step, s.message());
+      return s;
+    }
+    kernels::scale(job.result, inv_trainers);
+    result->nnz = nnz;
+  }
+  if (metrics_) {
+    metrics_->elements_selected.Increment(static_cast<double>(result->nnz));
+    metrics_->wire_bytes_sent.Increment(static_cast<double>(result->bytes_sent));
+    metrics_->dense_equivalent_bytes.Increment(static_cast<double>(result->dense_bytes));
+  }
+  return Status::Ok();
+}
+
+std::string Pipeline::manifest() const {
+  std::ostringstream os;
+  os << "local_clients " << options_.local_clients << "\n";
+  os << "knobs " << options_.agreed_knobs << "\n";
+  for (const auto& t : tensors_) {
+    if (t) os << "tensor " << t->id << " " << t->spec.count << " " << t->spec.name << "\n";
+  }
+  return os.str();
+}
+
+namespace {
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream is(text);
+  for (std::string line; std::getline(is, line);) out.push_back(line);
+  return out;
+}
+
+// First difference between two manifests, described for humans; empty when they match.
+std::string manifest_difference(const std::string& mine, const std::string& theirs, uint32_t their_rank) {
+  auto a = lines_of(mine);
+  auto b = lines_of(theirs);
+  std::string who = "rank " + std::to_string(their_rank);
+  for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+    if (i >= a.size()) return who + " registered an extra tensor: '" + b[i] + "'";
+    if (i >= b.size()) return who + " is missing a tensor rank 0 registered: '" + a[i] + "'";
+    if (a[i].rfind("local_clients", 0) == 0) continue;  // may differ per node
+    if (a[i] != b[i]) return who + " has '" + b[i] + "' where rank 0 has '" + a[i] + "'";
+  }
+  return "";
+}
+
+uint32_t local_clients_of(const std::string& manifest) {
+  auto lines = lines_of(manifest);
+  if (lines.empty() || lines[0].rfind("local_clients ", 0) != 0) return 0;
+  return static_cast<uint32_t>(std::strtoul(lines[0].c_str() + 14, nullptr, 10));
+}
+
+}  // namespace
+
+Status Pipeline::agree_on_job(Clock::time_point deadline) {
+  const std::string mine = manifest();
+  if (options_.world_size == 1) {
+    total_trainers_ = options_.local_clients;
+    agreed_ = true;
+    return Status::Ok();
+  }
+  auto send_text = [&](uint32_t peer, wire::Kind kind, const std::string& text) -> Status {
+    auto shared = std::make_shared<std::string>(text);
+    wire::WireHeader h{};
+    h.magic = wire::kMagic;
+    h.version = wire::kVersion;
+    h.kind = static_cast<uint16_t>(kind);
+    h.job_id = options_.job_id;
+    h.sender_rank = options_.rank;
+    auto payload = std::as_bytes(std::span<const char>(shared->data(), shared->size()));
+    h.payload_bytes = payload.size();
+    auto header = std::make_shared<std::array<std::byte, wire::kHeaderBytes>>();
+    wire::seal(h, payload, std::span<std::byte, wire::kHeaderBytes>(*header));
+    return transport_->send(peer, *header, payload, [shared, header, peer](const Status& s) {
+      if (!s.ok()) SC_LOG_WARN("manifest send to rank %u failed: %s", peer, s.to_string().c_str());
+    });
+  };
+
+  if (options_.rank != 0) {
+    SC_RETURN_IF_ERROR(send_text(0, wire::Kind::kManifest, mine).with_context("sending the job manifest to rank 0"));
+    SC_ASSIGN_OR_RETURN(Envelope ack, mailbox_->take(wire::Kind::kManifestAck, 0, 0, 0, 0, deadline,
+                                                     transport_->peer_name(0)));
+    std::string text(reinterpret_cast<const char*>(ack.payload.data()), ack.payload.size());
+    if (text.rfind("ok ", 0) == 0) {
+      total_trainers_ = static_cast<uint32_t>(std::strtoul(text.c_str() + 3, nullptr, 10));
+      if (total_trainers_ == 0) return data_loss("rank 0 sent a job agreement without a trainer count");
+      agreed_ = true;
+      SC_LOG_INFO("job agreed: %u trainers across %u nodes", total_trainers_, options_.world_size);
+      return Status::Ok();
+    }
+    return failed_precondition("nodes disagree: " + (text.rfind("error ", 0) == 0 ? text.substr(6) : text));
+  }
+
+  // Rank 0: gather every manifest, compare, answer everyone.
+  uint32_t total = options_.local_clients;
+  std::string error;
+  for (uint32_t peer = 1; peer < options_.world_size; ++peer) {
+    auto got = mailbox_->take(wire::Kind::kManifest, peer, 0, 0, 0, deadline, transport_->peer_name(peer));
+    if (!got.ok()) {
+      error = "no job manifest from " + transport_->peer_name(peer) + ": " + got.status().message();
+      break;
+    }
+    std::string theirs(reinterpret_cast<const char*>(got->payload.data()), got->payload.size());
+    std::string diff = manifest_difference(mine, theirs, peer);
+    if (!diff.empty() && error.empty()) error = diff;
+    total += local_clients_of(theirs);
+  }
+  const std::string verdict = error.empty() ? "ok " + std::to_string(total) : "error " + error;
+  for (uint32_t peer = 1; peer < options_.world_size; ++peer) {
+    send_text(peer, wire::Kind::kManifestAck, verdict).ignore();
+  }
+  if (!error.empty()) return failed_precondition("nodes disagree: " + error);
+  total_trainers_ = total;
+  agreed_ = true;
+  SC_LOG_INFO("job agreed: %u trainers across %u nodes", total_trainers_, options_.world_size);
+  return Status::Ok();
+}
+
+}  // namespace sparsecar

@@ -1,0 +1,55 @@
+// Plan: what the pipeline does with one tensor at one step, and the static policy that makes it.
+//
+// Policies are pure functions of plain-struct observations to a plain-struct plan (STYLE.md
+// habit 6): the same inputs give the same plan on every node. The static policy is the
+// fallback every later controller reverts to when it fails.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "sparsecar/kernels/types.h"
+
+namespace sparsecar::policies {
+
+// How the nodes combine their contributions. Values are frozen (they travel in manifests).
+enum class Collective : uint16_t {
+  kRingAllReduce = 0,  // dense reduce-scatter + all-gather, 2(P-1)/P * n words per rank
+  kSparseAllGather = 1,  // every node sends its encoded selection to every other node
+};
+
+struct Plan {
+  uint32_t version = 1;
+  bool dense = true;  // no selection: send everything (residual included), residual -> 0
+  kernels::Selector selector = kernels::Selector::kNone;
+  double density = 1.0;    // top-k: fraction kept
+  float threshold = 0.0f;  // hard threshold: lambda
+  kernels::Format format = kernels::Format::kDense;
+  kernels::ValueType value_type = kernels::ValueType::kF32;
+  Collective collective = Collective::kRingAllReduce;
+};
+
+// The knobs the static policy reads (all `agreed` knobs, identical on every node).
+struct StaticSettings {
+  bool compression = true;
+  kernels::Selector selector = kernels::Selector::kTopk;
+  double density = 0.01;
+  double threshold = 1e-3;
+};
+
+// What a policy knows about the tensor and step it plans for.
+struct TensorObservation {
+  uint32_t tensor_id = 0;
+  uint64_t elements = 0;
+  uint64_t step = 0;
+  uint32_t world_size = 1;
+};
+
+// Compression off -> dense ring all-reduce; on -> the configured selector, COO values in fp32,
+// sparse all-gather.
+Plan static_plan(const StaticSettings& settings, const TensorObservation& observation);
+
+// "topk density=0.002 coo/fp32 sparse-allgather" — for logs and errors.
+std::string describe(const Plan& plan);
+
+}  // namespace sparsecar::policies
