@@ -38,6 +38,7 @@ Pipeline::~Pipeline() { stop(); }
 
 void Pipeline::start() {
   SC_CHECK(sink_ != nullptr, "set_result_sink() before start()");
+  mailbox_->resume();
   thread_ = std::thread([this] { run(); });
 }
 

@@ -1,0 +1,150 @@
+// The knob table and start-up configuration: precedence (defaults < env < file < flags), range
+// checks with messages that name the knob, and --help listing every knob.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <map>
+
+#include "daemon/config/config.h"
+#include "daemon/config/knobs.h"
+
+namespace sparsecar {
+namespace {
+
+struct Env {
+  std::map<std::string, std::string> vars;
+  EnvLookup lookup() const {
+    return [this](const char* name) -> const char* {
+      auto it = vars.find(name);
+      return it == vars.end() ? nullptr : it->second.c_str();
+    };
+  }
+};
+
+Expected<CommandLine> parse(std::vector<std::string> args, const Env& env = {}, std::string* out = nullptr) {
+  std::vector<const char*> argv{"sparsecard"};
+  for (auto& a : args) argv.push_back(a.c_str());
+  std::string text;
+  return parse_command_line(static_cast<int>(argv.size()), argv.data(), out ? out : &text, env.lookup());
+}
+
+std::string write_temp(const std::string& content) {
+  char path[] = "/tmp/sparsecar-config-XXXXXX";
+  int fd = mkstemp(path);
+  EXPECT_GE(fd, 0);
+  close(fd);
+  std::ofstream(path) << content;
+  return path;
+}
+
+TEST(KnobsTest, EveryKnobRoundTripsItsDefault) {
+  Config c;
+  for (const auto& k : knob_table()) {
+    auto v = get_knob(c, k.name);
+    ASSERT_TRUE(v.ok()) << k.name;
+    EXPECT_TRUE(set_knob(c, k.name, *v).ok()) << k.name << " = " << *v;
+  }
+}
+
+TEST(KnobsTest, RangesAndTypesAreEnforcedWithTheKnobNamed) {
+  Config c;
+  auto s = set_knob(c, "density", "1.5");
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("density"), std::string::npos);
+  EXPECT_FALSE(set_knob(c, "density", "0").ok());
+  EXPECT_FALSE(set_knob(c, "density", "abc").ok());
+  EXPECT_FALSE(set_knob(c, "density", "nan").ok());
+  EXPECT_FALSE(set_knob(c, "world_size", "-1").ok());
+  EXPECT_FALSE(set_knob(c, "world_size", "0").ok());
+  EXPECT_FALSE(set_knob(c, "world_size", "2x").ok());
+  EXPECT_FALSE(set_knob(c, "selector", "magic").ok());
+  EXPECT_FALSE(set_knob(c, "compression", "maybe").ok());
+  EXPECT_EQ(set_knob(c, "no_such_knob", "1").code(), Code::kNotFound);
+  EXPECT_TRUE(set_knob(c, "selector", "threshold").ok());
+  EXPECT_EQ(c.selector, kernels::Selector::kThreshold);
+  EXPECT_TRUE(set_knob(c, "compression", "off").ok());
+  EXPECT_FALSE(c.compression);
+  EXPECT_TRUE(set_knob(c, "density", "0.002").ok());
+  EXPECT_EQ(c.density, 0.002);
+}
+
+TEST(KnobsTest, AgreedKnobsListExactlyTheAgreedOnes) {
+  Config c;
+  c.density = 0.25;
+  std::string a = agreed_knobs(c);
+  EXPECT_NE(a.find("density=0.25"), std::string::npos) << a;
+  EXPECT_NE(a.find("compression=on"), std::string::npos) << a;
+  EXPECT_EQ(a.find("rank="), std::string::npos) << a;  // rank differs per node by design
+  c.rank = 3;
+  EXPECT_EQ(a, agreed_knobs(c));
+}
+
+TEST(ConfigTest, FlagsOverrideFileOverridesEnvOverridesDefaults) {
+  std::string file = write_temp("density = 0.05\nselector = \"threshold\"\nworld_size = 4\n");
+  Env env;
+  env.vars = {{"RANK", "2"}, {"WORLD_SIZE", "8"}, {"MASTER_ADDR", "10.1.2.3"}, {"MASTER_PORT", "29500"}};
+  auto cmd = parse({"--config", file, "--density", "0.003"}, env);
+  ASSERT_TRUE(cmd.ok()) << cmd.status().to_string();
+  EXPECT_EQ(cmd->config.rank, 2u);                          // env
+  EXPECT_EQ(cmd->config.world_size, 4u);                    // file beats env
+  EXPECT_EQ(cmd->config.density, 0.003);                    // flag beats file
+  EXPECT_EQ(cmd->config.selector, kernels::Selector::kThreshold);
+  EXPECT_EQ(cmd->config.coordinator, "10.1.2.3:29501");     // MASTER_PORT + 1
+  std::remove(file.c_str());
+}
+
+TEST(ConfigTest, BadInputsGiveClearErrors) {
+  Env env;
+  auto a = parse({"--rank", "4", "--world-size", "4"}, env);
+  EXPECT_FALSE(a.ok());
+  EXPECT_NE(a.status().message().find("rank 4"), std::string::npos) << a.status().message();
+  EXPECT_FALSE(parse({"--bogus"}, env).ok());
+  EXPECT_FALSE(parse({"--density", "2"}, env).ok());
+  std::string bad = write_temp("densty = 0.1\n");
+  auto b = parse({"--config", bad}, env);
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.status().message().find("densty"), std::string::npos);
+  EXPECT_NE(b.status().message().find(":1"), std::string::npos) << b.status().message();
+  std::string broken = write_temp("density = = 1\n");
+  EXPECT_FALSE(parse({"--config", broken}, env).ok());
+  EXPECT_FALSE(parse({"--config", "/nonexistent/sparsecar.toml"}, env).ok());
+  Env bad_env;
+  bad_env.vars = {{"RANK", "two"}};
+  auto c = parse({}, bad_env);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("RANK"), std::string::npos);
+  std::remove(bad.c_str());
+  std::remove(broken.c_str());
+}
+
+TEST(ConfigTest, HelpListsEveryKnobAndVersionPrints) {
+  std::string out;
+  auto h = parse({"--help"}, {}, &out);
+  ASSERT_TRUE(h.ok());
+  EXPECT_TRUE(h->exit_now);
+  for (const auto& k : knob_table()) {
+    std::string flag = std::string("--") + k.name;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    EXPECT_NE(out.find(flag), std::string::npos) << flag;
+  }
+  auto v = parse({"--version"}, {}, &out);
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(out, version_string() + "\n");
+}
+
+TEST(ConfigTest, CheckConfigValidatesAFile) {
+  std::string good = write_temp("compression = false\nstep_timeout_ms = 1000\n");
+  std::string out;
+  auto g = parse({"--check-config", good}, {}, &out);
+  ASSERT_TRUE(g.ok()) << g.status().to_string();
+  EXPECT_TRUE(g->exit_now);
+  EXPECT_FALSE(g->config.compression);
+  std::string bad = write_temp("step_timeout_ms = 1\n");
+  EXPECT_FALSE(parse({"--check-config", bad}, {}, &out).ok());
+  std::remove(good.c_str());
+  std::remove(bad.c_str());
+}
+
+}  // namespace
+}  // namespace sparsecar

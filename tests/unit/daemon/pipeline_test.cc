@@ -1,0 +1,379 @@
+// Pipeline + collectives + mailbox over the in-process FakeNetwork: results are checked against
+// references computed independently here (float64 means, a sort-based top-k with the same error
+// feedback), and every failure path must produce its documented error within its deadline.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include "daemon/collective/collective.h"
+#include "daemon/collective/mailbox.h"
+#include "daemon/pipeline/pipeline.h"
+#include "daemon/transport/wire.h"
+#include "tests/unit/daemon/fake_transport.h"
+
+namespace sparsecar {
+namespace {
+
+using namespace std::chrono_literals;
+using fakes::FakeNetwork;
+
+class Results final : public StepResultSink {
+ public:
+  void complete(const StepResult& r) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    results_[{r.tensor_id, r.step}] = r;
+    cv_.notify_all();
+  }
+  StepResult wait(uint32_t tensor, uint64_t step) {
+    std::unique_lock<std::mutex> lock(mu_);
+    bool got = cv_.wait_for(lock, 20s, [&] { return results_.count({tensor, step}) > 0; });
+    EXPECT_TRUE(got) << "no result for tensor " << tensor << " step " << step;
+    if (!got) return StepResult{tensor, step, internal_error("test timeout"), 0, 0, 0};
+    StepResult r = results_[{tensor, step}];
+    results_.erase({tensor, step});
+    return r;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::pair<uint32_t, uint64_t>, StepResult> results_;
+};
+
+struct Node {
+  std::unique_ptr<Mailbox> mailbox;
+  std::unique_ptr<Pipeline> pipeline;
+  Results results;
+};
+
+struct Job {
+  explicit Job(uint32_t world, PipelineOptions base = {}) : net(world) {
+    for (uint32_t r = 0; r < world; ++r) {
+      auto& n = nodes.emplace_back(std::make_unique<Node>());
+      PipelineOptions o = base;
+      o.rank = r;
+      o.world_size = world;
+      if (o.agreed_knobs.empty()) o.agreed_knobs = "compression=test";
+      n->mailbox = std::make_unique<Mailbox>(o.job_id, world, nullptr);
+      net.attach(r, n->mailbox.get());
+      n->pipeline = std::make_unique<Pipeline>(o, net.transport(r), n->mailbox.get(), nullptr);
+      n->pipeline->set_result_sink(&n->results);
+      n->pipeline->start();
+    }
+  }
+  ~Job() {
+    for (auto& n : nodes) n->pipeline->stop();
+  }
+  FakeNetwork net;
+  std::vector<std::unique_ptr<Node>> nodes;
+};
+
+PipelineOptions options(bool compression, kernels::Selector selector, double density, double threshold = 1.0) {
+  PipelineOptions o;
+  o.settings.compression = compression;
+  o.settings.selector = selector;
+  o.settings.density = density;
+  o.settings.threshold = threshold;
+  o.step_timeout = 5000ms;
+  o.join_timeout = 5000ms;
+  return o;
+}
+
+std::vector<float> random_vector(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+// Runs one step of one tensor on every node; inputs[r] is node r's local sum.
+std::vector<StepResult> run_step(Job& job, uint32_t tensor, uint64_t step, const std::vector<std::vector<float>>& inputs,
+                                 std::vector<std::vector<float>>& outputs) {
+  const uint32_t w = static_cast<uint32_t>(job.nodes.size());
+  outputs.assign(w, std::vector<float>(inputs[0].size(), std::nanf("")));
+  for (uint32_t r = 0; r < w; ++r) {
+    StepJob j;
+    j.tensor_id = tensor;
+    j.step = step;
+    j.local_sum = inputs[r];
+    j.result = outputs[r];
+    job.nodes[r]->pipeline->submit(j);
+  }
+  std::vector<StepResult> out;
+  for (uint32_t r = 0; r < w; ++r) out.push_back(job.nodes[r]->results.wait(tensor, step));
+  return out;
+}
+
+void register_all(Job& job, const std::vector<TensorSpec>& specs) {
+  for (auto& n : job.nodes) {
+    for (uint32_t i = 0; i < specs.size(); ++i) ASSERT_TRUE(n->pipeline->register_tensor(i, specs[i]).ok());
+  }
+}
+
+class DenseTest : public ::testing::TestWithParam<uint32_t> {};
+
+TEST_P(DenseTest, CompressionOffGivesTheFloat64MeanOnEveryNodeBitIdentical) {
+  const uint32_t w = GetParam();
+  Job job(w, options(false, kernels::Selector::kTopk, 0.01));
+  const size_t n = 1003;  // not a multiple of w: uneven ring chunks
+  register_all(job, {{"w", n}});
+  for (uint64_t step = 1; step <= 3; ++step) {
+    std::vector<std::vector<float>> in;
+    for (uint32_t r = 0; r < w; ++r) in.push_back(random_vector(n, 100 * static_cast<uint32_t>(step) + r));
+    std::vector<std::vector<float>> out;
+    auto results = run_step(job, 0, step, in, out);
+    for (uint32_t r = 0; r < w; ++r) {
+      ASSERT_TRUE(results[r].status.ok()) << results[r].status.to_string();
+      EXPECT_EQ(results[r].nnz, n);
+      EXPECT_EQ(results[r].bytes_sent, ring_allreduce_bytes(n, w, r));
+      EXPECT_EQ(out[r], out[0]) << "rank " << r << " differs from rank 0";
+    }
+    for (size_t i = 0; i < n; ++i) {
+      double sum = 0, abs_sum = 0;
+      for (uint32_t r = 0; r < w; ++r) {
+        sum += in[r][i];
+        abs_sum += std::fabs(in[r][i]);
+      }
+      ASSERT_NEAR(out[0][i], sum / w, 1e-6 * abs_sum / w + 1e-30) << "element " << i;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, DenseTest, ::testing::Values(1u, 2u, 3u, 4u));
+
+TEST(RingBytes, MatchesTheRingFormula) {
+  // 2(W-1) messages per rank, each about n/W elements: total payload 2(W-1)/W * n * 4 when W | n.
+  EXPECT_EQ(ring_allreduce_bytes(4000, 4, 0), 6 * (72 + 1000 * 4));
+  EXPECT_EQ(ring_allreduce_bytes(4000, 1, 0), 0u);
+  uint64_t all = 0;
+  for (uint32_t r = 0; r < 3; ++r) all += ring_allreduce_bytes(10, 3, r) - 4 * 72;
+  EXPECT_EQ(all, 2u * (3 - 1) * 10 * 4);  // each chunk is sent W-1 times per half
+}
+
+// Reference top-k: sort indices by (|x| desc, index asc), keep k.
+std::vector<uint32_t> reference_topk(const std::vector<float>& x, size_t k) {
+  std::vector<uint32_t> idx(x.size());
+  std::iota(idx.begin(), idx.end(), 0u);
+  std::sort(idx.begin(), idx.end(), [&](uint32_t a, uint32_t b) {
+    float fa = std::fabs(x[a]), fb = std::fabs(x[b]);
+    return fa != fb ? fa > fb : a < b;
+  });
+  idx.resize(std::min(k, x.size()));
+  std::sort(idx.begin(), idx.end());
+  return idx;
+}
+
+TEST(SparseTest, TopkResultIsTheMeanOfEveryNodesIndependentlySelectedValues) {
+  const uint32_t w = 4;
+  const size_t n = 5000;
+  const double density = 0.01;
+  Job job(w, options(true, kernels::Selector::kTopk, density));
+  register_all(job, {{"w", n}, {"b", 7}});
+  std::vector<std::vector<float>> residual(w, std::vector<float>(n, 0.0f));
+  const size_t k = 50;
+  for (uint64_t step = 0; step < 5; ++step) {
+    std::vector<std::vector<float>> in, out;
+    for (uint32_t r = 0; r < w; ++r) in.push_back(random_vector(n, 1000 * static_cast<uint32_t>(step) + r));
+    std::vector<double> expected(n, 0.0);
+    for (uint32_t r = 0; r < w; ++r) {
+      for (size_t i = 0; i < n; ++i) residual[r][i] += in[r][i];
+      for (uint32_t i : reference_topk(residual[r], k)) {
+        expected[i] += residual[r][i];
+        residual[r][i] = 0.0f;
+      }
+    }
+    auto results = run_step(job, 0, step, in, out);
+    for (uint32_t r = 0; r < w; ++r) {
+      ASSERT_TRUE(results[r].status.ok()) << results[r].status.to_string();
+      EXPECT_EQ(results[r].nnz, k);
+      EXPECT_EQ(results[r].bytes_sent, (w - 1) * (72 + 8 * k));
+      EXPECT_EQ(out[r], out[0]);
+    }
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_NEAR(out[0][i], expected[i] / w, 1e-6 * std::fabs(expected[i]) + 1e-7) << "element " << i;
+    }
+    // The small tensor keeps at least one element per node.
+    std::vector<std::vector<float>> bin(w, std::vector<float>(7, 1.0f)), bout;
+    auto bres = run_step(job, 1, step, bin, bout);
+    for (auto& r : bres) ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+    EXPECT_EQ(bres[0].nnz, 1u);
+  }
+}
+
+TEST(SparseTest, HardThresholdSendsEveryResidualAboveLambda) {
+  const uint32_t w = 2;
+  const size_t n = 2000;
+  const float lambda = 2.0f;
+  Job job(w, options(true, kernels::Selector::kThreshold, 0.01, lambda));
+  register_all(job, {{"w", n}});
+  std::vector<std::vector<float>> residual(w, std::vector<float>(n, 0.0f));
+  for (uint64_t step = 0; step < 4; ++step) {
+    std::vector<std::vector<float>> in, out;
+    for (uint32_t r = 0; r < w; ++r) in.push_back(random_vector(n, 77 * static_cast<uint32_t>(step) + r));
+    std::vector<double> expected(n, 0.0);
+    uint64_t selected0 = 0;
+    for (uint32_t r = 0; r < w; ++r) {
+      for (size_t i = 0; i < n; ++i) {
+        residual[r][i] += in[r][i];
+        if (std::fabs(residual[r][i]) >= lambda) {
+          expected[i] += residual[r][i];
+          residual[r][i] = 0.0f;
+          if (r == 0) ++selected0;
+        }
+      }
+    }
+    auto results = run_step(job, 0, step, in, out);
+    ASSERT_TRUE(results[0].status.ok()) << results[0].status.to_string();
+    EXPECT_EQ(results[0].nnz, selected0);
+    for (size_t i = 0; i < n; ++i) ASSERT_NEAR(out[1][i], expected[i] / w, 1e-6 * std::fabs(expected[i]) + 1e-7);
+  }
+}
+
+TEST(AgreementTest, DifferentTensorSizesFailTheFirstStepOnEveryNodeNamingTheTensor) {
+  Job job(3, options(true, kernels::Selector::kTopk, 0.1));
+  ASSERT_TRUE(job.nodes[0]->pipeline->register_tensor(0, {"fc.weight", 100}).ok());
+  ASSERT_TRUE(job.nodes[1]->pipeline->register_tensor(0, {"fc.weight", 100}).ok());
+  ASSERT_TRUE(job.nodes[2]->pipeline->register_tensor(0, {"fc.weight", 120}).ok());
+  std::vector<std::vector<float>> in{std::vector<float>(100, 1.f), std::vector<float>(100, 1.f),
+                                     std::vector<float>(120, 1.f)};
+  std::vector<std::vector<float>> out(3);
+  for (uint32_t r = 0; r < 3; ++r) {
+    out[r].resize(in[r].size());
+    job.nodes[r]->pipeline->submit({0, 0, 0.f, in[r], out[r]});
+  }
+  for (uint32_t r = 0; r < 3; ++r) {
+    auto res = job.nodes[r]->results.wait(0, 0);
+    EXPECT_EQ(res.status.code(), Code::kFailedPrecondition) << res.status.to_string();
+    EXPECT_NE(res.status.message().find("rank 2"), std::string::npos) << res.status.message();
+    EXPECT_NE(res.status.message().find("fc.weight"), std::string::npos) << res.status.message();
+  }
+}
+
+TEST(AgreementTest, DifferentKnobsFailNamingTheKnobs) {
+  PipelineOptions o = options(true, kernels::Selector::kTopk, 0.1);
+  Job job(2, o);
+  // Rebuild rank 1 with a different knob fingerprint.
+  job.nodes[1]->pipeline->stop();
+  PipelineOptions o1 = o;
+  o1.rank = 1;
+  o1.world_size = 2;
+  o1.agreed_knobs = "density=0.5";
+  job.nodes[1]->pipeline = std::make_unique<Pipeline>(o1, job.net.transport(1), job.nodes[1]->mailbox.get(), nullptr);
+  job.nodes[1]->pipeline->set_result_sink(&job.nodes[1]->results);
+  job.nodes[1]->pipeline->start();
+  register_all(job, {{"w", 10}});
+  std::vector<std::vector<float>> in(2, std::vector<float>(10, 1.f)), out;
+  auto results = run_step(job, 0, 0, in, out);
+  for (auto& r : results) {
+    EXPECT_EQ(r.status.code(), Code::kFailedPrecondition);
+    EXPECT_NE(r.status.message().find("density=0.5"), std::string::npos) << r.status.message();
+  }
+}
+
+TEST(FailureTest, KilledPeerFailsTheStepNamingIt) {
+  Job job(3, options(true, kernels::Selector::kTopk, 0.1));
+  register_all(job, {{"w", 100}});
+  std::vector<std::vector<float>> in(3, random_vector(100, 5)), out;
+  for (auto& r : run_step(job, 0, 0, in, out)) ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+  job.net.kill(2);
+  out.assign(3, std::vector<float>(100));
+  for (uint32_t r = 0; r < 2; ++r) job.nodes[r]->pipeline->submit({0, 1, 0.f, in[r], out[r]});
+  auto start = std::chrono::steady_clock::now();
+  for (uint32_t r = 0; r < 2; ++r) {
+    auto res = job.nodes[r]->results.wait(0, 1);
+    EXPECT_EQ(res.status.code(), Code::kUnavailable) << res.status.to_string();
+    EXPECT_NE(res.status.message().find("rank 2"), std::string::npos) << res.status.message();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 4s) << "a dead peer must be noticed before the deadline";
+}
+
+TEST(FailureTest, SilentPeerRunsIntoTheDeadlineNamingIt) {
+  PipelineOptions o = options(true, kernels::Selector::kTopk, 0.1);
+  o.step_timeout = 300ms;
+  Job job(2, o);
+  register_all(job, {{"w", 100}});
+  std::vector<std::vector<float>> in(2, random_vector(100, 6)), out;
+  for (auto& r : run_step(job, 0, 0, in, out)) ASSERT_TRUE(r.status.ok());
+  job.net.silence(1);
+  out.assign(2, std::vector<float>(100));
+  auto start = std::chrono::steady_clock::now();
+  job.nodes[0]->pipeline->submit({0, 1, 0.f, in[0], out[0]});
+  auto res = job.nodes[0]->results.wait(0, 1);
+  EXPECT_EQ(res.status.code(), Code::kDeadlineExceeded) << res.status.to_string();
+  EXPECT_NE(res.status.message().find("rank 1"), std::string::npos);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
+}
+
+TEST(FailureTest, CorruptPayloadIsRejectedCountedAndFailsTheStep) {
+  Job job(2, options(true, kernels::Selector::kTopk, 0.1));
+  register_all(job, {{"w", 100}});
+  std::vector<std::vector<float>> in(2, random_vector(100, 7)), out;
+  for (auto& r : run_step(job, 0, 0, in, out)) ASSERT_TRUE(r.status.ok());
+  job.net.corrupt_next_from(1, wire::kHeaderBytes + 5);  // a payload byte
+  auto results = run_step(job, 0, 1, in, out);
+  EXPECT_EQ(results[0].status.code(), Code::kDataLoss) << results[0].status.to_string();
+  EXPECT_NE(results[0].status.message().find("rank 1"), std::string::npos);
+  EXPECT_EQ(job.nodes[0]->mailbox->rejected(), 1u);
+  // Rank 1 received a valid message from rank 0 and may have finished before rank 0's abort
+  // arrived; either way it must not hang (run_step bounds the wait).
+  // The job goes on: the next step works again.
+  for (auto& r : run_step(job, 0, 2, in, out)) EXPECT_TRUE(r.status.ok()) << r.status.to_string();
+}
+
+TEST(FailureTest, StepNotAfterTheLastIsOutOfRange) {
+  Job job(1, options(true, kernels::Selector::kTopk, 0.5));
+  register_all(job, {{"w", 4}});
+  std::vector<std::vector<float>> in{{1, 2, 3, 4}}, out;
+  ASSERT_TRUE(run_step(job, 0, 5, in, out)[0].status.ok());
+  EXPECT_EQ(run_step(job, 0, 5, in, out)[0].status.code(), Code::kOutOfRange);
+  EXPECT_EQ(run_step(job, 0, 3, in, out)[0].status.code(), Code::kOutOfRange);
+}
+
+TEST(FailureTest, RegistrationAfterTheFirstStepIsRefused) {
+  Job job(1, options(true, kernels::Selector::kTopk, 0.5));
+  register_all(job, {{"w", 4}});
+  std::vector<std::vector<float>> in{{1, 2, 3, 4}}, out;
+  ASSERT_TRUE(run_step(job, 0, 0, in, out)[0].status.ok());
+  EXPECT_EQ(job.nodes[0]->pipeline->register_tensor(1, {"late", 3}).code(), Code::kFailedPrecondition);
+  job.nodes[0]->pipeline->reset();
+  EXPECT_TRUE(job.nodes[0]->pipeline->register_tensor(0, {"next-job", 3}).ok());
+}
+
+TEST(ErrorFeedbackTest, SingleNodeConservesEverythingSentPlusResidual) {
+  // W = 1, one trainer: the output of each step is exactly what was sent. Over many steps the
+  // total sent plus what is still held back must equal the total gradient; drain by switching to
+  // a dense pipeline is not possible here, so compare sum(sent) + residual via a final dense step
+  // of zeros on a compression-off pipeline fed the same stream.
+  const size_t n = 300;
+  Job job(1, options(true, kernels::Selector::kTopk, 0.02));
+  register_all(job, {{"w", n}});
+  std::vector<double> total_grad(n, 0.0), total_sent(n, 0.0);
+  std::vector<float> residual(n, 0.0f);
+  for (uint64_t step = 0; step < 100; ++step) {
+    std::vector<std::vector<float>> in{random_vector(n, static_cast<uint32_t>(step) + 1)}, out;
+    for (size_t i = 0; i < n; ++i) {
+      total_grad[i] += in[0][i];
+      residual[i] += in[0][i];
+    }
+    auto res = run_step(job, 0, step, in, out);
+    ASSERT_TRUE(res[0].status.ok());
+    for (size_t i = 0; i < n; ++i) {
+      total_sent[i] += out[0][i];
+      if (out[0][i] != 0.0f) residual[i] = 0.0f;  // independent EF bookkeeping
+    }
+  }
+  // sum(sent) + residual == sum(grad): each residual entry is a float sum of at most 100 terms of
+  // magnitude <= ~5, so the float rounding is below 100 * 5 * 2^-24 * 100 ~ 3e-3.
+  for (size_t i = 0; i < n; ++i) ASSERT_NEAR(total_sent[i] + residual[i], total_grad[i], 3e-3) << i;
+}
+
+}  // namespace
+}  // namespace sparsecar
