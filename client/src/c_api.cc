@@ -1,1 +1,158 @@
-// placeholder: being written
+// The C ABI (sparsecar.h) over the C++ client. Nothing may unwind through extern "C": every
+// entry point catches what the C++ side could throw (allocation) and turns it into a status.
+#include "sparsecar/sparsecar.h"
+
+#include <exception>
+#include <memory>
+#include <new>
+#include <string>
+
+#include "sparsecar/client.h"
+
+struct sc_client {
+  std::unique_ptr<sparsecar::Client> client;
+  std::string last_error;
+};
+
+namespace {
+
+thread_local std::string t_last_error;
+
+sc_status record(sc_client* client, const sparsecar::Status& st) {
+  if (st.ok()) return SC_OK;
+  std::string text = st.to_string();
+  if (client != nullptr) client->last_error = text;
+  t_last_error = std::move(text);
+  return static_cast<sc_status>(st.code());
+}
+
+sparsecar::Tensor* as_tensor(sc_tensor* t) { return reinterpret_cast<sparsecar::Tensor*>(t); }
+const sparsecar::Tensor* as_tensor(const sc_tensor* t) {
+  return reinterpret_cast<const sparsecar::Tensor*>(t);
+}
+
+template <typename F>
+sc_status guarded(sc_client* client, F&& body) {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return record(client, sparsecar::resource_exhausted("out of memory"));
+  } catch (const std::exception& e) {
+    return record(client, sparsecar::internal_error(e.what()));
+  } catch (...) {
+    return record(client, sparsecar::internal_error("unknown exception"));
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+int sc_abi_version(void) { return SPARSECAR_C_ABI_VERSION; }
+
+const char* sc_status_name(sc_status status) {
+  if (status < 0 || status > SC_RESOURCE_EXHAUSTED) return "UNKNOWN";
+  // code_name returns views of string literals: NUL-terminated.
+  return sparsecar::code_name(static_cast<sparsecar::Code>(status)).data();
+}
+
+const char* sc_last_error(void) { return t_last_error.c_str(); }
+
+sc_status sc_connect(const char* socket_path, int64_t timeout_ms, sc_client** out) {
+  if (out != nullptr) *out = nullptr;
+  if (socket_path == nullptr || out == nullptr || timeout_ms < 0) {
+    return record(nullptr, sparsecar::invalid_argument("sc_connect: NULL path/out or negative timeout"));
+  }
+  return guarded(nullptr, [&]() -> sc_status {
+    sparsecar::ConnectOptions options;
+    options.timeout = std::chrono::milliseconds(timeout_ms);
+    auto client = sparsecar::Client::connect(socket_path, options);
+    if (!client.ok()) return record(nullptr, client.status());
+    auto* handle = new sc_client;
+    handle->client = std::move(client).value();
+    *out = handle;
+    return SC_OK;
+  });
+}
+
+void sc_client_close(sc_client* client) { delete client; }
+
+const char* sc_client_last_error(const sc_client* client) {
+  return client == nullptr ? "" : client->last_error.c_str();
+}
+
+sc_status sc_register_tensor(sc_client* client, const char* name, uint64_t count, int32_t dtype,
+                             sc_tensor** out) {
+  if (out != nullptr) *out = nullptr;
+  if (client == nullptr || name == nullptr || out == nullptr) {
+    return record(client, sparsecar::invalid_argument("sc_register_tensor: NULL argument"));
+  }
+  if (dtype != SC_DTYPE_F32) {
+    return record(client, sparsecar::invalid_argument("sc_register_tensor: only SC_DTYPE_F32"));
+  }
+  return guarded(client, [&]() -> sc_status {
+    auto t = client->client->register_tensor(name, count, sparsecar::DType::kF32);
+    if (!t.ok()) return record(client, t.status());
+    *out = reinterpret_cast<sc_tensor*>(t.value());
+    return SC_OK;
+  });
+}
+
+float* sc_tensor_data(sc_tensor* tensor) {
+  return tensor == nullptr ? nullptr : as_tensor(tensor)->data();
+}
+uint64_t sc_tensor_size(const sc_tensor* tensor) {
+  return tensor == nullptr ? 0 : as_tensor(tensor)->size();
+}
+uint32_t sc_tensor_id(const sc_tensor* tensor) {
+  return tensor == nullptr ? 0 : as_tensor(tensor)->id();
+}
+const char* sc_tensor_name(const sc_tensor* tensor) {
+  return tensor == nullptr ? "" : as_tensor(tensor)->name().c_str();
+}
+
+sc_status sc_submit(sc_client* client, sc_tensor* tensor, uint64_t step, float lr) {
+  if (client == nullptr || tensor == nullptr) {
+    return record(client, sparsecar::invalid_argument("sc_submit: NULL argument"));
+  }
+  return guarded(client, [&]() -> sc_status {
+    sparsecar::SubmitOptions options;
+    options.lr = lr;
+    return record(client, client->client->submit(*as_tensor(tensor), step, options));
+  });
+}
+
+sc_status sc_wait(sc_client* client, sc_tensor* tensor, uint64_t step, int64_t timeout_ms,
+                  sc_step_info* info) {
+  if (client == nullptr || tensor == nullptr || timeout_ms < 0) {
+    return record(client, sparsecar::invalid_argument("sc_wait: NULL argument or negative timeout"));
+  }
+  return guarded(client, [&]() -> sc_status {
+    auto r = client->client->wait(*as_tensor(tensor), step, std::chrono::milliseconds(timeout_ms));
+    if (!r.ok()) return record(client, r.status());
+    if (info != nullptr) {
+      info->step = r->step;
+      info->bytes_sent = r->bytes_sent;
+      info->dense_bytes = r->dense_bytes;
+      info->nnz = r->nnz;
+    }
+    return SC_OK;
+  });
+}
+
+sc_status sc_report_metric(sc_client* client, const char* name, double value, uint64_t step) {
+  if (client == nullptr || name == nullptr) {
+    return record(client, sparsecar::invalid_argument("sc_report_metric: NULL argument"));
+  }
+  return guarded(client, [&]() -> sc_status {
+    return record(client, client->client->report_metric(name, value, step));
+  });
+}
+
+}  // extern "C"
+
+static_assert(SC_RESOURCE_EXHAUSTED == static_cast<int>(sparsecar::Code::kResourceExhausted));
+static_assert(SC_ABORTED == static_cast<int>(sparsecar::Code::kAborted));
+static_assert(SC_DEADLINE_EXCEEDED == static_cast<int>(sparsecar::Code::kDeadlineExceeded));
+static_assert(SC_UNAVAILABLE == static_cast<int>(sparsecar::Code::kUnavailable));
+static_assert(SC_PERMISSION_DENIED == static_cast<int>(sparsecar::Code::kPermissionDenied));

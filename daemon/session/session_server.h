@@ -14,8 +14,21 @@
 // freed and its pending steps failed for the other local clients; once no client is left the
 // pipeline is reset and the daemon serves the next job.
 //
-// Threads: one session thread (started by start()) does all of the above; complete() is the
-// only method called from other threads.
+// Protocol: common/include/sparsecar/common/session_protocol.h (socket messages) and
+// shm_layout.h (control mapping, rings). Per step the daemon sums the L local slots in client-id
+// order (float64 accumulation, rounded once to fp32) into the tensor's local_sum buffer.
+// A disconnecting client fails every step still being collected (the others can never complete
+// it) with kAborted naming the client; steps already handed to the pipeline complete for the
+// clients still connected.
+//
+// Contract with the pipeline (StepSink): ids are dense per job; every StepJob is answered exactly
+// once through complete(); after reset() returns, the pipeline has answered (or will never
+// answer) every job and no longer touches their buffers. Results that match no job in flight are
+// dropped and counted (stale_results). complete() may be called from inside StepSink::submit().
+//
+// Threads: one session thread (started by start()) does all of the above; complete(), stats()
+// and connected_clients() may be called from any thread; stop() from any thread but the session
+// thread and not concurrently with itself.
 #pragma once
 
 #include <chrono>
@@ -28,12 +41,29 @@
 
 namespace sparsecar {
 
-
 struct SessionServerOptions {
   std::string socket_path;         // created 0660; an existing stale socket file is replaced
   uint32_t local_clients = 1;      // trainers per node whose gradients are summed per step
-  uint64_t max_tensor_elements = uint64_t{1} << 31;
-  uint32_t max_tensors = 4096;
+  uint64_t max_tensor_elements = uint64_t{1} << 31;  // larger registrations: kResourceExhausted
+  uint32_t max_tensors = 4096;                       // distinct tensor names per job
+  std::chrono::milliseconds handshake_timeout{5000}; // a connection must send Hello within this
+};
+
+// Counters of what the session thread saw (monotonic, relaxed snapshots).
+struct SessionStats {
+  uint64_t clients_accepted = 0;        // handshakes completed
+  uint64_t clients_rejected = 0;        // uid check failed, too many clients, version mismatch
+  uint64_t clients_disconnected = 0;    // sessions freed after a handshake
+  uint64_t protocol_errors = 0;         // malformed frames, corrupt rings, stray fds: session dropped
+  uint64_t registrations = 0;           // successful registrations (one per client and tensor)
+  uint64_t registrations_rejected = 0;  // bad name/count/dtype, size mismatch, limits, late
+  uint64_t submissions = 0;             // entries popped from submission rings
+  uint64_t submissions_rejected = 0;    // unknown tensor, step out of order, busy, disagreement
+  uint64_t steps_dispatched = 0;        // StepJobs handed to the pipeline
+  uint64_t steps_completed = 0;         // StepResults with OK status delivered
+  uint64_t steps_failed = 0;            // failed StepResults + steps aborted by a disconnect
+  uint64_t stale_results = 0;           // StepResults that matched no job in flight
+  uint64_t metrics = 0;                 // Metric messages forwarded to the pipeline
 };
 
 class SessionServer final : public StepResultSink {
@@ -46,6 +76,7 @@ class SessionServer final : public StepResultSink {
   void complete(const StepResult& result) override;
   // Number of clients connected now (for status/metrics).
   uint32_t connected_clients() const;
+  SessionStats stats() const;
   // Stops the thread, closes every session and removes the socket file. Idempotent.
   void stop();
 

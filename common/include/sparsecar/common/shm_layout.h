@@ -10,13 +10,21 @@
 // client must not touch that mapping. The daemon writes the averaged gradient into the mapping,
 // pushes a Completion and signals the completion eventfd.
 //
-// Both sides treat the other as untrusted: indices are masked, every field is validated.
+// Every Submission is answered by exactly one Completion (success or error), so a client that
+// keeps at most kRingSlots submissions un-answered can never overflow its completion ring; the
+// daemon treats a full completion ring as a protocol violation and drops the session.
+//
+// Both sides treat the other as untrusted: indices are masked (a scribbled head/tail can only
+// make a side read or overwrite an entry, never leave the mapping), a head more than kRingSlots
+// ahead of tail is reported as corrupt, and every field of a popped entry is validated. The
+// daemon seals every memfd against shrinking so a client cannot make the daemon's mapping fault.
 // The layout is frozen for kShmVersion; golden tests pin the offsets.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <new>
 
 namespace sparsecar::shm {
 
@@ -57,15 +65,45 @@ struct alignas(64) Ring {
 };
 
 struct ShmControl {
-  uint32_t magic;
-  uint32_t version;
-  uint32_t ring_slots;
+  uint32_t magic;       // kShmMagic
+  uint32_t version;     // kShmVersion
+  uint32_t ring_slots;  // kRingSlots
   uint32_t reserved;
-  Ring<Submission> submissions;
-  Ring<Completion> completions;
+  Ring<Submission> submissions;  // client produces, daemon consumes
+  Ring<Completion> completions;  // daemon produces, client consumes
 };
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "rings need lock-free 64-bit atomics");
+static_assert((kRingSlots & (kRingSlots - 1)) == 0, "kRingSlots must be a power of two");
+static_assert(offsetof(ShmControl, submissions) == 64);
+static_assert(offsetof(Ring<Submission>, tail) == 64);
+static_assert(offsetof(Ring<Submission>, entries) == 128);
+static_assert(sizeof(Ring<Submission>) == 128 + 32 * kRingSlots);
+static_assert(offsetof(ShmControl, completions) == 64 + sizeof(Ring<Submission>));
+static_assert(sizeof(Ring<Completion>) == 128 + 240 * kRingSlots);
+static_assert(offsetof(Completion, message) == 48);
+
+// Size of the control memfd: ShmControl rounded up to whole 4 KiB pages.
+inline constexpr size_t kControlBytes = (sizeof(ShmControl) + 4095) / 4096 * 4096;
+
+// The daemon initialises a fresh (zeroed) control mapping before handing it out.
+inline ShmControl* init_control(void* mapping) {
+  auto* ctl = static_cast<ShmControl*>(mapping);
+  ctl->magic = kShmMagic;
+  ctl->version = kShmVersion;
+  ctl->ring_slots = kRingSlots;
+  ctl->reserved = 0;
+  new (&ctl->submissions.head) std::atomic<uint64_t>(0);
+  new (&ctl->submissions.tail) std::atomic<uint64_t>(0);
+  new (&ctl->completions.head) std::atomic<uint64_t>(0);
+  new (&ctl->completions.tail) std::atomic<uint64_t>(0);
+  return ctl;
+}
+
+// The client checks a mapping it received before using it.
+inline bool control_valid(const ShmControl& ctl) {
+  return ctl.magic == kShmMagic && ctl.version == kShmVersion && ctl.ring_slots == kRingSlots;
+}
 
 // Producer side: false when full (would block).
 template <typename Entry>

@@ -1,0 +1,105 @@
+/* sparsecar C ABI: the client library for trainers written in C or loaded through an FFI
+ * (ctypes, cffi, Rust, Julia). It mirrors the C++ API of client.h one to one.
+ *
+ *   sc_client* client = NULL;
+ *   if (sc_connect("/run/sparsecar/sparsecard.sock", 10000, &client) != SC_OK) {
+ *     fprintf(stderr, "%s\n", sc_last_error());
+ *   }
+ *   sc_tensor* w = NULL;
+ *   sc_register_tensor(client, "fc.weight", 5000, SC_DTYPE_F32, &w);
+ *   memcpy(sc_tensor_data(w), grad, 5000 * sizeof(float));
+ *   sc_submit(client, w, step, 0.1f);
+ *   sc_step_info info;
+ *   if (sc_wait(client, w, step, 30000, &info) != SC_OK) {
+ *     fprintf(stderr, "%s\n", sc_client_last_error(client));
+ *   }
+ *   sc_client_close(client);   // also frees every sc_tensor of the client
+ *
+ * Status codes are the numbers of sparsecar::Code (frozen). Every call that fails stores its
+ * message: sc_client_last_error(client) for calls on a client, and sc_last_error() (per
+ * thread) for every failed call, including sc_connect. Strings returned stay valid until the
+ * next call on the same client (resp. thread).
+ * Thread-safety: one client from one thread at a time; different clients are independent.
+ * No function throws or aborts on bad input; NULL handles give SC_INVALID_ARGUMENT.
+ */
+#ifndef SPARSECAR_SPARSECAR_H_
+#define SPARSECAR_SPARSECAR_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SPARSECAR_C_ABI_VERSION 1
+
+typedef int32_t sc_status;
+enum {
+  SC_OK = 0,
+  SC_INVALID_ARGUMENT = 1,
+  SC_NOT_FOUND = 2,
+  SC_ALREADY_EXISTS = 3,
+  SC_OUT_OF_RANGE = 4,
+  SC_DEADLINE_EXCEEDED = 5,
+  SC_UNAVAILABLE = 6,
+  SC_DATA_LOSS = 7,
+  SC_FAILED_PRECONDITION = 8,
+  SC_PERMISSION_DENIED = 9,
+  SC_INTERNAL = 10,
+  SC_WOULD_BLOCK = 11,
+  SC_ABORTED = 12,
+  SC_RESOURCE_EXHAUSTED = 13
+};
+
+enum { SC_DTYPE_F32 = 0 };
+
+typedef struct sc_client sc_client;  /* a session with the local daemon */
+typedef struct sc_tensor sc_tensor;  /* a registered tensor; owned by its client */
+
+typedef struct sc_step_info {
+  uint64_t step;
+  uint64_t bytes_sent;   /* bytes the local daemon put on the wire for this (tensor, step) */
+  uint64_t dense_bytes;  /* what a dense exchange would have sent */
+  uint64_t nnz;          /* elements the local daemon selected */
+} sc_step_info;
+
+/* The C ABI version this library implements (SPARSECAR_C_ABI_VERSION). */
+int sc_abi_version(void);
+/* "OK", "DEADLINE_EXCEEDED", ... ; "UNKNOWN" for other numbers. Static storage. */
+const char* sc_status_name(sc_status status);
+/* Message of the last failed call on this thread ("" if none). */
+const char* sc_last_error(void);
+
+/* Connects to the daemon's Unix socket, retrying up to timeout_ms while it is missing or
+ * refusing, and performs the handshake. On success *out is a new client. */
+sc_status sc_connect(const char* socket_path, int64_t timeout_ms, sc_client** out);
+/* Closes the session, unmaps every tensor of it. NULL is ignored. */
+void sc_client_close(sc_client* client);
+/* Message of the last failed call on this client ("" if none). */
+const char* sc_client_last_error(const sc_client* client);
+
+/* Registers a tensor of `count` elements (dtype SC_DTYPE_F32) and maps its shared slot.
+ * Registering the same name with the same count again returns the same tensor. */
+sc_status sc_register_tensor(sc_client* client, const char* name, uint64_t count, int32_t dtype,
+                             sc_tensor** out);
+float* sc_tensor_data(sc_tensor* tensor);      /* count floats; NULL for NULL */
+uint64_t sc_tensor_size(const sc_tensor* tensor);
+uint32_t sc_tensor_id(const sc_tensor* tensor);
+const char* sc_tensor_name(const sc_tensor* tensor);
+
+/* Hands the tensor's contents for `step` to the daemon; lr = learning rate (0 = not given).
+ * Non-blocking. The slot belongs to the daemon until the matching sc_wait succeeds or fails. */
+sc_status sc_submit(sc_client* client, sc_tensor* tensor, uint64_t step, float lr);
+/* Waits up to timeout_ms for (tensor, step). SC_OK: the slot holds the averaged gradient and
+ * *info (may be NULL) describes the step. SC_DEADLINE_EXCEEDED: call again to keep waiting. */
+sc_status sc_wait(sc_client* client, sc_tensor* tensor, uint64_t step, int64_t timeout_ms,
+                  sc_step_info* info);
+/* Reports a named scalar (e.g. "loss") for a step. */
+sc_status sc_report_metric(sc_client* client, const char* name, double value, uint64_t step);
+
+#ifdef __cplusplus
+}  /* extern "C" */
+#endif
+
+#endif  /* SPARSECAR_SPARSECAR_H_ */
