@@ -1,7 +1,7 @@
 // Enums shared by kernels, policies, codecs and the wire format.
 //
 // The numeric values travel on the wire and in the shm layout: they are frozen. Add new values
-// at the end; never renumber or reuse one.
+// at the end; never renumber or reuse one. Thread-safety: plain functions, no state.
 #pragma once
 
 #include <cstdint>
@@ -30,8 +30,10 @@ enum class ValueType : uint16_t {
 std::string_view selector_name(Selector s);
 std::string_view format_name(Format f);
 std::string_view value_type_name(ValueType v);
-// Parse the names above ("none", "topk", "threshold"; "dense", "coo"; "fp32"); false if unknown.
+// Parse the names above ("none", "topk", "threshold"; "dense", "coo"; "fp32"); false if unknown
+// (and *out is left unchanged). A value outside the enum is named "unknown".
 bool parse_selector(std::string_view text, Selector* out);
 bool parse_format(std::string_view text, Format* out);
+bool parse_value_type(std::string_view text, ValueType* out);
 
 }  // namespace sparsecar::kernels
