@@ -113,7 +113,8 @@ Expected<CommandLine> parse_command_line(int argc, const char* const* argv, std:
     if (spec.choices[0] != '\0') doc += std::string(" {") + spec.choices + "}";
     if (spec.env[0] != '\0') doc += std::string(" (env ") + spec.env + ")";
     if (spec.live) doc += " (live)";
-    app.add_option("--" + dashed(spec.name), flag_values[spec.name], doc);
+    app.add_option("--" + dashed(spec.name), flag_values[spec.name], doc)
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   }
 
   try {
