@@ -415,7 +415,14 @@ void SessionServer::Impl::run() {
     }
     sweep();
   }
-  for (auto& [id, c] : conns_) mark_drop(*c, "the daemon is shutting down");
+  for (auto& [id, c] : conns_) {
+    if (c->drop) continue;
+    // Tell the client why before closing, so its wait() reports more than a closed socket.
+    proto::Error e{};
+    e.status = static_cast<int32_t>(Code::kUnavailable);
+    proto::set_field(e.message, sizeof e.message, "the daemon is shutting down");
+    if (send_msg(*c, proto::MsgType::kError, &e, nullptr, 0)) mark_drop(*c, "the daemon is shutting down");
+  }
   sweep();
   process_results();
   listen_fd_.reset();

@@ -1,0 +1,70 @@
+// Golden layout of the session protocol v1 and its header/field validation.
+#include "sparsecar/common/session_protocol.h"
+
+#include <gtest/gtest.h>
+
+#include <cstddef>
+
+namespace sparsecar::proto {
+namespace {
+
+TEST(SessionProtocol, FrozenLayout) {
+  EXPECT_EQ(sizeof(MsgHeader), 16u);
+  EXPECT_EQ(offsetof(MsgHeader, type), 6u);
+  EXPECT_EQ(offsetof(MsgHeader, length), 8u);
+  EXPECT_EQ(sizeof(Hello), 16u);
+  EXPECT_EQ(offsetof(Hello, pid), 8u);
+  EXPECT_EQ(sizeof(HelloAck), 216u);
+  EXPECT_EQ(offsetof(HelloAck, control_bytes), 16u);
+  EXPECT_EQ(offsetof(HelloAck, message), 24u);
+  EXPECT_EQ(sizeof(Register), 272u);
+  EXPECT_EQ(offsetof(Register, name), 16u);
+  EXPECT_EQ(sizeof(RegisterAck), 216u);
+  EXPECT_EQ(offsetof(RegisterAck, message), 24u);
+  EXPECT_EQ(sizeof(Metric), 272u);
+  EXPECT_EQ(sizeof(Error), 200u);
+  EXPECT_EQ(static_cast<int>(MsgType::kError), 6);
+}
+
+TEST(SessionProtocol, HeaderBytesAreLittleEndian) {
+  MsgHeader h = make_header(MsgType::kRegister);
+  const uint8_t expected[16] = {'S', 'C', 'S', 'P', 1, 0, 3, 0, 0x10, 0x01, 0, 0, 0, 0, 0, 0};
+  EXPECT_EQ(std::memcmp(&h, expected, sizeof expected), 0);
+}
+
+TEST(SessionProtocol, HeaderValidationRejectsEveryBadField) {
+  for (auto type : {MsgType::kHello, MsgType::kHelloAck, MsgType::kRegister, MsgType::kRegisterAck,
+                    MsgType::kMetric, MsgType::kError}) {
+    EXPECT_EQ(header_error(make_header(type)), nullptr);
+  }
+  MsgHeader h = make_header(MsgType::kHello);
+  h.magic ^= 1;
+  EXPECT_STREQ(header_error(h), "bad magic");
+  h = make_header(MsgType::kHello);
+  h.version = 2;
+  EXPECT_NE(header_error(h), nullptr);
+  h = make_header(MsgType::kHello);
+  h.type = 0;
+  EXPECT_NE(header_error(h), nullptr);
+  h.type = 7;
+  EXPECT_NE(header_error(h), nullptr);
+  h = make_header(MsgType::kHello);
+  h.length += 1;
+  EXPECT_NE(header_error(h), nullptr);
+  h = make_header(MsgType::kHello);
+  h.reserved = 1;
+  EXPECT_NE(header_error(h), nullptr);
+}
+
+TEST(SessionProtocol, FixedStringFields) {
+  char field[8];
+  set_field(field, sizeof field, "abc");
+  EXPECT_EQ(field_string(field, sizeof field).value(), "abc");
+  set_field(field, sizeof field, "much too long");
+  EXPECT_EQ(field_string(field, sizeof field).value(), "much to");
+  std::memset(field, 'x', sizeof field);
+  EXPECT_FALSE(field_string(field, sizeof field).has_value());
+}
+
+}  // namespace
+}  // namespace sparsecar::proto
