@@ -66,6 +66,17 @@ int wait_child(pid_t pid, std::chrono::milliseconds timeout) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+// Kills and reaps a forked child on every way out of a test (an ASSERT included).
+struct ChildGuard {
+  pid_t pid = -1;
+  ~ChildGuard() {
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  }
+};
+
 bool read_byte(int fd, std::chrono::milliseconds timeout) {
   pollfd p{fd, POLLIN, 0};
   if (::poll(&p, 1, static_cast<int>(timeout.count())) != 1) return false;
@@ -386,6 +397,7 @@ TEST_F(SessionServerTest, KilledClientFailsThePendingStepAndTheServerGoesOn) {
     if (::write(ready[1], &b, 1) != 1) ::_exit(4);
     for (;;) ::pause();
   }
+  ChildGuard guard{child};
   ::close(ready[1]);
   start(2);
   auto a = connect();
@@ -398,6 +410,7 @@ TEST_F(SessionServerTest, KilledClientFailsThePendingStepAndTheServerGoesOn) {
   ASSERT_TRUE(wait_until([&] { return server_->stats().submissions == 1; }));
   ASSERT_EQ(::kill(child, SIGKILL), 0);
   EXPECT_EQ(wait_child(child, 5000ms), -1);  // killed, not exited
+  guard.pid = -1;
 
   auto r = a->wait(**w, 1, 5000ms);
   ASSERT_FALSE(r.ok());
@@ -440,6 +453,7 @@ TEST_F(SessionServerTest, OtherUidIsRefused) {
     auto c = Client::connect(sock_.path(), ConnectOptions{5000ms});
     ::_exit(c.ok() ? 0 : static_cast<int>(c.status().code()));
   }
+  ChildGuard guard{child};
   ::close(go[0]);
   start(1);
   // Let nobody reach the socket, so the refusal comes from SO_PEERCRED, not file modes.
@@ -449,6 +463,7 @@ TEST_F(SessionServerTest, OtherUidIsRefused) {
   ASSERT_EQ(::write(go[1], &b, 1), 1);
   ::close(go[1]);
   EXPECT_EQ(wait_child(child, 10000ms), static_cast<int>(Code::kPermissionDenied));
+  guard.pid = -1;
   EXPECT_EQ(server_->stats().clients_rejected, 1u);
   EXPECT_EQ(server_->stats().clients_accepted, 0u);
   EXPECT_NE(connect(), nullptr);  // root still gets in
