@@ -249,6 +249,8 @@ class SessionServer::Impl {
   std::vector<std::unique_ptr<TensorState>> tensors_;  // by tensor id
   std::unordered_map<std::string, uint32_t> tensor_ids_;
   std::vector<std::unique_ptr<TensorState>> orphans_;  // in flight when the job was reset
+  // Set when a local client left while others stay: steps fail at once until L are back.
+  std::string lost_client_;
   std::vector<pollfd> pollfds_;
   std::vector<uint32_t> poll_owner_;  // client id per pollfd (0: not a client)
   std::vector<const float*> sum_inputs_;
@@ -665,7 +667,10 @@ void SessionServer::Impl::handle_hello(Conn& c, const proto::Hello& m) {
   if (!send_msg(c, proto::MsgType::kHelloAck, &ack, fds, proto::kHelloFds)) return;
   c.control.close_fd();
   c.state = Conn::State::kReady;
-  ready_clients_.fetch_add(1);
+  if (ready_clients_.fetch_add(1) + 1 == options_.local_clients && !lost_client_.empty()) {
+    SC_LOG_INFO("%s replaces %s", c.label().c_str(), lost_client_.c_str());
+    lost_client_.clear();
+  }
   bump(counters_.clients_accepted);
   SC_LOG_INFO("%s connected (uid %u, %u of %u local clients)", c.label().c_str(),
               static_cast<unsigned>(c.peer_uid), ready_clients_.load(), options_.local_clients);
@@ -801,6 +806,11 @@ void SessionServer::Impl::handle_submission(Conn& c, const shm::Submission& s) {
   }
   TensorState& t = *tensors_[s.tensor_id];
   auto step = static_cast<unsigned long long>(s.step);
+  if (!lost_client_.empty() && ready_clients_.load() < options_.local_clients) {
+    return reject(aborted(fmt("tensor '%s' step %llu: local %s; this node cannot complete steps "
+                              "until %u local clients are connected again",
+                              t.name.c_str(), step, lost_client_.c_str(), options_.local_clients)));
+  }
   if (t.in_flight) {
     return reject(failed_precondition(
         fmt("tensor '%s': step %llu is still in flight; wait for it before submitting step %llu",
@@ -972,7 +982,9 @@ void SessionServer::Impl::free_conn(Conn& c) {
   if (c.state == Conn::State::kReady) {
     SC_LOG_INFO("%s disconnected: %s", c.label().c_str(), c.drop_reason.c_str());
     bump(counters_.clients_disconnected);
-    ready_clients_.fetch_sub(1);
+    if (ready_clients_.fetch_sub(1) > 1) {
+      lost_client_ = c.label() + " disconnected (" + c.drop_reason + ")";
+    }
     for (auto& t : tensors_) {
       if (t->collecting) {
         Status st = aborted(fmt("local %s disconnected (%s) before step %llu of tensor '%s' "
@@ -999,6 +1011,7 @@ void SessionServer::Impl::reset_job() {
   }
   tensors_.clear();
   tensor_ids_.clear();
+  lost_client_.clear();
 }
 
 // ---- public face ---------------------------------------------------------------------------------

@@ -19,7 +19,10 @@
 // order (float64 accumulation, rounded once to fp32) into the tensor's local_sum buffer.
 // A disconnecting client fails every step still being collected (the others can never complete
 // it) with kAborted naming the client; steps already handed to the pipeline complete for the
-// clients still connected.
+// clients still connected. Until L clients are connected again (a replacement), every new
+// submission fails at once with kAborted naming the client that left, so trainers never wait
+// for a step this node cannot complete. Before the first departure, early submissions simply
+// wait for the remaining clients to connect.
 //
 // Contract with the pipeline (StepSink): ids are dense per job; every StepJob is answered exactly
 // once through complete(); after reset() returns, the pipeline has answered (or will never

@@ -421,6 +421,16 @@ TEST_F(SessionServerTest, KilledClientFailsThePendingStepAndTheServerGoesOn) {
   EXPECT_EQ(server_->stats().clients_disconnected, 1u);
   EXPECT_EQ(pipeline_->reset_count(), 0);  // a is still there
 
+  // Until a replacement connects, new steps fail at once instead of waiting for the deadline.
+  ASSERT_TRUE(a->submit(**w, 2).ok());
+  auto t0 = Clock::now();
+  auto early = a->wait(**w, 2, 5000ms);
+  EXPECT_LT(Clock::now() - t0, 2000ms);
+  ASSERT_FALSE(early.ok());
+  EXPECT_EQ(early.status().code(), Code::kAborted);
+  EXPECT_NE(early.status().message().find("cannot complete steps"), std::string::npos)
+      << early.status().message();
+
   // A new trainer takes the free place and the job goes on.
   auto c = connect();
   ASSERT_NE(c, nullptr);
@@ -430,10 +440,10 @@ TEST_F(SessionServerTest, KilledClientFailsThePendingStepAndTheServerGoesOn) {
     (*w)->data()[i] = 1.0f;
     (*wc)->data()[i] = 3.0f;
   }
-  ASSERT_TRUE(a->submit(**w, 2).ok());
-  ASSERT_TRUE(c->submit(**wc, 2).ok());
-  auto ra = a->wait(**w, 2, 5000ms);
-  auto rc = c->wait(**wc, 2, 5000ms);
+  ASSERT_TRUE(a->submit(**w, 3).ok());
+  ASSERT_TRUE(c->submit(**wc, 3).ok());
+  auto ra = a->wait(**w, 3, 5000ms);
+  auto rc = c->wait(**wc, 3, 5000ms);
   ASSERT_TRUE(ra.ok()) << ra.status().to_string();
   ASSERT_TRUE(rc.ok()) << rc.status().to_string();
   EXPECT_EQ((*w)->data()[15], 2.0f);
