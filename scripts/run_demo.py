@@ -202,6 +202,9 @@ def run_job(args, bins, workdir, label, compression, procs):
     failed = [(r, t.returncode) for r, t in enumerate(trainers) if t.poll() not in (None, 0)]
     if failed:
         msg = [f"{label}: trainer(s) failed: " + ", ".join(f"rank {r} status {c}" for r, c in failed)]
+        dead = [f"rank {r} (status {d.returncode})" for r, d in enumerate(daemons) if d.poll() is not None]
+        if dead:
+            msg.append(f"{label}: sparsecard exited during training: " + ", ".join(dead))
         for r, _ in failed:
             msg.append(f"--- trainer rank {r} log:\n" + tail(os.path.join(jobdir, f"trainer-{r}.log")))
             msg.append(f"--- sparsecard rank {r} log:\n" + tail(os.path.join(jobdir, f"sparsecard-{r}.log")))
