@@ -1,1 +1,942 @@
-// placeholder: being written
+#include "daemon/transport/ucx_transport.h"
+
+#include <poll.h>
+#include <sys/syscall.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <ucp/api/ucp.h>
+
+#include "daemon/transport/rendezvous.h"
+#include "sparsecar/common/log.h"
+
+namespace sparsecar {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Active-message id of sparsecar messages and the route prefix in front of the caller's header.
+constexpr unsigned kAmId = 1;
+// Sent to every live peer by an orderly stop(), so peers report "left the job" instead of a
+// connection error. Header = the route prefix; no payload.
+constexpr unsigned kByeAmId = 2;
+constexpr uint32_t kRouteMagic = 0x31544353;  // "SCT1"
+constexpr size_t kRouteBytes = 8;
+// Largest caller header the transport carries (the wire header is 72 bytes).
+constexpr size_t kMaxHeaderBytes = 256;
+constexpr uint64_t kMaxPayloadBytes = uint64_t{1} << 30;
+// Receive buffers kept for reuse by rendezvous receives (large messages).
+constexpr size_t kMaxPooledBuffers = 8;
+
+Code code_of(ucs_status_t s) {
+  switch (s) {
+    case UCS_ERR_ENDPOINT_TIMEOUT:
+    case UCS_ERR_CONNECTION_RESET:
+    case UCS_ERR_UNREACHABLE:
+    case UCS_ERR_REJECTED:
+    case UCS_ERR_NOT_CONNECTED:
+    case UCS_ERR_IO_ERROR:
+    case UCS_ERR_CANCELED:
+      return Code::kUnavailable;
+    case UCS_ERR_TIMED_OUT:
+      return Code::kDeadlineExceeded;
+    case UCS_ERR_NO_MEMORY:
+    case UCS_ERR_NO_RESOURCE:
+    case UCS_ERR_EXCEEDS_LIMIT:
+      return Code::kResourceExhausted;
+    case UCS_ERR_INVALID_PARAM:
+    case UCS_ERR_UNSUPPORTED:
+      return Code::kInvalidArgument;
+    default:
+      return Code::kInternal;
+  }
+}
+
+Status ucx_status(std::string_view what, ucs_status_t s, std::string_view who) {
+  std::string m(what);
+  if (!who.empty()) m += std::string(" (") + std::string(who) + ")";
+  m += ": ";
+  m += ucs_status_string(s);
+  return Status(code_of(s), std::move(m));
+}
+
+void put_le32(std::byte* out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out[i] = static_cast<std::byte>((v >> (8 * i)) & 0xFFu);
+}
+uint32_t get_le32(const std::byte* in) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(std::to_integer<uint8_t>(in[i])) << (8 * i);
+  return v;
+}
+
+bool mentions_shared_memory(const std::string& tls) {
+  if (tls.empty()) return true;  // UCX's default ("all") includes shared memory
+  for (const char* name : {"posix", "sysv", "sm", "shm", "all", "mm"}) {
+    size_t pos = 0;
+    while ((pos = tls.find(name, pos)) != std::string::npos) {
+      size_t end = pos + std::strlen(name);
+      bool starts = pos == 0 || tls[pos - 1] == ',' || tls[pos - 1] == '^';
+      bool ends = end == tls.size() || tls[end] == ',';
+      if (starts && ends) return true;
+      pos = end;
+    }
+  }
+  return false;
+}
+
+// Who a process is, precisely enough to watch it from another process on the same kernel:
+// exchanged in front of the UCX worker address during the rendezvous.
+struct ProcessIdentity {
+  std::string boot_id;    // /proc/sys/kernel/random/boot_id: same kernel (same machine, same boot)
+  std::string pid_ns;     // readlink /proc/self/ns/pid: same pid namespace
+  uint64_t pid = 0;
+  uint64_t start_time = 0;  // /proc/<pid>/stat field 22: rules out a reused pid
+};
+
+std::string read_first_line(const std::string& path) {
+  std::string line;
+  if (FILE* f = std::fopen(path.c_str(), "re")) {
+    char buf[256];
+    if (std::fgets(buf, sizeof buf, f) != nullptr) line = buf;
+    std::fclose(f);
+  }
+  while (!line.empty() && (line.back() == '\n' || line.back() == '\r')) line.pop_back();
+  return line;
+}
+
+uint64_t process_start_time(uint64_t pid) {
+  std::string stat = read_first_line("/proc/" + std::to_string(pid) + "/stat");
+  size_t close = stat.rfind(')');
+  if (close == std::string::npos) return 0;
+  // Fields after the command name start at field 3; start time is field 22.
+  size_t pos = close + 2;
+  for (int field = 3; field < 22 && pos != std::string::npos; ++field) {
+    pos = stat.find(' ', pos);
+    if (pos != std::string::npos) ++pos;
+  }
+  return pos == std::string::npos ? 0 : std::strtoull(stat.c_str() + pos, nullptr, 10);
+}
+
+ProcessIdentity my_identity() {
+  ProcessIdentity id;
+  id.boot_id = read_first_line("/proc/sys/kernel/random/boot_id");
+  char ns[128] = {};
+  ssize_t n = ::readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
+  if (n > 0) id.pid_ns.assign(ns, static_cast<size_t>(n));
+  id.pid = static_cast<uint64_t>(::getpid());
+  id.start_time = process_start_time(id.pid);
+  return id;
+}
+
+// Rendezvous blob: "SCID1\n" boot_id "\n" pid_ns "\n" pid "\n" start_time "\n" + UCX address.
+std::string pack_address(const ProcessIdentity& id, const std::string& ucx_address) {
+  return "SCID1\n" + id.boot_id + "\n" + id.pid_ns + "\n" + std::to_string(id.pid) + "\n" +
+         std::to_string(id.start_time) + "\n" + ucx_address;
+}
+
+bool unpack_address(const std::string& blob, ProcessIdentity* id, std::string* ucx_address) {
+  std::vector<std::string> fields;
+  size_t pos = 0;
+  for (int i = 0; i < 5; ++i) {
+    size_t nl = blob.find('\n', pos);
+    if (nl == std::string::npos) return false;
+    fields.push_back(blob.substr(pos, nl - pos));
+    pos = nl + 1;
+  }
+  if (fields[0] != "SCID1") return false;
+  id->boot_id = fields[1];
+  id->pid_ns = fields[2];
+  id->pid = std::strtoull(fields[3].c_str(), nullptr, 10);
+  id->start_time = std::strtoull(fields[4].c_str(), nullptr, 10);
+  *ucx_address = blob.substr(pos);
+  return !ucx_address->empty();
+}
+
+// A pidfd for a peer process on this kernel and in this pid namespace, or -1 when it cannot be
+// watched that way (another machine, another namespace). *gone is set when it already exited.
+int watch_process(const ProcessIdentity& mine, const ProcessIdentity& peer, bool* gone) {
+  *gone = false;
+  if (mine.boot_id.empty() || peer.boot_id != mine.boot_id || peer.pid_ns != mine.pid_ns || peer.pid == 0 ||
+      peer.start_time == 0) {
+    return -1;
+  }
+  // glibc 2.36's <sys/pidfd.h> does not link from C++: use the system call.
+  int fd = static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(peer.pid), 0));
+  if (fd < 0) {
+    *gone = errno == ESRCH;
+    return -1;
+  }
+  // Checked after opening: the pidfd pins the pid, so a matching start time means this is it.
+  if (process_start_time(peer.pid) != peer.start_time) {
+    ::close(fd);
+    *gone = true;
+    return -1;
+  }
+  return fd;
+}
+
+std::string default_label() {
+  char host[256] = "?";
+  ::gethostname(host, sizeof host - 1);
+  return std::string(host) + ":" + std::to_string(::getpid());
+}
+
+}  // namespace
+
+// Checks a UCX call that returns ucs_status_t; on failure logs the real cause once (with the
+// peer involved) and returns it as a Status from the enclosing function.
+#define SC_UCX_CHECK(call, who)                                          \
+  do {                                                                   \
+    ucs_status_t sc_ucs_ = (call);                                       \
+    if (sc_ucs_ != UCS_OK) {                                             \
+      ::sparsecar::Status sc_st_ = ucx_status(#call, sc_ucs_, (who));    \
+      SC_LOG_ERROR("%s", sc_st_.message().c_str());                      \
+      return sc_st_;                                                     \
+    }                                                                    \
+  } while (0)
+
+class UcxTransport::Impl {
+ public:
+  struct SendOp;
+
+  // What send() hands to the progress thread.
+  struct SendRequest {
+    uint32_t peer = 0;
+    uint32_t am_header_len = 0;
+    std::array<std::byte, kRouteBytes + kMaxHeaderBytes> am_header{};
+    const void* payload = nullptr;
+    size_t payload_len = 0;
+    SendCallback done;
+  };
+
+  // A posted send, owned by the progress thread until UCX completes it.
+  struct SendOp {
+    Impl* impl = nullptr;
+    SendRequest req;
+    void* ucx_request = nullptr;
+    bool orphaned = false;  // stop() already reported it; ignore UCX's late completion
+    SendOp* prev = nullptr;  // in the peer's in-flight list
+    SendOp* next = nullptr;
+  };
+
+  struct Buffer {
+    std::unique_ptr<std::byte[]> data;
+    size_t capacity = 0;
+  };
+
+  // A rendezvous receive in progress.
+  struct RecvOp {
+    Impl* impl = nullptr;
+    uint32_t peer = 0;
+    std::array<std::byte, kMaxHeaderBytes> header{};
+    size_t header_len = 0;
+    Buffer buffer;
+    size_t length = 0;
+    bool orphaned = false;
+  };
+
+  struct Peer {
+    Impl* impl = nullptr;
+    uint32_t rank = 0;
+    std::string name;
+    ucp_ep_h ep = nullptr;
+    // Set (release) by the progress thread after `failure` is written; read by send().
+    std::atomic<bool> failed{false};
+    Status failure;
+    bool close_pending = false;  // failed; ep still to be force-closed
+    int pidfd = -1;              // watches a peer process on this machine (see watch_process)
+    void* close_request = nullptr;
+    SendOp* inflight = nullptr;  // head of the in-flight list
+  };
+
+  Impl(const UcxTransportOptions& o, MessageSink* sink) : options_(o), sink_(sink) {}
+
+  ~Impl() {
+    stop();
+    if (progress_thread_.joinable()) progress_thread_.join();
+    destroy_ucx();
+    if (wake_fd_ >= 0) ::close(wake_fd_);
+    for (Peer& p : peers_) {
+      if (p.pidfd >= 0) ::close(p.pidfd);
+    }
+  }
+
+  Status init() {
+    if (options_.world_size == 0 || options_.rank >= options_.world_size) {
+      return invalid_argument("rank " + std::to_string(options_.rank) + " is not below world size " +
+                              std::to_string(options_.world_size));
+    }
+    if (sink_ == nullptr) return invalid_argument("UcxTransport needs a MessageSink");
+    if (options_.label.empty()) options_.label = default_label();
+    wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (wake_fd_ < 0) {
+      Status s = errno_status("eventfd", errno);
+      SC_LOG_ERROR("%s", s.message().c_str());
+      return s;
+    }
+    SC_RETURN_IF_ERROR(init_ucx());
+
+    ucp_address_t* address = nullptr;
+    size_t address_len = 0;
+    SC_UCX_CHECK(ucp_worker_get_address(worker_, &address, &address_len), "self");
+    const ProcessIdentity me = my_identity();
+    std::string my_address = pack_address(me, std::string(reinterpret_cast<const char*>(address), address_len));
+    ucp_worker_release_address(worker_, address);
+
+    rendezvous::Options ro;
+    ro.rank = options_.rank;
+    ro.world_size = options_.world_size;
+    ro.job_id = options_.job_id;
+    ro.coordinator = options_.coordinator;
+    ro.timeout = options_.rendezvous_timeout;
+    ro.label = options_.label;
+    ro.on_listening = options_.on_listening;
+    SC_ASSIGN_OR_RETURN(std::vector<rendezvous::Peer> table, rendezvous::run(ro, my_address));
+
+    peers_ = std::vector<Peer>(options_.world_size);
+    for (uint32_t r = 0; r < options_.world_size; ++r) {
+      Peer& p = peers_[r];
+      p.impl = this;
+      p.rank = r;
+      p.name = "rank " + std::to_string(r) + " (" + (r == options_.rank ? options_.label : table[r].label) + ")";
+      if (r == options_.rank) continue;
+      ProcessIdentity peer_id;
+      std::string ucx_address;
+      if (!unpack_address(table[r].address, &peer_id, &ucx_address)) {
+        return data_loss("rendezvous: " + p.name + " sent a malformed address (another sparsecar version?)");
+      }
+      // UCX notices a killed peer at once over TCP, but over shared memory only through its
+      // keepalive, which (UCX 1.13) can miss a peer that dies with a rendezvous in flight. A
+      // process on this machine is watched directly: its pidfd becomes readable when it exits.
+      bool gone = false;
+      p.pidfd = watch_process(me, peer_id, &gone);
+      if (gone) {
+        return unavailable("rendezvous: " + p.name + " exited before the job started");
+      }
+      ucp_ep_params_t ep_params{};
+      ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                             UCP_EP_PARAM_FIELD_ERR_HANDLER;
+      ep_params.address = reinterpret_cast<const ucp_address_t*>(ucx_address.data());
+      ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+      ep_params.err_handler.cb = &Impl::on_ep_error;
+      ep_params.err_handler.arg = &p;
+      SC_UCX_CHECK(ucp_ep_create(worker_, &ep_params, &p.ep), p.name);
+    }
+    progress_thread_ = std::thread([this] { progress_main(); });
+    return Status::Ok();
+  }
+
+  const std::string& peer_name(uint32_t peer) const { return peers_[peer].name; }
+  const UcxTransportOptions& options() const { return options_; }
+
+  Status send(uint32_t peer, std::span<const std::byte> header, std::span<const std::byte> payload,
+              SendCallback done) {
+    if (peer >= options_.world_size || peer == options_.rank) {
+      return invalid_argument("send to rank " + std::to_string(peer) + ": not a peer of rank " +
+                              std::to_string(options_.rank) + " in a world of " + std::to_string(options_.world_size));
+    }
+    if (header.size() > kMaxHeaderBytes) {
+      return invalid_argument("send to " + peers_[peer].name + ": header of " + std::to_string(header.size()) +
+                              " bytes exceeds " + std::to_string(kMaxHeaderBytes));
+    }
+    if (payload.size() > kMaxPayloadBytes) {
+      return resource_exhausted("send to " + peers_[peer].name + ": payload of " + std::to_string(payload.size()) +
+                                " bytes exceeds the 1 GiB message limit");
+    }
+    if (!done) return invalid_argument("send needs a completion callback");
+    if (stop_requested_.load(std::memory_order_acquire)) return unavailable("transport stopped");
+    if (peers_[peer].failed.load(std::memory_order_acquire)) {
+      return peers_[peer].failure;
+    }
+    SendRequest req;
+    req.peer = peer;
+    put_le32(req.am_header.data(), options_.rank);
+    put_le32(req.am_header.data() + 4, kRouteMagic);
+    std::memcpy(req.am_header.data() + kRouteBytes, header.data(), header.size());
+    req.am_header_len = static_cast<uint32_t>(kRouteBytes + header.size());
+    req.payload = payload.data();
+    req.payload_len = payload.size();
+    req.done = std::move(done);
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      queue_.push_back(std::move(req));
+    }
+    if (sleeping_.exchange(false, std::memory_order_seq_cst)) wake();
+    return Status::Ok();
+  }
+
+  // Requests the stop; waits for the progress thread unless called on it. Idempotent.
+  void stop() {
+    stop_requested_.store(true, std::memory_order_seq_cst);
+    if (std::this_thread::get_id() == progress_thread_id_.load()) return;  // the destructor joins
+    std::lock_guard<std::mutex> lock(stop_mu_);
+    if (progress_thread_.joinable()) {
+      wake();
+      progress_thread_.join();
+    }
+    destroy_ucx();
+  }
+
+ private:
+  Status init_ucx() {
+    ucp_config_t* config = nullptr;
+    SC_UCX_CHECK(ucp_config_read(nullptr, nullptr, &config), "");
+    std::unique_ptr<ucp_config_t, decltype(&ucp_config_release)> config_guard(config, &ucp_config_release);
+    auto modify = [&](const char* name, const std::string& value) -> Status {
+      ucs_status_t s = ucp_config_modify(config, name, value.c_str());
+      if (s != UCS_OK) {
+        Status st = ucx_status(std::string("ucp_config_modify(") + name + "=" + value + ")", s, "");
+        SC_LOG_ERROR("%s", st.message().c_str());
+        return st;
+      }
+      return Status::Ok();
+    };
+    if (!options_.tls.empty()) SC_RETURN_IF_ERROR(modify("TLS", options_.tls));
+    if (!options_.net_devices.empty()) SC_RETURN_IF_ERROR(modify("NET_DEVICES", options_.net_devices));
+    if (mentions_shared_memory(options_.tls)) {
+      // Under UCP_ERR_HANDLING_MODE_PEER, UCX drops the shared-memory transports unless they
+      // advertise error handling. ucx_info -c lists UCX_POSIX_ERROR_HANDLING/UCX_SYSV_ERROR_HANDLING,
+      // but through ucp_config_modify UCX 1.13 only accepts the shared sub-table's name
+      // "MM_ERROR_HANDLING" (the per-component names are reported as invalid configurations).
+      SC_RETURN_IF_ERROR(modify("MM_ERROR_HANDLING", "y"));
+    }
+    SC_RETURN_IF_ERROR(modify("KEEPALIVE_INTERVAL", std::to_string(options_.keepalive_interval.count()) + "ms"));
+
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME;
+    params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+    params.mt_workers_shared = 0;
+    params.name = "sparsecar";
+    SC_UCX_CHECK(ucp_init(&params, config, &context_), "");
+
+    ucp_worker_params_t wparams{};
+    wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    // The worker is only ever touched by one thread at a time: start() builds it, then the
+    // progress thread owns it until stop() has joined that thread.
+    wparams.thread_mode = UCS_THREAD_MODE_SINGLE;
+    SC_UCX_CHECK(ucp_worker_create(context_, &wparams, &worker_), "");
+    SC_UCX_CHECK(ucp_worker_get_efd(worker_, &worker_fd_), "");
+
+    ucp_am_handler_param_t am{};
+    am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG |
+                    UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+    am.id = kAmId;
+    am.cb = &Impl::on_am;
+    am.arg = this;
+    am.flags = UCP_AM_FLAG_WHOLE_MSG;
+    SC_UCX_CHECK(ucp_worker_set_am_recv_handler(worker_, &am), "");
+    am.id = kByeAmId;
+    am.cb = &Impl::on_bye;
+    SC_UCX_CHECK(ucp_worker_set_am_recv_handler(worker_, &am), "");
+    put_le32(bye_header_.data(), options_.rank);
+    put_le32(bye_header_.data() + 4, kRouteMagic);
+    return Status::Ok();
+  }
+
+  void destroy_ucx() {
+    for (Peer& p : peers_) {
+      // Endpoints not closed by the shutdown sequence (it timed out) go with the worker.
+      if (p.close_request != nullptr) {
+        ucp_request_free(p.close_request);
+        p.close_request = nullptr;
+      }
+    }
+    if (worker_ != nullptr) ucp_worker_destroy(worker_);
+    worker_ = nullptr;
+    if (context_ != nullptr) ucp_cleanup(context_);
+    context_ = nullptr;
+  }
+
+  void wake() {
+    uint64_t one = 1;
+    // EAGAIN means the counter is already non-zero: the thread will wake anyway.
+    if (::write(wake_fd_, &one, sizeof one) < 0 && errno != EAGAIN) {
+      SC_LOG_ERROR("transport: write(eventfd): %s", std::strerror(errno));
+    }
+  }
+
+  // ---- progress thread ------------------------------------------------------------------------
+
+  void progress_main() {
+    progress_thread_id_.store(std::this_thread::get_id());
+    while (true) {
+      post_queued_sends();
+      while (ucp_worker_progress(worker_) != 0) {
+      }
+      close_failed_endpoints();
+      if (stop_requested_.load(std::memory_order_acquire)) break;
+      sleep_until_event(options_.idle_wakeup);
+    }
+    shutdown();
+  }
+
+  // Sleeps on the worker's event fd and the wake eventfd, at most `limit`.
+  void sleep_until_event(std::chrono::milliseconds limit) {
+    sleeping_.store(true, std::memory_order_seq_cst);
+    bool queued;
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      queued = !queue_.empty();
+    }
+    if (queued || stop_requested_.load(std::memory_order_seq_cst)) {
+      sleeping_.store(false);
+      return;
+    }
+    ucs_status_t s = ucp_worker_arm(worker_);
+    if (s == UCS_ERR_BUSY) {  // events arrived meanwhile: progress again
+      sleeping_.store(false);
+      return;
+    }
+    if (s != UCS_OK) {
+      // Cannot arm: fall back to a short timed sleep so we still make progress.
+      SC_LOG_ERROR("transport: ucp_worker_arm: %s", ucs_status_string(s));
+      limit = std::min(limit, std::chrono::milliseconds(1));
+    }
+    poll_fds_.clear();
+    poll_fds_.push_back({worker_fd_, POLLIN, 0});
+    poll_fds_.push_back({wake_fd_, POLLIN, 0});
+    for (const Peer& p : peers_) {
+      if (p.pidfd >= 0) poll_fds_.push_back({p.pidfd, POLLIN, 0});
+    }
+    int r = ::poll(poll_fds_.data(), poll_fds_.size(), static_cast<int>(limit.count()));
+    if (r < 0 && errno != EINTR) SC_LOG_ERROR("transport: poll: %s", std::strerror(errno));
+    sleeping_.store(false);
+    if (r <= 0) return;
+    if (poll_fds_[1].revents & POLLIN) {
+      uint64_t count;
+      if (::read(wake_fd_, &count, sizeof count) < 0 && errno != EAGAIN) {
+        SC_LOG_ERROR("transport: read(eventfd): %s", std::strerror(errno));
+      }
+    }
+    for (size_t i = 2; i < poll_fds_.size(); ++i) {
+      if (poll_fds_[i].revents == 0) continue;
+      for (Peer& p : peers_) {
+        if (p.pidfd != poll_fds_[i].fd) continue;
+        ::close(p.pidfd);
+        p.pidfd = -1;
+        peer_gone(p, unavailable(p.name + " failed: its process exited"), /*orderly=*/false);
+      }
+    }
+  }
+
+  void post_queued_sends() {
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      if (queue_.empty()) return;
+      posting_.swap(queue_);
+    }
+    for (SendRequest& req : posting_) post(std::move(req));
+    posting_.clear();
+  }
+
+  SendOp* acquire_op() {
+    if (free_ops_.empty()) {
+      ops_.push_back(std::make_unique<SendOp>());
+      ops_.back()->impl = this;
+      return ops_.back().get();
+    }
+    SendOp* op = free_ops_.back();
+    free_ops_.pop_back();
+    return op;
+  }
+
+  void post(SendRequest&& req) {
+    Peer& p = peers_[req.peer];
+    if (p.failed.load(std::memory_order_relaxed)) {
+      req.done(p.failure);
+      return;
+    }
+    SendOp* op = acquire_op();
+    op->req = std::move(req);
+    op->orphaned = false;
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
+    param.cb.send = &Impl::on_send_done;
+    param.user_data = op;
+    param.datatype = ucp_dt_make_contig(1);
+    ucs_status_ptr_t r = ucp_am_send_nbx(p.ep, kAmId, op->req.am_header.data(), op->req.am_header_len,
+                                         op->req.payload, op->req.payload_len, &param);
+    if (r == nullptr) {
+      finish_send(op, Status::Ok());
+    } else if (UCS_PTR_IS_ERR(r)) {
+      Status s = ucx_status("ucp_am_send_nbx", UCS_PTR_STATUS(r), p.name);
+      SC_LOG_ERROR("%s", s.message().c_str());
+      finish_send(op, s);
+    } else {
+      op->ucx_request = r;
+      link(p, op);
+    }
+  }
+
+  static void link(Peer& p, SendOp* op) {
+    op->prev = nullptr;
+    op->next = p.inflight;
+    if (p.inflight != nullptr) p.inflight->prev = op;
+    p.inflight = op;
+  }
+  static void unlink(Peer& p, SendOp* op) {
+    if (op->prev != nullptr) op->prev->next = op->next;
+    else p.inflight = op->next;
+    if (op->next != nullptr) op->next->prev = op->prev;
+    op->prev = op->next = nullptr;
+  }
+
+  void finish_send(SendOp* op, const Status& status) {
+    SendCallback done = std::move(op->req.done);
+    op->req.done = nullptr;
+    free_ops_.push_back(op);
+    done(status);
+  }
+
+  static void on_send_done(void* request, ucs_status_t status, void* user_data) {
+    auto* op = static_cast<SendOp*>(user_data);
+    Impl* self = op->impl;
+    ucp_request_free(request);
+    op->ucx_request = nullptr;
+    if (op->orphaned) {  // already reported when its peer failed or the transport stopped
+      op->orphaned = false;
+      self->free_ops_.push_back(op);
+      return;
+    }
+    Peer& p = self->peers_[op->req.peer];
+    unlink(p, op);
+    if (status == UCS_OK) {
+      self->finish_send(op, Status::Ok());
+      return;
+    }
+    Status s = p.failed.load(std::memory_order_relaxed)
+                   ? unavailable("send failed: " + p.failure.message())
+                   : ucx_status("send", status, p.name);
+    self->finish_send(op, s);
+  }
+
+  static void on_ep_error(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
+    auto* p = static_cast<Peer*>(arg);
+    // Whatever UCX calls it (endpoint timeout, connection reset, shared memory error when the
+    // peer's segment vanished), for the pipeline the peer is gone.
+    p->impl->peer_gone(*p, unavailable(p->name + " failed: " + ucs_status_string(status)), /*orderly=*/false);
+  }
+
+  static ucs_status_t on_bye(void* arg, const void* header, size_t header_length, void* data, size_t /*length*/,
+                             const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<Impl*>(arg);
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) ucp_am_data_release(self->worker_, data);
+    const auto* h = static_cast<const std::byte*>(header);
+    if (header_length != kRouteBytes || get_le32(h + 4) != kRouteMagic) return UCS_OK;
+    const uint32_t sender = get_le32(h);
+    if (sender >= self->options_.world_size || sender == self->options_.rank) return UCS_OK;
+    Peer& p = self->peers_[sender];
+    self->peer_gone(p, unavailable(p.name + " stopped its transport (left the job)"), /*orderly=*/true);
+    return UCS_OK;
+  }
+
+  // Marks `p` failed (once), schedules its endpoint for closing and tells the sink.
+  void peer_gone(Peer& p, Status why, bool orderly) {
+    if (p.failed.load(std::memory_order_relaxed)) return;
+    p.failure = std::move(why);
+    p.failed.store(true, std::memory_order_release);
+    p.close_pending = p.ep != nullptr;
+    if (stop_requested_.load(std::memory_order_acquire)) {
+      SC_LOG_DEBUG("transport: during shutdown: %s", p.failure.message().c_str());
+      return;
+    }
+    if (orderly) {
+      SC_LOG_INFO("transport: %s", p.failure.message().c_str());
+    } else {
+      SC_LOG_ERROR("transport: %s", p.failure.message().c_str());
+    }
+    sink_->on_peer_failed(p.rank, p.failure);
+  }
+
+  // Failed endpoints must be closed in force mode; that also completes (with an error) every
+  // send still in flight to that peer.
+  void close_failed_endpoints() {
+    for (Peer& p : peers_) {
+      if (!p.close_pending) continue;
+      p.close_pending = false;
+      ucp_request_param_t param{};
+      param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+      ucs_status_ptr_t r = ucp_ep_close_nbx(p.ep, &param);
+      p.ep = nullptr;
+      if (UCS_PTR_IS_PTR(r)) {
+        p.close_request = r;
+      } else if (UCS_PTR_IS_ERR(r)) {
+        SC_LOG_DEBUG("transport: force-closing the endpoint to %s: %s", p.name.c_str(),
+                     ucs_status_string(UCS_PTR_STATUS(r)));
+      }
+      // Sends that UCX did not complete while closing are failed here.
+      while (p.inflight != nullptr) {
+        SendOp* op = p.inflight;
+        unlink(p, op);
+        op->orphaned = true;
+        Status s = unavailable("send failed: " + p.failure.message());
+        SendCallback done = std::move(op->req.done);
+        op->req.done = nullptr;
+        done(s);  // the op stays allocated (orphaned) until UCX lets go of its request
+      }
+    }
+    progress_close_requests();
+  }
+
+  void progress_close_requests() {
+    for (Peer& p : peers_) {
+      if (p.close_request == nullptr) continue;
+      ucs_status_t s = ucp_request_check_status(p.close_request);
+      if (s == UCS_INPROGRESS) continue;
+      ucp_request_free(p.close_request);
+      p.close_request = nullptr;
+    }
+  }
+
+  static ucs_status_t on_am(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                            const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<Impl*>(arg);
+    const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    auto drop = [&](const char* why) {
+      SC_LOG_ERROR("transport: dropping a message of %zu+%zu bytes: %s", header_length, length, why);
+      self->dropped_++;
+      if (rndv) ucp_am_data_release(self->worker_, data);
+      return UCS_OK;
+    };
+    if (self->stop_requested_.load(std::memory_order_acquire)) {
+      if (rndv) ucp_am_data_release(self->worker_, data);
+      return UCS_OK;
+    }
+    if (header_length < kRouteBytes || header_length > kRouteBytes + kMaxHeaderBytes) {
+      return drop("bad route header length");
+    }
+    const auto* h = static_cast<const std::byte*>(header);
+    const uint32_t sender = get_le32(h);
+    if (get_le32(h + 4) != kRouteMagic) return drop("bad route magic");
+    if (sender >= self->options_.world_size || sender == self->options_.rank) return drop("bad sender rank");
+    if (length > kMaxPayloadBytes) return drop("payload larger than 1 GiB");
+    std::span<const std::byte> user_header(h + kRouteBytes, header_length - kRouteBytes);
+    if (!rndv) {
+      self->sink_->on_message(sender, user_header, std::span<const std::byte>(static_cast<const std::byte*>(data), length));
+      return UCS_OK;
+    }
+    // Rendezvous: fetch the payload into a (pooled) buffer, then deliver.
+    RecvOp* op = self->acquire_recv();
+    op->peer = sender;
+    op->header_len = user_header.size();
+    std::memcpy(op->header.data(), user_header.data(), user_header.size());
+    op->length = length;
+    op->buffer = self->acquire_buffer(length);
+    ucp_request_param_t rp{};
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
+    rp.cb.recv_am = &Impl::on_recv_done;
+    rp.user_data = op;
+    rp.datatype = ucp_dt_make_contig(1);
+    ucs_status_ptr_t r = ucp_am_recv_data_nbx(self->worker_, data, op->buffer.data.get(), length, &rp);
+    if (r == nullptr) {
+      self->deliver(op);
+    } else if (UCS_PTR_IS_ERR(r)) {
+      SC_LOG_ERROR("transport: ucp_am_recv_data_nbx (%s, %zu bytes): %s", self->peers_[sender].name.c_str(), length,
+                   ucs_status_string(UCS_PTR_STATUS(r)));
+      self->dropped_++;
+      self->release_recv(op);
+    }
+    return UCS_OK;
+  }
+
+  static void on_recv_done(void* request, ucs_status_t status, size_t /*length*/, void* user_data) {
+    auto* op = static_cast<RecvOp*>(user_data);
+    Impl* self = op->impl;
+    ucp_request_free(request);
+    if (op->orphaned) return;
+    if (status != UCS_OK) {
+      SC_LOG_ERROR("transport: receiving %zu bytes from %s: %s", op->length, self->peers_[op->peer].name.c_str(),
+                   ucs_status_string(status));
+      self->dropped_++;
+      self->release_recv(op);
+      return;
+    }
+    self->deliver(op);
+  }
+
+  void deliver(RecvOp* op) {
+    if (!stop_requested_.load(std::memory_order_acquire)) {
+      sink_->on_message(op->peer, std::span<const std::byte>(op->header.data(), op->header_len),
+                        std::span<const std::byte>(op->buffer.data.get(), op->length));
+    }
+    release_recv(op);
+  }
+
+  RecvOp* acquire_recv() {
+    RecvOp* op;
+    if (free_recvs_.empty()) {
+      recvs_.push_back(std::make_unique<RecvOp>());
+      op = recvs_.back().get();
+      op->impl = this;
+    } else {
+      op = free_recvs_.back();
+      free_recvs_.pop_back();
+    }
+    op->orphaned = false;
+    active_recvs_.push_back(op);
+    return op;
+  }
+
+  void release_recv(RecvOp* op) {
+    std::erase(active_recvs_, op);
+    release_buffer(std::move(op->buffer));
+    op->buffer = Buffer{};
+    free_recvs_.push_back(op);
+  }
+
+  Buffer acquire_buffer(size_t length) {
+    // Smallest pooled buffer that fits; reusing keeps large receives off fresh (slow) pages.
+    size_t best = buffers_.size();
+    for (size_t i = 0; i < buffers_.size(); ++i) {
+      if (buffers_[i].capacity >= length && (best == buffers_.size() || buffers_[i].capacity < buffers_[best].capacity)) {
+        best = i;
+      }
+    }
+    if (best != buffers_.size()) {
+      Buffer b = std::move(buffers_[best]);
+      buffers_.erase(buffers_.begin() + static_cast<std::ptrdiff_t>(best));
+      return b;
+    }
+    Buffer b;
+    b.capacity = std::max<size_t>(length, 1);
+    b.data.reset(new std::byte[b.capacity]);
+    return b;
+  }
+
+  void release_buffer(Buffer&& b) {
+    if (b.data == nullptr) return;
+    buffers_.push_back(std::move(b));
+    if (buffers_.size() > kMaxPooledBuffers) {
+      // Drop the smallest: large buffers are the expensive ones to fault in again.
+      auto smallest = std::min_element(buffers_.begin(), buffers_.end(),
+                                       [](const Buffer& a, const Buffer& c) { return a.capacity < c.capacity; });
+      buffers_.erase(smallest);
+    }
+  }
+
+  // Runs on the progress thread once a stop was requested: fail what is queued, flush and close
+  // every endpoint (bounded by stop_timeout), fail what is still in flight.
+  void shutdown() {
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      posting_.swap(queue_);
+    }
+    for (SendRequest& req : posting_) req.done(aborted("transport stopped before the send to " + peers_[req.peer].name + " was posted"));
+    posting_.clear();
+
+    const auto deadline = Clock::now() + options_.stop_timeout;
+    for (Peer& p : peers_) {
+      if (p.ep == nullptr || p.failed.load(std::memory_order_relaxed)) continue;
+      // Best effort: the flush in the close below delivers it before the endpoint goes.
+      ucp_request_param_t bye{};
+      bye.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      bye.flags = UCP_AM_SEND_FLAG_EAGER;
+      ucs_status_ptr_t r = ucp_am_send_nbx(p.ep, kByeAmId, bye_header_.data(), kRouteBytes, nullptr, 0, &bye);
+      if (UCS_PTR_IS_PTR(r)) ucp_request_free(r);  // released by UCX once sent
+    }
+    for (Peer& p : peers_) {
+      if (p.ep == nullptr) continue;
+      ucp_request_param_t param{};
+      param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      param.flags = p.failed.load(std::memory_order_relaxed) ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+      ucs_status_ptr_t r = ucp_ep_close_nbx(p.ep, &param);
+      p.ep = nullptr;
+      p.close_pending = false;
+      if (UCS_PTR_IS_PTR(r)) p.close_request = r;
+    }
+    auto closing = [&] {
+      for (const Peer& p : peers_) {
+        if (p.close_request != nullptr) return true;
+      }
+      return false;
+    };
+    while (closing() && Clock::now() < deadline) {
+      while (ucp_worker_progress(worker_) != 0) {
+      }
+      progress_close_requests();
+      if (!closing()) break;
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      sleep_until_event(std::clamp(left, std::chrono::milliseconds(1), std::chrono::milliseconds(10)));
+    }
+    if (closing()) SC_LOG_WARN("transport: endpoints did not close within %lld ms; dropping them",
+                               static_cast<long long>(options_.stop_timeout.count()));
+    for (Peer& p : peers_) {
+      while (p.inflight != nullptr) {
+        SendOp* op = p.inflight;
+        unlink(p, op);
+        op->orphaned = true;
+        SendCallback done = std::move(op->req.done);
+        op->req.done = nullptr;
+        done(aborted("transport stopped with a send to " + p.name + " in flight"));
+      }
+    }
+    for (RecvOp* op : active_recvs_) op->orphaned = true;
+    active_recvs_.clear();
+  }
+
+  UcxTransportOptions options_;
+  MessageSink* sink_;
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  int worker_fd_ = -1;
+  int wake_fd_ = -1;
+  std::vector<Peer> peers_;
+
+  std::thread progress_thread_;
+  std::atomic<std::thread::id> progress_thread_id_{};
+  std::atomic<bool> stop_requested_{false};
+  std::atomic<bool> sleeping_{false};
+  std::mutex stop_mu_;
+
+  std::mutex queue_mu_;
+  std::vector<SendRequest> queue_;  // guarded by queue_mu_
+
+  // Progress thread only.
+  std::vector<SendRequest> posting_;
+  std::vector<std::unique_ptr<SendOp>> ops_;
+  std::vector<SendOp*> free_ops_;
+  std::vector<std::unique_ptr<RecvOp>> recvs_;
+  std::vector<RecvOp*> free_recvs_;
+  std::vector<RecvOp*> active_recvs_;
+  std::vector<Buffer> buffers_;
+  uint64_t dropped_ = 0;
+  std::array<std::byte, kRouteBytes> bye_header_{};
+  std::vector<pollfd> poll_fds_;
+};
+
+Expected<std::unique_ptr<UcxTransport>> UcxTransport::start(const UcxTransportOptions& options, MessageSink* sink) {
+  auto impl = std::make_unique<Impl>(options, sink);
+  Status s = impl->init();
+  if (!s.ok()) return s.with_context("rank " + std::to_string(options.rank) + " transport start");
+  return std::unique_ptr<UcxTransport>(new UcxTransport(std::move(impl)));
+}
+
+UcxTransport::UcxTransport(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+UcxTransport::~UcxTransport() = default;
+
+uint32_t UcxTransport::rank() const { return impl_->options().rank; }
+uint32_t UcxTransport::world_size() const { return impl_->options().world_size; }
+std::string UcxTransport::peer_name(uint32_t peer) const {
+  if (peer >= impl_->options().world_size) return "rank " + std::to_string(peer) + " (not in this job)";
+  return impl_->peer_name(peer);
+}
+Status UcxTransport::send(uint32_t peer, std::span<const std::byte> header, std::span<const std::byte> payload,
+                          SendCallback done) {
+  return impl_->send(peer, header, payload, std::move(done));
+}
+void UcxTransport::stop() { impl_->stop(); }
+
+}  // namespace sparsecar

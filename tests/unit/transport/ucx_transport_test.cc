@@ -1,0 +1,481 @@
+// UcxTransport end to end inside one process (one thread per rank for the rendezvous), over TCP on
+// loopback and over shared memory; plus a peer in a child process that gets SIGKILLed.
+// Every wait is bounded; nothing sleeps to synchronise.
+#include "daemon/transport/ucx_transport.h"
+
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <future>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+namespace sparsecar {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+constexpr auto kWait = 60s;  // bound on any single wait
+
+struct TransportParam {
+  const char* name;
+  const char* tls;
+  const char* net_devices;
+};
+
+// Test message header: {u32 magic, u32 sender, u32 seq, u32 pad, u64 payload size}.
+constexpr uint32_t kTestMagic = 0x54534554;  // "TEST"
+struct TestHeader {
+  uint32_t magic;
+  uint32_t sender;
+  uint32_t seq;
+  uint32_t pad;
+  uint64_t size;
+};
+
+// Payload word i of message (sender, seq): cheap to generate and to check.
+uint64_t pattern(uint32_t sender, uint32_t seq, size_t i) {
+  return (uint64_t{sender} << 56) ^ (uint64_t{seq} << 32) ^ (i * 0x9E3779B97F4A7C15ull);
+}
+
+std::vector<std::byte> make_payload(uint32_t sender, uint32_t seq, size_t size) {
+  std::vector<std::byte> out(size);
+  size_t words = size / 8;
+  for (size_t i = 0; i < words; ++i) {
+    uint64_t w = pattern(sender, seq, i);
+    std::memcpy(out.data() + i * 8, &w, 8);
+  }
+  for (size_t i = words * 8; i < size; ++i) out[i] = static_cast<std::byte>(i);
+  return out;
+}
+
+bool payload_ok(uint32_t sender, uint32_t seq, std::span<const std::byte> p) {
+  size_t words = p.size() / 8;
+  for (size_t i = 0; i < words; ++i) {
+    uint64_t w;
+    std::memcpy(&w, p.data() + i * 8, 8);
+    if (w != pattern(sender, seq, i)) return false;
+  }
+  for (size_t i = words * 8; i < p.size(); ++i) {
+    if (p[i] != static_cast<std::byte>(i)) return false;
+  }
+  return true;
+}
+
+// Records what arrives; verifies payload content on the progress thread (no copy kept).
+class RecordingSink : public MessageSink {
+ public:
+  struct Received {
+    uint32_t peer;
+    uint32_t seq;
+    size_t size;
+    bool content_ok;
+  };
+
+  void on_message(uint32_t peer, std::span<const std::byte> header, std::span<const std::byte> payload) override {
+    Received r{peer, ~0u, payload.size(), false};
+    if (header.size() == sizeof(TestHeader)) {
+      TestHeader h;
+      std::memcpy(&h, header.data(), sizeof h);
+      r.seq = h.seq;
+      r.content_ok = h.magic == kTestMagic && h.sender == peer && h.size == payload.size() &&
+                     payload_ok(h.sender, h.seq, payload);
+    } else {
+      r.content_ok = header.size() == 4 && std::memcmp(header.data(), "pong", 4) == 0;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    received_.push_back(r);
+    cv_.notify_all();
+  }
+
+  void on_peer_failed(uint32_t peer, const Status& why) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    failures_[peer]++;
+    last_failure_ = why;
+    cv_.notify_all();
+  }
+
+  bool wait_messages(size_t count, std::chrono::milliseconds bound = kWait) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, bound, [&] { return received_.size() >= count; });
+  }
+  bool wait_failure(uint32_t peer, std::chrono::milliseconds bound = kWait) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, bound, [&] { return failures_.count(peer) != 0; });
+  }
+  std::vector<Received> received() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return received_;
+  }
+  std::map<uint32_t, int> failures() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return failures_;
+  }
+  Status last_failure() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return last_failure_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Received> received_;
+  std::map<uint32_t, int> failures_;
+  Status last_failure_;
+};
+
+// Counts send completions.
+class Completions {
+ public:
+  SendCallback callback() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++expected_;
+    }
+    return [this](const Status& s) {
+      std::lock_guard<std::mutex> lock(mu_);
+      statuses_.push_back(s);
+      cv_.notify_all();
+    };
+  }
+  bool wait_all(std::chrono::milliseconds bound = kWait) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, bound, [&] { return statuses_.size() >= expected_; });
+  }
+  std::vector<Status> statuses() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return statuses_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  size_t expected_ = 0;
+  std::vector<Status> statuses_;
+};
+
+UcxTransportOptions base_options(const TransportParam& p, uint32_t rank, uint32_t world, uint64_t job) {
+  UcxTransportOptions o;
+  o.rank = rank;
+  o.world_size = world;
+  o.job_id = job;
+  o.tls = p.tls;
+  o.net_devices = p.net_devices;
+  o.rendezvous_timeout = 30s;
+  o.label = "test-rank-" + std::to_string(rank);
+  return o;
+}
+
+struct Job {
+  std::vector<std::unique_ptr<RecordingSink>> sinks;
+  std::vector<std::unique_ptr<UcxTransport>> transports;
+  ~Job() {
+    for (auto& t : transports) {
+      if (t) t->stop();
+    }
+  }
+};
+
+// Starts `world` transports in threads; rank 0 listens on port 0. `external` ranks (at the top of
+// the range) are not started here; `on_port` learns the coordinator port for them.
+void start_job(Job& job, const TransportParam& p, uint32_t world, uint64_t job_id, uint32_t external = 0,
+               std::function<void(uint16_t)> on_port = {}) {
+  const uint32_t local = world - external;
+  job.sinks.clear();
+  job.transports.clear();
+  for (uint32_t r = 0; r < local; ++r) job.sinks.push_back(std::make_unique<RecordingSink>());
+  job.transports.resize(local);
+
+  auto port = std::make_shared<std::promise<uint16_t>>();
+  std::shared_future<uint16_t> port_future = port->get_future().share();
+  std::vector<std::future<Status>> results;
+  for (uint32_t r = 0; r < local; ++r) {
+    results.push_back(std::async(std::launch::async, [&, r]() -> Status {
+      UcxTransportOptions o = base_options(p, r, world, job_id);
+      if (r == 0) {
+        o.coordinator = "127.0.0.1:0";
+        o.on_listening = [port, on_port](uint16_t got) {
+          if (on_port) on_port(got);
+          port->set_value(got);
+        };
+      } else {
+        if (port_future.wait_for(kWait) != std::future_status::ready) return deadline_exceeded("no port");
+        o.coordinator = "127.0.0.1:" + std::to_string(port_future.get());
+      }
+      auto t = UcxTransport::start(o, job.sinks[r].get());
+      if (!t.ok()) return t.status();
+      job.transports[r] = std::move(*t);
+      return Status::Ok();
+    }));
+  }
+  for (uint32_t r = 0; r < local; ++r) {
+    ASSERT_EQ(results[r].wait_for(kWait), std::future_status::ready) << "rank " << r << " did not start";
+    Status s = results[r].get();
+    ASSERT_TRUE(s.ok()) << "rank " << r << ": " << s.to_string();
+  }
+}
+
+class UcxTransportTest : public ::testing::TestWithParam<TransportParam> {};
+
+// Every rank sends every size to every other rank; every message arrives intact exactly once.
+void exchange_all(const TransportParam& p, uint32_t world, const std::vector<size_t>& sizes) {
+  Job job;
+  start_job(job, p, world, 42);
+  if (::testing::Test::HasFatalFailure()) return;
+
+  // Payloads stay alive (and unchanged) until every send has completed.
+  std::vector<std::vector<std::byte>> payloads;
+  std::vector<TestHeader> headers;
+  payloads.reserve(world * world * sizes.size());
+  headers.reserve(world * world * sizes.size());
+  Completions done;
+  uint32_t seq = 0;
+  for (uint32_t from = 0; from < world; ++from) {
+    for (uint32_t to = 0; to < world; ++to) {
+      if (to == from) continue;
+      for (size_t size : sizes) {
+        headers.push_back(TestHeader{kTestMagic, from, seq, 0, size});
+        payloads.push_back(make_payload(from, seq, size));
+        ++seq;
+        Status s = job.transports[from]->send(
+            to, std::as_bytes(std::span<const TestHeader>(&headers.back(), 1)), payloads.back(), done.callback());
+        ASSERT_TRUE(s.ok()) << s.to_string();
+      }
+    }
+  }
+  ASSERT_TRUE(done.wait_all()) << "sends did not complete";
+  for (const Status& s : done.statuses()) EXPECT_TRUE(s.ok()) << s.to_string();
+
+  const size_t per_rank = (world - 1) * sizes.size();
+  for (uint32_t r = 0; r < world; ++r) {
+    ASSERT_TRUE(job.sinks[r]->wait_messages(per_rank)) << "rank " << r << " got only "
+                                                        << job.sinks[r]->received().size();
+    auto got = job.sinks[r]->received();
+    EXPECT_EQ(got.size(), per_rank);
+    std::set<uint32_t> seqs;
+    for (const auto& m : got) {
+      EXPECT_TRUE(m.content_ok) << "rank " << r << " from " << m.peer << " seq " << m.seq << " size " << m.size;
+      EXPECT_TRUE(seqs.insert(m.seq).second) << "duplicate seq " << m.seq;
+    }
+    EXPECT_TRUE(job.sinks[r]->failures().empty());
+  }
+}
+
+TEST_P(UcxTransportTest, TwoRanksExchangeEmptySmallAndLargeMessages) {
+  exchange_all(GetParam(), 2, {0, 1, 100, 4096, 300 * 1024, 64u << 20});
+}
+
+TEST_P(UcxTransportTest, FourRanksExchangeEmptySmallAndLargeMessages) {
+  exchange_all(GetParam(), 4, {0, 72, 16u << 20});
+}
+
+TEST_P(UcxTransportTest, ConcurrentSendersFromManyThreads) {
+  Job job;
+  start_job(job, GetParam(), 2, 43);
+  if (HasFatalFailure()) return;
+  constexpr int kThreads = 4;
+  constexpr int kPerThread = 250;
+  std::vector<TestHeader> headers(kThreads * kPerThread);
+  std::vector<std::vector<std::byte>> payloads(kThreads * kPerThread);
+  Completions done;
+  std::vector<SendCallback> callbacks;
+  for (int i = 0; i < kThreads * kPerThread; ++i) {
+    const uint32_t seq = static_cast<uint32_t>(i);
+    headers[i] = TestHeader{kTestMagic, 0, seq, 0, 256};
+    payloads[i] = make_payload(0, seq, 256);
+    callbacks.push_back(done.callback());
+  }
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int k = 0; k < kPerThread; ++k) {
+        int i = t * kPerThread + k;
+        Status s = job.transports[0]->send(1, std::as_bytes(std::span<const TestHeader>(&headers[i], 1)), payloads[i],
+                                           std::move(callbacks[i]));
+        EXPECT_TRUE(s.ok()) << s.to_string();
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  ASSERT_TRUE(done.wait_all());
+  for (const Status& s : done.statuses()) EXPECT_TRUE(s.ok()) << s.to_string();
+  ASSERT_TRUE(job.sinks[1]->wait_messages(kThreads * kPerThread));
+  for (const auto& m : job.sinks[1]->received()) EXPECT_TRUE(m.content_ok);
+}
+
+TEST_P(UcxTransportTest, InvalidSendsAreRejectedAndStopIsIdempotent) {
+  Job job;
+  start_job(job, GetParam(), 2, 44);
+  if (HasFatalFailure()) return;
+  UcxTransport& t = *job.transports[0];
+  EXPECT_EQ(t.rank(), 0u);
+  EXPECT_EQ(t.world_size(), 2u);
+  EXPECT_NE(t.peer_name(1).find("rank 1 (test-rank-1"), std::string::npos) << t.peer_name(1);
+  auto noop = [](const Status&) {};
+  EXPECT_EQ(t.send(0, {}, {}, noop).code(), Code::kInvalidArgument);  // self
+  EXPECT_EQ(t.send(2, {}, {}, noop).code(), Code::kInvalidArgument);  // outside the job
+  std::vector<std::byte> huge_header(1024);
+  EXPECT_EQ(t.send(1, huge_header, {}, noop).code(), Code::kInvalidArgument);
+  EXPECT_EQ(t.send(1, {}, {}, nullptr).code(), Code::kInvalidArgument);
+
+  const auto begin = Clock::now();
+  t.stop();
+  t.stop();
+  EXPECT_LT(Clock::now() - begin, 10s);
+  EXPECT_EQ(t.send(1, {}, {}, noop).code(), Code::kUnavailable);
+}
+
+TEST_P(UcxTransportTest, WrongJobIdIsRefusedAtStart) {
+  RecordingSink sink0, sink1;
+  auto port = std::make_shared<std::promise<uint16_t>>();
+  auto port_future = port->get_future();
+  auto leader = std::async(std::launch::async, [&] {
+    UcxTransportOptions o = base_options(GetParam(), 0, 2, 1);
+    o.coordinator = "127.0.0.1:0";
+    o.rendezvous_timeout = 2s;  // nobody valid comes: rank 0 gives up on its own
+    o.on_listening = [port](uint16_t p) { port->set_value(p); };
+    return UcxTransport::start(o, &sink0).status();
+  });
+  ASSERT_EQ(port_future.wait_for(kWait), std::future_status::ready);
+  UcxTransportOptions o = base_options(GetParam(), 1, 2, 2);
+  o.coordinator = "127.0.0.1:" + std::to_string(port_future.get());
+  auto t = UcxTransport::start(o, &sink1);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), Code::kFailedPrecondition);
+  EXPECT_NE(t.status().message().find("job id 2 but rank 0 runs job 1"), std::string::npos) << t.status().message();
+  ASSERT_EQ(leader.wait_for(kWait), std::future_status::ready);
+  Status s = leader.get();
+  EXPECT_EQ(s.code(), Code::kDeadlineExceeded) << s.to_string();
+}
+
+// A child process runs rank 2 and gets SIGKILLed: ranks 0 and 1 learn about it within a bound,
+// sends to it fail instead of hanging (including one in flight), and 0 <-> 1 keeps working.
+TEST_P(UcxTransportTest, KilledPeerIsReportedAndSendsToItFail) {
+  const TransportParam& p = GetParam();
+  int to_child[2], from_child[2];
+  ASSERT_EQ(::pipe(to_child), 0);
+  ASSERT_EQ(::pipe(from_child), 0);
+  // Everything the child needs is prepared before fork(): between fork and exec it only calls
+  // async-signal-safe functions. transport_peer reads the coordinator port from stdin.
+  // (If this test must ever run inside a PID namespace, give it its own /proc: UCX's posix
+  // shared memory attaches through /proc/<pid>/fd of the peer.)
+  const std::string tls = *p.tls ? p.tls : "-";
+  const std::string dev = *p.net_devices ? p.net_devices : "-";
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::dup2(to_child[0], 0);
+    ::dup2(from_child[1], 3);  // transport_peer reports "ready" on fd 3
+    ::close(to_child[1]);
+    ::close(from_child[0]);
+    ::execl(SPARSECAR_TRANSPORT_PEER, SPARSECAR_TRANSPORT_PEER, "2", "3", "77", "127.0.0.1", tls.c_str(), dev.c_str(),
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::close(to_child[0]);
+  ::close(from_child[1]);
+  struct Reaper {
+    pid_t pid;
+    int fds[2];
+    ~Reaper() {
+      // Never kill(-1) or kill(0): only the child we forked, and only if not yet reaped.
+      if (pid > 0) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, nullptr, 0);
+      }
+      ::close(fds[0]);
+      ::close(fds[1]);
+    }
+  } reaper{child, {to_child[1], from_child[0]}};
+
+  Job job;
+  const int port_fd = to_child[1];
+  start_job(job, p, 3, 77, /*external=*/1, [port_fd](uint16_t port) {
+    std::string line = std::to_string(port) + "\n";
+    EXPECT_EQ(::write(port_fd, line.data(), line.size()), static_cast<ssize_t>(line.size()));
+  });
+  if (HasFatalFailure()) return;
+
+  // The child is up once it says so (bounded read), and answers pings from both ranks.
+  {
+    pollfd pfd{from_child[0], POLLIN, 0};
+    ASSERT_EQ(::poll(&pfd, 1, 30000), 1) << "child did not report ready";
+    char ready[6] = {};
+    ASSERT_EQ(::read(from_child[0], ready, 6), 6);
+    ASSERT_EQ(std::string(ready, 5), "ready");
+  }
+  Completions pings;
+  static const TestHeader ping{kTestMagic, 0, 0, 0, 0};
+  for (uint32_t r = 0; r < 2; ++r) {
+    ASSERT_TRUE(job.transports[r]->send(2, std::as_bytes(std::span<const TestHeader>(&ping, 1)), {}, pings.callback()).ok());
+  }
+  ASSERT_TRUE(pings.wait_all());
+  ASSERT_TRUE(job.sinks[0]->wait_messages(1));
+  ASSERT_TRUE(job.sinks[1]->wait_messages(1));
+
+  // Stop the child so a large send to it stays in flight, then kill it.
+  ASSERT_EQ(::kill(child, SIGSTOP), 0);
+  std::vector<std::byte> big = make_payload(0, 1, 32u << 20);
+  static const TestHeader big_header{kTestMagic, 0, 1, 0, 32u << 20};
+  Completions in_flight;
+  ASSERT_TRUE(job.transports[0]->send(2, std::as_bytes(std::span<const TestHeader>(&big_header, 1)), big,
+                                      in_flight.callback()).ok());
+  const auto killed_at = Clock::now();
+  ASSERT_EQ(::kill(child, SIGKILL), 0);
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);
+  reaper.pid = 0;  // reaped: the destructor must not signal anything
+
+  for (uint32_t r = 0; r < 2; ++r) {
+    ASSERT_TRUE(job.sinks[r]->wait_failure(2, 30s)) << "rank " << r << " was not told that rank 2 died";
+    EXPECT_EQ(job.sinks[r]->last_failure().code(), Code::kUnavailable) << job.sinks[r]->last_failure().to_string();
+    EXPECT_NE(job.sinks[r]->last_failure().message().find("rank 2"), std::string::npos);
+  }
+  const auto noticed = Clock::now() - killed_at;
+  std::printf("[ info     ] %s: peer death noticed by both survivors after %lld ms\n", p.name,
+              static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(noticed).count()));
+  ASSERT_TRUE(in_flight.wait_all(30s)) << "the in-flight send to the dead peer never completed";
+  EXPECT_FALSE(in_flight.statuses()[0].ok());
+
+  // New sends to the dead peer fail at once or through their callback, never hang.
+  for (uint32_t r = 0; r < 2; ++r) {
+    auto result = std::make_shared<std::promise<Status>>();
+    auto future = result->get_future();
+    Status s = job.transports[r]->send(2, std::as_bytes(std::span<const TestHeader>(&ping, 1)), {},
+                                       [result](const Status& st) { result->set_value(st); });
+    if (s.ok()) {
+      ASSERT_EQ(future.wait_for(10s), std::future_status::ready) << "send to a dead peer hangs";
+      Status st = future.get();
+      EXPECT_FALSE(st.ok());
+    } else {
+      EXPECT_EQ(s.code(), Code::kUnavailable) << s.to_string();
+      EXPECT_NE(s.message().find("rank 2"), std::string::npos) << s.message();
+    }
+  }
+  // The survivors still talk to each other.
+  static const TestHeader hello{kTestMagic, 0, 5, 0, 0};
+  Completions alive;
+  ASSERT_TRUE(job.transports[0]->send(1, std::as_bytes(std::span<const TestHeader>(&hello, 1)), {}, alive.callback()).ok());
+  ASSERT_TRUE(alive.wait_all());
+  EXPECT_TRUE(alive.statuses()[0].ok());
+  for (uint32_t r = 0; r < 2; ++r) EXPECT_EQ(job.sinks[r]->failures().at(2), 1) << "reported once";
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, UcxTransportTest,
+                         ::testing::Values(TransportParam{"tcp", "tcp", "lo"},
+                                           TransportParam{"shm", "posix,self", ""}),
+                         [](const ::testing::TestParamInfo<TransportParam>& param_info) {
+                           return std::string(param_info.param.name);
+                         });
+
+}  // namespace
+}  // namespace sparsecar
