@@ -173,6 +173,7 @@ Status ring_allreduce(const ExchangeContext& ctx, uint32_t tensor_id, uint64_t s
     // complete before touching it.
     SC_RETURN_IF_ERROR(group->wait(ctx.deadline));
     std::span<float> target(data.data() + rb, re - rb);
+    if (target.empty()) continue;  // more nodes than elements: this chunk is empty
     if (reduce) {
       SC_RETURN_IF_ERROR(kernels::decode_accumulate(kernels::Format::kDense, kernels::ValueType::kF32, e.payload,
                                                     e.header.nnz, target)

@@ -62,6 +62,7 @@ void Pipeline::fail_queued(std::deque<Command>& queue, const std::string& why) {
       StepResult r;
       r.tensor_id = job->tensor_id;
       r.step = job->step;
+      r.generation = job->generation;
       r.status = aborted(why);
       if (sink_) sink_->complete(r);
     }
@@ -167,6 +168,7 @@ StepResult Pipeline::process(const StepJob& job) {
   StepResult r;
   r.tensor_id = job.tensor_id;
   r.step = job.step;
+  r.generation = job.generation;
   if (job.tensor_id >= tensors_.size() || !tensors_[job.tensor_id]) {
     r.status = not_found("tensor " + std::to_string(job.tensor_id) + " is not registered");
     return r;

@@ -26,6 +26,7 @@ struct StepJob {
   float lr = 0.0f;                     // learning rate the trainers passed (0 = not given)
   std::span<const float> local_sum;    // sum over the local clients, count elements
   std::span<float> result;             // the pipeline writes the job-wide average here
+  uint64_t generation = 0;             // the session's job generation; echoed in the result
 };
 
 struct StepResult {
@@ -35,6 +36,8 @@ struct StepResult {
   uint64_t bytes_sent = 0;   // bytes this daemon sent for the step (headers included)
   uint64_t dense_bytes = 0;  // bytes a dense exchange of this step would have sent
   uint64_t nnz = 0;          // elements this node selected
+  uint64_t generation = 0;   // StepJob::generation, so a late answer from before a reset is
+                             // never mistaken for the same (tensor, step) of the next job
 };
 
 // The pipeline as the session sees it. All calls come from the session thread and never block.

@@ -249,6 +249,7 @@ class SessionServer::Impl {
   std::vector<std::unique_ptr<TensorState>> tensors_;  // by tensor id
   std::unordered_map<std::string, uint32_t> tensor_ids_;
   std::vector<std::unique_ptr<TensorState>> orphans_;  // in flight when the job was reset
+  uint64_t generation_ = 0;  // bumped by every job reset; stamped on StepJobs
   // Set when a local client left while others stay: steps fail at once until L are back.
   std::string lost_client_;
   std::vector<pollfd> pollfds_;
@@ -882,6 +883,7 @@ void SessionServer::Impl::dispatch(TensorState& t) {
   job.tensor_id = t.id;
   job.step = t.collect_step;
   job.lr = t.submitters.front().second;
+  job.generation = generation_;
   job.local_sum = std::span<const float>(out, count);
   job.result = std::span<float>(t.result.get(), count);
   t.in_flight = true;
@@ -903,7 +905,7 @@ void SessionServer::Impl::process_results() {
   }
   for (const StepResult& r : taken_) {
     TensorState* t = r.tensor_id < tensors_.size() ? tensors_[r.tensor_id].get() : nullptr;
-    if (t == nullptr || !t->in_flight || t->flight_step != r.step) {
+    if (r.generation != generation_ || t == nullptr || !t->in_flight || t->flight_step != r.step) {
       bump(counters_.stale_results);
       SC_LOG_WARN("dropping a result for tensor %u step %llu: no such step in flight",
                   r.tensor_id, static_cast<unsigned long long>(r.step));

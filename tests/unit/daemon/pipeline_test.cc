@@ -337,6 +337,17 @@ TEST(FailureTest, StepNotAfterTheLastIsOutOfRange) {
   EXPECT_EQ(run_step(job, 0, 3, in, out)[0].status.code(), Code::kOutOfRange);
 }
 
+TEST(FailureTest, ResultsCarryTheSessionsJobGeneration) {
+  Job job(1, options(true, kernels::Selector::kTopk, 0.5));
+  register_all(job, {{"w", 4}});
+  std::vector<float> in{1, 2, 3, 4}, out(4);
+  StepJob j{0, 9, 0.f, in, out, 41};
+  job.nodes[0]->pipeline->submit(j);
+  auto r = job.nodes[0]->results.wait(0, 9);
+  ASSERT_TRUE(r.status.ok());
+  EXPECT_EQ(r.generation, 41u);
+}
+
 TEST(FailureTest, RegistrationAfterTheFirstStepIsRefused) {
   Job job(1, options(true, kernels::Selector::kTopk, 0.5));
   register_all(job, {{"w", 4}});
