@@ -43,7 +43,8 @@ struct UcxTransportOptions {
   std::string coordinator;
   // UCX transports to use (UCX_TLS syntax, e.g. "tcp" or "posix,self"); empty = UCX's default
   // (or the UCX_TLS environment variable). Shared-memory transports need UCX_MM_ERROR_HANDLING=y
-  // under peer error handling; the transport sets it when `tls` names posix or sysv.
+  // under peer error handling; the transport sets it when `tls` is empty or names posix, sysv,
+  // sm, shm or all (see README.md for the exact UCX 1.13 spelling).
   std::string tls;
   // UCX_NET_DEVICES (e.g. "lo"); empty = all.
   std::string net_devices;
