@@ -40,7 +40,7 @@ const std::vector<Knob>& knobs() {
       {{"socket", K::kString, "Unix socket path trainers connect to", 0, 0, "", false, false,
         "SPARSECAR_SOCKET"},
        &Config::socket},
-      {{"control", K::kString, "ZeroMQ control endpoint (ipc://PATH)", 0, 0, "", false, false, ""},
+      {{"control", K::kString, "ZeroMQ control endpoint (ipc://PATH); reserved: the control socket is not served yet", 0, 0, "", false, false, ""},
        &Config::control},
       {{"metrics_listen", K::kString, "ADDRESS:PORT for Prometheus /metrics, or 'off'", 0, 0, "", false,
         false, ""},
