@@ -32,16 +32,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-std::string fmt(const char* format, ...) __attribute__((format(printf, 1, 2)));
-std::string fmt(const char* format, ...) {
-  char buf[512];
-  va_list ap;
-  va_start(ap, format);
-  int n = std::vsnprintf(buf, sizeof buf, format, ap);
-  va_end(ap);
-  if (n < 0) return "(format error)";
-  return std::string(buf, std::min(static_cast<size_t>(n), sizeof buf - 1));
-}
 
 void close_fd(int& fd) {
   if (fd >= 0) ::close(fd);
@@ -59,7 +49,7 @@ int ms_left(Clock::time_point deadline) {
 // A daemon-sent status number, validated.
 Status wire_status(int32_t code, const char* text, size_t cap) {
   if (code < 0 || code > static_cast<int32_t>(Code::kResourceExhausted)) {
-    return data_loss(fmt("daemon sent an unknown status code %d", code));
+    return data_loss(strfmt("daemon sent an unknown status code %d", code));
   }
   auto message = proto::field_string(text, cap);
   return Status(static_cast<Code>(code), message ? std::string(*message) : std::string("(bad message)"));
@@ -162,7 +152,7 @@ Status Client::Impl::read_exact(void* buf, size_t len, Clock::time_point deadlin
       if (errno == EINTR) continue;
       return errno_status("poll on the daemon socket", errno);
     }
-    if (r == 0) return deadline_exceeded(fmt("the daemon at %s did not answer in time", path_.c_str()));
+    if (r == 0) return deadline_exceeded(strfmt("the daemon at %s did not answer in time", path_.c_str()));
     iovec iov{static_cast<uint8_t*>(buf) + got, len - got};
     alignas(cmsghdr) char cbuf[CMSG_SPACE(sizeof(int) * proto::kHelloFds)];
     msghdr msg{};
@@ -185,7 +175,7 @@ Status Client::Impl::read_exact(void* buf, size_t len, Clock::time_point deadlin
       }
     }
     if (msg.msg_flags & MSG_CTRUNC) return data_loss("the daemon sent too many file descriptors");
-    if (n == 0) return unavailable(fmt("the daemon at %s closed the connection", path_.c_str()));
+    if (n == 0) return unavailable(strfmt("the daemon at %s closed the connection", path_.c_str()));
     got += static_cast<size_t>(n);
   }
   return Status::Ok();
@@ -199,7 +189,7 @@ Expected<Received> Client::Impl::receive(Clock::time_point deadline) {
   Status st = read_exact(&r.header, sizeof r.header, deadline, &r.fds);
   if (st.ok()) {
     if (const char* err = proto::header_error(r.header)) {
-      st = data_loss(fmt("malformed message from the daemon: %s", err));
+      st = data_loss(strfmt("malformed message from the daemon: %s", err));
     } else {
       st = read_exact(r.payload.data(), r.header.length, deadline, &r.fds);
     }
@@ -226,7 +216,7 @@ Status Client::Impl::connect(const std::string& path, const ConnectOptions& opti
   timeout_ = options.timeout;
   sockaddr_un addr{};
   if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
-    return invalid_argument(fmt("socket path '%s' is empty or longer than %zu bytes", path.c_str(),
+    return invalid_argument(strfmt("socket path '%s' is empty or longer than %zu bytes", path.c_str(),
                                 sizeof(addr.sun_path) - 1));
   }
   addr.sun_family = AF_UNIX;
@@ -245,7 +235,7 @@ Status Client::Impl::connect(const std::string& path, const ConnectOptions& opti
     if (err != ENOENT && err != ECONNREFUSED && err != EAGAIN && err != EINTR) return last;
     int left = ms_left(deadline);
     if (left == 0) {
-      return unavailable(fmt("no sparsecar daemon on %s within %lld ms (%s)", path.c_str(),
+      return unavailable(strfmt("no sparsecar daemon on %s within %lld ms (%s)", path.c_str(),
                              static_cast<long long>(options.timeout.count()),
                              last.message().c_str()));
     }
@@ -266,7 +256,7 @@ Status Client::Impl::connect(const std::string& path, const ConnectOptions& opti
   };
   if (static_cast<proto::MsgType>(r.header.type) != proto::MsgType::kHelloAck) {
     close_all();
-    return fail(data_loss(fmt("expected HelloAck, the daemon sent message type %u", r.header.type)));
+    return fail(data_loss(strfmt("expected HelloAck, the daemon sent message type %u", r.header.type)));
   }
   proto::HelloAck ack;
   std::memcpy(&ack, r.payload.data(), sizeof ack);
@@ -277,7 +267,7 @@ Status Client::Impl::connect(const std::string& path, const ConnectOptions& opti
   if (r.fds.size() != proto::kHelloFds || ack.shm_version != shm::kShmVersion ||
       ack.control_bytes < sizeof(shm::ShmControl) || ack.control_bytes > (size_t{1} << 30)) {
     close_all();
-    return fail(data_loss(fmt("malformed HelloAck (%zu fds, shm version %u, %llu bytes)",
+    return fail(data_loss(strfmt("malformed HelloAck (%zu fds, shm version %u, %llu bytes)",
                               r.fds.size(), ack.shm_version,
                               static_cast<unsigned long long>(ack.control_bytes))));
   }
@@ -288,7 +278,7 @@ Status Client::Impl::connect(const std::string& path, const ConnectOptions& opti
   if (::fstat(control_fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < ack.control_bytes) {
     int err = errno;
     ::close(control_fd);
-    return fail(data_loss(fmt("control mapping is smaller than announced (%s)", std::strerror(err))));
+    return fail(data_loss(strfmt("control mapping is smaller than announced (%s)", std::strerror(err))));
   }
   void* mapped = ::mmap(nullptr, ack.control_bytes, PROT_READ | PROT_WRITE,
                         MAP_SHARED | MAP_POPULATE, control_fd, 0);
@@ -312,14 +302,14 @@ Status Client::Impl::connect(const std::string& path, const ConnectOptions& opti
 Expected<Tensor*> Client::Impl::register_tensor(std::string_view name, size_t count, DType dtype) {
   if (!dead_.ok()) return dead_;
   if (name.empty() || name.size() > proto::kMaxNameLength || name.find('\0') != name.npos) {
-    return invalid_argument(fmt("tensor name must be 1..%zu bytes without NUL", proto::kMaxNameLength));
+    return invalid_argument(strfmt("tensor name must be 1..%zu bytes without NUL", proto::kMaxNameLength));
   }
-  if (count == 0) return invalid_argument(fmt("tensor '%.*s' has 0 elements", int(name.size()), name.data()));
+  if (count == 0) return invalid_argument(strfmt("tensor '%.*s' has 0 elements", int(name.size()), name.data()));
   if (dtype != DType::kF32) return invalid_argument("only fp32 tensors are supported");
   for (auto& e : entries_) {
     if (e->tensor.name_ == name) {
       if (e->tensor.count_ == count) return &e->tensor;
-      return invalid_argument(fmt("tensor '%s' is already registered with %zu elements, not %zu",
+      return invalid_argument(strfmt("tensor '%s' is already registered with %zu elements, not %zu",
                                   e->tensor.name_.c_str(), e->tensor.count_, count));
     }
   }
@@ -339,7 +329,7 @@ Expected<Tensor*> Client::Impl::register_tensor(std::string_view name, size_t co
   };
   if (static_cast<proto::MsgType>(r.header.type) != proto::MsgType::kRegisterAck) {
     close_all();
-    return fail(data_loss(fmt("expected RegisterAck, the daemon sent message type %u", r.header.type)));
+    return fail(data_loss(strfmt("expected RegisterAck, the daemon sent message type %u", r.header.type)));
   }
   proto::RegisterAck ack;
   std::memcpy(&ack, r.payload.data(), sizeof ack);
@@ -351,7 +341,7 @@ Expected<Tensor*> Client::Impl::register_tensor(std::string_view name, size_t co
   if (r.fds.size() != 1 || ack.count != count || ack.slot_bytes < bytes ||
       by_id_.count(ack.tensor_id) != 0) {
     close_all();
-    return fail(data_loss(fmt("malformed RegisterAck for '%.*s'", int(name.size()), name.data())));
+    return fail(data_loss(strfmt("malformed RegisterAck for '%.*s'", int(name.size()), name.data())));
   }
   int fd = r.fds[0];
   struct stat st{};
@@ -393,14 +383,14 @@ Status Client::Impl::submit(const Tensor& tensor, uint64_t step, const SubmitOpt
   Entry* e = find(tensor);
   if (e == nullptr) return invalid_argument("tensor was not registered by this client");
   if (e->pending) {
-    return failed_precondition(fmt("tensor '%s': step %llu is still in flight; wait() for it first",
+    return failed_precondition(strfmt("tensor '%s': step %llu is still in flight; wait() for it first",
                                    tensor.name_.c_str(), static_cast<unsigned long long>(*e->pending)));
   }
   if (!std::isfinite(options.lr) || options.lr < 0.0f) {
-    return invalid_argument(fmt("learning rate %g is not a finite value >= 0", double(options.lr)));
+    return invalid_argument(strfmt("learning rate %g is not a finite value >= 0", double(options.lr)));
   }
   if (outstanding_ >= shm::kRingSlots) {
-    return would_block(fmt("%u steps are waiting for completion; wait() for some first", shm::kRingSlots));
+    return would_block(strfmt("%u steps are waiting for completion; wait() for some first", shm::kRingSlots));
   }
   shm::Submission s{};
   s.seq = ++seq_;
@@ -442,14 +432,14 @@ Status Client::Impl::handle_socket_readable() {
   auto r = receive(Clock::now() + milliseconds(1000));
   if (!r.ok()) return fail(r.status());
   for (int& fd : r->fds) close_fd(fd);
-  return fail(data_loss(fmt("unexpected message type %u from the daemon", r->header.type)));
+  return fail(data_loss(strfmt("unexpected message type %u from the daemon", r->header.type)));
 }
 
 Expected<StepInfo> Client::Impl::wait(const Tensor& tensor, uint64_t step, milliseconds timeout) {
   Entry* e = find(tensor);
   if (e == nullptr) return invalid_argument("tensor was not registered by this client");
   if (!e->pending || *e->pending != step) {
-    return failed_precondition(fmt("tensor '%s': step %llu was not submitted", tensor.name_.c_str(),
+    return failed_precondition(strfmt("tensor '%s': step %llu was not submitted", tensor.name_.c_str(),
                                    static_cast<unsigned long long>(step)));
   }
   const auto deadline = Clock::now() + timeout;
@@ -467,7 +457,7 @@ Expected<StepInfo> Client::Impl::wait(const Tensor& tensor, uint64_t step, milli
     if (!dead_.ok()) return dead_;
     int left = ms_left(deadline);
     if (left == 0) {
-      return deadline_exceeded(fmt("tensor '%s': step %llu not completed within %lld ms",
+      return deadline_exceeded(strfmt("tensor '%s': step %llu not completed within %lld ms",
                                    tensor.name_.c_str(), static_cast<unsigned long long>(step),
                                    static_cast<long long>(timeout.count())));
     }
@@ -494,7 +484,7 @@ Expected<StepInfo> Client::Impl::wait(const Tensor& tensor, uint64_t step, milli
 Status Client::Impl::report_metric(std::string_view name, double value, uint64_t step) {
   if (!dead_.ok()) return dead_;
   if (name.empty() || name.size() > proto::kMaxNameLength || name.find('\0') != name.npos) {
-    return invalid_argument(fmt("metric name must be 1..%zu bytes without NUL", proto::kMaxNameLength));
+    return invalid_argument(strfmt("metric name must be 1..%zu bytes without NUL", proto::kMaxNameLength));
   }
   proto::Metric m{};
   m.value = value;

@@ -51,6 +51,16 @@ void set_log_tag(std::string_view tag) {
   g_tag.assign(tag);
 }
 
+std::string strfmt(const char* format, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, format);
+  int n = std::vsnprintf(buf, sizeof buf, format, ap);
+  va_end(ap);
+  if (n < 0) return "(format error)";
+  return std::string(buf, static_cast<size_t>(n) < sizeof buf ? static_cast<size_t>(n) : sizeof buf - 1);
+}
+
 void log_write(LogLevel level, const char* file, int line, const char* fmt, ...) {
   char buf[2048];
   timespec ts{};

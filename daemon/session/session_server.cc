@@ -39,16 +39,6 @@ using Clock = std::chrono::steady_clock;
 constexpr int kPollTimeoutMs = 100;
 constexpr size_t kMaxPendingConnections = 64;  // not yet handshaken, beyond local_clients
 
-std::string fmt(const char* format, ...) __attribute__((format(printf, 1, 2)));
-std::string fmt(const char* format, ...) {
-  char buf[512];
-  va_list ap;
-  va_start(ap, format);
-  int n = std::vsnprintf(buf, sizeof buf, format, ap);
-  va_end(ap);
-  if (n < 0) return "(format error)";
-  return std::string(buf, std::min(static_cast<size_t>(n), sizeof buf - 1));
-}
 
 // A shared mapping of a sealed memfd. The fd is kept only until it has been sent.
 struct Mapping {
@@ -163,7 +153,7 @@ struct Conn {
   bool drop = false;
   std::string drop_reason;
 
-  std::string label() const { return fmt("client %u (pid %d)", id, static_cast<int>(peer_pid)); }
+  std::string label() const { return strfmt("client %u (pid %d)", id, static_cast<int>(peer_pid)); }
 };
 
 struct TensorState {
@@ -267,7 +257,7 @@ Status SessionServer::Impl::start() {
   const std::string& path = options_.socket_path;
   sockaddr_un addr{};
   if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
-    return invalid_argument(fmt("socket path '%s' is empty or longer than %zu bytes",
+    return invalid_argument(strfmt("socket path '%s' is empty or longer than %zu bytes",
                                 path.c_str(), sizeof(addr.sun_path) - 1));
   }
   if (options_.local_clients == 0) return invalid_argument("local_clients must be at least 1");
@@ -279,13 +269,13 @@ Status SessionServer::Impl::start() {
   struct stat st{};
   if (::lstat(path.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode)) {
-      return failed_precondition(fmt("'%s' exists and is not a socket", path.c_str()));
+      return failed_precondition(strfmt("'%s' exists and is not a socket", path.c_str()));
     }
     Fd probe(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
     if (probe.get() < 0) return errno_status("socket", errno);
     if (::connect(probe.get(), sa, sizeof addr) == 0) {
       return Status(Code::kAlreadyExists,
-                    fmt("another daemon is listening on '%s'", path.c_str()));
+                    strfmt("another daemon is listening on '%s'", path.c_str()));
     }
     if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
       return errno_status("removing stale socket " + path, errno);
@@ -487,7 +477,7 @@ void SessionServer::Impl::read_socket(Conn& c) {
   ssize_t n = ::recvmsg(c.sock.get(), &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
   if (n < 0) {
     if (errno == EAGAIN || errno == EINTR) return;
-    mark_drop(c, fmt("socket error: %s", std::strerror(errno)));
+    mark_drop(c, strfmt("socket error: %s", std::strerror(errno)));
     return;
   }
   bool stray_fds = false;
@@ -556,7 +546,7 @@ void SessionServer::Impl::handle_message(Conn& c, const proto::MsgHeader& h,
       return;
     }
     default:
-      protocol_error(c, fmt("unexpected message type %u", static_cast<unsigned>(h.type)));
+      protocol_error(c, strfmt("unexpected message type %u", static_cast<unsigned>(h.type)));
   }
 }
 
@@ -588,7 +578,7 @@ bool SessionServer::Impl::send_msg(Conn& c, proto::MsgType type, const void* pay
   } while (n < 0 && errno == EINTR);
   if (n != static_cast<ssize_t>(iov.iov_len)) {
     // A client that does not read its socket is broken; a partial message cannot be resumed.
-    mark_drop(c, n < 0 ? fmt("send failed: %s", std::strerror(errno))
+    mark_drop(c, n < 0 ? strfmt("send failed: %s", std::strerror(errno))
                        : std::string("send buffer full (client does not read its socket)"));
     return false;
   }
@@ -619,28 +609,28 @@ void SessionServer::Impl::reject_hello(Conn& c, const Status& st) {
 
 void SessionServer::Impl::handle_hello(Conn& c, const proto::Hello& m) {
   if (m.version != proto::kProtocolVersion || m.shm_version != shm::kShmVersion) {
-    reject_hello(c, failed_precondition(fmt(
+    reject_hello(c, failed_precondition(strfmt(
                         "client speaks protocol %u / shm %u; the daemon speaks %u / %u",
                         m.version, m.shm_version, proto::kProtocolVersion, shm::kShmVersion)));
     return;
   }
   if (m.flags != 0) {
-    reject_hello(c, invalid_argument(fmt("unknown Hello flags 0x%x", m.flags)));
+    reject_hello(c, invalid_argument(strfmt("unknown Hello flags 0x%x", m.flags)));
     return;
   }
   uid_t self = ::geteuid();
   if (c.peer_uid != self && c.peer_uid != 0) {
-    reject_hello(c, permission_denied(fmt("uid %u may not open a session (the daemon runs as uid %u)",
+    reject_hello(c, permission_denied(strfmt("uid %u may not open a session (the daemon runs as uid %u)",
                                           static_cast<unsigned>(c.peer_uid),
                                           static_cast<unsigned>(self))));
     return;
   }
   if (ready_clients_.load() >= options_.local_clients) {
-    reject_hello(c, resource_exhausted(fmt("the daemon already serves its %u local clients",
+    reject_hello(c, resource_exhausted(strfmt("the daemon already serves its %u local clients",
                                            options_.local_clients)));
     return;
   }
-  auto control = make_shared_memfd(fmt("sparsecar-c%u-control", c.id), shm::kControlBytes);
+  auto control = make_shared_memfd(strfmt("sparsecar-c%u-control", c.id), shm::kControlBytes);
   if (!control.ok()) {
     reject_hello(c, control.status().with_context("creating the control mapping"));
     return;
@@ -695,13 +685,13 @@ void SessionServer::Impl::handle_register(Conn& c, const proto::Register& m) {
   if (name.empty()) return reject(invalid_argument("tensor name is empty"));
   if (m.reserved != 0) return reject(invalid_argument("reserved field of Register is not 0"));
   if (m.dtype != 0) {
-    return reject(invalid_argument(fmt("tensor '%s': unsupported dtype %u (only fp32 = 0)",
+    return reject(invalid_argument(strfmt("tensor '%s': unsupported dtype %u (only fp32 = 0)",
                                        name.c_str(), m.dtype)));
   }
-  if (m.count == 0) return reject(invalid_argument(fmt("tensor '%s' has 0 elements", name.c_str())));
+  if (m.count == 0) return reject(invalid_argument(strfmt("tensor '%s' has 0 elements", name.c_str())));
   if (m.count > options_.max_tensor_elements || m.count > SIZE_MAX / sizeof(float)) {
     return reject(resource_exhausted(
-        fmt("tensor '%s' has %llu elements; the daemon allows at most %llu", name.c_str(),
+        strfmt("tensor '%s' has %llu elements; the daemon allows at most %llu", name.c_str(),
             static_cast<unsigned long long>(m.count),
             static_cast<unsigned long long>(options_.max_tensor_elements))));
   }
@@ -709,18 +699,18 @@ void SessionServer::Impl::handle_register(Conn& c, const proto::Register& m) {
   if (auto it = tensor_ids_.find(name); it != tensor_ids_.end()) {
     t = tensors_[it->second].get();
     if (t->count != m.count) {
-      return reject(invalid_argument(fmt(
+      return reject(invalid_argument(strfmt(
           "tensor '%s' is registered with %llu elements; %s asked for %llu", name.c_str(),
           static_cast<unsigned long long>(t->count), c.label().c_str(),
           static_cast<unsigned long long>(m.count))));
     }
     if (c.slots.count(t->id) != 0) {
       return reject(Status(Code::kAlreadyExists,
-                           fmt("tensor '%s' is already registered by this client", name.c_str())));
+                           strfmt("tensor '%s' is already registered by this client", name.c_str())));
     }
   } else {
     if (tensors_.size() >= options_.max_tensors) {
-      return reject(resource_exhausted(fmt("tensor '%s': the daemon allows at most %u tensors",
+      return reject(resource_exhausted(strfmt("tensor '%s': the daemon allows at most %u tensors",
                                            name.c_str(), options_.max_tensors)));
     }
     auto fresh = std::make_unique<TensorState>();
@@ -730,18 +720,18 @@ void SessionServer::Impl::handle_register(Conn& c, const proto::Register& m) {
     fresh->local_sum.reset(new (std::nothrow) float[m.count]);
     fresh->result.reset(new (std::nothrow) float[m.count]);
     if (!fresh->local_sum || !fresh->result) {
-      return reject(resource_exhausted(fmt("tensor '%s': cannot allocate 2 x %llu floats",
+      return reject(resource_exhausted(strfmt("tensor '%s': cannot allocate 2 x %llu floats",
                                            name.c_str(), static_cast<unsigned long long>(m.count))));
     }
     Status st = pipeline_->register_tensor(fresh->id, TensorSpec{name, m.count});
-    if (!st.ok()) return reject(st.with_context(fmt("tensor '%s'", name.c_str())));
+    if (!st.ok()) return reject(st.with_context(strfmt("tensor '%s'", name.c_str())));
     t = fresh.get();
     tensor_ids_.emplace(name, fresh->id);
     tensors_.push_back(std::move(fresh));
   }
   size_t bytes = static_cast<size_t>(m.count) * sizeof(float);
-  auto slot = make_shared_memfd(fmt("sparsecar-c%u-t%u", c.id, t->id), bytes);
-  if (!slot.ok()) return reject(slot.status().with_context(fmt("slot of tensor '%s'", name.c_str())));
+  auto slot = make_shared_memfd(strfmt("sparsecar-c%u-t%u", c.id, t->id), bytes);
+  if (!slot.ok()) return reject(slot.status().with_context(strfmt("slot of tensor '%s'", name.c_str())));
   ack.status = 0;
   ack.tensor_id = t->id;
   ack.count = t->count;
@@ -771,7 +761,7 @@ void SessionServer::Impl::handle_metric(Conn& c, const proto::Metric& m) {
 void SessionServer::Impl::drain_submissions(Conn& c) {
   uint64_t v;
   if (::read(c.sub_efd.get(), &v, sizeof v) < 0 && errno != EAGAIN) {
-    mark_drop(c, fmt("reading its submission eventfd: %s", std::strerror(errno)));
+    mark_drop(c, strfmt("reading its submission eventfd: %s", std::strerror(errno)));
     return;
   }
   c.more_submissions = false;
@@ -799,33 +789,33 @@ void SessionServer::Impl::handle_submission(Conn& c, const shm::Submission& s) {
     return reject(invalid_argument("submission has non-zero flags/reserved fields"));
   }
   if (!std::isfinite(s.lr) || s.lr < 0.0f) {
-    return reject(invalid_argument(fmt("learning rate %g is not a finite value >= 0",
+    return reject(invalid_argument(strfmt("learning rate %g is not a finite value >= 0",
                                        static_cast<double>(s.lr))));
   }
   if (c.slots.count(s.tensor_id) == 0 || s.tensor_id >= tensors_.size()) {
-    return reject(not_found(fmt("unknown tensor id %u (not registered by this client)", s.tensor_id)));
+    return reject(not_found(strfmt("unknown tensor id %u (not registered by this client)", s.tensor_id)));
   }
   TensorState& t = *tensors_[s.tensor_id];
   auto step = static_cast<unsigned long long>(s.step);
   if (!lost_client_.empty() && ready_clients_.load() < options_.local_clients) {
-    return reject(aborted(fmt("tensor '%s' step %llu: local %s; this node cannot complete steps "
+    return reject(aborted(strfmt("tensor '%s' step %llu: local %s; this node cannot complete steps "
                               "until %u local clients are connected again",
                               t.name.c_str(), step, lost_client_.c_str(), options_.local_clients)));
   }
   if (t.in_flight) {
     return reject(failed_precondition(
-        fmt("tensor '%s': step %llu is still in flight; wait for it before submitting step %llu",
+        strfmt("tensor '%s': step %llu is still in flight; wait for it before submitting step %llu",
             t.name.c_str(), static_cast<unsigned long long>(t.flight_step), step)));
   }
   if (t.collecting) {
     for (const auto& sub : t.submitters) {
       if (sub.first == c.id) {
-        return reject(failed_precondition(fmt("tensor '%s': step %llu submitted twice",
+        return reject(failed_precondition(strfmt("tensor '%s': step %llu submitted twice",
                                               t.name.c_str(), step)));
       }
     }
     if (s.step != t.collect_step) {
-      Status st = failed_precondition(fmt(
+      Status st = failed_precondition(strfmt(
           "local clients disagree on the step of tensor '%s': %s submitted step %llu, "
           "client %u submitted step %llu",
           t.name.c_str(), c.label().c_str(), step, t.submitters.front().first,
@@ -835,7 +825,7 @@ void SessionServer::Impl::handle_submission(Conn& c, const shm::Submission& s) {
     }
   } else {
     if (t.has_last && s.step <= t.last_step) {
-      return reject(out_of_range(fmt("tensor '%s': step %llu is not greater than its last step %llu",
+      return reject(out_of_range(strfmt("tensor '%s': step %llu is not greater than its last step %llu",
                                      t.name.c_str(), step,
                                      static_cast<unsigned long long>(t.last_step))));
     }
@@ -945,7 +935,7 @@ void SessionServer::Impl::push_completion(Conn& c, uint32_t tensor_id, uint64_t 
   }
   uint64_t one = 1;
   if (::write(c.comp_efd.get(), &one, sizeof one) < 0 && errno != EAGAIN) {
-    mark_drop(c, fmt("signalling its completion eventfd: %s", std::strerror(errno)));
+    mark_drop(c, strfmt("signalling its completion eventfd: %s", std::strerror(errno)));
   }
 }
 
@@ -989,7 +979,7 @@ void SessionServer::Impl::free_conn(Conn& c) {
     }
     for (auto& t : tensors_) {
       if (t->collecting) {
-        Status st = aborted(fmt("local %s disconnected (%s) before step %llu of tensor '%s' "
+        Status st = aborted(strfmt("local %s disconnected (%s) before step %llu of tensor '%s' "
                                 "completed", c.label().c_str(), c.drop_reason.c_str(),
                                 static_cast<unsigned long long>(t->collect_step), t->name.c_str()));
         fail_collecting(*t, st, c.id);

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdarg>
+#include <string>
 #include <string_view>
 
 namespace sparsecar {
@@ -22,6 +23,9 @@ bool parse_log_level(std::string_view text, LogLevel* out);
 void set_log_tag(std::string_view tag);
 
 inline bool log_enabled(LogLevel level) { return static_cast<int>(level) <= static_cast<int>(log_level()); }
+
+// printf into a std::string (messages of Status values); truncated at 1 KiB.
+std::string strfmt(const char* format, ...) __attribute__((format(printf, 1, 2)));
 
 void log_write(LogLevel level, const char* file, int line, const char* fmt, ...)
     __attribute__((format(printf, 4, 5)));
