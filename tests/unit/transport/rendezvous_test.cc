@@ -228,7 +228,7 @@ TEST(RendezvousTest, TimesOutWhenRankZeroNeverAppears) {
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.status().code(), Code::kDeadlineExceeded);
   EXPECT_NE(t.status().message().find("could not reach rank 0"), std::string::npos) << t.status().message();
-  EXPECT_GE(took, 400ms);
+  EXPECT_GE(took, 350ms);  // waited about the deadline (poll rounds to whole ms), not gave up at once
   EXPECT_LT(took, 3s);
 }
 
