@@ -15,16 +15,11 @@ namespace sparsecar {
 
 using Clock = std::chrono::steady_clock;
 
-// Per-tensor buffers, sized once at registration so that a step never allocates.
+// Per-tensor state: the compressor (residual and buffers, sized at registration) and the step
+// order check.
 struct Pipeline::TensorState {
-  uint32_t id = 0;
-  TensorSpec spec;
-  std::vector<float> residual;      // error feedback: what was not sent yet
-  std::vector<float> work;          // dense path: residual + local sum, reduced in place
-  std::vector<uint32_t> index;      // selection (capacity n)
-  std::vector<float> value;
-  std::vector<std::byte> scratch;   // top-k scratch
-  std::vector<std::byte> payload;   // encoded selection
+  explicit TensorState(uint32_t id, const TensorSpec& spec) : compressor(id, spec) {}
+  TensorCompressor compressor;
   bool has_step = false;
   uint64_t last_step = 0;
 };
@@ -135,17 +130,8 @@ void Pipeline::run() {
       queue_.pop_front();
     }
     if (auto* reg = std::get_if<Register>(&cmd)) {
-      auto t = std::make_shared<TensorState>();
+      auto t = std::make_shared<TensorState>(reg->id, reg->spec);
       const size_t n = reg->spec.count;
-      t->id = reg->id;
-      t->spec = reg->spec;
-      t->residual.assign(n, 0.0f);
-      t->work.assign(n, 0.0f);
-      t->index.assign(n, 0);
-      t->value.assign(n, 0.0f);
-      t->scratch.resize(kernels::topk_scratch_bytes(n));
-      t->payload.resize(std::max(kernels::encoded_bytes(kernels::Format::kCoo, kernels::ValueType::kF32, n, n),
-                                 kernels::encoded_bytes(kernels::Format::kDense, kernels::ValueType::kF32, n, n)));
       if (tensors_.size() != reg->id) tensors_.resize(reg->id);
       tensors_.push_back(std::move(t));
       SC_LOG_DEBUG("tensor %u '%s' registered (%zu elements)", reg->id, reg->spec.name.c_str(), n);
@@ -174,12 +160,13 @@ StepResult Pipeline::process(const StepJob& job) {
     return r;
   }
   TensorState& t = *tensors_[job.tensor_id];
-  if (job.local_sum.size() != t.spec.count || job.result.size() != t.spec.count) {
-    r.status = internal_error("step buffers of tensor '" + t.spec.name + "' have the wrong size");
+  const TensorSpec& spec = t.compressor.spec();
+  if (job.local_sum.size() != spec.count || job.result.size() != spec.count) {
+    r.status = internal_error("step buffers of tensor '" + spec.name + "' have the wrong size");
     return r;
   }
   if (t.has_step && job.step <= t.last_step) {
-    r.status = out_of_range("tensor '" + t.spec.name + "' step " + std::to_string(job.step) +
+    r.status = out_of_range("tensor '" + spec.name + "' step " + std::to_string(job.step) +
                             " is not after the last step " + std::to_string(t.last_step));
     return r;
   }
@@ -195,16 +182,18 @@ StepResult Pipeline::process(const StepJob& job) {
   t.last_step = job.step;
   r.status = run_step(t, job, &r);
   if (!r.status.ok()) {
-    r.status = r.status.with_context("tensor '" + t.spec.name + "' step " + std::to_string(job.step));
+    r.status = r.status.with_context("tensor '" + spec.name + "' step " + std::to_string(job.step));
     SC_LOG_WARN("%s", r.status.to_string().c_str());
   }
   return r;
 }
 
 Status Pipeline::run_step(TensorState& t, const StepJob& job, StepResult* result) {
-  const size_t n = t.spec.count;
+  TensorCompressor& c = t.compressor;
+  const uint32_t id = c.id();
+  const size_t n = c.spec().count;
   policies::TensorObservation obs;
-  obs.tensor_id = t.id;
+  obs.tensor_id = id;
   obs.elements = n;
   obs.step = job.step;
   obs.world_size = options_.world_size;
@@ -218,55 +207,35 @@ Status Pipeline::run_step(TensorState& t, const StepJob& job, StepResult* result
   ctx.world_size = options_.world_size;
   ctx.epoch = 0;
   ctx.deadline = Clock::now() + options_.step_timeout;
-  ctx.keepalive = tensors_[t.id];
-  mailbox_->drop_before(t.id, job.step);
+  ctx.keepalive = tensors_[id];
+  mailbox_->drop_before(id, job.step);
 
   const float inv_trainers = 1.0f / static_cast<float>(total_trainers_);
   ExchangeStats stats;
   result->dense_bytes = ring_allreduce_bytes(n, options_.world_size, options_.rank);
   if (metrics_) metrics_->elements_total.Increment(static_cast<double>(n));
 
+  Status s;
   if (plan.dense) {
-    // Error feedback with the identity compressor: send residual + gradient, residual -> 0.
-    std::copy(job.local_sum.begin(), job.local_sum.end(), t.work.begin());
-    kernels::add(t.work, t.residual);
-    Status s = ring_allreduce(ctx, t.id, job.step, t.work, &stats);
-    result->bytes_sent = stats.bytes_sent;
-    if (!s.ok()) {
-      kernels::ef_accumulate(t.residual, job.local_sum);  // nothing lost
-      broadcast_abort(ctx, t.id, job.step, s.message());
-      return s;
+    std::span<float> work = c.dense_input(job.local_sum);
+    s = ring_allreduce(ctx, id, job.step, work, &stats);
+    if (s.ok()) {
+      std::copy(work.begin(), work.end(), job.result.begin());
+      result->nnz = n;
     }
-    std::fill(t.residual.begin(), t.residual.end(), 0.0f);
-    std::copy(t.work.begin(), t.work.end(), job.result.begin());
-    kernels::scale(job.result, inv_trainers);
-    result->nnz = n;
   } else {
-    size_t nnz = 0;
-    if (plan.selector == kernels::Selector::kThreshold) {
-      nnz = kernels::ef_threshold(t.residual, job.local_sum, plan.threshold, t.index.data(), t.value.data(), n);
-    } else {
-      kernels::ef_accumulate(t.residual, job.local_sum);
-      const size_t k = kernels::topk_count(n, plan.density);
-      auto selected = kernels::topk_exact(t.residual, k, t.scratch, t.index.data(), t.value.data());
-      if (!selected.ok()) return selected.status();
-      nnz = *selected;
-      kernels::clear_selected(t.residual, std::span<const uint32_t>(t.index.data(), nnz));
-    }
-    const size_t bytes = kernels::encoded_bytes(plan.format, plan.value_type, n, nnz);
-    std::span<std::byte> payload(t.payload.data(), bytes);
-    SC_RETURN_IF_ERROR(kernels::coo_encode(std::span<const uint32_t>(t.index.data(), nnz),
-                                           std::span<const float>(t.value.data(), nnz), payload));
-    Status s = sparse_allgather(ctx, t.id, job.step, plan.format, plan.value_type, nnz, payload, job.result, &stats);
-    result->bytes_sent = stats.bytes_sent;
-    if (!s.ok()) {
-      for (size_t j = 0; j < nnz; ++j) t.residual[t.index[j]] += t.value[j];  // nothing lost
-      broadcast_abort(ctx, t.id, job.step, s.message());
-      return s;
-    }
-    kernels::scale(job.result, inv_trainers);
-    result->nnz = nnz;
+    SC_ASSIGN_OR_RETURN(TensorCompressor::Encoded e, c.compress(plan, job.local_sum));
+    s = sparse_allgather(ctx, id, job.step, e.format, e.value_type, e.nnz, e.payload, job.result, &stats);
+    result->nnz = e.nnz;
   }
+  result->bytes_sent = stats.bytes_sent;
+  if (!s.ok()) {
+    c.rollback();  // nothing lost
+    broadcast_abort(ctx, id, job.step, s.message());
+    return s;
+  }
+  c.commit();
+  kernels::scale(job.result, inv_trainers);
   if (metrics_) {
     metrics_->elements_selected.Increment(static_cast<double>(result->nnz));
     metrics_->wire_bytes_sent.Increment(static_cast<double>(result->bytes_sent));
@@ -280,7 +249,7 @@ std::string Pipeline::manifest() const {
   os << "local_clients " << options_.local_clients << "\n";
   os << "knobs " << options_.agreed_knobs << "\n";
   for (const auto& t : tensors_) {
-    if (t) os << "tensor " << t->id << " " << t->spec.count << " " << t->spec.name << "\n";
+    if (t) os << "tensor " << t->compressor.id() << " " << t->compressor.spec().count << " " << t->compressor.spec().name << "\n";
   }
   return os.str();
 }

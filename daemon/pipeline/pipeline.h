@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "daemon/collective/mailbox.h"
+#include "daemon/pipeline/compressor.h"
 #include "daemon/pipeline/step.h"
 #include "daemon/transport/transport.h"
 #include "sparsecar/policies/plan.h"

@@ -1,0 +1,74 @@
+// TensorCompressor: one tensor's compression state on this node — the error-feedback residual,
+// the selection buffers and the encoded payload, all sized once at registration — and the
+// operations of one step:
+//
+//   sparse plans:  compress()      residual += local sum; select per plan; encode
+//   dense plans:   dense_input()   work = residual + local sum (the ring reduces `work` in place)
+//   then           commit()        the exchange succeeded: the sent part leaves the residual
+//   or             rollback()      it failed: everything goes back into the residual
+//
+// "Nothing lost": after rollback() the residual holds everything it held before the step plus
+// the step's local sum.
+//
+// Threads: owned and used by the pipeline thread only. Buffers handed out (payload, work) stay
+// valid while the compressor lives; the pipeline keeps it alive (shared_ptr) for in-flight sends.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "daemon/pipeline/step.h"
+#include "sparsecar/common/status.h"
+#include "sparsecar/kernels/types.h"
+#include "sparsecar/policies/plan.h"
+
+namespace sparsecar {
+
+class TensorCompressor {
+ public:
+  TensorCompressor(uint32_t id, const TensorSpec& spec);
+
+  uint32_t id() const { return id_; }
+  const TensorSpec& spec() const { return spec_; }
+
+  struct Encoded {
+    kernels::Format format = kernels::Format::kCoo;
+    kernels::ValueType value_type = kernels::ValueType::kF32;
+    uint64_t nnz = 0;
+    std::span<const std::byte> payload;
+  };
+
+  // Sparse plan: folds `local_sum` into the residual, selects and encodes. The selection is
+  // taken out of the residual now; commit() or rollback() must follow.
+  Expected<Encoded> compress(const policies::Plan& plan, std::span<const float> local_sum);
+
+  // Dense plan: returns residual + local_sum in the work buffer; the residual is untouched until
+  // commit() zeroes it.
+  std::span<float> dense_input(std::span<const float> local_sum);
+
+  void commit();
+  void rollback();
+
+  std::span<const float> residual() const { return residual_; }
+  // Σ residual², in float64 (for metrics and controllers).
+  double residual_norm2() const;
+
+ private:
+  enum class Pending { kNone, kSparse, kDense };
+
+  const uint32_t id_;
+  const TensorSpec spec_;
+  std::vector<float> residual_;
+  std::vector<float> work_;
+  std::vector<uint32_t> index_;
+  std::vector<float> value_;
+  std::vector<std::byte> scratch_;
+  std::vector<std::byte> payload_;
+  Pending pending_ = Pending::kNone;
+  size_t pending_nnz_ = 0;
+  std::span<const float> pending_sum_;  // dense: the local sum to give back on rollback
+};
+
+}  // namespace sparsecar
