@@ -2,7 +2,9 @@
 
 #include "daemon/collective/mailbox.h"
 #include "daemon/metrics/metrics.h"
+#include "daemon/pipeline/decisions.h"
 #include "daemon/pipeline/pipeline.h"
+#include "daemon/pipeline/settings.h"
 #include "daemon/session/session_server.h"
 #include "daemon/transport/ucx_transport.h"
 #include "sparsecar/common/log.h"
@@ -14,6 +16,7 @@ struct Daemon::Parts {
   std::unique_ptr<Metrics> metrics;
   std::unique_ptr<Mailbox> mailbox;
   std::unique_ptr<UcxTransport> transport;
+  std::unique_ptr<DecisionBoard> decisions;
   std::unique_ptr<Pipeline> pipeline;
   std::unique_ptr<SessionServer> sessions;
 };
@@ -42,19 +45,23 @@ Expected<std::unique_ptr<Daemon>> Daemon::start(const Config& config) {
     parts->transport = std::move(transport).value();
   }
 
+  parts->decisions = std::make_unique<DecisionBoard>(config, parts->transport.get());
+  parts->mailbox->set_control_handler(
+      [board = parts->decisions.get()](uint32_t peer, const wire::WireHeader& h, std::span<const std::byte> payload) {
+        board->on_message(peer, h, payload);
+      });
+
   PipelineOptions p;
   p.rank = config.rank;
   p.world_size = config.world_size;
   p.job_id = config.job_id;
   p.local_clients = config.local_clients;
-  p.settings.compression = config.compression;
-  p.settings.selector = config.selector;
-  p.settings.density = config.density;
-  p.settings.threshold = config.threshold;
+  p.settings = settings_from_config(config);
   p.agreed_knobs = agreed_knobs(config);
   p.step_timeout = std::chrono::milliseconds(config.step_timeout_ms);
   p.join_timeout = std::chrono::milliseconds(config.join_timeout_ms);
-  parts->pipeline = std::make_unique<Pipeline>(p, parts->transport.get(), parts->mailbox.get(), parts->metrics.get());
+  parts->pipeline = std::make_unique<Pipeline>(p, parts->transport.get(), parts->mailbox.get(), parts->metrics.get(),
+                                               parts->decisions.get());
 
   SessionServerOptions s;
   s.socket_path = config.socket;

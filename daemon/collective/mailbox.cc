@@ -49,6 +49,19 @@ void Mailbox::on_message(uint32_t peer, std::span<const std::byte> header_bytes,
     return;
   }
   auto kind = static_cast<wire::Kind>(h.kind);
+  if (h.kind >= static_cast<uint16_t>(wire::Kind::kDecision)) {
+    ControlHandler handler;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      handler = control_;
+    }
+    if (handler) {
+      handler(peer, h, payload);
+    } else {
+      SC_LOG_WARN("dropping a control message (kind %u) from rank %u: no handler", h.kind, peer);
+    }
+    return;
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (kind == wire::Kind::kAbort) {
     std::string reason(reinterpret_cast<const char*>(payload.data()), payload.size());
@@ -61,6 +74,11 @@ void Mailbox::on_message(uint32_t peer, std::span<const std::byte> header_bytes,
     e.payload.assign(payload.begin(), payload.end());
   }
   cv_.notify_all();
+}
+
+void Mailbox::set_control_handler(ControlHandler handler) {
+  std::lock_guard<std::mutex> lock(mu_);
+  control_ = std::move(handler);
 }
 
 void Mailbox::on_peer_failed(uint32_t peer, const Status& why) {

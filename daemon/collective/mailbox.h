@@ -18,6 +18,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -46,6 +47,12 @@ class Mailbox final : public MessageSink {
   void on_message(uint32_t peer, std::span<const std::byte> header,
                   std::span<const std::byte> payload) override;
   void on_peer_failed(uint32_t peer, const Status& why) override;
+
+  // Decision, knob and observation messages (kinds 5..8) are not stored: once validated they go
+  // to this handler, on the transport thread. Set it before the first such message can arrive.
+  using ControlHandler = std::function<void(uint32_t peer, const wire::WireHeader& header,
+                                            std::span<const std::byte> payload)>;
+  void set_control_handler(ControlHandler handler);
 
   // Waits for the message of `kind` from `peer` for (tensor, step, chunk). Errors:
   // kUnavailable (peer failed), kAborted (peer aborted the step, or cancel()), kDataLoss (its
@@ -82,6 +89,7 @@ class Mailbox final : public MessageSink {
   std::map<StepKey, Status> step_failures_;     // guarded by mu_: aborts and corrupt messages
   std::vector<Status> peer_failures_;           // guarded by mu_: OK while alive
   bool cancelled_ = false;                      // guarded by mu_
+  ControlHandler control_;                      // guarded by mu_ (copied out before the call)
 };
 
 }  // namespace sparsecar

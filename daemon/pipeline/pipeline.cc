@@ -7,6 +7,7 @@
 
 #include "daemon/collective/collective.h"
 #include "daemon/metrics/metrics.h"
+#include "daemon/pipeline/settings.h"
 #include "sparsecar/common/log.h"
 #include "sparsecar/kernels/codec.h"
 #include "sparsecar/kernels/select.h"
@@ -24,8 +25,9 @@ struct Pipeline::TensorState {
   uint64_t last_step = 0;
 };
 
-Pipeline::Pipeline(const PipelineOptions& options, Transport* transport, Mailbox* mailbox, Metrics* metrics)
-    : options_(options), transport_(transport), mailbox_(mailbox), metrics_(metrics) {
+Pipeline::Pipeline(const PipelineOptions& options, Transport* transport, Mailbox* mailbox, Metrics* metrics,
+                   DecisionBoard* decisions)
+    : options_(options), transport_(transport), mailbox_(mailbox), metrics_(metrics), decisions_(decisions) {
   SC_CHECK(options.world_size == 1 || transport != nullptr, "a multi-node pipeline needs a transport");
 }
 
@@ -137,6 +139,7 @@ void Pipeline::run() {
       SC_LOG_DEBUG("tensor %u '%s' registered (%zu elements)", reg->id, reg->spec.name.c_str(), n);
     } else if (std::holds_alternative<Reset>(cmd)) {
       tensors_.clear();
+      if (decisions_) decisions_->reset();
       agreed_ = false;
       total_trainers_ = 0;
       mailbox_->clear();
@@ -170,6 +173,8 @@ StepResult Pipeline::process(const StepJob& job) {
                             " is not after the last step " + std::to_string(t.last_step));
     return r;
   }
+  // Before anything else: from here on rank 0 never decides a change effective before step+2.
+  const Decision decision = decisions_ ? decisions_->at_step(job.step) : Decision{};
   if (!agreed_) {
     Status agreed = agree_on_job(Clock::now() + options_.join_timeout);
     if (!agreed.ok()) {
@@ -180,7 +185,7 @@ StepResult Pipeline::process(const StepJob& job) {
   }
   t.has_step = true;
   t.last_step = job.step;
-  r.status = run_step(t, job, &r);
+  r.status = run_step(t, job, decision, &r);
   if (!r.status.ok()) {
     r.status = r.status.with_context("tensor '" + spec.name + "' step " + std::to_string(job.step));
     SC_LOG_WARN("%s", r.status.to_string().c_str());
@@ -188,7 +193,7 @@ StepResult Pipeline::process(const StepJob& job) {
   return r;
 }
 
-Status Pipeline::run_step(TensorState& t, const StepJob& job, StepResult* result) {
+Status Pipeline::run_step(TensorState& t, const StepJob& job, const Decision& decision, StepResult* result) {
   TensorCompressor& c = t.compressor;
   const uint32_t id = c.id();
   const size_t n = c.spec().count;
@@ -197,7 +202,8 @@ Status Pipeline::run_step(TensorState& t, const StepJob& job, StepResult* result
   obs.elements = n;
   obs.step = job.step;
   obs.world_size = options_.world_size;
-  const policies::Plan plan = policies::static_plan(options_.settings, obs);
+  const policies::Plan plan =
+      policies::static_plan(decision.config ? settings_from_config(*decision.config) : options_.settings, obs);
 
   ExchangeContext ctx;
   ctx.transport = transport_;
@@ -205,7 +211,7 @@ Status Pipeline::run_step(TensorState& t, const StepJob& job, StepResult* result
   ctx.job_id = options_.job_id;
   ctx.rank = options_.rank;
   ctx.world_size = options_.world_size;
-  ctx.epoch = 0;
+  ctx.epoch = decision.epoch;
   ctx.deadline = Clock::now() + options_.step_timeout;
   ctx.keepalive = tensors_[id];
   mailbox_->drop_before(id, job.step);

@@ -29,6 +29,7 @@
 
 #include "daemon/collective/mailbox.h"
 #include "daemon/pipeline/compressor.h"
+#include "daemon/pipeline/decisions.h"
 #include "daemon/pipeline/step.h"
 #include "daemon/transport/transport.h"
 #include "sparsecar/policies/plan.h"
@@ -50,8 +51,10 @@ struct PipelineOptions {
 
 class Pipeline final : public StepSink {
  public:
-  // `transport` may be null only when world_size == 1. All pointers must outlive the pipeline.
-  Pipeline(const PipelineOptions& options, Transport* transport, Mailbox* mailbox, Metrics* metrics);
+  // `transport` may be null only when world_size == 1. `decisions` may be null: then the plan
+  // inputs are options.settings for ever (epoch 0). All pointers must outlive the pipeline.
+  Pipeline(const PipelineOptions& options, Transport* transport, Mailbox* mailbox, Metrics* metrics,
+           DecisionBoard* decisions = nullptr);
   ~Pipeline() override;
 
   // Must be called before start().
@@ -78,7 +81,7 @@ class Pipeline final : public StepSink {
 
   void run();
   StepResult process(const StepJob& job);
-  Status run_step(TensorState& t, const StepJob& job, StepResult* result);
+  Status run_step(TensorState& t, const StepJob& job, const Decision& decision, StepResult* result);
   Status agree_on_job(std::chrono::steady_clock::time_point deadline);
   std::string manifest() const;
   void fail_queued(std::deque<Command>& queue, const std::string& why);
@@ -87,6 +90,7 @@ class Pipeline final : public StepSink {
   Transport* const transport_;
   Mailbox* const mailbox_;
   Metrics* const metrics_;
+  DecisionBoard* const decisions_;
   StepResultSink* sink_ = nullptr;
 
   std::mutex mu_;

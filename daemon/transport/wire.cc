@@ -44,7 +44,7 @@ constexpr size_t kOffChecksum = 68;
 static_assert(kOffChecksum + 4 == kHeaderBytes);
 
 bool known_kind(uint16_t kind) {
-  return kind >= static_cast<uint16_t>(Kind::kData) && kind <= static_cast<uint16_t>(Kind::kManifestAck);
+  return kind >= static_cast<uint16_t>(Kind::kData) && kind <= kMaxKind;
 }
 bool known_format(uint16_t format) {
   return format == static_cast<uint16_t>(kernels::Format::kDense) ||

@@ -29,7 +29,15 @@ enum class Kind : uint16_t {
   kAbort = 2,        // sender failed (tensor, step); payload = UTF-8 reason
   kManifest = 3,     // job start: sender's tensors + knobs, sent to rank 0; payload = text
   kManifestAck = 4,  // rank 0's verdict on the manifests; payload = text
+  kDecision = 5,     // rank 0 -> all: decision epoch `epoch` in force from step `step`; payload =
+                     // "knob=value" lines changed relative to epoch - 1
+  kKnobRequest = 6,  // any rank -> rank 0: please change live knobs; `step` = request id;
+                     // payload = "knob=value" lines
+  kKnobReply = 7,    // rank 0 -> requester: `step` = request id; payload = "ok <epoch> <step>" or
+                     // "error <message>"
+  kObservation = 8,  // any rank -> rank 0: measurements for the controllers; payload = text
 };
+inline constexpr uint16_t kMaxKind = 8;
 
 struct WireHeader {
   uint32_t magic;          //  0

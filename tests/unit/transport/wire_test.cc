@@ -206,7 +206,7 @@ INSTANTIATE_TEST_SUITE_P(
         Corruption{"magic", [](WireHeader& h) { h.magic = 0x52435054; }, 80},
         Corruption{"version", [](WireHeader& h) { h.version = 2; }, 80},
         Corruption{"kind", [](WireHeader& h) { h.kind = 0; }, 80},
-        Corruption{"kind", [](WireHeader& h) { h.kind = 5; }, 80},
+        Corruption{"kind", [](WireHeader& h) { h.kind = kMaxKind + 1; }, 80},
         Corruption{"job_id", [](WireHeader& h) { h.job_id = 42; }, 80},
         Corruption{"sender_rank", [](WireHeader& h) { h.sender_rank = 4; }, 80},   // >= world size
         Corruption{"sender_rank", [](WireHeader& h) { h.sender_rank = 2; }, 80},   // not who sent it

@@ -1,0 +1,239 @@
+#include "daemon/pipeline/decisions.h"
+
+#include <array>
+#include <sstream>
+
+#include "sparsecar/common/log.h"
+
+namespace sparsecar {
+
+std::string format_changes(const KnobChanges& changes) {
+  std::string out;
+  for (const auto& [name, value] : changes) {
+    out += name;
+    out += '=';
+    out += value;
+    out += '\n';
+  }
+  return out;
+}
+
+Expected<KnobChanges> parse_changes(std::string_view text) {
+  KnobChanges out;
+  while (!text.empty()) {
+    size_t nl = text.find('\n');
+    std::string_view line = text.substr(0, nl);
+    text.remove_prefix(nl == std::string_view::npos ? text.size() : nl + 1);
+    if (line.empty()) continue;
+    size_t eq = line.find('=');
+    if (eq == std::string_view::npos || eq == 0) {
+      return invalid_argument("bad knob change line '" + std::string(line) + "' (want knob=value)");
+    }
+    out.emplace_back(std::string(line.substr(0, eq)), std::string(line.substr(eq + 1)));
+  }
+  return out;
+}
+
+DecisionBoard::DecisionBoard(const Config& initial, Transport* transport)
+    : rank_(initial.rank), world_size_(initial.world_size), job_id_(initial.job_id), transport_(transport) {
+  Decision base;
+  base.config = std::make_shared<const Config>(initial);
+  base.reason = "start-up configuration";
+  decisions_.push_back(std::move(base));
+}
+
+Expected<Decision> DecisionBoard::decide_locked(const KnobChanges& changes, const std::string& reason) {
+  if (changes.empty()) return invalid_argument("no knob to change");
+  auto next = std::make_shared<Config>(*decisions_.back().config);
+  for (const auto& [name, value] : changes) {
+    const KnobSpec* spec = find_knob(name);
+    if (spec == nullptr) return not_found("unknown knob '" + name + "'");
+    if (!spec->live) return failed_precondition("knob '" + name + "' cannot change while the daemon runs");
+    SC_RETURN_IF_ERROR(set_knob(*next, name, value));
+  }
+  SC_RETURN_IF_ERROR(validate(*next));
+  Decision d;
+  d.epoch = decisions_.back().epoch + 1;
+  // Not before any step a node may already have started (see the header), nor before a
+  // previous decision.
+  d.effective_step = std::max(started_ ? max_started_step_ + 2 : 0, decisions_.back().effective_step);
+  d.config = std::move(next);
+  d.changes = format_changes(changes);
+  d.reason = reason;
+  decisions_.push_back(d);
+  SC_LOG_INFO("decision epoch %u from step %llu (%s): %s", d.epoch, static_cast<unsigned long long>(d.effective_step),
+              reason.c_str(), d.changes.c_str());
+  cv_.notify_all();
+  return d;
+}
+
+Expected<Decision> DecisionBoard::propose(const KnobChanges& changes, const std::string& reason,
+                                          Clock::time_point deadline) {
+  if (rank_ == 0) {
+    Expected<Decision> d = [&] {
+      std::lock_guard<std::mutex> lock(mu_);
+      return decide_locked(changes, reason);
+    }();
+    if (d.ok()) broadcast(*d);
+    return d;
+  }
+  // Validate here first so obvious mistakes fail without a round trip.
+  {
+    Config scratch;
+    for (const auto& [name, value] : changes) {
+      const KnobSpec* spec = find_knob(name);
+      if (spec == nullptr) return not_found("unknown knob '" + name + "'");
+      if (!spec->live) return failed_precondition("knob '" + name + "' cannot change while the daemon runs");
+      SC_RETURN_IF_ERROR(set_knob(scratch, name, value));
+    }
+  }
+  uint64_t request;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    request = next_request_++;
+  }
+  send_text(0, wire::Kind::kKnobRequest, request, 0, format_changes(changes));
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_until(lock, deadline, [&] { return replies_.count(request) > 0; })) {
+    return deadline_exceeded("rank 0 did not answer the knob change in time");
+  }
+  std::string reply = std::move(replies_[request]);
+  replies_.erase(request);
+  if (reply.rfind("error ", 0) == 0) return failed_precondition("rank 0 refused: " + reply.substr(6));
+  std::istringstream is(reply);
+  std::string ok;
+  uint32_t epoch = 0;
+  is >> ok >> epoch;
+  // The decision itself arrives as a kDecision before the reply (same endpoint, in order).
+  for (const auto& d : decisions_) {
+    if (d.epoch == epoch) return d;
+  }
+  return internal_error("rank 0 accepted epoch " + std::to_string(epoch) + " but its decision has not arrived");
+}
+
+Decision DecisionBoard::at_step(uint64_t step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!started_ || step > max_started_step_) max_started_step_ = step;
+  started_ = true;
+  for (auto it = decisions_.rbegin(); it != decisions_.rend(); ++it) {
+    if (it->effective_step <= step) return *it;
+  }
+  return decisions_.front();
+}
+
+Decision DecisionBoard::latest() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return decisions_.back();
+}
+
+std::vector<Decision> DecisionBoard::history() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return decisions_;
+}
+
+void DecisionBoard::reset() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Decision& newest = decisions_.back();
+  newest.effective_step = 0;
+  // Keep only the newest: earlier epochs belong to the finished job.
+  Decision keep = newest;
+  decisions_.clear();
+  decisions_.push_back(std::move(keep));
+  started_ = false;
+  max_started_step_ = 0;
+}
+
+void DecisionBoard::on_message(uint32_t peer, const wire::WireHeader& h, std::span<const std::byte> payload) {
+  std::string text(reinterpret_cast<const char*>(payload.data()), payload.size());
+  switch (static_cast<wire::Kind>(h.kind)) {
+    case wire::Kind::kDecision: {
+      if (peer != 0) {
+        SC_LOG_WARN("ignoring a decision from rank %u: only rank 0 decides", peer);
+        return;
+      }
+      auto changes = parse_changes(text);
+      std::lock_guard<std::mutex> lock(mu_);
+      const uint32_t expected = decisions_.back().epoch + 1;
+      if (h.epoch != expected || !changes.ok()) {
+        SC_LOG_ERROR("decision epoch %u from rank 0 does not follow epoch %u here (%s); steps under it will fail",
+                     h.epoch, decisions_.back().epoch, changes.ok() ? "out of order" : changes.status().message().c_str());
+        return;
+      }
+      auto next = std::make_shared<Config>(*decisions_.back().config);
+      for (const auto& [name, value] : *changes) {
+        Status s = set_knob(*next, name, value);
+        if (!s.ok()) SC_LOG_ERROR("decision epoch %u: %s", h.epoch, s.to_string().c_str());
+      }
+      Decision d;
+      d.epoch = h.epoch;
+      d.effective_step = h.step;
+      d.config = std::move(next);
+      d.changes = text;
+      d.reason = "rank 0";
+      SC_LOG_INFO("decision epoch %u from step %llu: %s", d.epoch, static_cast<unsigned long long>(d.effective_step),
+                  text.c_str());
+      decisions_.push_back(std::move(d));
+      cv_.notify_all();
+      return;
+    }
+    case wire::Kind::kKnobRequest: {
+      if (rank_ != 0) return;
+      auto changes = parse_changes(text);
+      Expected<Decision> d = changes.status();
+      if (changes.ok()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        d = decide_locked(*changes, "request from rank " + std::to_string(peer));
+      }
+      if (d.ok()) broadcast(*d);  // before the reply: the requester must know it when the reply lands
+      send_text(peer, wire::Kind::kKnobReply, h.step, 0,
+                d.ok() ? "ok " + std::to_string(d->epoch) + " " + std::to_string(d->effective_step)
+                       : "error " + d.status().message());
+      return;
+    }
+    case wire::Kind::kKnobReply: {
+      std::lock_guard<std::mutex> lock(mu_);
+      replies_[h.step] = text;
+      cv_.notify_all();
+      return;
+    }
+    default:
+      return;
+  }
+}
+
+void DecisionBoard::broadcast(const Decision& d) {
+  for (uint32_t peer = 0; peer < world_size_; ++peer) {
+    if (peer == rank_) continue;
+    send_text(peer, wire::Kind::kDecision, d.effective_step, d.epoch, d.changes);
+  }
+}
+
+void DecisionBoard::send_text(uint32_t peer, wire::Kind kind, uint64_t step, uint32_t epoch, std::string text) {
+  if (transport_ == nullptr) return;
+  struct Buffers {
+    std::string text;
+    std::array<std::byte, wire::kHeaderBytes> header;
+  };
+  auto b = std::make_shared<Buffers>();
+  b->text = std::move(text);
+  wire::WireHeader h{};
+  h.magic = wire::kMagic;
+  h.version = wire::kVersion;
+  h.kind = static_cast<uint16_t>(kind);
+  h.job_id = job_id_;
+  h.sender_rank = rank_;
+  h.step = step;
+  h.epoch = epoch;
+  auto payload = std::as_bytes(std::span<const char>(b->text.data(), b->text.size()));
+  h.payload_bytes = payload.size();
+  wire::seal(h, payload, std::span<std::byte, wire::kHeaderBytes>(b->header));
+  Status s = transport_->send(peer, b->header, payload, [b, peer, kind](const Status& st) {
+    if (!st.ok()) {
+      SC_LOG_WARN("sending %s to rank %u failed: %s", kind == wire::Kind::kDecision ? "a decision" : "a knob message",
+                  peer, st.to_string().c_str());
+    }
+  });
+  if (!s.ok()) SC_LOG_WARN("cannot send to rank %u: %s", peer, s.to_string().c_str());
+}
+
+}  // namespace sparsecar

@@ -1,0 +1,101 @@
+// DecisionBoard: the live settings of the job, changed only by rank 0 and applied by every node
+// at the same step ("decision epochs", DESIGN.md §5).
+//
+// A Decision is {epoch, effective_step, config}: the full knob values in force from
+// `effective_step` on. Epoch 0 is the start-up configuration (checked equal on every node at the
+// first step). Changes come from the control socket (`set`, `pause`, `policy`) or from the
+// controllers; on any rank they go to propose(), which on rank 0 validates them (live knobs
+// only, ranges), assigns epoch e+1 effective at (the highest step rank 0 has started) + 2, and
+// broadcasts a kDecision to every peer; on other ranks propose() forwards them to rank 0 as a
+// kKnobRequest and waits for the kKnobReply.
+//
+// Why "+2" is safe: a node can finish step s only after every node sent its step-s message, so
+// while rank 0 works on step s no node has started s+2; rank 0 sends the decision before its own
+// s+1 message, and UCX delivers active messages of one endpoint in order, so every node knows the
+// decision before it can complete s+1. If that ever failed, the epoch in every data message
+// turns it into a loud step error, never a silent mix.
+//
+// Threads: propose() from any thread (control, pipeline); at_step() from the pipeline thread;
+// on_message() from the transport thread. One mutex guards the state.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "daemon/config/knobs.h"
+#include "daemon/transport/transport.h"
+#include "daemon/transport/wire.h"
+#include "sparsecar/common/status.h"
+
+namespace sparsecar {
+
+struct Decision {
+  uint32_t epoch = 0;
+  uint64_t effective_step = 0;
+  std::shared_ptr<const Config> config;
+  std::string changes;  // "knob=value" lines relative to the previous epoch ("" for epoch 0)
+  std::string reason;   // who asked: "control: set", "controller bandwidth", ...
+};
+
+using KnobChanges = std::vector<std::pair<std::string, std::string>>;
+
+class DecisionBoard {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // `transport` may be null when world_size == 1.
+  DecisionBoard(const Config& initial, Transport* transport);
+
+  // Changes live knobs for the whole job; returns the decision that carries them (its epoch and
+  // the step it takes effect at). Errors: unknown or non-live knob, bad value (kInvalidArgument /
+  // kNotFound), rank 0 unreachable or silent until `deadline` (kUnavailable/kDeadlineExceeded).
+  Expected<Decision> propose(const KnobChanges& changes, const std::string& reason, Clock::time_point deadline);
+
+  // The decision in force for `step` (the latest epoch whose effective_step <= step). Records
+  // that this node started `step`.
+  Decision at_step(uint64_t step);
+
+  // The newest decision known here (may not be in force yet).
+  Decision latest() const;
+  // Every decision known here, oldest first (for status and tests).
+  std::vector<Decision> history() const;
+
+  // kDecision / kKnobRequest / kKnobReply from `peer`, already validated by the mailbox.
+  void on_message(uint32_t peer, const wire::WireHeader& header, std::span<const std::byte> payload);
+
+  // A new job starts (every trainer left): the newest decision becomes the base, in force from
+  // step 0, and the step counter restarts. Every node does this at its own reset; they agree
+  // because they hold the same decisions.
+  void reset();
+
+ private:
+  Expected<Decision> decide_locked(const KnobChanges& changes, const std::string& reason);
+  void broadcast(const Decision& d);
+  void send_text(uint32_t peer, wire::Kind kind, uint64_t step, uint32_t epoch, std::string text);
+
+  const uint32_t rank_;
+  const uint32_t world_size_;
+  const uint64_t job_id_;
+  Transport* const transport_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Decision> decisions_;            // guarded by mu_; epochs 0, 1, 2, ... in order
+  bool started_ = false;                       // guarded by mu_: a step started since reset
+  uint64_t max_started_step_ = 0;              // guarded by mu_
+  uint64_t next_request_ = 1;                  // guarded by mu_
+  std::map<uint64_t, std::string> replies_;    // guarded by mu_: request id -> reply text
+};
+
+// "knob=value\n" lines <-> pairs. parse_changes rejects lines without '='.
+std::string format_changes(const KnobChanges& changes);
+Expected<KnobChanges> parse_changes(std::string_view text);
+
+}  // namespace sparsecar

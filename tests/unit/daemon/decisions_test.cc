@@ -1,0 +1,181 @@
+// Decision epochs: live knob changes proposed on any rank take effect on every node at the same
+// step, and a node that runs a step under another epoch fails it loudly.
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "daemon/collective/collective.h"
+#include "daemon/collective/mailbox.h"
+#include "daemon/pipeline/decisions.h"
+#include "daemon/pipeline/pipeline.h"
+#include "tests/unit/daemon/fake_transport.h"
+
+namespace sparsecar {
+namespace {
+
+using namespace std::chrono_literals;
+using fakes::FakeNetwork;
+
+class Results final : public StepResultSink {
+ public:
+  void complete(const StepResult& r) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    results_[{r.tensor_id, r.step}] = r;
+    cv_.notify_all();
+  }
+  StepResult wait(uint32_t tensor, uint64_t step) {
+    std::unique_lock<std::mutex> lock(mu_);
+    EXPECT_TRUE(cv_.wait_for(lock, 20s, [&] { return results_.count({tensor, step}) > 0; }));
+    StepResult r = results_[{tensor, step}];
+    results_.erase({tensor, step});
+    return r;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::pair<uint32_t, uint64_t>, StepResult> results_;
+};
+
+struct Node {
+  std::unique_ptr<Mailbox> mailbox;
+  std::unique_ptr<DecisionBoard> board;
+  std::unique_ptr<Pipeline> pipeline;
+  Results results;
+};
+
+struct Job {
+  Job(uint32_t world, double density) : net(world) {
+    for (uint32_t r = 0; r < world; ++r) {
+      auto& n = nodes.emplace_back(std::make_unique<Node>());
+      Config c;
+      c.rank = r;
+      c.world_size = world;
+      c.density = density;
+      n->mailbox = std::make_unique<Mailbox>(0, world, nullptr);
+      n->board = std::make_unique<DecisionBoard>(c, net.transport(r));
+      n->mailbox->set_control_handler([b = n->board.get()](uint32_t peer, const wire::WireHeader& h,
+                                                           std::span<const std::byte> p) { b->on_message(peer, h, p); });
+      net.attach(r, n->mailbox.get());
+      PipelineOptions o;
+      o.rank = r;
+      o.world_size = world;
+      o.agreed_knobs = agreed_knobs(c);
+      o.step_timeout = 5000ms;
+      o.join_timeout = 5000ms;
+      n->pipeline = std::make_unique<Pipeline>(o, net.transport(r), n->mailbox.get(), nullptr, n->board.get());
+      n->pipeline->set_result_sink(&n->results);
+      n->pipeline->start();
+      EXPECT_TRUE(n->pipeline->register_tensor(0, {"w", 1000}).ok());
+    }
+  }
+  ~Job() {
+    for (auto& n : nodes) n->pipeline->stop();
+  }
+  std::vector<StepResult> step(uint64_t s) {
+    std::vector<std::vector<float>> in, out(nodes.size(), std::vector<float>(1000));
+    for (uint32_t r = 0; r < nodes.size(); ++r) {
+      std::mt19937 rng(static_cast<uint32_t>(s * 31 + r));
+      std::normal_distribution<float> d;
+      auto& v = in.emplace_back(1000);
+      for (auto& x : v) x = d(rng);
+    }
+    for (uint32_t r = 0; r < nodes.size(); ++r) nodes[r]->pipeline->submit({0, s, 0.f, in[r], out[r]});
+    std::vector<StepResult> res;
+    for (auto& n : nodes) res.push_back(n->results.wait(0, s));
+    return res;
+  }
+  FakeNetwork net;
+  std::vector<std::unique_ptr<Node>> nodes;
+};
+
+TEST(DecisionsTest, ChangesFromAnyRankTakeEffectEverywhereAtTheAnnouncedStep) {
+  Job job(4, 0.01);
+  std::map<uint64_t, size_t> expected_k;  // step -> k in force
+  size_t k = 10;
+  uint64_t effective = 0;
+  double densities[] = {0.05, 0.002, 0.1, 0.02, 0.3};
+  int change = 0;
+  for (uint64_t s = 0; s < 30; ++s) {
+    if (s % 5 == 2) {
+      // Alternate the proposing rank; rank 3 forwards to rank 0.
+      uint32_t proposer = change % 2 == 0 ? 0 : 3;
+      double d = densities[change % 5];
+      auto decision = job.nodes[proposer]->board->propose({{"density", std::to_string(d)}}, "test",
+                                                          std::chrono::steady_clock::now() + 5s);
+      ASSERT_TRUE(decision.ok()) << decision.status().to_string();
+      EXPECT_EQ(decision->epoch, static_cast<uint32_t>(change + 1));
+      EXPECT_GT(decision->effective_step, s - 1) << "a change must never take effect in the past";
+      effective = decision->effective_step;
+      ++change;
+      k = static_cast<size_t>(std::max<long long>(1, std::llround(d * 1000)));
+    }
+    auto res = job.step(s);
+    for (uint32_t r = 0; r < 4; ++r) {
+      ASSERT_TRUE(res[r].status.ok()) << "rank " << r << " step " << s << ": " << res[r].status.to_string();
+      EXPECT_EQ(res[r].nnz, res[0].nnz) << "rank " << r << " used another plan at step " << s;
+    }
+    expected_k[s] = res[0].nnz;
+    if (change > 0 && s >= effective) {
+      EXPECT_EQ(res[0].nnz, k) << "step " << s;
+    }
+  }
+  // Every node holds the same history.
+  auto h0 = job.nodes[0]->board->history();
+  for (uint32_t r = 1; r < 4; ++r) {
+    auto h = job.nodes[r]->board->history();
+    ASSERT_EQ(h.size(), h0.size());
+    for (size_t i = 0; i < h.size(); ++i) {
+      EXPECT_EQ(h[i].epoch, h0[i].epoch);
+      EXPECT_EQ(h[i].effective_step, h0[i].effective_step);
+      EXPECT_EQ(h[i].config->density, h0[i].config->density);
+    }
+  }
+}
+
+TEST(DecisionsTest, NonLiveUnknownAndBadValuesAreRefusedWithoutAnEpoch) {
+  Job job(2, 0.01);
+  auto deadline = std::chrono::steady_clock::now() + 5s;
+  EXPECT_EQ(job.nodes[1]->board->propose({{"world_size", "3"}}, "t", deadline).status().code(),
+            Code::kFailedPrecondition);
+  EXPECT_EQ(job.nodes[1]->board->propose({{"nope", "3"}}, "t", deadline).status().code(), Code::kNotFound);
+  EXPECT_EQ(job.nodes[0]->board->propose({{"density", "7"}}, "t", deadline).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(job.nodes[0]->board->latest().epoch, 0u);
+  auto ok = job.nodes[1]->board->propose({{"compression", "off"}}, "t", deadline);
+  ASSERT_TRUE(ok.ok()) << ok.status().to_string();
+  EXPECT_EQ(ok->epoch, 1u);
+  auto res = job.step(0);
+  EXPECT_TRUE(res[0].status.ok());
+  EXPECT_EQ(res[0].nnz, 1000u) << "compression off from step 0 (no step had started)";
+}
+
+TEST(DecisionsTest, ADataMessageUnderAnotherEpochFailsTheStepLoudly) {
+  Job job(2, 0.01);
+  ASSERT_TRUE(job.step(0)[0].status.ok());
+  // Rank 1 learns of an epoch rank 0 never decided (as if a decision had been lost).
+  wire::WireHeader h{};
+  h.kind = static_cast<uint16_t>(wire::Kind::kDecision);
+  h.epoch = 1;
+  h.step = 1;
+  std::string text = "density=0.05\n";
+  job.nodes[1]->board->on_message(0, h, std::as_bytes(std::span<const char>(text.data(), text.size())));
+  auto res = job.step(1);
+  EXPECT_FALSE(res[0].status.ok());
+  EXPECT_NE(res[0].status.message().find("epoch"), std::string::npos) << res[0].status.to_string();
+}
+
+TEST(DecisionsTest, ChangeLinesRoundTrip) {
+  KnobChanges c{{"density", "0.5"}, {"selector", "threshold"}};
+  auto back = parse_changes(format_changes(c));
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(*back, c);
+  EXPECT_FALSE(parse_changes("density").ok());
+  EXPECT_FALSE(parse_changes("=3\n").ok());
+}
+
+}  // namespace
+}  // namespace sparsecar
