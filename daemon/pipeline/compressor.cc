@@ -44,6 +44,9 @@ Expected<TensorCompressor::Encoded> TensorCompressor::compress(const policies::P
     }
     case kernels::Selector::kNone:
       return invalid_argument("compress() needs a selector; dense plans use dense_input()");
+    default:
+      return invalid_argument("selector " + std::string(kernels::selector_name(plan.selector)) +
+                           " is not wired into the compressor yet");
   }
   pending_ = Pending::kSparse;
   pending_nnz_ = nnz;

@@ -8,6 +8,10 @@ std::string_view selector_name(Selector s) {
     case Selector::kNone: return "none";
     case Selector::kTopk: return "topk";
     case Selector::kThreshold: return "threshold";
+    case Selector::kTopkApprox: return "topk_approx";
+    case Selector::kPercentile: return "percentile";
+    case Selector::kRandomk: return "randomk";
+    case Selector::kImportance: return "importance";
   }
   return "unknown";
 }
@@ -28,7 +32,8 @@ std::string_view value_type_name(ValueType v) {
 }
 
 bool parse_selector(std::string_view text, Selector* out) {
-  for (Selector s : {Selector::kNone, Selector::kTopk, Selector::kThreshold}) {
+  for (Selector s : {Selector::kNone, Selector::kTopk, Selector::kThreshold, Selector::kTopkApprox,
+                     Selector::kPercentile, Selector::kRandomk, Selector::kImportance}) {
     if (text == selector_name(s)) {
       *out = s;
       return true;

@@ -14,6 +14,10 @@ enum class Selector : uint16_t {
   kNone = 0,       // dense: every coordinate (compression off)
   kTopk = 1,       // exact top-k by magnitude
   kThreshold = 2,  // hard threshold: |e_i| >= lambda
+  kTopkApprox = 3,   // DGC: lambda from a sample of |e|, one threshold pass, refined if nnz misses k
+  kPercentile = 4,   // hard threshold with lambda = the q-quantile of |e| (estimated from a sample)
+  kRandomk = 5,      // Bernoulli(p) keep, value / p (unbiased); seeded by (job seed, tensor, step)
+  kImportance = 6,   // keep with probability min(1, c|e_i|), value / probability (unbiased)
 };
 
 // How a selection is laid out in a message payload.
