@@ -20,6 +20,10 @@ std::string_view format_name(Format f) {
   switch (f) {
     case Format::kDense: return "dense";
     case Format::kCoo: return "coo";
+    case Format::kCooVarint: return "coo_varint";
+    case Format::kBitmap: return "bitmap";
+    case Format::kCsr: return "csr";
+    case Format::kRle: return "rle";
   }
   return "unknown";
 }
@@ -27,6 +31,9 @@ std::string_view format_name(Format f) {
 std::string_view value_type_name(ValueType v) {
   switch (v) {
     case ValueType::kF32: return "fp32";
+    case ValueType::kF16: return "fp16";
+    case ValueType::kBf16: return "bf16";
+    case ValueType::kI8: return "int8";
   }
   return "unknown";
 }
@@ -43,7 +50,7 @@ bool parse_selector(std::string_view text, Selector* out) {
 }
 
 bool parse_format(std::string_view text, Format* out) {
-  for (Format f : {Format::kDense, Format::kCoo}) {
+  for (Format f : {Format::kDense, Format::kCoo, Format::kCooVarint, Format::kBitmap, Format::kCsr, Format::kRle}) {
     if (text == format_name(f)) {
       *out = f;
       return true;
@@ -53,9 +60,11 @@ bool parse_format(std::string_view text, Format* out) {
 }
 
 bool parse_value_type(std::string_view text, ValueType* out) {
-  if (text == value_type_name(ValueType::kF32)) {
-    *out = ValueType::kF32;
-    return true;
+  for (ValueType v : {ValueType::kF32, ValueType::kF16, ValueType::kBf16, ValueType::kI8}) {
+    if (text == value_type_name(v)) {
+      *out = v;
+      return true;
+    }
   }
   return false;
 }
