@@ -2,7 +2,9 @@
 
 #include "daemon/collective/mailbox.h"
 #include "daemon/metrics/metrics.h"
+#include "daemon/pipeline/controller_runner.h"
 #include "daemon/pipeline/decisions.h"
+#include "daemon/pipeline/observations.h"
 #include "daemon/pipeline/pipeline.h"
 #include "daemon/pipeline/settings.h"
 #include "daemon/session/session_server.h"
@@ -17,6 +19,8 @@ struct Daemon::Parts {
   std::unique_ptr<Mailbox> mailbox;
   std::unique_ptr<UcxTransport> transport;
   std::unique_ptr<DecisionBoard> decisions;
+  std::unique_ptr<ControllerRunner> controllers;  // rank 0 only
+  std::unique_ptr<ObservationCollector> observations;
   std::unique_ptr<Pipeline> pipeline;
   std::unique_ptr<SessionServer> sessions;
 };
@@ -46,10 +50,25 @@ Expected<std::unique_ptr<Daemon>> Daemon::start(const Config& config) {
   }
 
   parts->decisions = std::make_unique<DecisionBoard>(config, parts->transport.get());
-  parts->mailbox->set_control_handler(
-      [board = parts->decisions.get()](uint32_t peer, const wire::WireHeader& h, std::span<const std::byte> payload) {
-        board->on_message(peer, h, payload);
-      });
+  // Controllers run on rank 0; every node measures its steps and sends them there.
+  if (config.rank == 0) parts->controllers = std::make_unique<ControllerRunner>(config, parts->decisions.get());
+  parts->observations = std::make_unique<ObservationCollector>(config.rank, config.job_id, parts->transport.get(),
+                                                               parts->controllers.get());
+  parts->mailbox->set_control_handler([board = parts->decisions.get(), runner = parts->controllers.get()](
+                                          uint32_t peer, const wire::WireHeader& h, std::span<const std::byte> payload) {
+    if (h.kind == static_cast<uint16_t>(wire::Kind::kObservation)) {
+      if (runner == nullptr) return;  // only rank 0 runs controllers
+      auto o = parse_observation(std::string_view(reinterpret_cast<const char*>(payload.data()), payload.size()));
+      if (!o.ok()) {
+        SC_LOG_WARN("bad observation from rank %u: %s", peer, o.status().to_string().c_str());
+        return;
+      }
+      o->rank = peer;  // the transport knows who sent it
+      runner->add(*o);
+      return;
+    }
+    board->on_message(peer, h, payload);
+  });
 
   PipelineOptions p;
   p.rank = config.rank;
@@ -70,6 +89,7 @@ Expected<std::unique_ptr<Daemon>> Daemon::start(const Config& config) {
   if (!sessions.ok()) return sessions.status().with_context("opening the trainer socket");
   parts->sessions = std::move(sessions).value();
   parts->pipeline->set_result_sink(parts->sessions.get());
+  parts->pipeline->set_observer(parts->observations.get());
   parts->pipeline->start();
 
   policies::TensorObservation any;

@@ -6,6 +6,7 @@
 #include <variant>
 
 #include "sparsecar/common/log.h"
+#include "sparsecar/policies/tensor_plan.h"
 
 namespace sparsecar {
 namespace {
@@ -64,6 +65,112 @@ const std::vector<Knob>& knobs() {
       {{"threshold", K::kDouble, "lambda of the hard-threshold selector: send |e_i| >= lambda", 1e-30, 1e30,
         "", true, true, ""},
        &Config::threshold},
+      // Controllers (docs/controllers.md). Knobs that shape per-tensor plans are agreed.
+      {{"controller", K::kString,
+        "active controllers, a comma list of static|schedule|layerwise|gradnorm|frequency|bandwidth|accuracy|"
+        "budget|cost (static = fixed knobs, the fallback)",
+        0, 0, "", true, true, ""},
+       &Config::controller},
+      {{"density_min", K::kDouble, "controllers never go below this density (quality floor)", 1e-6, 1.0, "", true,
+        true, ""},
+       &Config::density_min},
+      {{"density_max", K::kDouble, "controllers never go above this density", 1e-6, 1.0, "", true, true, ""},
+       &Config::density_max},
+      {{"density_cap", K::kDouble, "upper bound on every tensor's density (set by the bandwidth controller)", 1e-6,
+        1.0, "", true, true, ""},
+       &Config::density_cap},
+      {{"tensor_density_scale", K::kString,
+        "per-tensor density multipliers 'id:scale,...' (set by the frequency controller)", 0, 0, "", true, true, ""},
+       &Config::tensor_density_scale},
+      {{"schedule_warmup_steps", K::kUint, "schedule: the first N steps are dense", 0, 1e15, "", true, true, ""},
+       &Config::schedule_warmup_steps},
+      {{"schedule_ramp_steps", K::kUint,
+        "schedule: after warm-up the density moves from schedule_start_density to the end over N steps (0 = off)", 0,
+        1e15, "", true, true, ""},
+       &Config::schedule_ramp_steps},
+      {{"schedule_start_density", K::kDouble, "schedule: density at the start of the ramp (0.25 = 75 % sparsity)",
+        1e-6, 1.0, "", true, true, ""},
+       &Config::schedule_start_density},
+      {{"schedule_end_density", K::kDouble,
+        "schedule: density at the end of the ramp; 0 = `density` (ramp 0.25 -> 0.001 = DGC, 0.01 -> 0.1 = decay)", 0,
+        1.0, "", true, true, ""},
+       &Config::schedule_end_density},
+      {{"schedule_shape", K::kChoice, "schedule: exp (geometric, DGC) or linear", 0, 0, "exp|linear", true, true, ""},
+       &Config::schedule_shape},
+      {{"schedule_dense_every", K::kUint, "schedule: every N-th step is dense (0 = never)", 0, 1e15, "", true, true,
+        ""},
+       &Config::schedule_dense_every},
+      {{"layerwise_dense_below", K::kUint, "layerwise: tensors with fewer elements are sent dense", 0, 1e15, "", true,
+        true, ""},
+       &Config::layerwise_dense_below},
+      {{"layerwise_small_scale", K::kDouble, "layerwise: density multiplier for bias/norm tensors", 1e-6, 1e6, "",
+        true, true, ""},
+       &Config::layerwise_small_scale},
+      {{"layerwise_embedding_scale", K::kDouble, "layerwise: density multiplier for embedding tensors", 1e-6, 1e6, "",
+        true, true, ""},
+       &Config::layerwise_embedding_scale},
+      {{"layerwise_sensitivity", K::kString,
+        "layerwise: sensitivity table 'name-substring:dense|scale,...' (first match wins)", 0, 0, "", true, true, ""},
+       &Config::layerwise_sensitivity},
+      {{"controller_interval_steps", K::kUint, "rank 0 proposes at most one controller decision per N steps", 1,
+        1e9, "", true, false, ""},
+       &Config::controller_interval_steps},
+      {{"controller_hysteresis", K::kDouble, "relative density change a controller needs before it proposes", 0, 10,
+        "", true, false, ""},
+       &Config::controller_hysteresis},
+      {{"controller_metric", K::kString,
+        "trainer metric the accuracy controller tracks (lower is better; '<name>_target' = explicit target)", 0, 0,
+        "", true, false, ""},
+       &Config::controller_metric},
+      {{"gradnorm_jump", K::kDouble, "gradnorm: norm / running mean above this is a jump", 1.0, 1e6, "", true, false,
+        ""},
+       &Config::gradnorm_jump},
+      {{"gradnorm_boost", K::kDouble, "gradnorm: density multiplier after a jump", 1.0, 1e6, "", true, false, ""},
+       &Config::gradnorm_boost},
+      {{"gradnorm_boost_steps", K::kUint, "gradnorm: steps the boost lasts", 0, 1e9, "", true, false, ""},
+       &Config::gradnorm_boost_steps},
+      {{"gradnorm_window", K::kUint, "gradnorm: steps over which steadiness is judged", 2, 1e6, "", true, false, ""},
+       &Config::gradnorm_window},
+      {{"gradnorm_steady_cv", K::kDouble, "gradnorm: coefficient of variation below which the norm is steady", 0, 10,
+        "", true, false, ""},
+       &Config::gradnorm_steady_cv},
+      {{"gradnorm_steady_scale", K::kDouble, "gradnorm: density multiplier while steady", 1e-6, 1.0, "", true, false,
+        ""},
+       &Config::gradnorm_steady_scale},
+      {{"frequency_max_scale", K::kDouble, "frequency: largest per-tensor density multiplier (and 1/x smallest)",
+        1.0, 1e3, "", true, false, ""},
+       &Config::frequency_max_scale},
+      {{"exchange_budget_ms", K::kDouble,
+        "bandwidth: exchange time budget per step in ms (0 = exchange_budget_fraction x reported compute time)", 0,
+        3.6e6, "", true, false, ""},
+       &Config::exchange_budget_ms},
+      {{"exchange_budget_fraction", K::kDouble, "bandwidth: budget as a fraction of the trainer's compute time",
+        1e-3, 1e3, "", true, false, ""},
+       &Config::exchange_budget_fraction},
+      {{"goodput_smoothing", K::kDouble, "bandwidth: EMA weight of a new goodput sample (2x jumps reset it)", 1e-3,
+        1.0, "", true, false, ""},
+       &Config::goodput_smoothing},
+      {{"bandwidth_margin", K::kDouble, "bandwidth: aim at (1 - margin) of the budget", 0, 0.9, "", true, false, ""},
+       &Config::bandwidth_margin},
+      {{"bandwidth_allow_dense", K::kBool, "bandwidth: switch to the dense ring when it fits the budget", 0, 0, "",
+        true, false, ""},
+       &Config::bandwidth_allow_dense},
+      {{"accuracy_tolerance", K::kDouble, "accuracy: relative metric gap to the target that triggers a back-off", 0,
+        10, "", true, false, ""},
+       &Config::accuracy_tolerance},
+      {{"accuracy_backoff", K::kDouble, "accuracy: density multiplier when behind", 1.0, 1e3, "", true, false, ""},
+       &Config::accuracy_backoff},
+      {{"accuracy_tighten", K::kDouble, "accuracy: density multiplier when on track", 1e-3, 1.0, "", true, false,
+        ""},
+       &Config::accuracy_tighten},
+      {{"accuracy_hold_steps", K::kUint, "accuracy: steps between two moves", 1, 1e9, "", true, false, ""},
+       &Config::accuracy_hold_steps},
+      {{"budget_total_elements", K::kDouble,
+        "budget: elements each node may send over the whole run (hard threshold; 0 = off)", 0, 1e18, "", true,
+        false, ""},
+       &Config::budget_total_elements},
+      {{"budget_steps", K::kUint, "budget: length of the run in steps", 0, 1e15, "", true, false, ""},
+       &Config::budget_steps},
       {{"step_timeout_ms", K::kUint, "deadline for peers to deliver a step", 10, 3.6e6, "", true, false, ""},
        &Config::step_timeout_ms},
       {{"join_timeout_ms", K::kUint, "deadline for the rendezvous and the first-step agreement check", 100,
@@ -249,6 +356,18 @@ Status validate(const Config& config) {
   }
   if (config.compression && config.selector == kernels::Selector::kNone) {
     return invalid_argument("compression is on but selector is none");
+  }
+  if (auto c = policies::parse_controllers(config.controller); !c.ok()) {
+    return invalid_argument("controller: " + c.status().message());
+  }
+  if (auto r = policies::parse_sensitivity(config.layerwise_sensitivity); !r.ok()) {
+    return invalid_argument("layerwise_sensitivity: " + r.status().message());
+  }
+  if (auto t = policies::parse_tensor_scales(config.tensor_density_scale); !t.ok()) {
+    return invalid_argument("tensor_density_scale: " + t.status().message());
+  }
+  if (config.density_min > config.density_max) {
+    return invalid_argument("density_min is above density_max");
   }
   LogLevel level;
   if (!parse_log_level(config.log_level, &level)) {

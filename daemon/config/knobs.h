@@ -40,6 +40,46 @@ struct Config {
   double density = 0.01;    // fraction kept by top-k
   double threshold = 1e-3;  // lambda of the hard-threshold selector
 
+  // Controllers (policies/; docs/controllers.md). Plan-shaping knobs are agreed and live: they
+  // change through decision epochs; the rest are read by rank 0's controllers only.
+  std::string controller = "static";  // comma list: static|schedule|layerwise|gradnorm|frequency|
+                                      // bandwidth|accuracy|budget|cost
+  double density_min = 1e-5;          // quality floor of every controller
+  double density_max = 1.0;
+  double density_cap = 1.0;           // set by the bandwidth controller (1 = no cap)
+  std::string tensor_density_scale;   // set by the frequency controller: "id:scale,..."
+  uint64_t schedule_warmup_steps = 0;
+  uint64_t schedule_ramp_steps = 0;
+  double schedule_start_density = 0.25;
+  double schedule_end_density = 0;    // 0: `density`
+  std::string schedule_shape = "exp";
+  uint64_t schedule_dense_every = 0;
+  uint64_t layerwise_dense_below = 4096;
+  double layerwise_small_scale = 10.0;
+  double layerwise_embedding_scale = 0.1;
+  std::string layerwise_sensitivity;  // "pattern:dense|scale,..."
+  uint64_t controller_interval_steps = 2;
+  double controller_hysteresis = 0.1;
+  std::string controller_metric = "loss";
+  double gradnorm_jump = 2.0;
+  double gradnorm_boost = 4.0;
+  uint64_t gradnorm_boost_steps = 20;
+  uint64_t gradnorm_window = 20;
+  double gradnorm_steady_cv = 0.05;
+  double gradnorm_steady_scale = 0.5;
+  double frequency_max_scale = 4.0;
+  double exchange_budget_ms = 0;
+  double exchange_budget_fraction = 1.0;
+  double goodput_smoothing = 0.3;
+  double bandwidth_margin = 0.15;
+  bool bandwidth_allow_dense = true;
+  double accuracy_tolerance = 0.02;
+  double accuracy_backoff = 2.0;
+  double accuracy_tighten = 0.9;
+  uint64_t accuracy_hold_steps = 5;
+  double budget_total_elements = 0;
+  uint64_t budget_steps = 0;
+
   // Deadlines.
   uint32_t step_timeout_ms = 30000;   // a step whose peers do not answer in time fails
   uint32_t join_timeout_ms = 120000;  // rendezvous and the first-step agreement check

@@ -102,6 +102,7 @@ void Pipeline::submit(const StepJob& job) {
 void Pipeline::report_metric(const std::string& name, double value, uint64_t step) {
   // Controllers that consume trainer metrics come with the controllers issue.
   SC_LOG_DEBUG("trainer reported %s = %g at step %llu", name.c_str(), value, static_cast<unsigned long long>(step));
+  if (observer_) observer_->on_metric(name, value, step);
 }
 
 void Pipeline::reset() {
@@ -140,6 +141,7 @@ void Pipeline::run() {
     } else if (std::holds_alternative<Reset>(cmd)) {
       tensors_.clear();
       if (decisions_) decisions_->reset();
+      if (observer_) observer_->on_reset();
       agreed_ = false;
       total_trainers_ = 0;
       mailbox_->clear();
@@ -202,8 +204,15 @@ Status Pipeline::run_step(TensorState& t, const StepJob& job, const Decision& de
   obs.elements = n;
   obs.step = job.step;
   obs.world_size = options_.world_size;
-  const policies::Plan plan =
-      policies::static_plan(decision.config ? settings_from_config(*decision.config) : options_.settings, obs);
+  obs.name = c.spec().name;
+  if (!decision.config) {
+    plan_settings_ = policies::PlanSettings{};
+    plan_settings_.base = options_.settings;
+  } else if (decision.config != plan_config_) {
+    plan_config_ = decision.config;  // parsed once per decision epoch
+    plan_settings_ = plan_settings_from_config(*decision.config);
+  }
+  const policies::Plan plan = policies::plan_tensor(plan_settings_, obs);
 
   ExchangeContext ctx;
   ctx.transport = transport_;
@@ -222,8 +231,11 @@ Status Pipeline::run_step(TensorState& t, const StepJob& job, const Decision& de
   if (metrics_) metrics_->elements_total.Increment(static_cast<double>(n));
 
   Status s;
+  const Clock::time_point encode_started = Clock::now();
+  Clock::time_point exchange_started = encode_started;
   if (plan.dense) {
     std::span<float> work = c.dense_input(job.local_sum);
+    exchange_started = Clock::now();
     s = ring_allreduce(ctx, id, job.step, work, &stats);
     if (s.ok()) {
       std::copy(work.begin(), work.end(), job.result.begin());
@@ -231,16 +243,38 @@ Status Pipeline::run_step(TensorState& t, const StepJob& job, const Decision& de
     }
   } else {
     SC_ASSIGN_OR_RETURN(TensorCompressor::Encoded e, c.compress(plan, job.local_sum));
+    exchange_started = Clock::now();
     s = sparse_allgather(ctx, id, job.step, e.format, e.value_type, e.nnz, e.payload, job.result, &stats);
     result->nnz = e.nnz;
   }
+  const Clock::time_point exchange_ended = Clock::now();
+  auto observe = [&] {
+    if (!observer_) return;
+    TensorStepRecord rec;
+    rec.tensor_id = id;
+    rec.step = job.step;
+    rec.tensors_in_job = static_cast<uint32_t>(tensors_.size());
+    rec.elements = n;
+    rec.ok = s.ok();
+    rec.plan = plan;
+    rec.nnz = s.ok() ? result->nnz : 0;
+    rec.bytes_sent = stats.bytes_sent;
+    rec.dense_bytes = result->dense_bytes;
+    rec.encode_s = std::chrono::duration<double>(exchange_started - encode_started).count();
+    rec.exchange_s = std::chrono::duration<double>(exchange_ended - exchange_started).count();
+    rec.local_sum = job.local_sum;
+    rec.residual = c.residual();
+    observer_->on_tensor_step(rec, decision);
+  };
   result->bytes_sent = stats.bytes_sent;
   if (!s.ok()) {
     c.rollback();  // nothing lost
     broadcast_abort(ctx, id, job.step, s.message());
+    observe();
     return s;
   }
   c.commit();
+  observe();
   kernels::scale(job.result, inv_trainers);
   if (metrics_) {
     metrics_->elements_selected.Increment(static_cast<double>(result->nnz));

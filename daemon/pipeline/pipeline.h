@@ -30,9 +30,11 @@
 #include "daemon/collective/mailbox.h"
 #include "daemon/pipeline/compressor.h"
 #include "daemon/pipeline/decisions.h"
+#include "daemon/pipeline/observations.h"
 #include "daemon/pipeline/step.h"
 #include "daemon/transport/transport.h"
 #include "sparsecar/policies/plan.h"
+#include "sparsecar/policies/tensor_plan.h"
 
 namespace sparsecar {
 
@@ -59,6 +61,8 @@ class Pipeline final : public StepSink {
 
   // Must be called before start().
   void set_result_sink(StepResultSink* sink) { sink_ = sink; }
+  // Optional; before start(). Sees every tensor step and trainer metric (observations.h).
+  void set_observer(StepObserver* observer) { observer_ = observer; }
   void start();
   // Answers queued jobs with kAborted, stops the thread. Idempotent.
   void stop();
@@ -92,6 +96,7 @@ class Pipeline final : public StepSink {
   Metrics* const metrics_;
   DecisionBoard* const decisions_;
   StepResultSink* sink_ = nullptr;
+  StepObserver* observer_ = nullptr;
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -102,6 +107,8 @@ class Pipeline final : public StepSink {
 
   // Pipeline-thread state.
   std::vector<std::shared_ptr<TensorState>> tensors_;
+  std::shared_ptr<const Config> plan_config_;  // the decision config plan_settings_ came from
+  policies::PlanSettings plan_settings_;
   bool agreed_ = false;
   uint32_t total_trainers_ = 0;
   std::thread thread_;

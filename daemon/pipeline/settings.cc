@@ -1,6 +1,14 @@
 #include "daemon/pipeline/settings.h"
 
 namespace sparsecar {
+namespace {
+
+template <typename T>
+T or_default(Expected<T> e) {
+  return e.ok() ? std::move(e).value() : T{};
+}
+
+}  // namespace
 
 policies::StaticSettings settings_from_config(const Config& config) {
   policies::StaticSettings s;
@@ -9,6 +17,73 @@ policies::StaticSettings settings_from_config(const Config& config) {
   s.density = config.density;
   s.threshold = config.threshold;
   return s;
+}
+
+policies::PlanSettings plan_settings_from_config(const Config& config) {
+  policies::PlanSettings p;
+  p.base = settings_from_config(config);
+  p.active = or_default(policies::parse_controllers(config.controller));
+  p.schedule.warmup_steps = config.schedule_warmup_steps;
+  p.schedule.ramp_steps = config.schedule_ramp_steps;
+  p.schedule.start_density = config.schedule_start_density;
+  p.schedule.end_density = config.schedule_end_density;
+  p.schedule.exponential = config.schedule_shape != "linear";
+  p.schedule.dense_every = config.schedule_dense_every;
+  p.layerwise.dense_below = config.layerwise_dense_below;
+  p.layerwise.small_kind_scale = config.layerwise_small_scale;
+  p.layerwise.embedding_scale = config.layerwise_embedding_scale;
+  p.layerwise.rules = or_default(policies::parse_sensitivity(config.layerwise_sensitivity));
+  p.tensor_scale = or_default(policies::parse_tensor_scales(config.tensor_density_scale));
+  p.density_min = config.density_min;
+  p.density_max = config.density_max;
+  p.density_cap = config.density_cap;
+  return p;
+}
+
+policies::ControllerSettings controller_settings_from_config(const Config& config) {
+  policies::ControllerSettings s;
+  s.active = or_default(policies::parse_controllers(config.controller));
+  s.world_size = config.world_size;
+  s.density_min = config.density_min;
+  s.density_max = config.density_max;
+  s.min_interval_steps = config.controller_interval_steps;
+  s.hysteresis = config.controller_hysteresis;
+  s.warmup_steps = config.schedule_warmup_steps;
+  s.gradnorm_jump = config.gradnorm_jump;
+  s.gradnorm_boost = config.gradnorm_boost;
+  s.gradnorm_boost_steps = config.gradnorm_boost_steps;
+  s.gradnorm_window = config.gradnorm_window;
+  s.gradnorm_steady_cv = config.gradnorm_steady_cv;
+  s.gradnorm_steady_scale = config.gradnorm_steady_scale;
+  s.frequency_max_scale = config.frequency_max_scale;
+  s.exchange_budget_ms = config.exchange_budget_ms;
+  s.exchange_budget_fraction = config.exchange_budget_fraction;
+  s.goodput_alpha = config.goodput_smoothing;
+  s.bandwidth_margin = config.bandwidth_margin;
+  s.bandwidth_allow_dense = config.bandwidth_allow_dense;
+  s.accuracy_tolerance = config.accuracy_tolerance;
+  s.accuracy_backoff = config.accuracy_backoff;
+  s.accuracy_tighten = config.accuracy_tighten;
+  s.accuracy_hold_steps = config.accuracy_hold_steps;
+  s.budget_total_elements = config.budget_total_elements;
+  s.budget_steps = config.budget_steps;
+  return s;
+}
+
+policies::ControlKnobs control_knobs_from_config(const Config& config) {
+  policies::ControlKnobs k;
+  k.compression = config.compression;
+  k.selector = config.selector;
+  k.density = config.density;
+  k.threshold = config.threshold;
+  k.density_cap = config.density_cap;
+  k.tensor_scale = or_default(policies::parse_tensor_scales(config.tensor_density_scale));
+  // `format` is a knob only once the codecs issue adds it; until then COO.
+  if (find_knob("format") != nullptr) {
+    auto text = get_knob(config, "format");
+    if (text.ok()) kernels::parse_format(*text, &k.format);
+  }
+  return k;
 }
 
 }  // namespace sparsecar

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "sparsecar/kernels/types.h"
 
@@ -43,6 +44,7 @@ struct TensorObservation {
   uint64_t elements = 0;
   uint64_t step = 0;
   uint32_t world_size = 1;
+  std::string_view name;  // the registered name (checked equal on every node at the first step)
 };
 
 // Compression off -> dense ring all-reduce; on -> the configured selector, COO values in fp32,

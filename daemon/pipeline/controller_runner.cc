@@ -1,0 +1,122 @@
+#include "daemon/pipeline/controller_runner.h"
+
+#include <cstdio>
+
+#include "daemon/pipeline/settings.h"
+#include "sparsecar/common/log.h"
+
+namespace sparsecar {
+namespace {
+
+// Steps kept waiting for a slow node's observation before they are given up.
+constexpr uint64_t kMaxPendingSteps = 16;
+
+std::string number(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+
+bool from_controller(const Decision& d) { return d.reason.rfind("controller", 0) == 0; }
+
+}  // namespace
+
+KnobChanges knob_changes(const Config& config, const policies::ControlKnobs& k) {
+  const policies::ControlKnobs now = control_knobs_from_config(config);
+  KnobChanges out;
+  if (k.compression != now.compression) out.emplace_back("compression", k.compression ? "on" : "off");
+  if (k.selector != now.selector) out.emplace_back("selector", std::string(kernels::selector_name(k.selector)));
+  if (k.density != now.density) out.emplace_back("density", number(k.density));
+  if (k.threshold != now.threshold) out.emplace_back("threshold", number(k.threshold));
+  if (k.density_cap != now.density_cap) out.emplace_back("density_cap", number(k.density_cap));
+  if (k.tensor_scale != now.tensor_scale) {
+    out.emplace_back("tensor_density_scale", policies::format_tensor_scales(k.tensor_scale));
+  }
+  if (k.format != now.format && find_knob("format") != nullptr) {
+    out.emplace_back("format", std::string(kernels::format_name(k.format)));
+  }
+  return out;
+}
+
+ControllerRunner::ControllerRunner(const Config& initial, DecisionBoard* board)
+    : board_(board), world_size_(initial.world_size), base_(initial) {}
+
+void ControllerRunner::add(const policies::NodeObservation& o) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (has_last_step_ && o.step <= last_step_) return;  // that step was already decided on
+  auto& v = pending_[o.step];
+  for (const auto& have : v) {
+    if (have.rank == o.rank) return;  // duplicate
+  }
+  v.push_back(o);
+  while (pending_.size() > kMaxPendingSteps) {
+    pending_.erase(pending_.begin());
+    ++dropped_;
+  }
+}
+
+void ControllerRunner::reset() {
+  std::lock_guard<std::mutex> lock(mu_);
+  pending_.clear();
+  has_last_step_ = false;
+}
+
+void ControllerRunner::refresh_base_locked() {
+  for (const Decision& d : board_->history()) {
+    if (d.epoch <= base_epoch_) continue;
+    base_epoch_ = d.epoch;
+    if (from_controller(d)) continue;
+    // An operator (or start-up) change: it becomes part of the base the controllers start from.
+    auto changes = parse_changes(d.changes);
+    if (!changes.ok()) continue;
+    for (const auto& [name, value] : *changes) set_knob(base_, name, value).ignore();
+  }
+}
+
+void ControllerRunner::poll() {
+  std::lock_guard<std::mutex> lock(mu_);
+  while (!pending_.empty()) {
+    auto it = pending_.begin();
+    // The oldest step waits for every node, unless a later step is already complete (then the
+    // oldest lost an observation and is given up).
+    if (it->second.size() < world_size_) {
+      bool later_complete = false;
+      for (auto j = std::next(it); j != pending_.end(); ++j) later_complete |= j->second.size() >= world_size_;
+      if (!later_complete) return;
+      pending_.erase(it);
+      ++dropped_;
+      continue;
+    }
+    const policies::JobObservation job = policies::merge_observations(it->second, world_size_);
+    has_last_step_ = true;
+    last_step_ = it->first;
+    pending_.erase(it);
+    ++observed_;
+
+    refresh_base_locked();
+    const Decision latest = board_->latest();
+    const Config& in_force = *latest.config;
+    policies::ControllerSettings settings = controller_settings_from_config(in_force);
+    policies::ControlKnobs base = control_knobs_from_config(base_);
+    auto proposal = loop_.update(settings, job, base, control_knobs_from_config(in_force));
+    if (!proposal) continue;
+    KnobChanges changes = knob_changes(in_force, proposal->knobs);
+    if (changes.empty()) continue;
+    auto d = board_->propose(changes, proposal->reason, std::chrono::steady_clock::now() + std::chrono::seconds(1));
+    if (!d.ok()) {
+      SC_LOG_WARN("%s: not applied: %s", proposal->reason.c_str(), d.status().to_string().c_str());
+    }
+  }
+}
+
+ControllerRunner::Snapshot ControllerRunner::snapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Snapshot s;
+  s.status = loop_.status();
+  s.active = board_->latest().config->controller;
+  s.steps_observed = observed_;
+  s.steps_dropped = dropped_;
+  return s;
+}
+
+}  // namespace sparsecar

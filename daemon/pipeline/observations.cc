@@ -1,0 +1,243 @@
+#include "daemon/pipeline/observations.h"
+
+#include <array>
+#include <bit>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <sstream>
+
+#include "daemon/pipeline/controller_runner.h"
+#include "daemon/pipeline/settings.h"
+#include "daemon/transport/wire.h"
+#include "sparsecar/common/log.h"
+
+namespace sparsecar {
+namespace {
+
+constexpr size_t kMaxMetricNames = 64;
+constexpr size_t kMaxTensorLines = 1 << 20;
+
+// Controllers that run on rank 0 (and so need measurements).
+constexpr policies::ControllerSet kRank0Controllers =
+    policies::bit(policies::ControllerKind::kGradNorm) | policies::bit(policies::ControllerKind::kFrequency) |
+    policies::bit(policies::ControllerKind::kBandwidth) | policies::bit(policies::ControllerKind::kAccuracy) |
+    policies::bit(policies::ControllerKind::kBudget) | policies::bit(policies::ControllerKind::kCost);
+
+double norm2(std::span<const float> x) {
+  double s = 0;
+  for (float v : x) s += static_cast<double>(v) * static_cast<double>(v);
+  return s;
+}
+
+}  // namespace
+
+std::string format_observation(const policies::NodeObservation& o) {
+  std::string out;
+  char buf[256];
+  auto line = [&](const char* key, double v) {
+    std::snprintf(buf, sizeof buf, "%s %.17g\n", key, v);
+    out += buf;
+  };
+  line("rank", o.rank);
+  line("step", static_cast<double>(o.step));
+  line("elements", static_cast<double>(o.elements));
+  line("nnz", static_cast<double>(o.nnz));
+  line("bytes_sent", static_cast<double>(o.bytes_sent));
+  line("dense_bytes", static_cast<double>(o.dense_bytes));
+  line("exchange_s", o.exchange_s);
+  line("encode_s", o.encode_s);
+  line("grad_norm2", o.grad_norm2);
+  line("residual_norm2", o.residual_norm2);
+  line("compute_s", o.compute_s);
+  if (o.has_loss) line("loss", o.loss);
+  if (o.has_loss_target) line("loss_target", o.loss_target);
+  for (const auto& t : o.tensors) {
+    std::snprintf(buf, sizeof buf, "tensor %u %llu %llu %.9g\n", t.tensor_id, static_cast<unsigned long long>(t.elements),
+                  static_cast<unsigned long long>(t.nnz), t.repeat_fraction);
+    out += buf;
+  }
+  return out;
+}
+
+Expected<policies::NodeObservation> parse_observation(std::string_view text) {
+  policies::NodeObservation o;
+  std::istringstream is{std::string(text)};
+  std::string key;
+  size_t tensors = 0;
+  while (is >> key) {
+    if (key == "tensor") {
+      policies::TensorStepObservation t;
+      if (!(is >> t.tensor_id >> t.elements >> t.nnz >> t.repeat_fraction) || ++tensors > kMaxTensorLines) {
+        return data_loss("observation: bad tensor line");
+      }
+      o.tensors.push_back(t);
+      continue;
+    }
+    double v = 0;
+    if (!(is >> v) || !std::isfinite(v)) return data_loss("observation: bad value for '" + key + "'");
+    if (key == "rank") {
+      o.rank = static_cast<uint32_t>(v);
+    } else if (key == "step") {
+      o.step = static_cast<uint64_t>(v);
+    } else if (key == "elements") {
+      o.elements = static_cast<uint64_t>(v);
+    } else if (key == "nnz") {
+      o.nnz = static_cast<uint64_t>(v);
+    } else if (key == "bytes_sent") {
+      o.bytes_sent = static_cast<uint64_t>(v);
+    } else if (key == "dense_bytes") {
+      o.dense_bytes = static_cast<uint64_t>(v);
+    } else if (key == "exchange_s") {
+      o.exchange_s = v;
+    } else if (key == "encode_s") {
+      o.encode_s = v;
+    } else if (key == "grad_norm2") {
+      o.grad_norm2 = v;
+    } else if (key == "residual_norm2") {
+      o.residual_norm2 = v;
+    } else if (key == "compute_s") {
+      o.compute_s = v;
+    } else if (key == "loss") {
+      o.loss = v;
+      o.has_loss = true;
+    } else if (key == "loss_target") {
+      o.loss_target = v;
+      o.has_loss_target = true;
+    }  // unknown keys: from a newer peer; ignored
+  }
+  return o;
+}
+
+ObservationCollector::ObservationCollector(uint32_t rank, uint64_t job_id, Transport* transport,
+                                           ControllerRunner* runner)
+    : rank_(rank), job_id_(job_id), transport_(transport), runner_(runner) {}
+
+void ObservationCollector::on_metric(const std::string& name, double value, uint64_t /*step*/) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (metrics_.size() >= kMaxMetricNames && metrics_.count(name) == 0) return;
+  metrics_[name] = value;
+}
+
+void ObservationCollector::on_reset() {
+  current_.reset();
+  records_ = 0;
+  last_selected_.clear();
+  if (runner_) runner_->reset();
+}
+
+void ObservationCollector::on_tensor_step(const TensorStepRecord& r, const Decision& decision) {
+  if (!active_config_ || decision.config.get() != active_config_.get()) {
+    active_config_ = decision.config;
+    auto parsed = decision.config ? policies::parse_controllers(decision.config->controller)
+                                  : Expected<policies::ControllerSet>(policies::ControllerSet{0});
+    active_ = parsed.ok() ? *parsed : 0;
+  }
+  const policies::ControllerSet active = active_;
+  // Counters always (rank 0 needs them to notice a controller was switched off and revert it);
+  // the passes over the data only while a controller listens.
+  const bool measure = (active & kRank0Controllers) != 0;
+  if (current_ && current_->step != r.step) finish(decision);  // a tensor of the last step never came
+  if (!current_) {
+    current_.emplace();
+    current_->rank = rank_;
+    current_->step = r.step;
+    records_ = 0;
+  }
+  expected_records_ = r.tensors_in_job;
+  auto& o = *current_;
+  ++records_;
+  o.elements += r.elements;
+  o.nnz += r.nnz;
+  o.bytes_sent += r.bytes_sent;
+  o.dense_bytes += r.dense_bytes;
+  o.exchange_s += r.exchange_s;
+  o.encode_s += r.encode_s;
+  if (measure) {
+    o.grad_norm2 += norm2(r.local_sum);
+    o.residual_norm2 += norm2(r.residual);
+  }
+  policies::TensorStepObservation t;
+  t.tensor_id = r.tensor_id;
+  t.elements = r.elements;
+  t.nnz = r.nnz;
+  if (policies::has(active, policies::ControllerKind::kFrequency) && r.ok && !r.plan.dense) {
+    // Selected coordinates are the residual's exact zeros after the commit (top-k/threshold
+    // clear what they send); compare with the previous step's zeros.
+    auto& bits = last_selected_[r.tensor_id];
+    const size_t words = (r.residual.size() + 63) / 64;
+    const bool had = bits.size() == words;
+    if (!had) bits.assign(words, 0);
+    uint64_t now = 0, both = 0;
+    for (size_t w = 0; w < words; ++w) {
+      uint64_t mask = 0;
+      const size_t end = std::min(r.residual.size(), (w + 1) * 64);
+      for (size_t i = w * 64; i < end; ++i) mask |= uint64_t{r.residual[i] == 0.0f} << (i - w * 64);
+      now += static_cast<uint64_t>(std::popcount(mask));
+      both += static_cast<uint64_t>(std::popcount(mask & bits[w]));
+      bits[w] = mask;
+    }
+    if (had && now > 0) t.repeat_fraction = static_cast<double>(both) / static_cast<double>(now);
+  }
+  o.tensors.push_back(t);
+  if (records_ >= expected_records_) finish(decision);
+}
+
+void ObservationCollector::finish(const Decision& decision) {
+  if (!current_) return;
+  policies::NodeObservation o = std::move(*current_);
+  current_.reset();
+  records_ = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const std::string metric = decision.config ? decision.config->controller_metric : "loss";
+    if (auto it = metrics_.find(metric); it != metrics_.end()) {
+      o.loss = it->second;
+      o.has_loss = true;
+    }
+    if (auto it = metrics_.find(metric + "_target"); it != metrics_.end()) {
+      o.loss_target = it->second;
+      o.has_loss_target = true;
+    }
+    if (auto it = metrics_.find("compute_time"); it != metrics_.end()) {
+      o.compute_s = it->second;
+    } else if (auto ms = metrics_.find("compute_time_ms"); ms != metrics_.end()) {
+      o.compute_s = ms->second / 1e3;
+    } else if (auto st = metrics_.find("step_time_ms"); st != metrics_.end()) {
+      o.compute_s = st->second / 1e3;
+    }
+  }
+  ++finished_;
+  if (runner_) {
+    runner_->add(o);
+    runner_->poll();
+  } else {
+    send_to_rank0(o);
+  }
+}
+
+void ObservationCollector::send_to_rank0(const policies::NodeObservation& o) {
+  if (transport_ == nullptr || rank_ == 0) return;
+  struct Buffers {
+    std::string text;
+    std::array<std::byte, wire::kHeaderBytes> header;
+  };
+  auto b = std::make_shared<Buffers>();
+  b->text = format_observation(o);
+  wire::WireHeader h{};
+  h.magic = wire::kMagic;
+  h.version = wire::kVersion;
+  h.kind = static_cast<uint16_t>(wire::Kind::kObservation);
+  h.job_id = job_id_;
+  h.sender_rank = rank_;
+  h.step = o.step;
+  auto payload = std::as_bytes(std::span<const char>(b->text.data(), b->text.size()));
+  h.payload_bytes = payload.size();
+  wire::seal(h, payload, std::span<std::byte, wire::kHeaderBytes>(b->header));
+  Status s = transport_->send(0, b->header, payload, [b](const Status& st) {
+    if (!st.ok()) SC_LOG_DEBUG("observation to rank 0 not delivered: %s", st.to_string().c_str());
+  });
+  if (!s.ok()) SC_LOG_DEBUG("cannot send an observation to rank 0: %s", s.to_string().c_str());
+}
+
+}  // namespace sparsecar

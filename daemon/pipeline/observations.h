@@ -1,0 +1,103 @@
+// Observations: what each node measures per step for the controllers, and how it reaches rank 0.
+//
+//   pipeline thread ── on_tensor_step() ──► ObservationCollector ── one NodeObservation per step
+//        (bytes, exchange and encode time,       │   rank 0: ControllerRunner::add() + poll()
+//         norms, repeat of the selection)        └── other ranks: kObservation message to rank 0
+//   session thread ── on_metric() ──► latest trainer metrics (loss, its target, compute time)
+//
+// Measurements cost nothing unless a controller needs them: norms (two passes over the tensor)
+// only while a rank-0 controller is active in the decision in force, the selection repeat (one
+// more pass and a bitmap per tensor) only while `frequency` is.
+//
+// Threads: on_tensor_step/on_reset on the pipeline thread; on_metric on the session thread
+// (guarded by a mutex). Messages go out through the Transport (any thread may send).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "daemon/pipeline/decisions.h"
+#include "daemon/transport/transport.h"
+#include "sparsecar/common/status.h"
+#include "sparsecar/policies/controllers.h"
+
+namespace sparsecar {
+
+class ControllerRunner;
+
+// One tensor step as the pipeline saw it. Spans are valid during the call only.
+struct TensorStepRecord {
+  uint32_t tensor_id = 0;
+  uint64_t step = 0;
+  uint32_t tensors_in_job = 1;  // tensors registered: a step is complete after this many records
+  uint64_t elements = 0;
+  bool ok = true;
+  policies::Plan plan;
+  uint64_t nnz = 0;
+  uint64_t bytes_sent = 0;
+  uint64_t dense_bytes = 0;
+  double exchange_s = 0;
+  double encode_s = 0;
+  std::span<const float> local_sum;
+  std::span<const float> residual;  // after commit/rollback
+};
+
+// The pipeline's view of whoever watches its steps (tests record plans through it).
+class StepObserver {
+ public:
+  virtual ~StepObserver() = default;
+  // Pipeline thread, after every tensor step (failed ones included), under `decision`.
+  virtual void on_tensor_step(const TensorStepRecord& record, const Decision& decision) = 0;
+  // Session thread: a trainer reported a named scalar.
+  virtual void on_metric(const std::string& name, double value, uint64_t step) = 0;
+  // Pipeline thread: job reset.
+  virtual void on_reset() = 0;
+};
+
+// NodeObservation <-> the kObservation payload ("key value" lines, then "tensor id elements nnz
+// repeat" lines). parse rejects unknown shapes with kDataLoss.
+std::string format_observation(const policies::NodeObservation& o);
+Expected<policies::NodeObservation> parse_observation(std::string_view text);
+
+class ObservationCollector final : public StepObserver {
+ public:
+  // `runner` is set on rank 0 only; `transport` may be null when world_size == 1.
+  ObservationCollector(uint32_t rank, uint64_t job_id, Transport* transport, ControllerRunner* runner);
+
+  void on_tensor_step(const TensorStepRecord& record, const Decision& decision) override;
+  void on_metric(const std::string& name, double value, uint64_t step) override;
+  void on_reset() override;
+
+  // Observations finished so far (for tests and status).
+  uint64_t finished() const { return finished_; }
+
+ private:
+  void finish(const Decision& decision);
+  void send_to_rank0(const policies::NodeObservation& o);
+
+  const uint32_t rank_;
+  const uint64_t job_id_;
+  Transport* const transport_;
+  ControllerRunner* const runner_;
+
+  // Pipeline thread.
+  std::optional<policies::NodeObservation> current_;
+  uint32_t records_ = 0;
+  uint32_t expected_records_ = 0;
+  std::map<uint32_t, std::vector<uint64_t>> last_selected_;  // tensor -> bitmap of last step's zeros
+  uint64_t finished_ = 0;
+  std::shared_ptr<const Config> active_config_;  // the decision config active_ was parsed from
+  policies::ControllerSet active_ = 0;
+
+  // Session thread -> pipeline thread.
+  std::mutex mu_;
+  std::map<std::string, double> metrics_;  // guarded by mu_: latest value per name (capped)
+};
+
+}  // namespace sparsecar

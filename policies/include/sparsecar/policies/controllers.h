@@ -1,0 +1,213 @@
+// Job-level controllers: observations of finished steps in, live knob values out.
+//
+// They run on rank 0 only (daemon/pipeline/controller_runner.h), fed with what every node
+// measured (NodeObservation, piggybacked to rank 0 as kObservation messages) merged into one
+// JobObservation per step. They act by proposing knob values (ControlKnobs); the daemon turns a
+// proposal into a decision epoch (daemon/pipeline/decisions.h), so every node switches at the
+// same step and per-tensor plans (tensor_plan.h) stay identical everywhere.
+//
+// Like NCCL's tuner plugins, a controller is versioned and works on plain structs only: no
+// clock (time comes in the observations), no I/O, no randomness. Fed the same observations in
+// the same order it makes the same proposals, so tests drive it with scripted traces. A
+// controller that fails (error, non-finite or out-of-range output) makes the ControlLoop fall
+// back to the static knobs (the operator's) and stay there.
+//
+// Composition: the active controllers run in a fixed order, each refining what the previous one
+// proposed, starting from the operator's knobs (`base`):
+//   accuracy (density multiplier) -> gradnorm (temporary boost / relax) -> budget (lambda)
+//   -> frequency (per-tensor scales) -> bandwidth (density cap, dense-vs-sparse) -> cost
+//   (collective and format for the final density)
+// The ControlLoop then rate-limits (min steps between proposals) and applies hysteresis
+// (relative change needed) against the knobs in force.
+//
+// Thread-safety: none; a ControlLoop is owned by one thread.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "sparsecar/common/status.h"
+#include "sparsecar/policies/plan.h"
+#include "sparsecar/policies/tensor_plan.h"
+
+namespace sparsecar::policies {
+
+// ---- observations -----------------------------------------------------------------------------
+struct TensorStepObservation {
+  uint32_t tensor_id = 0;
+  uint64_t elements = 0;
+  uint64_t nnz = 0;               // selected this step (elements for a dense step)
+  double repeat_fraction = -1.0;  // share of this step's selection also selected last step; < 0 unknown
+};
+
+// What one node measured for one step (all its tensors). Times are durations in seconds.
+struct NodeObservation {
+  uint32_t rank = 0;
+  uint64_t step = 0;
+  uint64_t elements = 0;        // Σ tensor elements
+  uint64_t nnz = 0;             // Σ selected elements
+  uint64_t bytes_sent = 0;      // Σ bytes this node sent for the step, headers included
+  uint64_t dense_bytes = 0;     // what a dense ring would have sent
+  double exchange_s = 0;        // Σ wall time of the collectives (send to last receive)
+  double encode_s = 0;          // Σ time in EF + select + encode
+  double grad_norm2 = 0;        // Σ ||local sum||^2 (this node's gradient)
+  double residual_norm2 = 0;    // Σ ||residual||^2 after the step (the compression error e_t)
+  double compute_s = -1;        // trainer-reported compute time of the step; < 0 unknown
+  double loss = 0;              // trainer-reported metric (controller_metric), if has_loss
+  bool has_loss = false;
+  double loss_target = 0;       // trainer-reported "<metric>_target", if has_loss_target
+  bool has_loss_target = false;
+  std::vector<TensorStepObservation> tensors;
+};
+
+// One step of the whole job (merge_observations of every node's NodeObservation).
+struct JobObservation {
+  uint64_t step = 0;
+  uint32_t world_size = 1;
+  uint32_t nodes = 0;           // observations merged (== world_size when complete)
+  uint64_t elements = 0;        // per node
+  double nnz = 0;               // mean selected elements per node
+  uint64_t bytes_sent = 0;      // the most any node sent
+  double exchange_s = 0;        // the slowest node's exchange time
+  double goodput_Bps = 0;       // min over nodes of bytes_sent / exchange_s (0 unknown)
+  double encode_s = 0;          // the slowest node's encode time
+  double compute_s = -1;        // the slowest trainer's compute time; < 0 unknown
+  double grad_norm2 = 0;        // Σ over nodes
+  double residual_norm2 = 0;    // Σ over nodes: this step's ||e_t||^2
+  double loss = 0;              // mean over nodes that reported
+  bool has_loss = false;
+  double loss_target = 0;
+  bool has_loss_target = false;
+  std::vector<TensorStepObservation> tensors;  // per tensor: nnz and repeat averaged over nodes
+};
+
+JobObservation merge_observations(std::span<const NodeObservation> nodes, uint32_t world_size);
+
+// ---- what controllers change ------------------------------------------------------------------
+// Mirrors the live knobs of the same names (daemon/config/knobs.h).
+struct ControlKnobs {
+  bool compression = true;
+  kernels::Selector selector = kernels::Selector::kTopk;
+  double density = 0.01;
+  double threshold = 1e-3;
+  double density_cap = 1.0;
+  TensorScales tensor_scale;
+  kernels::Format format = kernels::Format::kCoo;
+};
+bool operator==(const ControlKnobs& a, const ControlKnobs& b);
+
+// Every controller parameter; each is a knob (daemon/pipeline/settings.cc fills this).
+struct ControllerSettings {
+  ControllerSet active = 0;
+  uint32_t world_size = 1;
+  double density_min = 1e-5;
+  double density_max = 1.0;
+  uint64_t min_interval_steps = 2;  // at least this many steps between two proposals
+  double hysteresis = 0.1;          // relative density change needed to propose (lambda: a quarter)
+  uint64_t warmup_steps = 0;        // the schedule's dense warm-up (accuracy fits its trend)
+  // gradnorm
+  double gradnorm_jump = 2.0;        // norm / running mean above this = a jump
+  double gradnorm_boost = 4.0;       // density multiplier after a jump
+  uint64_t gradnorm_boost_steps = 20;
+  uint64_t gradnorm_window = 20;     // steadiness window
+  double gradnorm_steady_cv = 0.05;  // coefficient of variation below this = steady
+  double gradnorm_steady_scale = 0.5;
+  // frequency
+  double frequency_max_scale = 4.0;
+  double frequency_alpha = 0.2;
+  // bandwidth
+  double exchange_budget_ms = 0;     // > 0: fixed exchange budget per step
+  double exchange_budget_fraction = 1.0;  // else: this fraction of the reported compute time
+  double goodput_alpha = 0.3;        // EMA weight of a new goodput sample (drops/jumps of 2x reset it)
+  double bandwidth_margin = 0.15;    // aim at (1 - margin) of the budget
+  bool bandwidth_allow_dense = true; // go dense (ring) when even that fits the budget
+  // accuracy
+  double accuracy_tolerance = 0.02;  // relative loss gap that triggers a back-off
+  double accuracy_backoff = 2.0;     // density multiplier when behind
+  double accuracy_tighten = 0.9;     // density multiplier when on track (gap < tolerance / 2)
+  uint64_t accuracy_hold_steps = 5;  // steps between two moves (lets the last one show)
+  double accuracy_alpha = 0.3;       // EMA weight of the loss
+  // budget
+  double budget_total_elements = 0;  // elements each node may send over the run (0 = off)
+  uint64_t budget_steps = 0;         // length of the run in steps
+  uint64_t budget_settle_steps = 3;  // observations to skip after a lambda change
+};
+
+// What one controller reports about itself (for status and metrics).
+struct ControlStatus {
+  bool failed = false;
+  std::string failure;              // why the loop fell back to static
+  uint64_t proposals = 0;
+  std::string last_reason;
+  uint64_t last_step = 0;           // step of the last observation used
+  double goodput_Bps = 0;           // smoothed
+  double exchange_budget_s = 0;     // 0 unknown
+  double predicted_exchange_s = 0;  // for the knobs proposed/in force
+  double accuracy_gap = 0;          // relative, smoothed
+  double accuracy_target = 0;
+  double budget_used_elements = 0;
+  double total_error = 0;           // Σ_t ||e_t||^2 since the loop started (hard-threshold paper)
+};
+
+// Shared per-step context for the controllers.
+struct ControlContext {
+  const ControllerSettings& settings;
+  const JobObservation& obs;
+  const ControlKnobs& base;  // the operator's knobs
+  double goodput_Bps = 0;    // smoothed link estimate (0 unknown)
+  ControlStatus* status = nullptr;
+};
+
+class Controller {
+ public:
+  virtual ~Controller() = default;
+  virtual ControllerKind kind() const = 0;
+  virtual uint32_t version() const = 0;
+  // Refines *knobs (holding the previous controllers' proposal). Errors make the loop fall back.
+  virtual Status update(const ControlContext& ctx, ControlKnobs* knobs) = 0;
+};
+std::unique_ptr<Controller> make_controller(ControllerKind kind);
+
+// ---- cost model ---------------------------------------------------------------------------------
+inline constexpr uint64_t kWireHeaderBytes = 72;
+// Bytes one node sends for a sparse all-gather of a tensor with nnz kept, in the smallest format
+// kernels::encoded_bytes knows (fp32 values); *format gets that format.
+uint64_t sparse_allgather_bytes(uint64_t elements, uint64_t nnz, uint32_t world, kernels::Format* format);
+// Bytes one node sends in a dense ring all-reduce (2(W-1) chunks of about n/W fp32).
+uint64_t ring_allreduce_bytes(uint64_t elements, uint32_t world);
+// Per node bytes of a whole step at `density` (top-k counts per tensor), sparse vs dense.
+uint64_t step_sparse_bytes(std::span<const TensorStepObservation> tensors, double density, uint32_t world);
+uint64_t step_dense_bytes(std::span<const TensorStepObservation> tensors, uint32_t world);
+
+// ---- the loop -------------------------------------------------------------------------------
+class ControlLoop {
+ public:
+  struct Proposal {
+    ControlKnobs knobs;
+    std::string reason;  // "controller bandwidth,accuracy: ..."
+  };
+
+  // One step's observation (steps increasing). `base`: the operator's knobs; `in_force`: the
+  // newest decided knobs. Returns a proposal when the chain wants a change that passes the rate
+  // limit and hysteresis. After a failure it proposes `base` once and then nothing.
+  std::optional<Proposal> update(const ControllerSettings& settings, const JobObservation& obs,
+                                 const ControlKnobs& base, const ControlKnobs& in_force);
+
+  const ControlStatus& status() const { return status_; }
+
+ private:
+  std::array<std::unique_ptr<Controller>, kControllerKindCount> controllers_{};
+  ControlStatus status_;
+  bool has_goodput_ = false;
+  double goodput_ = 0;
+  bool proposed_ = false;
+  uint64_t last_proposal_step_ = 0;
+  bool fallback_sent_ = false;
+};
+
+}  // namespace sparsecar::policies

@@ -1,0 +1,376 @@
+// Job-level controllers driven by scripted observations. The "fake clock" is the step counter
+// and the durations in the observations; a decision proposed after step s takes effect at
+// s + 2, as decision epochs do in the daemon. No sleeps, no threads.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <optional>
+#include <vector>
+
+#include "sparsecar/policies/controllers.h"
+
+namespace sparsecar::policies {
+namespace {
+
+// A job seen from rank 0: the decisions made so far, each effective two steps after it was made.
+struct FakeJob {
+  FakeJob(ControllerSettings s, ControlKnobs b) : settings(s), base(b) { decisions.push_back({0, b}); }
+
+  ControlKnobs at(uint64_t step) const {
+    ControlKnobs k = decisions.front().second;
+    for (const auto& [eff, d] : decisions) {
+      if (eff <= step) k = d;
+    }
+    return k;
+  }
+  const ControlKnobs& latest() const { return decisions.back().second; }
+
+  std::optional<ControlLoop::Proposal> feed(const JobObservation& o) {
+    auto p = loop.update(settings, o, base, latest());
+    if (p) {
+      decisions.push_back({o.step + 2, p->knobs});
+      proposal_steps.push_back(o.step);
+    }
+    return p;
+  }
+
+  ControllerSettings settings;
+  ControlKnobs base;
+  ControlLoop loop;
+  std::vector<std::pair<uint64_t, ControlKnobs>> decisions;
+  std::vector<uint64_t> proposal_steps;
+};
+
+std::vector<TensorStepObservation> model(std::initializer_list<uint64_t> sizes) {
+  std::vector<TensorStepObservation> t;
+  uint32_t id = 0;
+  for (uint64_t n : sizes) t.push_back({id++, n, 0, -1});
+  return t;
+}
+
+// The simulated link: bytes the knobs in force put on the wire, at `bandwidth` bytes/s.
+JobObservation link_step(uint64_t step, const ControlKnobs& k, const std::vector<TensorStepObservation>& tensors,
+                         uint32_t world, double bandwidth, double compute_s) {
+  JobObservation o;
+  o.step = step;
+  o.world_size = world;
+  o.nodes = world;
+  o.tensors = tensors;
+  for (const auto& t : tensors) o.elements += t.elements;
+  o.bytes_sent = k.compression ? step_sparse_bytes(tensors, std::min(k.density, k.density_cap), world)
+                               : step_dense_bytes(tensors, world);
+  o.exchange_s = static_cast<double>(o.bytes_sent) / bandwidth;
+  o.goodput_Bps = bandwidth;
+  o.compute_s = compute_s;
+  return o;
+}
+
+ControllerSettings with(ControllerSet active, uint32_t world = 4) {
+  ControllerSettings s;
+  s.active = active;
+  s.world_size = world;
+  s.density_min = 1e-4;
+  return s;
+}
+
+TEST(BandwidthControllerTest, TenfoldDropIsBackWithinBudgetInAFewStepsAndStays) {
+  // 4 nodes, 25M parameters, compute 20 ms = the budget. At 10 GB/s the dense ring fits
+  // (150 MB per node, 15 ms); at 1 GB/s (from step 40) only a sparse plan does, and density 0.05
+  // (30 MB, 30 ms) does not: the controller must cap it.
+  const auto tensors = model({20'000'000, 5'000'000});
+  ControlKnobs base;
+  base.density = 0.05;
+  FakeJob job(with(bit(ControllerKind::kBandwidth)), base);
+  const double budget = 0.02;
+  std::optional<uint64_t> back_in_budget;
+  for (uint64_t s = 0; s < 100; ++s) {
+    const double bw = s < 40 ? 1e10 : 1e9;
+    const auto o = link_step(s, job.at(s), tensors, 4, bw, budget);
+    if (s >= 40 && !back_in_budget && o.exchange_s <= budget) back_in_budget = s;
+    if (back_in_budget) {
+      EXPECT_LE(o.exchange_s, budget) << "step " << s << ": over budget after recovering";
+    }
+    if (s < 40 && s >= 3) {
+      EXPECT_FALSE(job.at(s).compression) << "the dense ring fits at 10 GB/s (step " << s << ")";
+    }
+    job.feed(o);
+  }
+  ASSERT_TRUE(back_in_budget.has_value());
+  EXPECT_LE(*back_in_budget - 40, 3u) << "reacts within a few steps";
+  const ControlKnobs end = job.latest();
+  EXPECT_TRUE(end.compression);
+  EXPECT_LT(end.density_cap, 0.05);
+  EXPECT_GE(end.density_cap, job.settings.density_min);
+  EXPECT_LE(job.loop.status().predicted_exchange_s, budget * (1 - job.settings.bandwidth_margin) * 1.001);
+  // Rate limit: proposals at least min_interval_steps apart.
+  for (size_t i = 1; i < job.proposal_steps.size(); ++i) {
+    EXPECT_GE(job.proposal_steps[i] - job.proposal_steps[i - 1], job.settings.min_interval_steps);
+  }
+  EXPECT_LE(job.proposal_steps.size(), 4u) << "no churn on a steady link";
+}
+
+TEST(BandwidthControllerTest, BandwidthRecoveryLiftsTheCapAndTheFloorHolds) {
+  const auto tensors = model({10'000'000});
+  ControlKnobs base;
+  base.density = 0.01;
+  ControllerSettings s = with(bit(ControllerKind::kBandwidth));
+  s.exchange_budget_ms = 5;
+  s.bandwidth_allow_dense = false;
+  s.density_min = 0.001;
+  FakeJob job(s, base);
+  for (uint64_t step = 0; step < 60; ++step) {
+    // 1 GB/s, then 10 MB/s (nothing but the floor fits), then 1 GB/s again.
+    const double bw = step < 20 ? 1e9 : step < 40 ? 1e7 : 1e9;
+    job.feed(link_step(step, job.at(step), tensors, 4, bw, -1));
+    if (step == 30) {
+      EXPECT_EQ(job.latest().density_cap, 0.001) << "the quality floor, even over budget";
+    }
+  }
+  EXPECT_EQ(job.latest().density_cap, 1.0) << "back to the operator's density";
+  EXPECT_TRUE(job.latest().compression);
+}
+
+TEST(BandwidthControllerTest, NoBudgetKnownMeansNoChange) {
+  ControlKnobs base;
+  FakeJob job(with(bit(ControllerKind::kBandwidth)), base);
+  for (uint64_t s = 0; s < 20; ++s) {
+    EXPECT_FALSE(job.feed(link_step(s, job.at(s), model({1000000}), 4, 1e6, /*compute unknown*/ -1)));
+  }
+}
+
+// A plant whose loss falls behind a target when the density is below 0.004.
+double plant_gap(double density) { return density >= 0.004 ? 0.005 : 0.2 * (0.004 - density) / 0.004 + 0.005; }
+
+TEST(AccuracyControllerTest, BacksOffWhenBehindTightensWhenOnTrackWithinBounds) {
+  ControlKnobs base;
+  base.density = 0.0005;  // pushed too hard
+  ControllerSettings s = with(bit(ControllerKind::kAccuracy));
+  s.density_max = 0.05;
+  FakeJob job(s, base);
+  std::vector<uint64_t> moves;
+  double last = base.density;
+  for (uint64_t step = 0; step < 300; ++step) {
+    const ControlKnobs k = job.at(step);
+    JobObservation o;
+    o.step = step;
+    o.has_loss = true;
+    o.has_loss_target = true;
+    o.loss_target = 1.0 + 10.0 / (step + 1.0);
+    o.loss = o.loss_target * (1 + plant_gap(k.density));
+    job.feed(o);
+    EXPECT_LE(job.latest().density, s.density_max);
+    EXPECT_GE(job.latest().density, s.density_min);
+    if (job.latest().density != last) {
+      moves.push_back(step);
+      last = job.latest().density;
+    }
+    if (step == 40) {
+      EXPECT_GE(job.at(step).density, 0.004) << "backed off within 40 steps";
+    }
+  }
+  EXPECT_LT(std::fabs(job.loop.status().accuracy_gap), s.accuracy_tolerance) << "gap recovered";
+  // Hysteresis: it settles near the boundary instead of flapping every hold period.
+  for (size_t i = 1; i < moves.size(); ++i) EXPECT_GE(moves[i] - moves[i - 1], s.accuracy_hold_steps);
+  EXPECT_LT(moves.size(), 60u);
+}
+
+TEST(AccuracyControllerTest, TargetFromTheDenseWarmupTrend) {
+  ControlKnobs base;
+  base.density = 0.01;
+  ControllerSettings s = with(bit(ControllerKind::kAccuracy));
+  s.warmup_steps = 10;
+  FakeJob job(s, base);
+  for (uint64_t step = 0; step < 60; ++step) {
+    JobObservation o;
+    o.step = step;
+    o.has_loss = true;
+    const double trend = 0.3 + 2.0 / (step + 1.0);
+    o.loss = step < 30 ? trend : trend * 1.2;  // degrades at step 30
+    job.feed(o);
+    if (step == 25) {
+      EXPECT_NEAR(job.loop.status().accuracy_target, trend, 1e-9) << "fitted a + b/(t+1)";
+      EXPECT_LE(job.latest().density, base.density) << "on track: no back-off";
+    }
+  }
+  EXPECT_GT(job.latest().density, base.density) << "a degrading loss backs compression off";
+}
+
+TEST(BudgetControllerTest, LandsWithin5PercentOfTheRunBudgetAndExportsTotalError) {
+  // Plant: with error feedback the steady-state volume of a hard threshold is ~ C / lambda.
+  const double C = 2e4;  // per node: nnz = C / lambda
+  ControlKnobs base;
+  base.threshold = 0.01;  // 10x too low: would send 2e6 per step
+  ControllerSettings s = with(bit(ControllerKind::kBudget));
+  s.budget_total_elements = 4e7;
+  s.budget_steps = 400;  // 1e5 per step -> lambda 0.2
+  FakeJob job(s, base);
+  double sent = 0, error = 0;
+  for (uint64_t step = 0; step < s.budget_steps; ++step) {
+    const ControlKnobs k = job.at(step);
+    JobObservation o;
+    o.step = step;
+    o.world_size = 4;
+    ASSERT_EQ(k.selector, step < 2 ? kernels::Selector::kTopk : kernels::Selector::kThreshold);
+    const double wobble = 1.0 + 0.1 * std::sin(0.3 * static_cast<double>(step));
+    o.nnz = k.selector == kernels::Selector::kThreshold ? C / k.threshold * wobble : 0.01 * 1e7;
+    o.residual_norm2 = k.threshold * k.threshold * 1e3;
+    sent += o.nnz;
+    error += o.residual_norm2;
+    job.feed(o);
+  }
+  EXPECT_LT(std::fabs(sent - s.budget_total_elements) / s.budget_total_elements, 0.05) << sent;
+  EXPECT_NEAR(job.loop.status().total_error, error, 1e-6 * error);
+  EXPECT_NEAR(job.loop.status().budget_used_elements, sent, 1e-6 * sent);
+  // "Slowly" once calibrated: the last 300 steps change lambda by at most 20 % a time.
+  for (size_t i = 1; i < job.decisions.size(); ++i) {
+    if (job.decisions[i].first < 100) continue;
+    const double r = job.decisions[i].second.threshold / job.decisions[i - 1].second.threshold;
+    EXPECT_LE(r, 1.2 + 1e-9);
+    EXPECT_GE(r, 1 / 1.2 - 1e-9);
+  }
+}
+
+TEST(GradNormControllerTest, JumpBoostsSteadyRelaxes) {
+  ControlKnobs base;
+  base.density = 0.01;
+  ControllerSettings s = with(bit(ControllerKind::kGradNorm));
+  s.gradnorm_window = 10;
+  s.gradnorm_boost_steps = 10;
+  FakeJob job(s, base);
+  auto feed = [&](uint64_t step, double norm) {
+    JobObservation o;
+    o.step = step;
+    o.grad_norm2 = norm * norm;
+    job.feed(o);
+  };
+  for (uint64_t t = 0; t < 30; ++t) feed(t, 1.0 + 0.001 * (t % 3));  // small and steady
+  EXPECT_NEAR(job.latest().density, 0.005, 1e-12) << "steady -> sparser";
+  feed(30, 5.0);  // LR change: the norm jumps
+  EXPECT_NEAR(job.latest().density, 0.04, 1e-12) << "jump -> 4x density at once";
+  for (uint64_t t = 31; t < 40; ++t) feed(t, 5.0 - 0.3 * (t - 30));
+  EXPECT_NEAR(job.latest().density, 0.04, 1e-12) << "boost lasts boost_steps";
+  for (uint64_t t = 40; t < 46; ++t) feed(t, 2.0 + 0.2 * (t % 2));
+  EXPECT_NEAR(job.latest().density, 0.01, 1e-12) << "then back to the base density";
+}
+
+TEST(FrequencyControllerTest, OftenReselectedTensorsGetMoreDensityBounded) {
+  ControlKnobs base;
+  ControllerSettings s = with(bit(ControllerKind::kFrequency));
+  s.frequency_max_scale = 4;
+  FakeJob job(s, base);
+  for (uint64_t t = 0; t < 30; ++t) {
+    JobObservation o;
+    o.step = t;
+    o.tensors = {{0, 1000000, 10000, 0.9}, {1, 1000000, 10000, 0.3}, {2, 1000000, 10000, 0.001}};
+    job.feed(o);
+  }
+  const auto& sc = job.latest().tensor_scale;
+  ASSERT_EQ(sc.size(), 3u);
+  EXPECT_GT(sc.at(0), 1.0);
+  EXPECT_LT(sc.at(2), 1.0);
+  EXPECT_GE(sc.at(2), 0.25) << "bounded by 1/frequency_max_scale";
+  EXPECT_LE(sc.at(0), 4.0);
+}
+
+TEST(CostControllerTest, DenseRingAboveOneOverWSparseBelowExactSizes) {
+  // Sparse all-gather costs (W-1)(72 + 8k); the ring 2(W-1)(72 + 4n/W): break-even k/n ~ 1/W.
+  const auto tensors = model({1 << 20});
+  EXPECT_EQ(sparse_allgather_bytes(1 << 20, 1000, 8, nullptr), 7u * (72 + 8000));
+  EXPECT_EQ(ring_allreduce_bytes(1 << 20, 8), 14u * (72 + 4 * (1 << 17)));
+  for (double d : {0.001, 0.05, 0.3}) {
+    ControlKnobs base;
+    base.density = d;
+    FakeJob job(with(bit(ControllerKind::kCost), 8), base);
+    for (uint64_t s = 0; s < 5; ++s) job.feed(link_step(s, job.at(s), tensors, 8, 1e9, -1));
+    EXPECT_EQ(job.latest().compression, d < 1.0 / 8) << "density " << d;
+    EXPECT_EQ(job.latest().format, kernels::Format::kCoo);
+  }
+}
+
+TEST(ControlLoopTest, SwitchingAControllerOffRevertsToTheOperatorKnobs) {
+  const auto tensors = model({20'000'000});
+  ControlKnobs base;
+  base.density = 0.05;
+  FakeJob job(with(bit(ControllerKind::kBandwidth)), base);
+  for (uint64_t s = 0; s < 10; ++s) job.feed(link_step(s, job.at(s), tensors, 4, 1e7, 0.05));
+  ASSERT_LT(job.latest().density_cap, 1.0);
+  job.settings.active = 0;  // controller = static
+  for (uint64_t s = 10; s < 14; ++s) job.feed(link_step(s, job.at(s), tensors, 4, 1e7, 0.05));
+  EXPECT_EQ(job.latest(), base);
+}
+
+TEST(ControlLoopTest, AFailingControllerFallsBackToStaticOnce) {
+  ControlKnobs base;
+  base.threshold = 0;  // the budget controller cannot scale a zero lambda: its output is invalid
+  ControllerSettings s = with(bit(ControllerKind::kBudget));
+  s.budget_total_elements = 1e6;
+  s.budget_steps = 100;
+  FakeJob job(s, base);
+  JobObservation o;
+  o.nnz = 1e5;
+  // First step: the controller's proposal is rejected (threshold 0 is out of range).
+  auto p = job.feed(o);
+  EXPECT_TRUE(job.loop.status().failed);
+  EXPECT_NE(job.loop.status().failure.find("budget"), std::string::npos) << job.loop.status().failure;
+  EXPECT_FALSE(p.has_value()) << "in force == base: nothing to undo";
+  for (uint64_t step = 1; step < 10; ++step) {
+    o.step = step;
+    EXPECT_FALSE(job.feed(o).has_value());
+  }
+}
+
+TEST(ControlLoopTest, SameObservationsSameDecisions) {
+  auto run = [] {
+    const auto tensors = model({3'000'000, 100'000});
+    ControlKnobs base;
+    base.density = 0.02;
+    ControllerSettings s =
+        with(bit(ControllerKind::kBandwidth) | bit(ControllerKind::kGradNorm) | bit(ControllerKind::kCost));
+    FakeJob job(s, base);
+    for (uint64_t step = 0; step < 80; ++step) {
+      auto o = link_step(step, job.at(step), tensors, 4, step < 30 ? 5e8 : 5e7, 0.02);
+      o.grad_norm2 = 1.0 + (step == 50 ? 30 : 0);
+      job.feed(o);
+    }
+    return job.decisions;
+  };
+  auto a = run(), b = run();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].first, b[i].first);
+    EXPECT_EQ(a[i].second, b[i].second);
+  }
+}
+
+TEST(MergeTest, SlowestNodeAndSums) {
+  NodeObservation a, b;
+  a.step = b.step = 7;
+  a.bytes_sent = 1000;
+  a.exchange_s = 0.001;  // 1 MB/s
+  b.bytes_sent = 1000;
+  b.exchange_s = 0.01;  // 100 kB/s: the slow link
+  a.nnz = 10;
+  b.nnz = 30;
+  a.residual_norm2 = 1;
+  b.residual_norm2 = 2;
+  a.has_loss = true;
+  a.loss = 3;
+  a.tensors = {{0, 100, 10, 0.5}};
+  b.tensors = {{0, 100, 30, -1}};
+  NodeObservation both[] = {a, b};
+  JobObservation j = merge_observations(both, 2);
+  EXPECT_EQ(j.step, 7u);
+  EXPECT_EQ(j.nodes, 2u);
+  EXPECT_DOUBLE_EQ(j.goodput_Bps, 1e5);
+  EXPECT_DOUBLE_EQ(j.exchange_s, 0.01);
+  EXPECT_DOUBLE_EQ(j.nnz, 20);
+  EXPECT_DOUBLE_EQ(j.residual_norm2, 3);
+  EXPECT_TRUE(j.has_loss);
+  EXPECT_DOUBLE_EQ(j.loss, 3);
+  ASSERT_EQ(j.tensors.size(), 1u);
+  EXPECT_EQ(j.tensors[0].nnz, 20u);
+  EXPECT_DOUBLE_EQ(j.tensors[0].repeat_fraction, 0.5);
+}
+
+}  // namespace
+}  // namespace sparsecar::policies

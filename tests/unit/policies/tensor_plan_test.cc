@@ -1,0 +1,147 @@
+// Per-tensor plans: schedules, layer-wise rules, per-tensor scales and bounds, as pure
+// functions of (knobs, tensor, step).
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "sparsecar/policies/tensor_plan.h"
+
+namespace sparsecar::policies {
+namespace {
+
+PlanSettings topk(double density, ControllerSet active) {
+  PlanSettings p;
+  p.base.compression = true;
+  p.base.selector = kernels::Selector::kTopk;
+  p.base.density = density;
+  p.active = active;
+  return p;
+}
+
+TensorObservation tensor(uint64_t step, uint64_t elements = 1 << 20, std::string_view name = "fc.weight",
+                         uint32_t id = 0) {
+  TensorObservation o;
+  o.tensor_id = id;
+  o.elements = elements;
+  o.step = step;
+  o.world_size = 4;
+  o.name = name;
+  return o;
+}
+
+TEST(TensorPlanTest, ControllerListsParseAndPrintCanonically) {
+  auto set = parse_controllers(" bandwidth, schedule ,static");
+  ASSERT_TRUE(set.ok());
+  EXPECT_TRUE(has(*set, ControllerKind::kBandwidth));
+  EXPECT_TRUE(has(*set, ControllerKind::kSchedule));
+  EXPECT_EQ(format_controllers(*set), "schedule,bandwidth");
+  EXPECT_EQ(format_controllers(*parse_controllers("static")), "static");
+  EXPECT_EQ(*parse_controllers(""), 0u);
+  auto bad = parse_controllers("schedule,magic");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("magic"), std::string::npos);
+}
+
+TEST(TensorPlanTest, StaticAloneIsExactlyTheStaticPolicy) {
+  PlanSettings p = topk(0.7, 0);  // even a density the plan controllers would send dense
+  p.density_cap = 1e-3;           // and a cap: ignored by the static policy
+  Plan plan = plan_tensor(p, tensor(5));
+  EXPECT_FALSE(plan.dense);
+  EXPECT_EQ(plan.density, 0.7);
+}
+
+TEST(TensorPlanTest, WarmupRampAndPeriodicDense) {
+  PlanSettings p = topk(0.001, bit(ControllerKind::kSchedule));
+  p.schedule.warmup_steps = 3;
+  p.schedule.ramp_steps = 4;
+  p.schedule.start_density = 0.25;
+  p.schedule.dense_every = 10;
+  for (uint64_t s = 0; s < 3; ++s) EXPECT_TRUE(plan_tensor(p, tensor(s)).dense) << s;
+  // Geometric 0.25 -> 0.001 over 4 steps: 0.25, 0.0628, 0.0158, 0.00397, then 0.001.
+  const double expect[] = {0.25, 0.25 * std::pow(0.004, 0.25), 0.25 * std::pow(0.004, 0.5),
+                           0.25 * std::pow(0.004, 0.75), 0.001, 0.001};
+  for (uint64_t t = 0; t < 6; ++t) {
+    Plan plan = plan_tensor(p, tensor(3 + t));
+    ASSERT_FALSE(plan.dense) << t;
+    EXPECT_NEAR(plan.density, expect[t], 1e-12) << t;
+  }
+  EXPECT_TRUE(plan_tensor(p, tensor(9)).dense) << "every 10th step is dense";
+  EXPECT_TRUE(plan_tensor(p, tensor(19)).dense);
+  EXPECT_FALSE(plan_tensor(p, tensor(20)).dense);
+}
+
+TEST(TensorPlanTest, LinearDecayFrom99To90PercentSparsity) {
+  PlanSettings p = topk(0.5, bit(ControllerKind::kSchedule));
+  p.schedule.ramp_steps = 100;
+  p.schedule.start_density = 0.01;
+  p.schedule.end_density = 0.1;
+  p.schedule.exponential = false;
+  EXPECT_NEAR(plan_tensor(p, tensor(0)).density, 0.01, 1e-12);
+  EXPECT_NEAR(plan_tensor(p, tensor(50)).density, 0.055, 1e-12);
+  EXPECT_NEAR(plan_tensor(p, tensor(100)).density, 0.1, 1e-12);
+  EXPECT_NEAR(plan_tensor(p, tensor(5000)).density, 0.1, 1e-12);
+}
+
+TEST(TensorPlanTest, LayerwiseBySizeKindAndSensitivityTable) {
+  PlanSettings p = topk(0.01, bit(ControllerKind::kLayerwise));
+  p.layerwise.dense_below = 4096;
+  EXPECT_TRUE(plan_tensor(p, tensor(7, 512, "fc.bias")).dense) << "small tensors are dense";
+  EXPECT_NEAR(plan_tensor(p, tensor(7, 100000, "ln_f.bias")).density, 0.1, 1e-12) << "norm/bias: light";
+  EXPECT_NEAR(plan_tensor(p, tensor(7, 1 << 24, "tok_embed.weight")).density, 0.001, 1e-12) << "embedding: very sparse";
+  EXPECT_NEAR(plan_tensor(p, tensor(7, 1 << 20, "fc.weight")).density, 0.01, 1e-12);
+
+  auto rules = parse_sensitivity("attn:dense, fc:3 ,embed:0.5");
+  ASSERT_TRUE(rules.ok());
+  p.layerwise.rules = *rules;
+  EXPECT_TRUE(plan_tensor(p, tensor(7, 1 << 20, "h0.attn.qkv")).dense);
+  EXPECT_NEAR(plan_tensor(p, tensor(7, 1 << 20, "fc.weight")).density, 0.03, 1e-12);
+  EXPECT_NEAR(plan_tensor(p, tensor(7, 1 << 24, "tok_embed.weight")).density, 0.005, 1e-12) << "table beats kind";
+  EXPECT_FALSE(parse_sensitivity("fc").ok());
+  EXPECT_FALSE(parse_sensitivity("fc:-1").ok());
+  EXPECT_FALSE(parse_sensitivity("fc:x").ok());
+}
+
+TEST(TensorPlanTest, ScalesCapAndBounds) {
+  PlanSettings p = topk(0.01, bit(ControllerKind::kFrequency) | bit(ControllerKind::kBandwidth));
+  p.tensor_scale = {{1, 4.0}, {2, 0.25}};
+  p.density_min = 0.004;
+  EXPECT_NEAR(plan_tensor(p, tensor(1, 1 << 20, "a", 1)).density, 0.04, 1e-12);
+  EXPECT_NEAR(plan_tensor(p, tensor(1, 1 << 20, "b", 2)).density, 0.004, 1e-12) << "floor: 0.0025 -> 0.004";
+  p.density_cap = 0.02;
+  EXPECT_NEAR(plan_tensor(p, tensor(1, 1 << 20, "a", 1)).density, 0.02, 1e-12) << "cap";
+  p.density_cap = 0.001;  // a cap below the floor wins: the cap is the budget
+  EXPECT_NEAR(plan_tensor(p, tensor(1, 1 << 20, "c", 3)).density, 0.001, 1e-12);
+  p.density_cap = 1.0;
+  p.tensor_scale = {{1, 60.0}};
+  EXPECT_TRUE(plan_tensor(p, tensor(1, 1 << 20, "a", 1)).dense) << "0.6 >= dense_above";
+}
+
+TEST(TensorPlanTest, ThresholdSelectorScalesLambdaInversely) {
+  PlanSettings p = topk(0.01, bit(ControllerKind::kFrequency));
+  p.base.selector = kernels::Selector::kThreshold;
+  p.base.threshold = 0.8;
+  p.tensor_scale = {{0, 4.0}};
+  Plan plan = plan_tensor(p, tensor(0));
+  EXPECT_EQ(plan.selector, kernels::Selector::kThreshold);
+  EXPECT_FLOAT_EQ(plan.threshold, 0.2f);
+}
+
+TEST(TensorPlanTest, CompressionOffStaysDense) {
+  PlanSettings p = topk(0.01, bit(ControllerKind::kSchedule) | bit(ControllerKind::kLayerwise));
+  p.base.compression = false;
+  EXPECT_TRUE(plan_tensor(p, tensor(100)).dense);
+}
+
+TEST(TensorPlanTest, TensorScalesRoundTrip) {
+  TensorScales s{{0, 2.0}, {17, 0.7071}};
+  auto back = parse_tensor_scales(format_tensor_scales(s));
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(*back, s);
+  EXPECT_TRUE(parse_tensor_scales("").ok());
+  EXPECT_FALSE(parse_tensor_scales("3").ok());
+  EXPECT_FALSE(parse_tensor_scales("x:2").ok());
+  EXPECT_FALSE(parse_tensor_scales("3:0").ok());
+}
+
+}  // namespace
+}  // namespace sparsecar::policies
