@@ -1,0 +1,215 @@
+// Controllers across a 4-node job: the active policy changes every few steps (operator
+// `controller=` changes from different ranks, and rank 0's controllers proposing their own
+// decisions from the observations every node piggybacks to it), and every node must have
+// used the same plan, under the same decision epoch, for every (tensor, step).
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+
+#include "daemon/collective/mailbox.h"
+#include "daemon/pipeline/controller_runner.h"
+#include "daemon/pipeline/decisions.h"
+#include "daemon/pipeline/observations.h"
+#include "daemon/pipeline/pipeline.h"
+#include "tests/unit/daemon/fake_transport.h"
+
+namespace sparsecar {
+namespace {
+
+using namespace std::chrono_literals;
+using fakes::FakeNetwork;
+
+class Results final : public StepResultSink {
+ public:
+  void complete(const StepResult& r) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    results_[{r.tensor_id, r.step}] = r;
+    cv_.notify_all();
+  }
+  StepResult wait(uint32_t tensor, uint64_t step) {
+    std::unique_lock<std::mutex> lock(mu_);
+    EXPECT_TRUE(cv_.wait_for(lock, 20s, [&] { return results_.count({tensor, step}) > 0; }));
+    StepResult r = results_[{tensor, step}];
+    results_.erase({tensor, step});
+    return r;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::pair<uint32_t, uint64_t>, StepResult> results_;
+};
+
+// Records the plan and epoch of every tensor step, then hands it to the real collector.
+class Recorder final : public StepObserver {
+ public:
+  explicit Recorder(StepObserver* next) : next_(next) {}
+  void on_tensor_step(const TensorStepRecord& r, const Decision& d) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      plans[{r.tensor_id, r.step}] = {d.epoch, policies::describe(r.plan)};
+    }
+    next_->on_tensor_step(r, d);
+  }
+  void on_metric(const std::string& name, double value, uint64_t step) override { next_->on_metric(name, value, step); }
+  void on_reset() override { next_->on_reset(); }
+
+  std::mutex mu_;
+  std::map<std::pair<uint32_t, uint64_t>, std::pair<uint32_t, std::string>> plans;
+
+ private:
+  StepObserver* next_;
+};
+
+const std::vector<TensorSpec> kTensors = {{"tok_embed.weight", 20000}, {"fc.weight", 6000}, {"fc.bias", 64}};
+
+struct Node {
+  std::unique_ptr<Mailbox> mailbox;
+  std::unique_ptr<DecisionBoard> board;
+  std::unique_ptr<ControllerRunner> runner;
+  std::unique_ptr<ObservationCollector> collector;
+  std::unique_ptr<Recorder> recorder;
+  std::unique_ptr<Pipeline> pipeline;
+  Results results;
+};
+
+struct Job {
+  explicit Job(uint32_t world) : net(world) {
+    for (uint32_t r = 0; r < world; ++r) {
+      auto& n = nodes.emplace_back(std::make_unique<Node>());
+      Config c;
+      c.rank = r;
+      c.world_size = world;
+      c.density = 0.01;
+      c.controller = "gradnorm,frequency,bandwidth";
+      c.exchange_budget_ms = 1e-3;  // a budget nothing meets: the bandwidth controller caps at once
+      c.controller_interval_steps = 1;
+      c.layerwise_dense_below = 100;
+      c.schedule_warmup_steps = 2;
+      c.schedule_ramp_steps = 6;
+      c.schedule_dense_every = 7;
+      n->mailbox = std::make_unique<Mailbox>(0, world, nullptr);
+      n->board = std::make_unique<DecisionBoard>(c, net.transport(r));
+      if (r == 0) n->runner = std::make_unique<ControllerRunner>(c, n->board.get());
+      n->collector = std::make_unique<ObservationCollector>(r, 0, net.transport(r), n->runner.get());
+      n->recorder = std::make_unique<Recorder>(n->collector.get());
+      n->mailbox->set_control_handler([b = n->board.get(), runner = n->runner.get()](
+                                          uint32_t peer, const wire::WireHeader& h, std::span<const std::byte> p) {
+        if (h.kind == static_cast<uint16_t>(wire::Kind::kObservation)) {
+          auto o = parse_observation(std::string_view(reinterpret_cast<const char*>(p.data()), p.size()));
+          ASSERT_TRUE(o.ok()) << o.status().to_string();
+          ASSERT_NE(runner, nullptr) << "observations go to rank 0 only";
+          o->rank = peer;
+          runner->add(*o);
+          return;
+        }
+        b->on_message(peer, h, p);
+      });
+      net.attach(r, n->mailbox.get());
+      PipelineOptions o;
+      o.rank = r;
+      o.world_size = world;
+      o.agreed_knobs = agreed_knobs(c);
+      o.step_timeout = 5000ms;
+      o.join_timeout = 5000ms;
+      n->pipeline = std::make_unique<Pipeline>(o, net.transport(r), n->mailbox.get(), nullptr, n->board.get());
+      n->pipeline->set_result_sink(&n->results);
+      n->pipeline->set_observer(n->recorder.get());
+      n->pipeline->start();
+      for (uint32_t t = 0; t < kTensors.size(); ++t) EXPECT_TRUE(n->pipeline->register_tensor(t, kTensors[t]).ok());
+    }
+  }
+  ~Job() {
+    for (auto& n : nodes) n->pipeline->stop();
+  }
+  void step(uint64_t s) {
+    std::vector<std::vector<std::vector<float>>> in(nodes.size()), out(nodes.size());
+    for (uint32_t r = 0; r < nodes.size(); ++r) {
+      std::mt19937 rng(static_cast<uint32_t>(s * 131 + r));
+      // The gradient norm jumps at step 20 (as after an LR change): gradnorm reacts.
+      std::normal_distribution<float> d(0.f, s == 20 ? 10.f : 1.f);
+      for (const auto& spec : kTensors) {
+        auto& v = in[r].emplace_back(spec.count);
+        for (auto& x : v) x = d(rng);
+        out[r].emplace_back(spec.count);
+      }
+    }
+    for (uint32_t t = 0; t < kTensors.size(); ++t) {
+      for (uint32_t r = 0; r < nodes.size(); ++r) nodes[r]->pipeline->submit({t, s, 0.f, in[r][t], out[r][t]});
+    }
+    for (uint32_t t = 0; t < kTensors.size(); ++t) {
+      for (uint32_t r = 0; r < nodes.size(); ++r) {
+        StepResult res = nodes[r]->results.wait(t, s);
+        ASSERT_TRUE(res.status.ok()) << "rank " << r << " tensor " << t << " step " << s << ": "
+                                     << res.status.to_string();
+      }
+    }
+  }
+  FakeNetwork net;
+  std::vector<std::unique_ptr<Node>> nodes;
+};
+
+TEST(ControllersAgreementTest, PolicyChangesEveryFewStepsEveryNodeUsesTheSamePlanAtEveryStep) {
+  Job job(4);
+  const char* policies[] = {"schedule",          "layerwise,gradnorm",        "schedule,layerwise,frequency",
+                            "static",            "bandwidth,cost",            "schedule,bandwidth,gradnorm",
+                            "layerwise",         "frequency,gradnorm,budget", "static"};
+  constexpr uint64_t kSteps = 45;
+  for (uint64_t s = 0; s < kSteps; ++s) {
+    if (s % 5 == 3) {
+      const size_t i = (s / 5) % std::size(policies);
+      const uint32_t proposer = static_cast<uint32_t>(s % 4);  // from every rank in turn
+      KnobChanges changes{{"controller", policies[i]}};
+      if (i == 7) {
+        changes.emplace_back("budget_total_elements", "20000");
+        changes.emplace_back("budget_steps", "60");
+      }
+      auto d = job.nodes[proposer]->board->propose(changes, "test: policy", std::chrono::steady_clock::now() + 5s);
+      ASSERT_TRUE(d.ok()) << d.status().to_string();
+    }
+    job.step(s);
+    if (HasFatalFailure()) return;
+  }
+  // Same (epoch, plan) for every (tensor, step) on every node.
+  std::set<std::string> distinct;
+  for (uint32_t t = 0; t < kTensors.size(); ++t) {
+    for (uint64_t s = 0; s < kSteps; ++s) {
+      std::pair<uint32_t, std::string> first;
+      for (uint32_t r = 0; r < 4; ++r) {
+        auto& rec = *job.nodes[r]->recorder;
+        std::lock_guard<std::mutex> lock(rec.mu_);
+        auto it = rec.plans.find({t, s});
+        ASSERT_NE(it, rec.plans.end()) << "rank " << r << " has no record of tensor " << t << " step " << s;
+        if (r == 0) {
+          first = it->second;
+          distinct.insert(first.second);
+        } else {
+          EXPECT_EQ(it->second, first) << "rank " << r << " tensor " << t << " step " << s;
+        }
+      }
+    }
+  }
+  EXPECT_GE(distinct.size(), 8u) << "the plans did change";
+  // The controllers on rank 0 decided too, and every node holds the same history.
+  const auto h0 = job.nodes[0]->board->history();
+  size_t by_controller = 0;
+  for (const auto& d : h0) by_controller += d.reason.rfind("controller", 0) == 0;
+  EXPECT_GE(by_controller, 3u) << "rank 0's controllers proposed decisions from the observations";
+  for (uint32_t r = 1; r < 4; ++r) {
+    const auto h = job.nodes[r]->board->history();
+    ASSERT_EQ(h.size(), h0.size()) << "rank " << r;
+    for (size_t i = 0; i < h.size(); ++i) {
+      EXPECT_EQ(h[i].epoch, h0[i].epoch);
+      EXPECT_EQ(h[i].effective_step, h0[i].effective_step);
+      EXPECT_EQ(agreed_knobs(*h[i].config), agreed_knobs(*h0[i].config)) << "epoch " << h[i].epoch;
+    }
+  }
+  EXPECT_GT(job.nodes[0]->runner->snapshot().steps_observed, kSteps / 2);
+}
+
+}  // namespace
+}  // namespace sparsecar
