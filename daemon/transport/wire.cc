@@ -46,13 +46,8 @@ static_assert(kOffChecksum + 4 == kHeaderBytes);
 bool known_kind(uint16_t kind) {
   return kind >= static_cast<uint16_t>(Kind::kData) && kind <= kMaxKind;
 }
-bool known_format(uint16_t format) {
-  return format == static_cast<uint16_t>(kernels::Format::kDense) ||
-         format == static_cast<uint16_t>(kernels::Format::kCoo);
-}
-bool known_value_type(uint16_t value_type) {
-  return value_type == static_cast<uint16_t>(kernels::ValueType::kF32);
-}
+bool known_format(uint16_t format) { return format < kernels::kFormatCount; }
+bool known_value_type(uint16_t value_type) { return value_type < kernels::kValueTypeCount; }
 
 std::string hex32(uint32_t v) {
   char text[16];
@@ -152,15 +147,20 @@ Status validate_header(const WireHeader& h, const Expectations& expect, size_t a
     if (h.nnz > h.dense_len) {
       return bad("nnz", std::to_string(h.nnz) + " > dense_len " + std::to_string(h.dense_len));
     }
-    // dense_len < 2^32 and nnz <= dense_len, so the implied size cannot overflow 64 bits.
-    const size_t implied = kernels::encoded_bytes(static_cast<kernels::Format>(h.format),
-                                                  static_cast<kernels::ValueType>(h.value_type),
-                                                  static_cast<size_t>(h.dense_len), static_cast<size_t>(h.nnz));
-    if (h.payload_bytes != implied) {
+    // Fixed-size formats (dense, coo, bitmap) imply one size; variable-size ones (coo_varint,
+    // csr, rle) a range. The decoder checks the exact size against the payload's contents.
+    // dense_len < 2^32 and nnz <= dense_len, so the sizes cannot overflow 64 bits.
+    const kernels::SizeRange range = kernels::payload_size_range(
+        static_cast<kernels::Format>(h.format), static_cast<kernels::ValueType>(h.value_type), h.dense_len, h.nnz);
+    if (!range.contains(static_cast<size_t>(h.payload_bytes))) {
+      const std::string implied = range.min > range.max   ? std::string("no valid size")
+                                  : range.min == range.max ? std::to_string(range.min)
+                                                           : std::to_string(range.min) + ".." + std::to_string(range.max);
       return bad("payload_bytes", std::to_string(h.payload_bytes) + " but format " +
-                                      std::string(kernels::format_name(static_cast<kernels::Format>(h.format))) +
+                                      std::string(kernels::format_name(static_cast<kernels::Format>(h.format))) + "/" +
+                                      std::string(kernels::value_type_name(static_cast<kernels::ValueType>(h.value_type))) +
                                       " with dense_len " + std::to_string(h.dense_len) + " and nnz " +
-                                      std::to_string(h.nnz) + " implies " + std::to_string(implied));
+                                      std::to_string(h.nnz) + " implies " + implied);
     }
   }
   if (h.payload_bytes != actual_payload_bytes) {

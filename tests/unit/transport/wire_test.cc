@@ -173,6 +173,28 @@ TEST(WireTest, ValidHeaderPasses) {
   EXPECT_TRUE(validate_header(d, expect_job(), 4000).ok());
   // "Any" expectations.
   EXPECT_TRUE(validate_header(example_header(), Expectations{}, 80).ok());
+  // Every format and value type; variable-size formats anywhere in their range (the decoder
+  // checks the exact size against the contents).
+  struct Sized {
+    kernels::Format format;
+    kernels::ValueType value_type;
+    uint64_t payload_bytes;
+  };
+  for (const Sized& z : {Sized{kernels::Format::kCoo, kernels::ValueType::kI8, 54},
+                         Sized{kernels::Format::kCoo, kernels::ValueType::kF16, 60},
+                         Sized{kernels::Format::kBitmap, kernels::ValueType::kBf16, 125 + 20},
+                         Sized{kernels::Format::kCooVarint, kernels::ValueType::kF32, 50},
+                         Sized{kernels::Format::kCooVarint, kernels::ValueType::kF32, 90},
+                         Sized{kernels::Format::kRle, kernels::ValueType::kF32, 42},
+                         Sized{kernels::Format::kCsr, kernels::ValueType::kF32, 8 + 4 + 20 + 40}}) {
+    WireHeader v = example_header();
+    v.format = static_cast<uint16_t>(z.format);
+    v.value_type = static_cast<uint16_t>(z.value_type);
+    v.payload_bytes = z.payload_bytes;
+    EXPECT_TRUE(validate_header(v, expect_job(), z.payload_bytes).ok())
+        << kernels::format_name(z.format) << "/" << kernels::value_type_name(z.value_type) << " "
+        << validate_header(v, expect_job(), z.payload_bytes).to_string();
+  }
   // Non-data kinds do not interpret format/dense_len/nnz.
   WireHeader a = example_header();
   a.kind = static_cast<uint16_t>(Kind::kAbort);
@@ -211,7 +233,27 @@ INSTANTIATE_TEST_SUITE_P(
         Corruption{"sender_rank", [](WireHeader& h) { h.sender_rank = 4; }, 80},   // >= world size
         Corruption{"sender_rank", [](WireHeader& h) { h.sender_rank = 2; }, 80},   // not who sent it
         Corruption{"format", [](WireHeader& h) { h.format = 9; }, 80},
-        Corruption{"value_type", [](WireHeader& h) { h.value_type = 3; }, 80},
+        Corruption{"format", [](WireHeader& h) { h.format = kernels::kFormatCount; }, 80},
+        Corruption{"value_type", [](WireHeader& h) { h.value_type = kernels::kValueTypeCount; }, 80},
+        // Variable-size formats: outside [min, max] for (dense_len 1000, nnz 10).
+        Corruption{"payload_bytes",
+                   [](WireHeader& h) {
+                     h.format = static_cast<uint16_t>(kernels::Format::kCooVarint);  // 50..90
+                     h.payload_bytes = 49;
+                   },
+                   49},
+        Corruption{"payload_bytes",
+                   [](WireHeader& h) {
+                     h.format = static_cast<uint16_t>(kernels::Format::kRle);  // 42..140
+                     h.payload_bytes = 141;
+                   },
+                   141},
+        Corruption{"payload_bytes",
+                   [](WireHeader& h) {
+                     h.format = static_cast<uint16_t>(kernels::Format::kCoo);
+                     h.value_type = static_cast<uint16_t>(kernels::ValueType::kI8);  // 40 + 4 + 10
+                   },
+                   80},
         Corruption{"nnz", [](WireHeader& h) { h.nnz = 1001; h.payload_bytes = 8008; }, 8008},
         Corruption{"dense_len", [](WireHeader& h) { h.dense_len = 0x100000000ull; }, 80},
         Corruption{"payload_bytes", [](WireHeader& h) { h.payload_bytes = 88; }, 88},  // != nnz*8
