@@ -1,0 +1,308 @@
+#!/usr/bin/python3
+"""A real DDP job through sparsecar daemons: an MLP on scikit-learn's digits, 2 nodes x 2 local
+ranks (4 trainer processes, 2 sparsecard daemons on loopback, --local-clients 2), gloo for the
+process group. The same trainer processes train the same model (same initialisation, same
+batches) three times, one after the other:
+
+  dense      DDP's plain all-reduce (a counting copy of torch's allreduce hook)
+  powersgd   torch's PowerSGD hook (rank --powersgd-rank, dense for the first 2 iterations)
+  sparsecar  sparsecar.torch.register (dense for the first 2 iterations, then the daemons)
+
+and reports final test accuracy, bytes sent and wall time of each.
+
+Bytes are counted the same way for every method: every all-reduce of n float32 elements that a
+method issues costs what sparsecard's dense ring all-reduce between the W nodes sends,
+2(W-1) messages of (72-byte header + 4n/W bytes) per node (the daemon's own `dense_bytes`
+formula), summed over the nodes. So dense, PowerSGD's P/Q/uncompressed all-reduces and
+sparsecar's dense warm-up iterations are all priced as node-level ring all-reduces; sparsecar's
+compressed steps are what its daemons report they put on the wire (headers included). Traffic
+between the local ranks of a node is not counted for any method.
+
+Usage:  ddp_digits.py --sparsecard build/daemon/sparsecard --pythonpath build/python --out r.json
+(the trainers run as `ddp_digits.py --trainer ...`, started by this script).
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+HEADER_BYTES = 72  # sparsecar wire header (daemon/transport/WIRE.md)
+
+
+def ring_bytes_per_node(calls, elements, nodes):
+    """What sparsecard's ring all-reduce sends per node for `calls` all-reduces totalling
+    `elements` float32 elements (exact for 2 nodes; chunk rounding ignored otherwise)."""
+    if nodes <= 1:
+        return 0
+    return 2 * (nodes - 1) * HEADER_BYTES * calls + 2 * (nodes - 1) * 4 * elements / nodes
+
+
+# ---------------------------------------------------------------------------------------------
+# trainer side
+# ---------------------------------------------------------------------------------------------
+def trainer(args):
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.set_num_threads(1)
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ["LOCAL_RANK"])
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+
+    from sklearn.datasets import load_digits
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16.0).astype(np.float32)
+    perm = np.random.default_rng(args.seed).permutation(len(y))
+    n_test = len(y) // 4
+    test_idx, train_idx = perm[:n_test], perm[n_test:]
+    xt, yt = torch.from_numpy(x[test_idx]), torch.from_numpy(y[test_idx]).long()
+    shard = train_idx[rank::world]
+    xs, ys = torch.from_numpy(x[shard]), torch.from_numpy(y[shard]).long()
+
+    def make_model():
+        torch.manual_seed(args.seed)
+        return torch.nn.Sequential(torch.nn.Linear(64, args.hidden), torch.nn.ReLU(),
+                                   torch.nn.Linear(args.hidden, args.hidden), torch.nn.ReLU(),
+                                   torch.nn.Linear(args.hidden, 10))
+
+    def batches():
+        g = np.random.default_rng(args.seed * 1000 + rank)
+        while True:
+            order = g.permutation(len(ys))
+            for i in range(0, len(order) - args.batch + 1, args.batch):
+                yield order[i:i + args.batch]
+
+    results = {"rank": rank, "local_rank": local_rank, "node": rank // args.local_clients}
+    finals = {}
+    for method in args.methods.split(","):
+        model = DDP(make_model())
+        opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+        calls = {"n": 0, "elements": 0}
+        hook_state = None
+        if method == "dense":
+            def counting_allreduce(state, bucket):
+                buf = bucket.buffer()
+                state["n"] += 1
+                state["elements"] += buf.numel()
+                fut = dist.all_reduce(buf, async_op=True).get_future()
+                return fut.then(lambda f: f.value()[0].div_(world))
+            model.register_comm_hook(calls, counting_allreduce)
+        elif method == "powersgd":
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+            proxy = _CountingDist(dist, calls)
+            powerSGD_hook.dist = proxy
+            default_hooks.dist = proxy
+            ps = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=args.powersgd_rank,
+                                             start_powerSGD_iter=2, min_compression_rate=2,
+                                             random_seed=args.seed)
+            model.register_comm_hook(ps, powerSGD_hook.powerSGD_hook)
+        elif method == "sparsecar":
+            import sparsecar.torch
+            hook_state = sparsecar.torch.register(model, socket=args.socket, optimizer=opt,
+                                                  on_error=args.on_error, timeout=args.step_timeout)
+        else:
+            raise SystemExit(f"unknown method {method}")
+
+        losses = []
+        it = batches()
+        dist.barrier()
+        t0 = time.monotonic()
+        for step in range(args.steps):
+            idx = next(it)
+            opt.zero_grad(set_to_none=True)
+            loss = torch.nn.functional.cross_entropy(model(xs[idx]), ys[idx])
+            loss.backward()
+            opt.step()
+            if hook_state is not None:
+                hook_state.report_metric("loss", loss.item())
+            if step % 10 == 0 or step == args.steps - 1:
+                losses.append([step, float(loss.item())])
+        dist.barrier()
+        wall = time.monotonic() - t0
+        with torch.no_grad():
+            acc = float((model(xt).argmax(1) == yt).float().mean())
+        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        finals[method] = flat
+        entry = {"accuracy": acc, "wall_seconds": wall, "losses": losses,
+                 "allreduce_calls": calls["n"], "allreduce_elements": calls["elements"],
+                 "param_checksum": float(flat.double().sum())}
+        if hook_state is not None:
+            entry["hook"] = {k: int(v) for k, v in hook_state.stats.items()}
+            entry["hook_mode"] = hook_state.mode
+            entry["hook_failure"] = hook_state.failure
+            hook_state.close()
+        if method == "powersgd":
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+            powerSGD_hook.dist = dist
+            default_hooks.dist = dist
+        results[method] = entry
+    if "dense" in finals:
+        for m, flat in finals.items():
+            if m != "dense":
+                results[m]["max_abs_diff_vs_dense"] = float((flat - finals["dense"]).abs().max())
+    with open(args.out, "w") as f:
+        json.dump(results, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+class _CountingDist:
+    """torch.distributed with all_reduce counted (elements per call) — for PowerSGD's bytes."""
+
+    def __init__(self, real, calls):
+        self._real, self._calls = real, calls
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def all_reduce(self, tensor, *a, **k):
+        self._calls["n"] += 1
+        self._calls["elements"] += tensor.numel()
+        return self._real.all_reduce(tensor, *a, **k)
+
+
+# ---------------------------------------------------------------------------------------------
+# launcher side
+# ---------------------------------------------------------------------------------------------
+def run(args):
+    """Starts the daemons and the trainers; returns the summary dict."""
+    from localjob import LocalJob, free_port
+    nodes, L = args.nodes, args.local_clients
+    world = nodes * L
+    daemon_args = ["--compression", args.compression, "--selector", args.selector,
+                   "--density", repr(args.density), "--threshold", repr(args.threshold),
+                   "--step-timeout-ms", str(int(args.daemon_step_timeout * 1000))]
+    with LocalJob(args.sparsecard, nodes=nodes, local_clients=L, daemon_args=daemon_args,
+                  keep=args.keep_logs) as job:
+        if "sparsecar" in args.methods.split(","):
+            job.start_daemons()
+        port = free_port()
+        procs, outs = [], []
+        for rank in range(world):
+            node, local = divmod(rank, L)
+            env = job.daemon_env()
+            env.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(local),
+                        "LOCAL_WORLD_SIZE": str(L), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                        "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"})
+            if args.pythonpath:
+                env["PYTHONPATH"] = os.pathsep.join([args.pythonpath] + [p for p in [env.get("PYTHONPATH")] if p])
+            out = os.path.join(job.dir, f"trainer-{rank}.json")
+            outs.append(out)
+            argv = [sys.executable, os.path.abspath(__file__), "--trainer", "--out", out,
+                    "--socket", job.sockets[node]] + _forward(args)
+            procs.append(job.spawn(f"trainer rank {rank}", argv, env=env, log_name=f"trainer-{rank}"))
+        t0 = time.monotonic()
+        job.wait_all(procs, timeout=args.timeout)
+        total_wall = time.monotonic() - t0
+        ranks = []
+        for out in outs:
+            with open(out) as f:
+                ranks.append(json.load(f))
+        if args.keep_logs:
+            print(f"logs kept in {job.dir}", file=sys.stderr)
+    return summarize(args, ranks, total_wall)
+
+
+def _forward(args):
+    keys = ["methods", "steps", "batch", "lr", "momentum", "hidden", "seed", "powersgd_rank",
+            "local_clients", "on_error", "step_timeout"]
+    out = []
+    for k in keys:
+        out += ["--" + k.replace("_", "-"), str(getattr(args, k))]
+    return out
+
+
+def summarize(args, ranks, total_wall):
+    nodes = args.nodes
+    s = {"nodes": nodes, "local_clients": args.local_clients, "steps": args.steps, "batch": args.batch,
+         "lr": args.lr, "momentum": args.momentum, "hidden": args.hidden, "seed": args.seed,
+         "compression": args.compression, "selector": args.selector, "density": args.density,
+         "threshold": args.threshold, "powersgd_rank": args.powersgd_rank, "total_wall_seconds": total_wall,
+         "methods": {}}
+    r0 = ranks[0]
+    for m in args.methods.split(","):
+        e = r0[m]
+        spread = max(abs(r[m]["param_checksum"] - e["param_checksum"]) for r in ranks)
+        if m in ("dense", "powersgd"):
+            total = nodes * ring_bytes_per_node(e["allreduce_calls"], e["allreduce_elements"], nodes)
+            detail = {"allreduce_calls": e["allreduce_calls"], "allreduce_elements": e["allreduce_elements"]}
+        else:
+            heads = [r for r in ranks if r["local_rank"] == 0]  # one per node: its daemon's bytes
+            hook = e["hook"]
+            warm = nodes * ring_bytes_per_node(hook.get("dense_buckets", 0), hook.get("dense_elements", 0), nodes)
+            wire = sum(r[m]["hook"].get("sparsecar_bytes", 0) for r in heads)
+            total = warm + wire
+            detail = {"daemon_wire_bytes": wire, "dense_warmup_bytes": warm, "hook": hook,
+                      "hook_mode": e["hook_mode"], "hook_failure": e["hook_failure"],
+                      "density_measured": (hook.get("sparsecar_nnz", 0) / hook["sparsecar_elements"])
+                      if hook.get("sparsecar_elements") else None}
+        s["methods"][m] = dict(accuracy=e["accuracy"], bytes=int(total), wall_seconds=e["wall_seconds"],
+                               rank_checksum_spread=spread, losses=e["losses"], **detail)
+        if "max_abs_diff_vs_dense" in e:
+            s["methods"][m]["max_abs_diff_vs_dense"] = e["max_abs_diff_vs_dense"]
+    return s
+
+
+def print_summary(s):
+    dense = s["methods"].get("dense")
+    print(f"\nDDP digits MLP: {s['nodes']} nodes x {s['local_clients']} ranks, {s['steps']} steps")
+    print(f"  {'method':<10} {'test acc':>9} {'bytes':>12} {'vs dense':>9} {'wall s':>8}")
+    for m, e in s["methods"].items():
+        ratio = f"{dense['bytes'] / e['bytes']:.1f}x" if dense and e["bytes"] else "-"
+        print(f"  {m:<10} {100 * e['accuracy']:>8.2f}% {e['bytes']:>12} {ratio:>9} {e['wall_seconds']:>8.2f}")
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--trainer", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--socket", help=argparse.SUPPRESS)
+    p.add_argument("--sparsecard", help="path of the sparsecard binary")
+    p.add_argument("--pythonpath", help="directory holding the sparsecar package (e.g. build/python)")
+    p.add_argument("--out", help="summary JSON (launcher) / per-rank JSON (trainer)")
+    p.add_argument("--methods", default="dense,powersgd,sparsecar")
+    p.add_argument("--nodes", type=int, default=2)
+    p.add_argument("--local-clients", type=int, default=2)
+    p.add_argument("--steps", type=int, default=800)
+    p.add_argument("--batch", type=int, default=16, help="per rank")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--powersgd-rank", type=int, default=2)
+    p.add_argument("--compression", default="on")
+    p.add_argument("--selector", default="topk")
+    p.add_argument("--density", type=float, default=0.005)
+    p.add_argument("--threshold", type=float, default=0.001)
+    p.add_argument("--on-error", default="raise", help="the hook's on_error (raise: a benchmark must not fall back silently)")
+    p.add_argument("--step-timeout", type=float, default=60.0, help="hook wait per bucket (s)")
+    p.add_argument("--daemon-step-timeout", type=float, default=20.0)
+    p.add_argument("--timeout", type=float, default=600.0, help="whole job (s)")
+    p.add_argument("--keep-logs", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv):
+    args = parse(argv)
+    if args.trainer:
+        trainer(args)
+        return 0
+    if not args.sparsecard:
+        raise SystemExit("--sparsecard is required")
+    s = run(args)
+    print_summary(s)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(s, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

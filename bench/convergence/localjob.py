@@ -1,0 +1,180 @@
+"""Runs a sparsecar job on this machine: N sparsecard daemons on loopback and the trainer
+processes of every node, each in its own process group, all stopped on exit (also on errors,
+Ctrl-C and SIGTERM). Used by bench/convergence/ and tests/integration/python/.
+
+    with LocalJob(sparsecard, nodes=2, local_clients=2, daemon_args=["--density", "0.005"]) as job:
+        job.start_daemons()
+        procs = [job.spawn(f"trainer {r}", [python, "train.py", ...], env=...) for r in range(4)]
+        job.wait_all(procs, timeout=300)
+
+Standard library only; runs under Debian's /usr/bin/python3.
+"""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+
+class JobError(Exception):
+    """Something of the job failed; the message names the process and quotes its log."""
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tail(path, lines=25):
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError:
+        return "(no log)\n"
+
+
+# Launcher variables of an outer job must not leak into the daemons (they read RANK etc.).
+_LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                  "SPARSECAR_SOCKET", "SPARSECAR_COORDINATOR")
+
+
+class LocalJob:
+    def __init__(self, sparsecard, nodes=2, local_clients=1, daemon_args=(), workdir=None, keep=False):
+        self.sparsecard = sparsecard
+        self.nodes = nodes
+        self.local_clients = local_clients
+        self.daemon_args = list(daemon_args)
+        self._own_dir = workdir is None
+        self.dir = workdir or tempfile.mkdtemp(prefix="sparsecar-job-")
+        self.keep = keep
+        self.procs = []  # (name, Popen, log path)
+        self.daemons = []
+        self.sockets = [os.path.join(self.dir, f"node-{r}.sock") for r in range(nodes)]
+        self._old_handlers = {}
+
+    # ---- lifetime ------------------------------------------------------------------------------
+    def __enter__(self):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._old_handlers[sig] = signal.signal(sig, self._on_signal)
+            except ValueError:  # not the main thread
+                pass
+        return self
+
+    def __exit__(self, *exc):
+        self.stop_all()
+        for sig, h in self._old_handlers.items():
+            signal.signal(sig, h)
+        if self._own_dir and not self.keep:
+            shutil.rmtree(self.dir, ignore_errors=True)
+        return False
+
+    def _on_signal(self, signum, _frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    def spawn(self, name, argv, env=None, log_name=None):
+        log_path = os.path.join(self.dir, (log_name or name.replace(" ", "-")) + ".log")
+        with open(log_path, "w") as log:
+            try:
+                p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                     env=env, start_new_session=True)
+            except OSError as e:
+                raise JobError(f"cannot start {name} ({argv[0]}): {e}") from e
+        self.procs.append((name, p, log_path))
+        return p
+
+    def log_of(self, p):
+        for _, q, path in self.procs:
+            if q is p:
+                return path
+        return None
+
+    def stop_all(self, grace_s=5.0):
+        """SIGTERM every process group we started, SIGKILL after grace_s; returns names killed."""
+        for _, p, _ in self.procs:
+            if p.poll() is None:
+                _signal_group(p, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for _, p, _ in self.procs:
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        killed = []
+        for name, p, _ in self.procs:
+            if p.poll() is None:
+                killed.append(name)
+            _signal_group(p, signal.SIGKILL)  # also whatever the leader left in its group
+        for _, p, _ in self.procs:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        self.procs = []
+        self.daemons = []
+        return killed
+
+    # ---- daemons ------------------------------------------------------------------------------
+    def daemon_env(self):
+        env = dict(os.environ)
+        for k in _LAUNCHER_VARS:
+            env.pop(k, None)
+        env.setdefault("UCX_TLS", "tcp")
+        env.setdefault("UCX_NET_DEVICES", "lo")
+        return env
+
+    def start_daemons(self, timeout=60.0):
+        port = free_port()
+        env = self.daemon_env()
+        for r in range(self.nodes):
+            argv = [self.sparsecard, "--rank", str(r), "--world-size", str(self.nodes),
+                    "--coordinator", f"127.0.0.1:{port}", "--socket", self.sockets[r],
+                    "--local-clients", str(self.local_clients), "--metrics-listen", "off",
+                    "--control", f"ipc://{self.dir}/control-{r}.sock",
+                    "--log-level", "warn"] + self.daemon_args
+            self.daemons.append(self.spawn(f"sparsecard node {r}", argv, env=env, log_name=f"sparsecard-{r}"))
+        deadline = time.monotonic() + timeout
+        while not all(os.path.exists(s) for s in self.sockets):
+            self.check_daemons("while starting")
+            if time.monotonic() > deadline:
+                raise JobError(f"daemon sockets did not appear within {timeout:.0f} s")
+            time.sleep(0.05)
+
+    def check_daemons(self, when="during the job"):
+        for r, d in enumerate(self.daemons):
+            if d.poll() is not None:
+                raise JobError(f"sparsecard node {r} exited with status {d.returncode} {when}:\n"
+                               f"{tail(self.log_of(d))}")
+
+    # ---- trainers -----------------------------------------------------------------------------
+    def wait_all(self, procs, timeout):
+        """Waits until every process in procs exited 0; raises JobError naming the first failure
+        (with its log) or a timeout. Daemons dying meanwhile are reported too."""
+        deadline = time.monotonic() + timeout
+        while any(p.poll() is None for p in procs):
+            bad = [p for p in procs if p.poll() not in (None, 0)]
+            if bad:
+                break
+            if time.monotonic() > deadline:
+                raise JobError(f"processes did not finish within {timeout:.0f} s:\n" + "".join(
+                    f"--- {self.log_of(p)}:\n{tail(self.log_of(p))}" for p in procs if p.poll() is None))
+            time.sleep(0.05)
+        bad = [p for p in procs if p.poll() not in (None, 0)]
+        if bad:
+            msg = []
+            for p in bad:
+                msg.append(f"--- {self.log_of(p)} (status {p.returncode}):\n{tail(self.log_of(p))}")
+            for d in self.daemons:
+                msg.append(f"--- {self.log_of(d)} (status {d.poll()}):\n{tail(self.log_of(d), 10)}")
+            raise JobError("a process failed:\n" + "\n".join(msg))
+
+
+def _signal_group(p, sig):
+    try:
+        os.killpg(p.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,121 @@
+"""sparsecar: hand gradients to the local sparsecar daemon (sparsecard) and get the average back.
+
+    import sparsecar
+    with sparsecar.Client("/run/sparsecar/sparsecard.sock") as c:
+        w = c.register("fc.weight", 5000)         # every tensor, before the first step
+        w.array()[:] = grad                        # or c.submit(w, step, data=grad)
+        c.submit(w, step, lr=0.1)
+        info = c.wait(w, step)                     # w.array() now holds the job-wide average
+
+A registered tensor's shared-memory slot is exposed without a copy: ``tensor.array()`` is a
+NumPy float32 view of it and ``sparsecar.as_torch(tensor)`` a torch tensor on the same memory.
+Blocking calls release the GIL; one Client may be used from several threads (calls are
+serialised; ``wait`` waits in short slices so another thread can submit meanwhile).
+
+PyTorch DDP: ``sparsecar.torch.register(ddp_model, socket=...)`` (see sparsecar/torch.py).
+"""
+
+import numpy as _np
+
+from ._sparsecar import (DeadlineExceeded, Error, StepInfo, Tensor, Unavailable, _Client,
+                         kernels, set_log_level)
+
+__all__ = ["Client", "Tensor", "StepInfo", "Error", "DeadlineExceeded", "Unavailable", "kernels",
+           "as_torch", "set_log_level", "DEFAULT_SOCKET"]
+__version__ = "0.1.0"
+
+DEFAULT_SOCKET = "/run/sparsecar/sparsecard.sock"
+
+
+def _is_torch(x):
+    return type(x).__module__.startswith("torch") and hasattr(x, "detach")
+
+
+def as_torch(tensor):
+    """A torch tensor sharing the slot's memory (zero-copy; needs torch)."""
+    import torch
+    return torch.from_numpy(tensor.array())
+
+
+def copy_into(dst_view, data):
+    """Copies NumPy array / torch tensor / sequence `data` into the float32 view `dst_view`."""
+    if _is_torch(data):
+        import torch
+        src = data.detach()
+        if src.numel() != dst_view.size:
+            raise ValueError(f"data has {src.numel()} elements, the tensor {dst_view.size}")
+        torch.from_numpy(dst_view).view(-1).copy_(src.reshape(-1))
+        return
+    src = _np.asarray(data)
+    if src.size != dst_view.size:
+        raise ValueError(f"data has {src.size} elements, the tensor {dst_view.size}")
+    _np.copyto(dst_view.reshape(-1), src.reshape(-1), casting="same_kind")
+
+
+def copy_out(src_view, out):
+    """Copies the float32 view into NumPy array / torch tensor `out` (in place)."""
+    if _is_torch(out):
+        import torch
+        out.view(-1).copy_(torch.from_numpy(src_view).view(-1))
+        return
+    if out.size != src_view.size:
+        raise ValueError(f"out has {out.size} elements, the tensor {src_view.size}")
+    _np.copyto(out.reshape(-1), src_view.reshape(-1), casting="same_kind")
+
+
+class Client:
+    """A session with the local daemon. ``socket`` is its Unix socket path; ``timeout`` (s) is how
+    long connecting keeps retrying while the socket is missing or refusing. Errors raise
+    sparsecar.Error (``.code_name`` e.g. "UNAVAILABLE"), DeadlineExceeded or Unavailable."""
+
+    def __init__(self, socket=DEFAULT_SOCKET, timeout=10.0):
+        self._c = _Client.connect(str(socket), float(timeout))
+
+    def register(self, name, size):
+        """Registers a float32 tensor of `size` elements (an int or a shape tuple) and maps its
+        slot. Every tensor of the job must be registered before the first submit, in the same
+        order on every trainer."""
+        return self._c.register(name, size)
+
+    def submit(self, tensor, step, lr=0.0, data=None):
+        """Hands the slot's contents for `step` to the daemon (non-blocking). With `data` (a NumPy
+        array or torch tensor of the same size) the slot is filled from it first."""
+        if data is not None:
+            copy_into(tensor.array(), data)
+        self._c.submit(tensor, int(step), float(lr))
+
+    def wait(self, tensor, step, timeout=30.0, out=None):
+        """Waits for (tensor, step); then the slot holds the averaged gradient. With `out` the
+        average is also copied into it. Returns a StepInfo (bytes_sent, dense_bytes, nnz)."""
+        info = self._c.wait(tensor, int(step), float(timeout))
+        if out is not None:
+            copy_out(tensor.array(), out)
+        return info
+
+    def allreduce(self, tensor, data, step, lr=0.0, timeout=30.0):
+        """submit + wait: replaces `data` (NumPy array or torch tensor) in place by the average."""
+        self.submit(tensor, step, lr=lr, data=data)
+        return self.wait(tensor, step, timeout=timeout, out=data)
+
+    def report_metric(self, name, value, step):
+        """Reports a named scalar (e.g. "loss") for a step to the daemon."""
+        self._c.report_metric(str(name), float(value), int(step))
+
+    def close(self):
+        """Ends the session (once no array view of its slots is alive any more)."""
+        self._c.close()
+
+    @property
+    def closed(self):
+        return self._c.closed
+
+    @property
+    def socket(self):
+        return self._c.socket
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
