@@ -89,8 +89,10 @@ struct Job {
     for (auto& n : nodes) res.push_back(n->results.wait(0, s));
     return res;
   }
-  FakeNetwork net;
+  // Members die in reverse order: `net` (declared after `nodes`) stops its delivery thread
+  // before any node's mailbox is freed.
   std::vector<std::unique_ptr<Node>> nodes;
+  FakeNetwork net;
 };
 
 TEST(DecisionsTest, ChangesFromAnyRankTakeEffectEverywhereAtTheAnnouncedStep) {

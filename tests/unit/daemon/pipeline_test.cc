@@ -71,8 +71,10 @@ struct Job {
   ~Job() {
     for (auto& n : nodes) n->pipeline->stop();
   }
-  FakeNetwork net;
+  // Members die in reverse order: `net` (declared after `nodes`) stops its delivery thread
+  // before any node's mailbox is freed.
   std::vector<std::unique_ptr<Node>> nodes;
+  FakeNetwork net;
 };
 
 PipelineOptions options(bool compression, kernels::Selector selector, double density, double threshold = 1.0) {
