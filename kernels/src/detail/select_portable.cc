@@ -1,6 +1,7 @@
 // Portable variants of the selection kernels: plain loops the compiler vectorises for the
 // baseline ISA. Also the reference behaviour the AVX-512 variants must match bit for bit.
 #include "detail/cpu.h"
+#include "detail/topk.h"
 
 namespace sparsecar::kernels::detail {
 
@@ -76,6 +77,62 @@ size_t topk_partition_portable(const float* x, size_t n, uint32_t bin, uint32_t*
   }
   *n_candidates = equal;
   return above;
+}
+
+size_t topk_band_portable(const float* x, size_t n, uint32_t lo, uint32_t hi, uint32_t* out_index,
+                          float* out_value, size_t out_cap, uint32_t* band_index,
+                          float* band_value, size_t band_cap, size_t* n_band) {
+  size_t above = 0;
+  size_t band = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t key = magnitude_key(x[i]);
+    if (key > hi) {
+      if (above == out_cap) return kBandOverflow;
+      out_index[above] = static_cast<uint32_t>(i);
+      out_value[above] = x[i];
+      ++above;
+    } else if (key >= lo) {
+      if (band == band_cap) return kBandOverflow;
+      band_index[band] = static_cast<uint32_t>(i);
+      band_value[band] = x[i];
+      ++band;
+    }
+  }
+  *n_band = band;
+  return above;
+}
+
+size_t topk_count_band_portable(const float* x, size_t n, uint32_t lo, uint32_t hi,
+                                 uint32_t* band_keys, size_t band_cap, size_t* n_band) {
+  size_t above = 0;
+  size_t band = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t key = magnitude_key(x[i]);
+    if (key > hi) {
+      ++above;
+    } else if (key >= lo) {
+      if (band == band_cap) return kBandOverflow;
+      band_keys[band++] = key;
+    }
+  }
+  *n_band = band;
+  return above;
+}
+
+size_t topk_final_portable(const float* x, size_t n, uint32_t kth, size_t ties,
+                           uint32_t* out_index, float* out_value, size_t k) {
+  size_t count = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t key = magnitude_key(x[i]);
+    if (key > kth || (key == kth && ties > 0)) {
+      if (key == kth) --ties;
+      if (count == k) return kBandOverflow;
+      out_index[count] = static_cast<uint32_t>(i);
+      out_value[count] = x[i];
+      ++count;
+    }
+  }
+  return count;
 }
 
 }  // namespace sparsecar::kernels::detail

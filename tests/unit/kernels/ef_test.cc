@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "sparsecar/kernels/ef.h"
 #include "sparsecar/kernels/select.h"
 #include "tests/unit/kernels/test_util.h"
 
@@ -182,6 +183,60 @@ TEST_P(EfTest, ConservationTopk) { run_conservation(GetParam(), Path::kTopk); }
 
 INSTANTIATE_TEST_SUITE_P(kernels, EfTest, ::testing::ValuesIn(testing::all_isas()),
                          [](const auto& param_info) { return testing::isa_name(param_info.param); });
+
+// DGC momentum correction against the update rule in float64 over many steps, with
+// momentum-factor masking applied at the coordinates a top-k sends:
+//   u = m u + g; v += u; send top-k of v; u[sent] = v[sent] = 0.
+TEST(kernelsEf, MomentumCorrectionMatchesFloat64Rule) {
+  const size_t n = 2000;
+  const float m = 0.9f;
+  std::vector<float> u(n, 0.0f), v(n, 0.0f);
+  std::vector<double> u64(n, 0.0), v64(n, 0.0);
+  std::vector<std::byte> scratch(topk_scratch_bytes(n));
+  std::vector<uint32_t> index(20);
+  std::vector<float> value(20);
+  for (uint64_t step = 0; step < 50; ++step) {
+    const auto g = testing::normal_floats(n, 1000 + step);
+    momentum_accumulate(u, v, g, m, 1.0f);
+    for (size_t i = 0; i < n; ++i) {
+      u64[i] = 0.9 * u64[i] + g[i];
+      v64[i] += u64[i];
+    }
+    // Same values up to float rounding: |u| <= 10 max|g| and v grows at most ~50 * 10 * 5.
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_NEAR(u[i], u64[i], 1e-4 * (1 + std::fabs(u64[i]))) << i;
+      ASSERT_NEAR(v[i], v64[i], 1e-4 * (1 + std::fabs(v64[i]))) << i;
+    }
+    auto got = topk_exact(v, 20, scratch, index.data(), value.data());
+    ASSERT_TRUE(got.ok());
+    for (size_t j = 0; j < *got; ++j) {
+      u[index[j]] = v[index[j]] = 0.0f;
+      u64[index[j]] = v64[index[j]] = 0.0;
+    }
+  }
+}
+
+TEST(kernelsEf, ScaledAccumulateSubtractAddNormClip) {
+  std::vector<float> r = {1, 2, 3, 4};
+  const std::vector<float> g = {1, 1, 1, 1};
+  ef_accumulate_scaled(r, g, 0.5f);
+  EXPECT_EQ(r, (std::vector<float>{1.5f, 2.5f, 3.5f, 4.5f}));
+  ef_accumulate_scaled(r, g, 1.0f);
+  EXPECT_EQ(r, (std::vector<float>{2.5f, 3.5f, 4.5f, 5.5f}));
+  const std::vector<uint32_t> idx = {1, 3};
+  const std::vector<float> val = {0.5f, 10.0f};
+  subtract_selected(r, idx, val);
+  EXPECT_EQ(r, (std::vector<float>{2.5f, 3.0f, 4.5f, -4.5f}));
+  add_selected(r, idx, val);
+  EXPECT_EQ(r, (std::vector<float>{2.5f, 3.5f, 4.5f, 5.5f}));
+  EXPECT_DOUBLE_EQ(norm2(std::vector<float>{3, 4}), 25.0);
+  EXPECT_EQ(clip_factor(10.0, 0.0), 1.0f);    // off
+  EXPECT_EQ(clip_factor(10.0, 20.0), 1.0f);   // below the cap
+  EXPECT_EQ(clip_factor(10.0, 5.0), 0.5f);
+  EXPECT_EQ(clip_factor(0.0, 5.0), 1.0f);
+  EXPECT_EQ(clip_factor(std::nan(""), 5.0), 1.0f);
+  EXPECT_EQ(clip_factor(INFINITY, 5.0), 1.0f);
+}
 
 }  // namespace
 }  // namespace sparsecar::kernels

@@ -8,6 +8,7 @@
 #include <numeric>
 #include <vector>
 
+#include "kernels/src/detail/topk.h"
 #include "sparsecar/kernels/select.h"
 #include "tests/unit/kernels/test_util.h"
 
@@ -144,6 +145,47 @@ TEST_P(SelectTest, TopkRejectsSmallScratch) {
   ASSERT_FALSE(got.ok());
   EXPECT_EQ(got.status().code(), Code::kInvalidArgument);
   EXPECT_NE(got.status().message().find("scratch"), std::string::npos);
+}
+
+// The sampled path (n >= 32 Ki) in both its schemes (merge below k = n/8, two passes above),
+// and the two-pass path on the same inputs: all must equal the sort.
+TEST_P(SelectTest, TopkSampledPathMatchesSortOnLargeInputs) {
+  uint64_t seed = 500;
+  for (size_t n : {size_t{32768}, size_t{100003}, size_t{262161}}) {
+    const auto x = testing::normal_floats(n, seed++);
+    for (double d : {0.0001, 0.001, 0.01, 0.1, 0.124, 0.126, 0.3, 0.49, 0.6}) {
+      check_topk(x, topk_count(n, d), "normal-large");
+    }
+  }
+  // Heavy exact ties and special values make the bracket miss: the fallback must still agree.
+  const auto same = testing::same_bin_floats(70001, seed++);
+  for (double d : {0.001, 0.05, 0.2}) check_topk(same, topk_count(same.size(), d), "same-bin");
+  const auto special = testing::special_floats(65536, seed++);
+  for (double d : {0.001, 0.05, 0.2}) check_topk(special, topk_count(special.size(), d), "special");
+  // Mostly zeros (a sparse gradient): the k-th key may be 0 with a huge tie.
+  auto sparse = testing::normal_floats(50000, seed++);
+  for (size_t i = 0; i < sparse.size(); ++i) {
+    if (i % 7 != 0) sparse[i] = 0.0f;
+  }
+  for (double d : {0.01, 0.14, 0.5}) check_topk(sparse, topk_count(sparse.size(), d), "sparse");
+  // Sorted magnitudes (structure a strided sample could alias with).
+  auto ramp = testing::normal_floats(40000, seed++);
+  std::sort(ramp.begin(), ramp.end(), [](float a, float b) { return std::fabs(a) < std::fabs(b); });
+  for (double d : {0.001, 0.02, 0.2}) check_topk(ramp, topk_count(ramp.size(), d), "ramp");
+}
+
+TEST_P(SelectTest, TopkTwoPassPathMatchesSort) {
+  const auto x = testing::normal_floats(70000, 77);
+  for (double d : {0.001, 0.05}) {
+    const size_t k = topk_count(x.size(), d);
+    std::vector<std::byte> scratch(topk_scratch_bytes(x.size()));
+    std::vector<uint32_t> index(k);
+    std::vector<float> value(k);
+    auto got = detail::topk_exact_two_pass_isa(GetParam(), x, k, scratch, index.data(),
+                                               value.data());
+    ASSERT_TRUE(got.ok());
+    EXPECT_EQ(index, ref_topk(x, k));
+  }
 }
 
 TEST(kernelsSelect, TopkCount) {

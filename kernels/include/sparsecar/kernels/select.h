@@ -33,21 +33,78 @@ void ef_accumulate(std::span<float> residual, std::span<const float> grad);
 // 0 when n == 0.
 size_t topk_count(size_t n, double density);
 
-// Bytes of scratch topk_exact needs for n elements: 4n + 32 KiB + 64 (any alignment is fine).
-// Size it once when the tensor is registered.
+// Bytes of scratch topk_exact, topk_approx and magnitude_quantile need for n elements:
+// 4n + 96 KiB + 64 (any alignment is fine). Size it once when the tensor is registered.
 size_t topk_scratch_bytes(size_t n);
 
 // Exact top-k by magnitude |x_i| (order above). Ties at the k-th magnitude are broken by the
 // lower index, so the result is deterministic and identical on every node. Writes min(k, n)
 // pairs in increasing index order into out_index/out_value (each must hold at least min(k, n)
 // entries) and returns that count; k == 0 or n == 0 returns 0 and writes nothing.
-// A selection algorithm, not a sort: one histogram pass over the top 11 magnitude bits, one pass
-// that writes the certain winners and collects the k-th element's bin, then 10 + 10 bit
-// refinement over that bin only. O(n) time, two streaming reads of x.
+// A selection algorithm, not a sort. Large inputs (>= 32 Ki elements) take the sampled path:
+// the magnitudes of a fixed stratified sample bracket the k-th key with a safety margin
+// (lo <= k-th <= hi, about 4 sigma of the sample rank), then ONE streaming pass writes the
+// certain winners (key > hi) straight to the output and the band [lo, hi] to scratch; a radix
+// select over the (small) band finds the exact k-th key and a merge yields the result. When the
+// bracket misses (a count check after the pass; rare, e.g. huge exact ties), or for small
+// inputs, the two-pass path runs: a histogram of the top 11 key bits, a partition pass, and a
+// 10 + 10 bit refinement of the k-th element's bin. Both paths give the identical answer.
 // Errors: scratch smaller than topk_scratch_bytes(n), null outputs with k > 0, or more than
 // 2^32 - 1 elements -> kInvalidArgument (nothing written).
 Expected<size_t> topk_exact(std::span<const float> x, size_t k, std::span<std::byte> scratch,
                             uint32_t* out_index, float* out_value);
+
+// Approximate top-k (DGC's sampled threshold): lambda = the magnitude of rank k estimated from a
+// sample of x, then one threshold pass. If the count c lands within k * (1 +- tolerance) the
+// c pairs are the answer (every |x_i| >= lambda, i.e. a hard threshold); if c overshoots, the
+// exact top k of those c are kept (then the result equals topk_exact); if c undershoots or does
+// not fit `capacity`, exact top-k runs. Returns the number of pairs written (the nnz actually
+// selected), in increasing index order. capacity >= min(k, n) is required; capacity >=
+// k * (1 + tolerance) avoids the exact fallback on overshoot. tolerance in [0, 1].
+// Deterministic (fixed sample positions). Errors as topk_exact, plus capacity < min(k, n).
+Expected<size_t> topk_approx(std::span<const float> x, size_t k, double tolerance,
+                             std::span<std::byte> scratch, uint32_t* out_index, float* out_value,
+                             size_t capacity);
+
+// The magnitude below which a fraction q of the |x_i + add_i| lie (add empty: |x_i|), estimated
+// from the same fixed stratified sample (up to 16 Ki elements; exact when n is small). q is
+// clamped to [0, 1]; q == 1 returns the largest sampled magnitude. Used as lambda of the
+// percentile threshold selector (`|e_i| >= lambda` keeps about (1 - q) n elements). NaNs count
+// as the largest magnitude (+inf is returned if they reach rank q). 0 for n == 0.
+// scratch: topk_scratch_bytes(n) (only 64 KiB of it are used).
+float magnitude_quantile(std::span<const float> x, double q, std::span<std::byte> scratch,
+                         std::span<const float> add = {});
+
+// A counter-based 32-bit random draw for element `index` of the stream `seed` (a splitmix64
+// of the seed, then two murmur3 finalisers of the index): the same (seed, index) gives the
+// same value on every machine, in any order and any thread. Public so tests and other
+// selectors can reproduce the draws.
+uint32_t random_draw(uint64_t seed, uint32_t index);
+
+// The per-(tensor, step) stream seed: splitmix64 chain of (job seed, tensor id, step).
+uint64_t derive_seed(uint64_t job_seed, uint32_t tensor_id, uint64_t step);
+
+// Random-k: keeps i independently with probability p (random_draw(seed, i) < p * 2^32), so
+// the kept set is identical on every node for the same seed. unbiased = true writes
+// x_i / p (E[sent] = x); false writes x_i unchanged (for error feedback, which keeps the rest
+// and must not be scaled: E[(1 - B/p)^2] = (1 - p)/p > 1 would grow the residual without
+// bound). Returns the match count, writes min(count, capacity) pairs in index order.
+// p <= 0 keeps nothing, p >= 1 keeps everything.
+size_t randomk_select(std::span<const float> x, double p, uint64_t seed, bool unbiased,
+                      uint32_t* out_index, float* out_value, size_t capacity);
+
+// Importance sampling: keeps i with probability p_i = min(1, c |x_i|) where c is solved (a
+// fixed point over the capped elements, float64, at most 8 passes) so that sum p_i = k; NaN
+// and +-inf have p_i = 1, zeros 0. unbiased = true writes x_i / p_i; false writes x_i (for
+// error feedback, as randomk_select). Draws as randomk_select: random_draw(seed, i) < p_i 2^32.
+// Returns the match count, writes min(count, capacity) pairs in index order. The expected count
+// is k (when at least k elements are non-zero).
+size_t importance_select(std::span<const float> x, size_t k, uint64_t seed, bool unbiased,
+                         uint32_t* out_index, float* out_value, size_t capacity);
+
+// The c of importance_select for x and k (exposed for tests): sum_i min(1, c |x_i|) == k up
+// to rounding; +inf when fewer than k elements are non-zero.
+double importance_scale(std::span<const float> x, size_t k);
 
 // All i with |x_i| >= lambda, in increasing index order (NaNs match, see above). A lambda that is
 // not > 0 (zero, negative, NaN) matches every element. Writes at most `capacity` pairs; returns
