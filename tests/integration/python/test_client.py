@@ -1,0 +1,80 @@
+"""sparsecar.Client against real daemons: round trips (NumPy and torch), zero-copy views,
+errors as exceptions with the daemon's message."""
+import threading
+
+import numpy as np
+import pytest
+
+import sparsecar
+
+
+def test_round_trip_two_nodes_exact_mean(make_job):
+    job = make_job(nodes=2, daemon_args=["--compression", "off"])
+    clients = [sparsecar.Client(s, timeout=10) for s in job.sockets]
+    tensors = [c.register("w", (4, 25)) for c in clients]
+    rng = np.random.default_rng(1)
+    grads = [rng.standard_normal((4, 25)).astype(np.float32) for _ in clients]
+    expect = (grads[0] + grads[1]) * np.float32(0.5)
+    infos = [None, None]
+
+    def node(r):  # each node's trainer in its own thread: the GIL is released while waiting
+        infos[r] = clients[r].allreduce(tensors[r], grads[r], step=1, lr=0.1)
+
+    threads = [threading.Thread(target=node, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    for r in range(2):
+        assert infos[r] is not None and infos[r].step == 1 and infos[r].dense_bytes > 0
+    np.testing.assert_array_equal(grads[0], expect)  # compression off: the exact mean
+    np.testing.assert_array_equal(grads[1], expect)
+    a = tensors[0].array()
+    assert a.shape == (4, 25) and a.dtype == np.float32
+    np.testing.assert_array_equal(a, grads[0])
+    for c in clients:
+        c.close()
+
+
+def test_topk_torch_zero_copy_and_metrics(make_job):
+    torch = pytest.importorskip("torch")
+    job = make_job(nodes=2, daemon_args=["--compression", "on", "--selector", "topk", "--density", "0.1"])
+    clients = [sparsecar.Client(s) for s in job.sockets]
+    ts = [c.register("g", 100) for c in clients]
+    views = [sparsecar.as_torch(t) for t in ts]
+    assert views[0].data_ptr() == ts[0].array().ctypes.data  # same memory, no copy
+    g = [torch.zeros(100), torch.zeros(100)]
+    g[0][7], g[1][42] = 5.0, -3.0
+    for r in range(2):
+        clients[r].submit(ts[r], 1, lr=0.5, data=g[r])
+    infos = [clients[r].wait(ts[r], 1, timeout=30, out=g[r]) for r in range(2)]
+    for r in range(2):
+        assert infos[r].nnz == 10
+        assert g[r][7] == pytest.approx(2.5) and g[r][42] == pytest.approx(-1.5)
+        assert float(views[r].abs().sum()) == pytest.approx(4.0)
+        assert infos[r].bytes_sent < infos[r].dense_bytes
+        clients[r].report_metric("loss", 0.25, 1)
+    for c in clients:
+        c.close()
+    assert clients[0].closed
+
+
+def test_errors_are_exceptions(make_job, tmp_path):
+    with pytest.raises(sparsecar.Unavailable) as e:
+        sparsecar.Client(str(tmp_path / "nobody.sock"), timeout=0.2)
+    assert e.value.code_name == "UNAVAILABLE" and "nobody.sock" in str(e.value)
+    assert isinstance(e.value, ConnectionError) and isinstance(e.value, sparsecar.Error)
+
+    job = make_job(nodes=1)
+    c = sparsecar.Client(job.sockets[0])
+    t = c.register("w", 8)
+    with pytest.raises(sparsecar.Error) as e:
+        c.wait(t, 5, timeout=0.1)
+    assert e.value.code_name == "FAILED_PRECONDITION"
+    with pytest.raises(ValueError):
+        c.submit(t, 1, data=np.zeros(9, dtype=np.float32))
+    with pytest.raises(TypeError):  # in-place kernels refuse a copy-converting dtype
+        sparsecar.kernels.ef_accumulate(np.zeros(4), np.zeros(4, dtype=np.float32))
+    c.close()
+    with pytest.raises(ValueError):
+        c.register("x", 4)
