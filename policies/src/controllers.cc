@@ -180,36 +180,59 @@ class BudgetController final : public Controller {
     if (s.budget_total_elements <= 0 || s.budget_steps == 0) return Status::Ok();
     knobs->selector = kernels::Selector::kThreshold;
     if (!init_) {
-      lambda_ = knobs->threshold;
+      lambda_ = initial_ = knobs->threshold;
       init_ = true;
+      // Taking over (selector -> threshold) is a change too: what was sent before says nothing
+      // about this lambda.
+      changed_ = true;
+      last_change_ = o.step;
     }
     used_ += o.nnz;
-    ++seen_;
     ctx.status->budget_used_elements = used_;
+    // Rate of the lambda in force: an EMA of nnz (error feedback makes the first steps after a
+    // change a transient: a higher lambda sends little until the residual has grown).
+    // Observations of the two steps after a change still ran under the old lambda (decision latency).
+    if (!changed_ || o.step >= last_change_ + 2) {
+      rate_ = rate_n_ == 0 ? o.nnz : 0.4 * o.nnz + 0.6 * rate_;
+      ++rate_n_;
+    }
     const uint64_t done = o.step + 1;
-    const bool settling = changed_ && o.step < last_change_ + s.budget_settle_steps;
-    if (done < s.budget_steps && !settling) {
+    const bool settling = changed_ && o.step < last_change_ + std::max<uint64_t>(s.budget_settle_steps, 2);
+    if (done < s.budget_steps && !settling && rate_n_ > 0) {
+      // What is left of the budget, spread over what is left of the run: cumulative volume
+      // tracks the budget because every overshoot or undershoot is paid back over the rest.
       const double remaining = static_cast<double>(s.budget_steps - done);
       const double target_rate = std::max(s.budget_total_elements - used_, 0.0) / remaining;
-      // Rate of the lambda in force: a short EMA of nnz since the last change.
-      rate_ = rate_n_ == 0 ? o.nnz : 0.5 * o.nnz + 0.5 * rate_;
-      ++rate_n_;
-      double factor;
+      // Newton steps in log(lambda) on log(rate / wanted rate). The slope of log nnz against
+      // log lambda is measured from the last two lambdas (secant; it is about -1 for error
+      // feedback in steady state, steeper on a real gradient's tail) so a steep curve does not
+      // make the loop oscillate. Full steps until within 1.5x (calibration), then half steps of
+      // at most 10 %.
+      double log_ratio;
       if (target_rate <= 0) {
-        factor = 4.0;  // budget spent: send as little as possible
+        log_ratio = 2.0;  // budget spent: send as little as possible
       } else if (rate_ <= 0) {
-        factor = 0.5;
+        log_ratio = -2.0;
       } else {
-        // With error feedback the steady-state nnz of a hard threshold is ~ Σ|g_i| / lambda.
-        factor = rate_ / target_rate;
+        log_ratio = std::clamp(std::log(rate_ / target_rate), -3.0, 3.0);
       }
-      const bool calibrating = !calibrated_;
-      if (calibrating && factor > 0.7 && factor < 1.4) calibrated_ = true;
-      const double lo = calibrating ? 0.25 : 1.0 / 1.2;
-      const double hi = calibrating ? 4.0 : 1.2;
-      factor = std::clamp(factor, lo, hi);
+      if (has_prev_ && rate_ > 0) {
+        const double dl = std::log(lambda_) - prev_log_lambda_;
+        if (std::fabs(dl) > 1e-3) {
+          const double measured = -(std::log(rate_) - prev_log_rate_) / dl;
+          if (std::isfinite(measured)) elasticity_ = std::clamp(0.5 * elasticity_ + 0.5 * measured, 0.5, 5.0);
+        }
+      }
+      if (!calibrated_ && std::fabs(log_ratio) < std::log(1.5)) calibrated_ = true;
+      double factor = std::exp((calibrated_ ? 0.5 : 1.0) * log_ratio / elasticity_);
+      if (calibrated_) factor = std::clamp(factor, 1.0 / 1.1, 1.1);
       if (std::fabs(std::log(factor)) > std::log1p(s.hysteresis / 4)) {
-        lambda_ *= factor;
+        if (rate_ > 0) {
+          has_prev_ = true;
+          prev_log_lambda_ = std::log(lambda_);
+          prev_log_rate_ = std::log(rate_);
+        }
+        lambda_ = std::clamp(lambda_ * factor, initial_ * 1e-6, initial_ * 1e6);
         changed_ = true;
         last_change_ = o.step;
         rate_n_ = 0;
@@ -224,10 +247,13 @@ class BudgetController final : public Controller {
   bool calibrated_ = false;
   bool changed_ = false;
   double lambda_ = 0;
+  double initial_ = 0;
+  double elasticity_ = 1.0;  // -d log nnz / d log lambda
+  bool has_prev_ = false;
+  double prev_log_lambda_ = 0, prev_log_rate_ = 0;
   double used_ = 0;
   double rate_ = 0;
   uint64_t rate_n_ = 0;
-  uint64_t seen_ = 0;
   uint64_t last_change_ = 0;
 };
 
@@ -385,14 +411,19 @@ bool valid(const ControlKnobs& k) {
 
 std::string describe_change(const ControlKnobs& from, const ControlKnobs& to) {
   std::string out;
-  auto add = [&](const std::string& s) { out += (out.empty() ? "" : " ") + s; };
+  auto add = [&](const std::string& s) {
+    if (!out.empty()) out += ' ';
+    out += s;
+  };
   if (from.compression != to.compression) add(to.compression ? "compression=on" : "compression=off");
-  if (from.selector != to.selector) add("selector=" + std::string(kernels::selector_name(to.selector)));
+  if (from.selector != to.selector) add(std::string("selector=").append(kernels::selector_name(to.selector)));
   if (from.density != to.density) add(fmt("density=%.4g", to.density));
   if (from.threshold != to.threshold) add(fmt("threshold=%.4g", to.threshold));
   if (from.density_cap != to.density_cap) add(fmt("density_cap=%.4g", to.density_cap));
-  if (from.tensor_scale != to.tensor_scale) add("tensor_density_scale=" + format_tensor_scales(to.tensor_scale));
-  if (from.format != to.format) add("format=" + std::string(kernels::format_name(to.format)));
+  if (from.tensor_scale != to.tensor_scale) {
+    add(std::string("tensor_density_scale=").append(format_tensor_scales(to.tensor_scale)));
+  }
+  if (from.format != to.format) add(std::string("format=").append(kernels::format_name(to.format)));
   return out;
 }
 
@@ -514,7 +545,7 @@ std::optional<ControlLoop::Proposal> ControlLoop::update(const ControllerSetting
     if (fallback_sent_ || in_force == base) return std::nullopt;
     fallback_sent_ = true;
     ++status_.proposals;
-    status_.last_reason = "controllers failed, back to static: " + status_.failure;
+    status_.last_reason = std::string("controllers failed, back to static: ").append(status_.failure);
     return Proposal{base, status_.last_reason};
   }
   status_.last_step = obs.step;
@@ -553,7 +584,8 @@ std::optional<ControlLoop::Proposal> ControlLoop::update(const ControllerSetting
                         std::to_string(obs.step) + ": " + s.message();
       return update(settings, obs, base, in_force);
     }
-    names += (names.empty() ? "" : ",") + std::string(controller_name(kind));
+    if (!names.empty()) names += ',';
+    names += controller_name(kind);
   }
   if (k.selector == kernels::Selector::kThreshold || !k.compression) k.format = in_force.format;
 
@@ -572,8 +604,12 @@ std::optional<ControlLoop::Proposal> ControlLoop::update(const ControllerSetting
   proposed_ = true;
   last_proposal_step_ = obs.step;
   ++status_.proposals;
-  status_.last_reason = "controller " + (names.empty() ? std::string("static") : names) + " at step " +
-                        std::to_string(obs.step) + ": " + describe_change(in_force, k);
+  status_.last_reason = "controller ";
+  status_.last_reason.append(names.empty() ? std::string("static") : names)
+      .append(" at step ")
+      .append(std::to_string(obs.step))
+      .append(": ")
+      .append(describe_change(in_force, k));
   return Proposal{k, status_.last_reason};
 }
 

@@ -149,8 +149,9 @@ struct Job {
       }
     }
   }
-  FakeNetwork net;
+  // Members die in reverse order: `net` stops delivering before any node's mailbox is freed.
   std::vector<std::unique_ptr<Node>> nodes;
+  FakeNetwork net;
 };
 
 TEST(ControllersAgreementTest, PolicyChangesEveryFewStepsEveryNodeUsesTheSamePlanAtEveryStep) {

@@ -135,7 +135,7 @@ struct ControllerSettings {
   // budget
   double budget_total_elements = 0;  // elements each node may send over the run (0 = off)
   uint64_t budget_steps = 0;         // length of the run in steps
-  uint64_t budget_settle_steps = 3;  // observations to skip after a lambda change
+  uint64_t budget_settle_steps = 3;  // steps between two lambda moves (>= the decision latency, 2)
 };
 
 // What one controller reports about itself (for status and metrics).
