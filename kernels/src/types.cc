@@ -12,6 +12,13 @@ std::string_view selector_name(Selector s) {
     case Selector::kPercentile: return "percentile";
     case Selector::kRandomk: return "randomk";
     case Selector::kImportance: return "importance";
+    case Selector::kBlockTopk: return "block_topk";
+    case Selector::kRowTopk: return "row_topk";
+    case Selector::kColumnTopk: return "column_topk";
+    case Selector::kChannelTopk: return "channel_topk";
+    case Selector::kHeadTopk: return "head_topk";
+    case Selector::kPeriodicMask: return "periodic_mask";
+    case Selector::kHybrid: return "hybrid";
   }
   return "unknown";
 }
@@ -40,7 +47,9 @@ std::string_view value_type_name(ValueType v) {
 
 bool parse_selector(std::string_view text, Selector* out) {
   for (Selector s : {Selector::kNone, Selector::kTopk, Selector::kThreshold, Selector::kTopkApprox,
-                     Selector::kPercentile, Selector::kRandomk, Selector::kImportance}) {
+                     Selector::kPercentile, Selector::kRandomk, Selector::kImportance, Selector::kBlockTopk,
+                     Selector::kRowTopk, Selector::kColumnTopk, Selector::kChannelTopk, Selector::kHeadTopk,
+                     Selector::kPeriodicMask, Selector::kHybrid}) {
     if (text == selector_name(s)) {
       *out = s;
       return true;

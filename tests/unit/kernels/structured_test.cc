@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "sparsecar/kernels/select.h"
+#include "sparsecar/kernels/types.h"
 #include "tests/unit/kernels/test_util.h"
 
 namespace sparsecar::kernels {
@@ -107,6 +108,19 @@ struct Out {
   std::vector<float> val;
   std::vector<std::byte> scratch;
 };
+
+TEST(StructuredSelectors, IdsAreFrozenAndNamesParseBack) {
+  const std::pair<Selector, int> ids[] = {{Selector::kBlockTopk, 7},   {Selector::kRowTopk, 8},
+                                          {Selector::kColumnTopk, 9},  {Selector::kChannelTopk, 10},
+                                          {Selector::kHeadTopk, 11},   {Selector::kPeriodicMask, 12},
+                                          {Selector::kHybrid, 13}};
+  for (auto [s, id] : ids) {
+    EXPECT_EQ(static_cast<int>(s), id);
+    Selector back = Selector::kNone;
+    ASSERT_TRUE(parse_selector(selector_name(s), &back)) << selector_name(s);
+    EXPECT_EQ(back, s);
+  }
+}
 
 TEST(GroupNorm, NamesRoundTrip) {
   for (GroupNorm g : {GroupNorm::kL2, GroupNorm::kL1}) {

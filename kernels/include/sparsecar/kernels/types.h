@@ -18,6 +18,15 @@ enum class Selector : uint16_t {
   kPercentile = 4,   // hard threshold with lambda = the q-quantile of |e| (estimated from a sample)
   kRandomk = 5,      // Bernoulli(p) keep, value / p (unbiased); seeded by (job seed, tensor, step)
   kImportance = 6,   // keep with probability min(1, c|e_i|), value / probability (unbiased)
+  // Structured (kernels/structured.h); a tensor whose registered shape does not fit falls back
+  // to kTopk at the same density.
+  kBlockTopk = 7,     // best contiguous blocks of block_size elements by L2/L1 norm
+  kRowTopk = 8,       // best rows of a 2-D tensor
+  kColumnTopk = 9,    // best columns of a 2-D tensor
+  kChannelTopk = 10,  // best output channels of a 4-D conv weight [c_out, c_in, kh, kw]
+  kHeadTopk = 11,     // best attention heads: `heads` slices of the leading dimension
+  kPeriodicMask = 12, // top-k mask of |g| accumulated over mask_period steps, reused in between
+  kHybrid = 13,       // per-tensor top-k plus a global lambda pooled over the previous step
 };
 
 // How a selection is laid out in a message payload.
