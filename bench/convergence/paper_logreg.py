@@ -146,13 +146,14 @@ def plot(results, target, outdir):
     os.makedirs(outdir, exist_ok=True)
     names = {"dense": "SGD (no compression)", "topk": "Top-k", "threshold": "Hard-threshold"}
     fig, ax = plt.subplots(1, 3, figsize=(15, 4))
-    for m, r in results.items():
+    for i, (m, r) in enumerate(results.items()):
+        color = f"C{i}"  # the same colour for a method in every panel
         c = np.array(r["curve"])
         label = names.get(m.split("@")[0], m) + (f" λ={m.split('@')[1]}" if "@" in m else "")
-        ax[0].semilogy(c[:, 1], np.maximum(c[:, 2], 1e-12), label=label)
-        ax[1].loglog(np.maximum(c[:, 3], 1), np.maximum(c[:, 2], 1e-12), label=label)
+        ax[0].semilogy(c[:, 1], np.maximum(c[:, 2], 1e-12), label=label, color=color)
+        ax[1].loglog(np.maximum(c[:, 3], 1), np.maximum(c[:, 2], 1e-12), label=label, color=color)
         if not m.startswith("dense"):
-            ax[2].plot(c[:, 1], c[:, 4], label=label)
+            ax[2].plot(c[:, 1], c[:, 4], label=label, color=color)
     for a in ax[:2]:
         a.axhline(target, color="grey", lw=0.8, ls="--")
         a.set_ylabel("f(w) - f*")
