@@ -65,6 +65,14 @@ const std::vector<Knob>& knobs() {
       {{"threshold", K::kDouble, "lambda of the hard-threshold selector: send |e_i| >= lambda", 1e-30, 1e30,
         "", true, true, ""},
        &Config::threshold},
+      {{"format", K::kChoice,
+        "payload layout of the selection; auto = the smallest exact size per message (WIRE.md)", 0, 0,
+        "coo|coo_varint|bitmap|csr|rle|dense|auto", true, false, ""},
+       &Config::format},
+      {{"value_type", K::kChoice,
+        "value encoding: fp32 exact; fp16/bf16 rounded; int8 with a per-message scale (error kept in the residual)",
+        0, 0, "fp32|fp16|bf16|int8", true, false, ""},
+       &Config::value_type},
       // Controllers (docs/controllers.md). Knobs that shape per-tensor plans are agreed.
       {{"controller", K::kString,
         "active controllers, a comma list of static|schedule|layerwise|gradnorm|frequency|bandwidth|accuracy|"

@@ -39,6 +39,10 @@ struct Config {
   kernels::Selector selector = kernels::Selector::kTopk;
   double density = 0.01;    // fraction kept by top-k
   double threshold = 1e-3;  // lambda of the hard-threshold selector
+  // Encoding of the selection (kernels/codec.h). Receivers decode whatever arrives, so nodes need
+  // not agree; `auto` takes the smallest exact size per message.
+  std::string format = "coo";       // coo|coo_varint|bitmap|csr|rle|dense|auto
+  std::string value_type = "fp32";  // fp32|fp16|bf16|int8 (quantisation error stays in the residual)
 
   // Controllers (policies/; docs/controllers.md). Plan-shaping knobs are agreed and live: they
   // change through decision epochs; the rest are read by rank 0's controllers only.

@@ -16,9 +16,7 @@ TensorCompressor::TensorCompressor(uint32_t id, const TensorSpec& spec)
       index_(spec.count, 0),
       value_(spec.count, 0.0f),
       scratch_(kernels::topk_scratch_bytes(spec.count)),
-      payload_(std::max(kernels::encoded_bytes(kernels::Format::kCoo, kernels::ValueType::kF32, spec.count, spec.count),
-                        kernels::encoded_bytes(kernels::Format::kDense, kernels::ValueType::kF32, spec.count,
-                                               spec.count))) {}
+      payload_(kernels::max_encoded_bytes(spec.count)) {}
 
 Expected<TensorCompressor::Encoded> TensorCompressor::compress(const policies::Plan& plan,
                                                                std::span<const float> local_sum) {
@@ -50,23 +48,32 @@ Expected<TensorCompressor::Encoded> TensorCompressor::compress(const policies::P
   }
   pending_ = Pending::kSparse;
   pending_nnz_ = nnz;
+  pending_value_type_ = plan.value_type;
+  const std::span<const uint32_t> index(index_.data(), nnz);
+  const std::span<const float> value(value_.data(), nnz);
+  kernels::EncodeParams params;
+  params.format = plan.format;
+  params.value_type = plan.value_type;
+  params.rows = plan.rows;
+  if (plan.auto_format) {
+    auto choice = kernels::choose_format(plan.value_type, plan.rows, n, index);
+    if (!choice.ok()) {
+      rollback();
+      return choice.status();
+    }
+    params.format = choice->format;
+  }
+  auto wrote = kernels::encode(params, n, index, value, payload_);
+  if (!wrote.ok()) {
+    rollback();
+    return wrote.status();
+  }
   Encoded out;
-  out.format = plan.format;
-  out.value_type = plan.value_type;
-  out.nnz = nnz;
-  const size_t bytes = kernels::encoded_bytes(plan.format, plan.value_type, n, nnz);
-  if (plan.format != kernels::Format::kCoo || bytes > payload_.size()) {
-    rollback();
-    return invalid_argument("format " + std::string(kernels::format_name(plan.format)) + " is not supported here");
-  }
-  std::span<std::byte> payload(payload_.data(), bytes);
-  Status s = kernels::coo_encode(std::span<const uint32_t>(index_.data(), nnz),
-                                 std::span<const float>(value_.data(), nnz), payload);
-  if (!s.ok()) {
-    rollback();
-    return s;
-  }
-  out.payload = payload;
+  out.format = params.format;
+  out.value_type = params.value_type;
+  out.nnz = params.format == kernels::Format::kDense ? n : nnz;
+  out.selected = nnz;
+  out.payload = std::span<const std::byte>(payload_.data(), *wrote);
   return out;
 }
 
@@ -82,6 +89,14 @@ std::span<float> TensorCompressor::dense_input(std::span<const float> local_sum)
 
 void TensorCompressor::commit() {
   if (pending_ == Pending::kDense) std::fill(residual_.begin(), residual_.end(), 0.0f);
+  if (pending_ == Pending::kSparse && pending_value_type_ != kernels::ValueType::kF32) {
+    // Receivers got y = quantised(x): keep x - y. value_ is free after commit, so quantise in place.
+    std::span<float> value(value_.data(), pending_nnz_);
+    for (size_t j = 0; j < pending_nnz_; ++j) residual_[index_[j]] += value[j];
+    Status s = kernels::quantize_roundtrip(pending_value_type_, value, value);
+    SC_CHECK(s.ok(), "quantize_roundtrip: %s", s.to_string().c_str());
+    for (size_t j = 0; j < pending_nnz_; ++j) residual_[index_[j]] -= value[j];
+  }
   pending_ = Pending::kNone;
   pending_nnz_ = 0;
   pending_sum_ = {};

@@ -36,12 +36,15 @@ class TensorCompressor {
   struct Encoded {
     kernels::Format format = kernels::Format::kCoo;
     kernels::ValueType value_type = kernels::ValueType::kF32;
-    uint64_t nnz = 0;
+    uint64_t nnz = 0;       // the header's nnz: the selection's count (dense_len for dense)
+    uint64_t selected = 0;  // coordinates selected this step
     std::span<const std::byte> payload;
   };
 
-  // Sparse plan: folds `local_sum` into the residual, selects and encodes. The selection is
-  // taken out of the residual now; commit() or rollback() must follow.
+  // Sparse plan: folds `local_sum` into the residual, selects and encodes in the plan's format
+  // (or the smallest, for auto_format) and value type. The selection is taken out of the residual
+  // now; commit() or rollback() must follow. commit() keeps the quantisation error (what was
+  // selected minus what every receiver decodes, kernels::quantize_roundtrip) in the residual.
   Expected<Encoded> compress(const policies::Plan& plan, std::span<const float> local_sum);
 
   // Dense plan: returns residual + local_sum in the work buffer; the residual is untouched until
@@ -68,6 +71,7 @@ class TensorCompressor {
   std::vector<std::byte> payload_;
   Pending pending_ = Pending::kNone;
   size_t pending_nnz_ = 0;
+  kernels::ValueType pending_value_type_ = kernels::ValueType::kF32;
   std::span<const float> pending_sum_;  // dense: the local sum to give back on rollback
 };
 

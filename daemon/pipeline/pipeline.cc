@@ -245,7 +245,7 @@ Status Pipeline::run_step(TensorState& t, const StepJob& job, const Decision& de
     SC_ASSIGN_OR_RETURN(TensorCompressor::Encoded e, c.compress(plan, job.local_sum));
     exchange_started = Clock::now();
     s = sparse_allgather(ctx, id, job.step, e.format, e.value_type, e.nnz, e.payload, job.result, &stats);
-    result->nnz = e.nnz;
+    result->nnz = e.selected;
   }
   const Clock::time_point exchange_ended = Clock::now();
   auto observe = [&] {

@@ -16,6 +16,9 @@ policies::StaticSettings settings_from_config(const Config& config) {
   s.selector = config.selector;
   s.density = config.density;
   s.threshold = config.threshold;
+  s.auto_format = config.format == "auto";
+  if (!s.auto_format && !kernels::parse_format(config.format, &s.format)) s.format = kernels::Format::kCoo;
+  if (!kernels::parse_value_type(config.value_type, &s.value_type)) s.value_type = kernels::ValueType::kF32;
   return s;
 }
 

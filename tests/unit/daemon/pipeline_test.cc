@@ -16,6 +16,7 @@
 #include "daemon/collective/mailbox.h"
 #include "daemon/pipeline/pipeline.h"
 #include "daemon/transport/wire.h"
+#include "sparsecar/kernels/codec.h"
 #include "tests/unit/daemon/fake_transport.h"
 
 namespace sparsecar {
@@ -387,6 +388,79 @@ TEST(ErrorFeedbackTest, SingleNodeConservesEverythingSentPlusResidual) {
   // magnitude <= ~5, so the float rounding is below 100 * 5 * 2^-24 * 100 ~ 3e-3.
   for (size_t i = 0; i < n; ++i) ASSERT_NEAR(total_sent[i] + residual[i], total_grad[i], 3e-3) << i;
 }
+
+// Every wire format (and auto) x value type through the pipeline over the FakeNetwork: each node
+// decodes whatever its peers sent; the average is the mean of every node's selection as the
+// receivers decode it (kernels::quantize_roundtrip), identical on every node; the quantisation
+// error stays in the residual (the reference keeps x - y too, so the selections agree).
+struct FormatCase {
+  const char* format;  // knob text
+  kernels::ValueType value_type;
+};
+
+class FormatTest : public ::testing::TestWithParam<FormatCase> {};
+
+TEST_P(FormatTest, EveryNodeDecodesWhateverArrivesAndKeepsTheQuantisationErrorInTheResidual) {
+  const FormatCase fc = GetParam();
+  const uint32_t w = 3;
+  const size_t n = 1200;
+  const size_t k = 60;
+  PipelineOptions o = options(true, kernels::Selector::kTopk, static_cast<double>(k) / n);
+  o.settings.auto_format = std::string(fc.format) == "auto";
+  if (!o.settings.auto_format) {
+    ASSERT_TRUE(kernels::parse_format(fc.format, &o.settings.format));
+  }
+  o.settings.value_type = fc.value_type;
+  Job job(w, o);
+  register_all(job, {{"w", n}});
+  std::vector<std::vector<float>> residual(w, std::vector<float>(n, 0.0f));
+  for (uint64_t step = 0; step < 4; ++step) {
+    std::vector<std::vector<float>> in, out;
+    for (uint32_t r = 0; r < w; ++r) in.push_back(random_vector(n, 77 * static_cast<uint32_t>(step) + r));
+    std::vector<double> expected(n, 0.0);
+    size_t coo_bytes = 0;
+    for (uint32_t r = 0; r < w; ++r) {
+      for (size_t i = 0; i < n; ++i) residual[r][i] += in[r][i];
+      const auto idx = reference_topk(residual[r], k);
+      std::vector<float> x(idx.size()), y(idx.size());
+      for (size_t j = 0; j < idx.size(); ++j) x[j] = residual[r][idx[j]];
+      ASSERT_TRUE(kernels::quantize_roundtrip(fc.value_type, x, y).ok());
+      for (size_t j = 0; j < idx.size(); ++j) {
+        expected[idx[j]] += y[j];
+        residual[r][idx[j]] = 0.0f;
+        residual[r][idx[j]] += x[j];
+        residual[r][idx[j]] -= y[j];
+      }
+      coo_bytes = kernels::encoded_bytes(kernels::Format::kCoo, fc.value_type, n, k);
+    }
+    auto results = run_step(job, 0, step, in, out);
+    for (uint32_t r = 0; r < w; ++r) {
+      ASSERT_TRUE(results[r].status.ok()) << results[r].status.to_string();
+      EXPECT_EQ(results[r].nnz, k);
+      EXPECT_EQ(out[r], out[0]) << "rank " << r << " differs from rank 0";
+      if (o.settings.auto_format) {
+        EXPECT_LE(results[r].bytes_sent, (w - 1) * (72 + coo_bytes));
+      }
+    }
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_NEAR(out[0][i], expected[i] / w, 1e-6 * std::fabs(expected[i]) + 1e-7) << "element " << i;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Formats, FormatTest,
+    ::testing::Values(FormatCase{"dense", kernels::ValueType::kF32}, FormatCase{"coo", kernels::ValueType::kF32},
+                      FormatCase{"coo_varint", kernels::ValueType::kF32}, FormatCase{"bitmap", kernels::ValueType::kF32},
+                      FormatCase{"csr", kernels::ValueType::kF32}, FormatCase{"rle", kernels::ValueType::kF32},
+                      FormatCase{"auto", kernels::ValueType::kF32}, FormatCase{"coo", kernels::ValueType::kF16},
+                      FormatCase{"bitmap", kernels::ValueType::kBf16}, FormatCase{"coo_varint", kernels::ValueType::kI8},
+                      FormatCase{"rle", kernels::ValueType::kF16}, FormatCase{"auto", kernels::ValueType::kI8},
+                      FormatCase{"dense", kernels::ValueType::kI8}, FormatCase{"csr", kernels::ValueType::kBf16}),
+    [](const ::testing::TestParamInfo<FormatCase>& param_info) {
+      return std::string(param_info.param.format) + "_" +
+             std::string(kernels::value_type_name(param_info.param.value_type));
+    });
 
 }  // namespace
 }  // namespace sparsecar

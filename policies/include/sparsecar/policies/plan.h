@@ -26,7 +26,9 @@ struct Plan {
   double density = 1.0;    // top-k: fraction kept
   float threshold = 0.0f;  // hard threshold: lambda
   kernels::Format format = kernels::Format::kDense;
+  bool auto_format = false;  // pick the smallest format per message (kernels::choose_format); `format` ignored
   kernels::ValueType value_type = kernels::ValueType::kF32;
+  uint32_t rows = 1;  // rows of the tensor's 2-D view, for CSR (1 for 1-D tensors)
   Collective collective = Collective::kRingAllReduce;
 };
 
@@ -36,6 +38,9 @@ struct StaticSettings {
   kernels::Selector selector = kernels::Selector::kTopk;
   double density = 0.01;
   double threshold = 1e-3;
+  kernels::Format format = kernels::Format::kCoo;
+  bool auto_format = false;  // `format` = auto
+  kernels::ValueType value_type = kernels::ValueType::kF32;
 };
 
 // What a policy knows about the tensor and step it plans for.
@@ -44,11 +49,12 @@ struct TensorObservation {
   uint64_t elements = 0;
   uint64_t step = 0;
   uint32_t world_size = 1;
+  uint32_t rows = 1;  // leading dimension of the registered shape (1 until shapes are registered)
   std::string_view name;  // the registered name (checked equal on every node at the first step)
 };
 
-// Compression off -> dense ring all-reduce; on -> the configured selector, COO values in fp32,
-// sparse all-gather.
+// Compression off -> dense ring all-reduce; on -> the configured selector, format (or auto) and
+// value type, sparse all-gather.
 Plan static_plan(const StaticSettings& settings, const TensorObservation& observation);
 
 // "topk density=0.002 coo/fp32 sparse-allgather" — for logs and errors.
