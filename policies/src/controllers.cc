@@ -329,7 +329,8 @@ class BandwidthController final : public Controller {
       ctx.status->predicted_exchange_s = std::min(now_s, target);
       return Status::Ok();
     }
-    auto time_at = [&](double d) { return static_cast<double>(step_sparse_bytes(o.tensors, d, w)) / g; };
+    // Predict in the format that will be sent (the cost controller may change it afterwards).
+    auto time_at = [&](double d) { return static_cast<double>(step_sparse_bytes(o.tensors, d, w, knobs->format)) / g; };
     const double desired = std::min(knobs->density, s.density_max);
     if (time_at(desired) <= target) {
       knobs->density_cap = 1.0;
@@ -372,8 +373,15 @@ class CostController final : public Controller {
     if (knobs->selector == kernels::Selector::kThreshold && o.elements > 0) {
       d = std::max(o.nnz / static_cast<double>(o.elements), 1e-9);
     }
+    // Format of the largest tensor's selection (exact sizes from the codec).
+    const auto* largest = &o.tensors.front();
+    for (const auto& t : o.tensors) {
+      if (t.elements > largest->elements) largest = &t;
+    }
+    kernels::Format f = kernels::Format::kCoo;
+    sparse_allgather_bytes(largest->elements, topk_count(largest->elements, d), s.world_size, &f);
     const double g = ctx.goodput_Bps > 0 ? ctx.goodput_Bps : 1.0;  // unknown: compare bytes
-    const double sparse_s = static_cast<double>(step_sparse_bytes(o.tensors, d, s.world_size)) / g +
+    const double sparse_s = static_cast<double>(step_sparse_bytes(o.tensors, d, s.world_size, f)) / g +
                             (ctx.goodput_Bps > 0 ? std::max(o.encode_s, 0.0) : 0.0);
     const double dense_s = static_cast<double>(step_dense_bytes(o.tensors, s.world_size)) / g;
     if (!dense_) {
@@ -385,13 +393,6 @@ class CostController final : public Controller {
       knobs->compression = false;
       return Status::Ok();
     }
-    // Format of the largest tensor's selection (exact sizes from the codec).
-    const auto* largest = &o.tensors.front();
-    for (const auto& t : o.tensors) {
-      if (t.elements > largest->elements) largest = &t;
-    }
-    kernels::Format f = kernels::Format::kCoo;
-    sparse_allgather_bytes(largest->elements, topk_count(largest->elements, d), s.world_size, &f);
     knobs->format = f;
     return Status::Ok();
   }
@@ -509,15 +510,22 @@ uint64_t sparse_allgather_bytes(uint64_t elements, uint64_t nnz, uint32_t world,
   return static_cast<uint64_t>(world > 0 ? world - 1 : 0) * (kWireHeaderBytes + best);
 }
 
+uint64_t sparse_allgather_bytes_as(uint64_t elements, uint64_t nnz, uint32_t world, kernels::Format format) {
+  size_t b = kernels::encoded_bytes(format, kernels::ValueType::kF32, elements, nnz);
+  if (b == 0) b = kernels::encoded_bytes(kernels::Format::kCoo, kernels::ValueType::kF32, elements, nnz);
+  return static_cast<uint64_t>(world > 0 ? world - 1 : 0) * (kWireHeaderBytes + b);
+}
+
 uint64_t ring_allreduce_bytes(uint64_t elements, uint32_t world) {
   if (world < 2) return 0;
   const uint64_t chunk = (elements + world - 1) / world;
   return 2ull * (world - 1) * (kWireHeaderBytes + 4 * chunk);
 }
 
-uint64_t step_sparse_bytes(std::span<const TensorStepObservation> tensors, double density, uint32_t world) {
+uint64_t step_sparse_bytes(std::span<const TensorStepObservation> tensors, double density, uint32_t world,
+                           kernels::Format format) {
   uint64_t total = 0;
-  for (const auto& t : tensors) total += sparse_allgather_bytes(t.elements, topk_count(t.elements, density), world, nullptr);
+  for (const auto& t : tensors) total += sparse_allgather_bytes_as(t.elements, topk_count(t.elements, density), world, format);
   return total;
 }
 

@@ -178,10 +178,13 @@ inline constexpr uint64_t kWireHeaderBytes = 72;
 // Bytes one node sends for a sparse all-gather of a tensor with nnz kept, in the smallest format
 // kernels::encoded_bytes knows (fp32 values); *format gets that format.
 uint64_t sparse_allgather_bytes(uint64_t elements, uint64_t nnz, uint32_t world, kernels::Format* format);
+// The same in a given format (the largest size for formats whose size varies).
+uint64_t sparse_allgather_bytes_as(uint64_t elements, uint64_t nnz, uint32_t world, kernels::Format format);
 // Bytes one node sends in a dense ring all-reduce (2(W-1) chunks of about n/W fp32).
 uint64_t ring_allreduce_bytes(uint64_t elements, uint32_t world);
 // Per node bytes of a whole step at `density` (top-k counts per tensor), sparse vs dense.
-uint64_t step_sparse_bytes(std::span<const TensorStepObservation> tensors, double density, uint32_t world);
+uint64_t step_sparse_bytes(std::span<const TensorStepObservation> tensors, double density, uint32_t world,
+                           kernels::Format format = kernels::Format::kCoo);
 uint64_t step_dense_bytes(std::span<const TensorStepObservation> tensors, uint32_t world);
 
 // ---- the loop -------------------------------------------------------------------------------
