@@ -8,6 +8,8 @@
 #include <sstream>
 #include <toml++/toml.h>
 
+#include "sparsecar/policies/overrides.h"
+
 namespace sparsecar {
 namespace {
 
@@ -80,6 +82,29 @@ Expected<std::vector<std::string>> load_config_file(const std::string& path, Con
   for (const auto& [key, node] : table) {
     std::string name(key.str());
     std::string where = path + ":" + std::to_string(node.source().begin.line);
+    if (name == "tensor" && node.is_table()) {
+      // [tensor."GLOB"] tables: per-tensor overrides, appended in file order to tensor_overrides.
+      std::string rules = config.tensor_overrides;
+      for (const auto& [glob, section] : *node.as_table()) {
+        const std::string at = path + ":" + std::to_string(section.source().begin.line);
+        if (!section.is_table()) return invalid_argument(at + ": tensor.\"" + std::string(glob.str()) + "\" must be a table");
+        std::string rule = std::string(glob.str()) + ":";
+        bool first = true;
+        for (const auto& [k, v] : *section.as_table()) {
+          auto text = toml_text(v);
+          if (!text.ok()) return text.status().with_context(at + ": tensor." + std::string(glob.str()) + "." + std::string(k.str()));
+          rule += (first ? " " : ", ") + std::string(k.str()) + "=" + *text;
+          first = false;
+        }
+        rules += (rules.empty() ? "" : "; ") + rule;
+      }
+      SC_RETURN_IF_ERROR(set_knob(config, "tensor_overrides", rules).with_context(where));
+      if (auto parsed = policies::parse_tensor_overrides(rules); !parsed.ok()) {
+        return parsed.status().with_context(where);
+      }
+      set_names.push_back("tensor_overrides");
+      continue;
+    }
     if (!find_knob(name)) return not_found(where + ": unknown knob '" + name + "'");
     auto text = toml_text(node);
     if (!text.ok()) return text.status().with_context(where + ": knob '" + name + "'");

@@ -6,6 +6,7 @@
 #include <variant>
 
 #include "sparsecar/common/log.h"
+#include "sparsecar/policies/overrides.h"
 #include "sparsecar/policies/tensor_plan.h"
 
 namespace sparsecar {
@@ -57,7 +58,8 @@ const std::vector<Knob>& knobs() {
        &Config::ucx_net_devices},
       {{"compression", K::kBool, "compress gradients (off = exact dense average)", 0, 0, "", true, true, ""},
        &Config::compression},
-      {{"selector", K::kChoice, "how coordinates are chosen when compression is on", 0, 0, "topk|threshold",
+      {{"selector", K::kChoice, "how coordinates are chosen when compression is on", 0, 0,
+        "topk|threshold|topk_approx|percentile|randomk|importance",
         true, true, ""},
        &Config::selector},
       {{"density", K::kDouble, "fraction of coordinates top-k keeps per step", 1e-6, 1.0, "", true, true, ""},
@@ -65,6 +67,38 @@ const std::vector<Knob>& knobs() {
       {{"threshold", K::kDouble, "lambda of the hard-threshold selector: send |e_i| >= lambda", 1e-30, 1e30,
         "", true, true, ""},
        &Config::threshold},
+      {{"quantile", K::kDouble,
+        "percentile selector: lambda = this quantile of |e| (sampled), so about 1 - quantile is sent", 1e-6, 1.0,
+        "", true, true, ""},
+       &Config::quantile},
+      {{"approx_tolerance", K::kDouble,
+        "topk_approx: relative miss |nnz - k| / k accepted from the sampled threshold before refining to exact",
+        0.0, 1.0, "", true, true, ""},
+       &Config::approx_tolerance},
+      {{"random_seed", K::kUint,
+        "job seed of randomk/importance draws (per tensor and step: derive_seed(seed, tensor, step))", 0, 1.8e19,
+        "", true, true, ""},
+       &Config::random_seed},
+      {{"error_feedback", K::kChoice,
+        "unsent part: residual (plain EF), momentum (DGC momentum correction + factor masking), off (dropped; "
+        "randomk/importance then send unbiased x/p)",
+        0, 0, "residual|momentum|off", true, true, ""},
+       &Config::error_feedback},
+      {{"momentum", K::kDouble, "error_feedback=momentum: velocity factor m (u = m u + g; v += u)", 0.0, 0.999999,
+        "", true, true, ""},
+       &Config::momentum},
+      {{"clip_norm", K::kDouble, "local gradient clipping: scale each node's gradient to at most this L2 norm (0 = off)",
+        0.0, 1e30, "", true, true, ""},
+       &Config::clip_norm},
+      {{"lr_rescale", K::kChoice,
+        "when the trainer's lr changes: residual *= lr_new/lr_old (new_over_old), lr_old/lr_new (old_over_new) or off",
+        0, 0, "off|new_over_old|old_over_new", true, true, ""},
+       &Config::lr_rescale},
+      {{"tensor_overrides", K::kString,
+        "per-tensor settings, 'GLOB: key=value, ...; GLOB: ...' (keys compression selector density threshold "
+        "quantile approx_tolerance; later rules win); a config file's [tensor.\"GLOB\"] tables add to it",
+        0, 0, "", true, true, ""},
+       &Config::tensor_overrides},
       {{"format", K::kChoice,
         "payload layout of the selection; auto = the smallest exact size per message (WIRE.md)", 0, 0,
         "coo|coo_varint|bitmap|csr|rle|dense|auto", true, false, ""},
@@ -364,6 +398,9 @@ Status validate(const Config& config) {
   }
   if (config.compression && config.selector == kernels::Selector::kNone) {
     return invalid_argument("compression is on but selector is none");
+  }
+  if (auto rules = policies::parse_tensor_overrides(config.tensor_overrides); !rules.ok()) {
+    return rules.status().with_context("knob 'tensor_overrides'");
   }
   if (auto c = policies::parse_controllers(config.controller); !c.ok()) {
     return invalid_argument("controller: " + c.status().message());

@@ -39,6 +39,15 @@ struct Config {
   kernels::Selector selector = kernels::Selector::kTopk;
   double density = 0.01;    // fraction kept by top-k
   double threshold = 1e-3;  // lambda of the hard-threshold selector
+  // Selector parameters and error compensation (issue 3; agreed).
+  double quantile = 0.99;                 // percentile selector: lambda = this quantile of |e|
+  double approx_tolerance = 0.1;          // topk_approx: accepted |nnz - k| / k
+  uint64_t random_seed = 0;               // randomk / importance: job seed of the draws
+  std::string error_feedback = "residual";  // residual|momentum|off
+  double momentum = 0.9;                  // error_feedback = momentum: DGC's m
+  double clip_norm = 0;                   // > 0: local gradient clipping to this L2 norm
+  std::string lr_rescale = "off";         // off|new_over_old|old_over_new
+  std::string tensor_overrides;           // "GLOB: key=value, ...; GLOB: ..." (policies/overrides.h)
   // Encoding of the selection (kernels/codec.h). Receivers decode whatever arrives, so nodes need
   // not agree; `auto` takes the smallest exact size per message.
   std::string format = "coo";       // coo|coo_varint|bitmap|csr|rle|dense|auto

@@ -1,9 +1,11 @@
 #include "daemon/pipeline/compressor.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "sparsecar/common/log.h"
 #include "sparsecar/kernels/codec.h"
+#include "sparsecar/kernels/ef.h"
 #include "sparsecar/kernels/select.h"
 
 namespace sparsecar {
@@ -18,34 +20,111 @@ TensorCompressor::TensorCompressor(uint32_t id, const TensorSpec& spec)
       scratch_(kernels::topk_scratch_bytes(spec.count)),
       payload_(kernels::max_encoded_bytes(spec.count)) {}
 
-Expected<TensorCompressor::Encoded> TensorCompressor::compress(const policies::Plan& plan,
-                                                               std::span<const float> local_sum) {
-  SC_CHECK(pending_ == Pending::kNone, "compress() while a step is pending");
-  SC_CHECK(local_sum.size() == residual_.size(), "local sum of the wrong size");
-  const size_t n = residual_.size();
-  size_t nnz = 0;
-  switch (plan.selector) {
-    case kernels::Selector::kThreshold:
-      nnz = kernels::ef_threshold(residual_, local_sum, plan.threshold, index_.data(), value_.data(), n);
+void TensorCompressor::rescale_for_lr(const policies::Plan& plan, float lr) {
+  if (lr > 0.0f && last_lr_ > 0.0f && lr != last_lr_ && plan.lr_rescale != policies::LrRescale::kOff) {
+    const float factor =
+        plan.lr_rescale == policies::LrRescale::kNewOverOld ? lr / last_lr_ : last_lr_ / lr;
+    kernels::scale(residual_, factor);
+  }
+  if (lr > 0.0f) last_lr_ = lr;
+}
+
+float TensorCompressor::fold(const policies::Plan& plan, std::span<const float> local_sum) {
+  const float clip =
+      plan.clip_norm > 0.0f
+          ? kernels::clip_factor(std::sqrt(kernels::norm2(local_sum)), plan.clip_norm)
+          : 1.0f;
+  switch (plan.error_feedback) {
+    case policies::ErrorFeedback::kMomentum:
+      if (velocity_.size() != residual_.size()) velocity_.assign(residual_.size(), 0.0f);  // once
+      kernels::momentum_accumulate(velocity_, residual_, local_sum, plan.momentum, clip);
       break;
+    case policies::ErrorFeedback::kOff:
+      std::fill(residual_.begin(), residual_.end(), 0.0f);
+      kernels::ef_accumulate_scaled(residual_, local_sum, clip);
+      break;
+    case policies::ErrorFeedback::kResidual:
+      kernels::ef_accumulate_scaled(residual_, local_sum, clip);
+      break;
+  }
+  return clip;
+}
+
+Expected<size_t> TensorCompressor::accumulate_and_select(const policies::Plan& plan,
+                                                         std::span<const float> local_sum,
+                                                         float lr) {
+  const size_t n = residual_.size();
+  uint32_t* index = index_.data();
+  float* value = value_.data();
+  pending_ef_ = plan.error_feedback;
+  pending_scaled_ = false;
+  rescale_for_lr(plan, lr);
+  const bool threshold_family =
+      plan.selector == kernels::Selector::kThreshold || plan.selector == kernels::Selector::kPercentile;
+  if (threshold_family && plan.error_feedback == policies::ErrorFeedback::kResidual &&
+      !(plan.clip_norm > 0.0f)) {
+    // Plain EF + hard threshold: one fused pass (the percentile's lambda comes from a sample of
+    // residual + sum, read without writing).
+    const float lambda = plan.selector == kernels::Selector::kPercentile
+                             ? kernels::magnitude_quantile(residual_, plan.quantile, scratch_, local_sum)
+                             : plan.threshold;
+    return kernels::ef_threshold(residual_, local_sum, lambda, index, value, n);
+  }
+  fold(plan, local_sum);
+  // From here the step's gradient is in the residual: an error leaves it there (nothing lost).
+  size_t nnz = 0;
+  const bool unbiased = plan.error_feedback == policies::ErrorFeedback::kOff;
+  switch (plan.selector) {
     case kernels::Selector::kTopk: {
-      kernels::ef_accumulate(residual_, local_sum);
-      auto selected = kernels::topk_exact(residual_, kernels::topk_count(n, plan.density), scratch_, index_.data(),
-                                          value_.data());
-      if (!selected.ok()) {
-        for (size_t i = 0; i < n; ++i) residual_[i] -= local_sum[i];  // undo the fold: nothing happened
-        return selected.status();
-      }
-      nnz = *selected;
-      kernels::clear_selected(residual_, std::span<const uint32_t>(index_.data(), nnz));
+      SC_ASSIGN_OR_RETURN(nnz, kernels::topk_exact(residual_, kernels::topk_count(n, plan.density),
+                                                   scratch_, index, value));
       break;
     }
+    case kernels::Selector::kTopkApprox: {
+      SC_ASSIGN_OR_RETURN(nnz, kernels::topk_approx(residual_, kernels::topk_count(n, plan.density),
+                                                    plan.approx_tolerance, scratch_, index, value, n));
+      break;
+    }
+    case kernels::Selector::kThreshold:
+      nnz = kernels::threshold_select(residual_, plan.threshold, index, value, n);
+      break;
+    case kernels::Selector::kPercentile:
+      nnz = kernels::threshold_select(residual_, kernels::magnitude_quantile(residual_, plan.quantile, scratch_),
+                                      index, value, n);
+      break;
+    case kernels::Selector::kRandomk:
+      nnz = kernels::randomk_select(residual_, plan.density, plan.seed, unbiased, index, value, n);
+      pending_scaled_ = unbiased;
+      break;
+    case kernels::Selector::kImportance:
+      nnz = kernels::importance_select(residual_, kernels::topk_count(n, plan.density), plan.seed, unbiased,
+                                       index, value, n);
+      pending_scaled_ = unbiased;
+      break;
     case kernels::Selector::kNone:
       return invalid_argument("compress() needs a selector; dense plans use dense_input()");
     default:
       return invalid_argument("selector " + std::string(kernels::selector_name(plan.selector)) +
-                           " is not wired into the compressor yet");
+                              " is not wired into the compressor yet");
   }
+  // The selection leaves the residual: values that are the residual's own are cleared (exact,
+  // also for NaN/inf); scaled (unbiased) values are subtracted.
+  if (pending_scaled_) {
+    kernels::subtract_selected(residual_, std::span<const uint32_t>(index, nnz),
+                               std::span<const float>(value, nnz));
+  } else {
+    kernels::clear_selected(residual_, std::span<const uint32_t>(index, nnz));
+  }
+  return nnz;
+}
+
+Expected<TensorCompressor::Encoded> TensorCompressor::compress(const policies::Plan& plan,
+                                                               std::span<const float> local_sum,
+                                                               float lr) {
+  SC_CHECK(pending_ == Pending::kNone, "compress() while a step is pending");
+  SC_CHECK(local_sum.size() == residual_.size(), "local sum of the wrong size");
+  const size_t n = residual_.size();
+  SC_ASSIGN_OR_RETURN(const size_t nnz, accumulate_and_select(plan, local_sum, lr));
   pending_ = Pending::kSparse;
   pending_nnz_ = nnz;
   pending_value_type_ = plan.value_type;
@@ -77,18 +156,36 @@ Expected<TensorCompressor::Encoded> TensorCompressor::compress(const policies::P
   return out;
 }
 
-std::span<float> TensorCompressor::dense_input(std::span<const float> local_sum) {
+std::span<float> TensorCompressor::dense_input(std::span<const float> local_sum,
+                                               const policies::Plan& plan, float lr) {
   SC_CHECK(pending_ == Pending::kNone, "dense_input() while a step is pending");
   SC_CHECK(local_sum.size() == residual_.size(), "local sum of the wrong size");
-  std::copy(local_sum.begin(), local_sum.end(), work_.begin());
-  kernels::add(work_, residual_);
+  pending_ef_ = plan.error_feedback;
+  rescale_for_lr(plan, lr);
+  if (plan.error_feedback == policies::ErrorFeedback::kResidual && !(plan.clip_norm > 0.0f)) {
+    std::copy(local_sum.begin(), local_sum.end(), work_.begin());
+    kernels::add(work_, residual_);
+    pending_sum_ = local_sum;  // rollback adds it to the untouched residual
+  } else {
+    // Clipping / momentum / no EF: fold into the residual now; rollback keeps the fold.
+    fold(plan, local_sum);
+    std::copy(residual_.begin(), residual_.end(), work_.begin());
+    pending_sum_ = {};
+  }
   pending_ = Pending::kDense;
-  pending_sum_ = local_sum;
   return work_;
 }
 
 void TensorCompressor::commit() {
-  if (pending_ == Pending::kDense) std::fill(residual_.begin(), residual_.end(), 0.0f);
+  if (pending_ == Pending::kDense) {
+    std::fill(residual_.begin(), residual_.end(), 0.0f);
+    // Momentum-factor masking: every coordinate was sent.
+    if (pending_ef_ == policies::ErrorFeedback::kMomentum) std::fill(velocity_.begin(), velocity_.end(), 0.0f);
+  }
+  if (pending_ == Pending::kSparse && pending_ef_ == policies::ErrorFeedback::kMomentum) {
+    // Momentum-factor masking (DGC): the velocity restarts at the coordinates just sent.
+    kernels::clear_selected(velocity_, std::span<const uint32_t>(index_.data(), pending_nnz_));
+  }
   if (pending_ == Pending::kSparse && pending_value_type_ != kernels::ValueType::kF32) {
     // Receivers got y = quantised(x): keep x - y. value_ is free after commit, so quantise in place.
     std::span<float> value(value_.data(), pending_nnz_);
@@ -96,6 +193,9 @@ void TensorCompressor::commit() {
     Status s = kernels::quantize_roundtrip(pending_value_type_, value, value);
     SC_CHECK(s.ok(), "quantize_roundtrip: %s", s.to_string().c_str());
     for (size_t j = 0; j < pending_nnz_; ++j) residual_[index_[j]] -= value[j];
+  }
+  if (pending_ != Pending::kNone && pending_ef_ == policies::ErrorFeedback::kOff) {
+    std::fill(residual_.begin(), residual_.end(), 0.0f);  // no error feedback: the rest is dropped
   }
   pending_ = Pending::kNone;
   pending_nnz_ = 0;
@@ -105,7 +205,7 @@ void TensorCompressor::commit() {
 void TensorCompressor::rollback() {
   if (pending_ == Pending::kSparse) {
     for (size_t j = 0; j < pending_nnz_; ++j) residual_[index_[j]] += value_[j];
-  } else if (pending_ == Pending::kDense) {
+  } else if (pending_ == Pending::kDense && !pending_sum_.empty()) {
     kernels::ef_accumulate(residual_, pending_sum_);
   }
   pending_ = Pending::kNone;

@@ -45,21 +45,39 @@ class TensorCompressor {
   // (or the smallest, for auto_format) and value type. The selection is taken out of the residual
   // now; commit() or rollback() must follow. commit() keeps the quantisation error (what was
   // selected minus what every receiver decodes, kernels::quantize_roundtrip) in the residual.
-  Expected<Encoded> compress(const policies::Plan& plan, std::span<const float> local_sum);
+  // `lr`: the learning rate the trainers passed with this step (0 = not given), for
+  // plan.lr_rescale. Error compensation follows plan.error_feedback / clip_norm (see fold()).
+  Expected<Encoded> compress(const policies::Plan& plan, std::span<const float> local_sum,
+                             float lr = 0.0f);
 
   // Dense plan: returns residual + local_sum in the work buffer; the residual is untouched until
   // commit() zeroes it.
-  std::span<float> dense_input(std::span<const float> local_sum);
+  // With plan.error_feedback = momentum, clipping or no EF, the sum is folded into the
+  // residual (velocity) first and work = the folded residual; commit() zeroes residual and
+  // velocity (every coordinate was sent), rollback() keeps the fold.
+  std::span<float> dense_input(std::span<const float> local_sum, const policies::Plan& plan = {},
+                               float lr = 0.0f);
 
   void commit();
   void rollback();
 
   std::span<const float> residual() const { return residual_; }
+  // DGC's local velocity u (empty until error_feedback = momentum is first used).
+  std::span<const float> velocity() const { return velocity_; }
   // Σ residual², in float64 (for metrics and controllers).
   double residual_norm2() const;
 
  private:
   enum class Pending { kNone, kSparse, kDense };
+
+  // Error compensation + selection of a sparse step into index_/value_; returns nnz. The
+  // selection has left the residual when it returns.
+  Expected<size_t> accumulate_and_select(const policies::Plan& plan, std::span<const float> local_sum,
+                                         float lr);
+  // residual (+ velocity) += the clipped local sum per plan.error_feedback; returns the clip factor.
+  float fold(const policies::Plan& plan, std::span<const float> local_sum);
+  // residual *= lr ratio when the learning rate changed (plan.lr_rescale); remembers lr.
+  void rescale_for_lr(const policies::Plan& plan, float lr);
 
   const uint32_t id_;
   const TensorSpec spec_;
@@ -73,6 +91,10 @@ class TensorCompressor {
   size_t pending_nnz_ = 0;
   kernels::ValueType pending_value_type_ = kernels::ValueType::kF32;
   std::span<const float> pending_sum_;  // dense: the local sum to give back on rollback
+  std::vector<float> velocity_;          // error_feedback = momentum: u (allocated on first use)
+  float last_lr_ = 0.0f;                 // lr of the last step that passed one
+  policies::ErrorFeedback pending_ef_ = policies::ErrorFeedback::kResidual;
+  bool pending_scaled_ = false;          // the pending values are x / p, not the residual's own
 };
 
 }  // namespace sparsecar

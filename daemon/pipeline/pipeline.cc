@@ -234,7 +234,7 @@ Status Pipeline::run_step(TensorState& t, const StepJob& job, const Decision& de
   const Clock::time_point encode_started = Clock::now();
   Clock::time_point exchange_started = encode_started;
   if (plan.dense) {
-    std::span<float> work = c.dense_input(job.local_sum);
+    std::span<float> work = c.dense_input(job.local_sum, plan, job.lr);
     exchange_started = Clock::now();
     s = ring_allreduce(ctx, id, job.step, work, &stats);
     if (s.ok()) {
@@ -242,7 +242,7 @@ Status Pipeline::run_step(TensorState& t, const StepJob& job, const Decision& de
       result->nnz = n;
     }
   } else {
-    SC_ASSIGN_OR_RETURN(TensorCompressor::Encoded e, c.compress(plan, job.local_sum));
+    SC_ASSIGN_OR_RETURN(TensorCompressor::Encoded e, c.compress(plan, job.local_sum, job.lr));
     exchange_started = Clock::now();
     s = sparse_allgather(ctx, id, job.step, e.format, e.value_type, e.nnz, e.payload, job.result, &stats);
     result->nnz = e.selected;

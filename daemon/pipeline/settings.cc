@@ -16,6 +16,19 @@ policies::StaticSettings settings_from_config(const Config& config) {
   s.selector = config.selector;
   s.density = config.density;
   s.threshold = config.threshold;
+  s.quantile = config.quantile;
+  s.approx_tolerance = config.approx_tolerance;
+  s.job_seed = config.random_seed;
+  if (!policies::parse_error_feedback(config.error_feedback, &s.error_feedback)) {
+    s.error_feedback = policies::ErrorFeedback::kResidual;  // the knob table only admits valid names
+  }
+  s.momentum = config.momentum;
+  s.clip_norm = config.clip_norm;
+  if (!policies::parse_lr_rescale(config.lr_rescale, &s.lr_rescale)) s.lr_rescale = policies::LrRescale::kOff;
+  // validate() rejected unparsable overrides at start-up; a live change is validated the same way.
+  if (auto rules = policies::parse_tensor_overrides(config.tensor_overrides); rules.ok()) {
+    s.overrides = std::move(*rules);
+  }
   s.auto_format = config.format == "auto";
   if (!s.auto_format && !kernels::parse_format(config.format, &s.format)) s.format = kernels::Format::kCoo;
   if (!kernels::parse_value_type(config.value_type, &s.value_type)) s.value_type = kernels::ValueType::kF32;

@@ -1,10 +1,11 @@
 #include <cstdio>
 
+#include "sparsecar/kernels/select.h"
 #include "sparsecar/policies/plan.h"
 
 namespace sparsecar::policies {
 
-Plan static_plan(const StaticSettings& settings, const TensorObservation& observation) {
+static Plan static_plan_base(const StaticSettings& settings, const TensorObservation& observation) {
   Plan plan;
   if (!settings.compression || settings.selector == kernels::Selector::kNone) {
     return plan;  // dense ring all-reduce
@@ -19,6 +20,85 @@ Plan static_plan(const StaticSettings& settings, const TensorObservation& observ
   plan.rows = observation.rows == 0 ? 1 : observation.rows;
   plan.collective = Collective::kSparseAllGather;
   return plan;
+}
+
+namespace {
+
+// The base settings with every override whose glob matches the tensor's name applied in order.
+// Copies (allocates) only for tensors that some rule matches.
+const StaticSettings& with_overrides(const StaticSettings& base, std::string_view name,
+                                     StaticSettings* storage) {
+  const StaticSettings* out = &base;
+  for (const TensorOverride& o : base.overrides) {
+    if (!glob_match(o.glob, name)) continue;
+    if (out == &base) {
+      *storage = base;
+      out = storage;
+    }
+    if (o.compression) storage->compression = *o.compression;
+    if (o.selector) storage->selector = *o.selector;
+    if (o.density) storage->density = *o.density;
+    if (o.threshold) storage->threshold = *o.threshold;
+    if (o.quantile) storage->quantile = *o.quantile;
+    if (o.approx_tolerance) storage->approx_tolerance = *o.approx_tolerance;
+  }
+  return *out;
+}
+
+}  // namespace
+
+Plan static_plan(const StaticSettings& settings, const TensorObservation& observation) {
+  StaticSettings storage;
+  const StaticSettings& effective = settings.overrides.empty()
+                                        ? settings
+                                        : with_overrides(settings, observation.name, &storage);
+  Plan plan = static_plan_base(effective, observation);
+  plan.quantile = effective.quantile;
+  plan.approx_tolerance = effective.approx_tolerance;
+  plan.seed = kernels::derive_seed(effective.job_seed, observation.tensor_id, observation.step);
+  plan.error_feedback = effective.error_feedback;
+  plan.momentum = static_cast<float>(effective.momentum);
+  plan.clip_norm = static_cast<float>(effective.clip_norm);
+  plan.lr_rescale = effective.lr_rescale;
+  return plan;
+}
+
+std::string_view error_feedback_name(ErrorFeedback e) {
+  switch (e) {
+    case ErrorFeedback::kResidual: return "residual";
+    case ErrorFeedback::kMomentum: return "momentum";
+    case ErrorFeedback::kOff: return "off";
+  }
+  return "unknown";
+}
+
+bool parse_error_feedback(std::string_view text, ErrorFeedback* out) {
+  for (ErrorFeedback e : {ErrorFeedback::kResidual, ErrorFeedback::kMomentum, ErrorFeedback::kOff}) {
+    if (text == error_feedback_name(e)) {
+      *out = e;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string_view lr_rescale_name(LrRescale r) {
+  switch (r) {
+    case LrRescale::kOff: return "off";
+    case LrRescale::kNewOverOld: return "new_over_old";
+    case LrRescale::kOldOverNew: return "old_over_new";
+  }
+  return "unknown";
+}
+
+bool parse_lr_rescale(std::string_view text, LrRescale* out) {
+  for (LrRescale r : {LrRescale::kOff, LrRescale::kNewOverOld, LrRescale::kOldOverNew}) {
+    if (text == lr_rescale_name(r)) {
+      *out = r;
+      return true;
+    }
+  }
+  return false;
 }
 
 std::string describe(const Plan& plan) {

@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "sparsecar/kernels/types.h"
+#include "sparsecar/policies/overrides.h"
 
 namespace sparsecar::policies {
 
@@ -18,6 +19,23 @@ enum class Collective : uint16_t {
   kRingAllReduce = 0,  // dense reduce-scatter + all-gather, 2(P-1)/P * n words per rank
   kSparseAllGather = 1,  // every node sends its encoded selection to every other node
 };
+
+// What happens to the part of the gradient a step does not send.
+enum class ErrorFeedback : uint16_t {
+  kResidual = 0,  // plain EF: e += g; send C(e); e -= sent
+  kMomentum = 1,  // DGC momentum correction + momentum-factor masking (u, v zeroed where sent)
+  kOff = 2,       // dropped; randomk / importance then send unbiased values (x / p)
+};
+// Residual rescaling when the trainer's learning rate changes between steps (StepJob::lr).
+enum class LrRescale : uint16_t {
+  kOff = 0,
+  kNewOverOld = 1,  // residual *= lr_new / lr_old: stale residual shrinks with a decay
+  kOldOverNew = 2,  // residual *= lr_old / lr_new: keeps lr * residual (the update it stands for)
+};
+std::string_view error_feedback_name(ErrorFeedback e);
+bool parse_error_feedback(std::string_view text, ErrorFeedback* out);
+std::string_view lr_rescale_name(LrRescale r);
+bool parse_lr_rescale(std::string_view text, LrRescale* out);
 
 struct Plan {
   uint32_t version = 1;
@@ -30,6 +48,15 @@ struct Plan {
   kernels::ValueType value_type = kernels::ValueType::kF32;
   uint32_t rows = 1;  // rows of the tensor's 2-D view, for CSR (1 for 1-D tensors)
   Collective collective = Collective::kRingAllReduce;
+  // Selector parameters (issue 3; kernels/select.h).
+  double quantile = 0.99;         // percentile: lambda = this quantile of |e| (sampled)
+  double approx_tolerance = 0.1;  // topk_approx: |nnz - k| / k accepted before refining
+  uint64_t seed = 0;              // randomk / importance: the stream of this (tensor, step)
+  // Error compensation: the compressor applies these on dense steps too. Set on every plan.
+  ErrorFeedback error_feedback = ErrorFeedback::kResidual;
+  float momentum = 0.9f;   // DGC momentum correction: u = momentum u + g, v += u, compress v
+  float clip_norm = 0.0f;  // > 0: scale the node's gradient down to this L2 norm first
+  LrRescale lr_rescale = LrRescale::kOff;
 };
 
 // The knobs the static policy reads (all `agreed` knobs, identical on every node).
@@ -38,6 +65,16 @@ struct StaticSettings {
   kernels::Selector selector = kernels::Selector::kTopk;
   double density = 0.01;
   double threshold = 1e-3;
+  // Issue 3's selector parameters and error compensation (copied into every plan; see Plan).
+  double quantile = 0.99;
+  double approx_tolerance = 0.1;
+  uint64_t job_seed = 0;  // randomk / importance: Plan::seed = kernels::derive_seed(job_seed, tensor, step)
+  ErrorFeedback error_feedback = ErrorFeedback::kResidual;
+  double momentum = 0.9;
+  double clip_norm = 0.0;
+  LrRescale lr_rescale = LrRescale::kOff;
+  // Per-tensor overrides (overrides.h), applied by static_plan to tensors whose name matches.
+  std::vector<TensorOverride> overrides;
   kernels::Format format = kernels::Format::kCoo;
   bool auto_format = false;  // `format` = auto
   kernels::ValueType value_type = kernels::ValueType::kF32;

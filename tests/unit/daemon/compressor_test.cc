@@ -1,0 +1,262 @@
+// TensorCompressor's selection + error compensation against independent references: EF
+// conservation for every selector (float64, with a bound derived from float rounding), DGC
+// momentum correction against the update rule in float64, clipping, LR-scaled residuals,
+// unbiased sends without EF, and per-tensor overrides in the static plan.
+#include "daemon/pipeline/compressor.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "sparsecar/kernels/codec.h"
+#include "sparsecar/kernels/select.h"
+#include "sparsecar/policies/plan.h"
+
+namespace sparsecar {
+namespace {
+
+using kernels::Selector;
+using policies::ErrorFeedback;
+
+std::vector<float> normal(size_t n, uint64_t seed, float sigma = 1.0f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.0f, sigma);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+policies::Plan sparse_plan(Selector s) {
+  policies::Plan p;
+  p.dense = false;
+  p.selector = s;
+  p.density = 0.02;
+  p.threshold = 2.0f;
+  p.quantile = 0.97;
+  p.approx_tolerance = 0.1;
+  p.format = kernels::Format::kCoo;
+  p.value_type = kernels::ValueType::kF32;
+  p.collective = policies::Collective::kSparseAllGather;
+  return p;
+}
+
+// What the receivers get from one compressed step, as float64.
+std::vector<double> decode(const TensorCompressor::Encoded& e, size_t n) {
+  std::vector<float> out(n, 0.0f);
+  const Status s = kernels::decode_accumulate(e.format, e.value_type, e.payload, e.nnz, out);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  return std::vector<double>(out.begin(), out.end());
+}
+
+const Selector kAll[] = {Selector::kTopk,       Selector::kThreshold, Selector::kTopkApprox,
+                         Selector::kPercentile, Selector::kRandomk,   Selector::kImportance};
+
+class ConservationTest : public ::testing::TestWithParam<Selector> {};
+
+// sum over steps of what was sent + the final residual == sum of the gradients. Each step adds
+// g into the residual with one float rounding (|error| <= 2^-24 |r + g|) and takes the selection
+// out exactly (cleared) or with one more rounding (subtracted): the bound per element is
+// sum_t 2^-23 (|r_t| + |g_t|), accumulated alongside.
+TEST_P(ConservationTest, SentPlusResidualEqualsSumOfGradients) {
+  const size_t n = 3000;
+  TensorCompressor c(0, TensorSpec{"w", n});
+  policies::Plan plan = sparse_plan(GetParam());
+  std::vector<double> sent(n, 0.0), grads(n, 0.0), bound(n, 0.0);
+  for (uint64_t step = 0; step < 60; ++step) {
+    plan.seed = kernels::derive_seed(5, 0, step);
+    const auto g = normal(n, 100 + step);
+    const std::vector<float> before(c.residual().begin(), c.residual().end());
+    auto e = c.compress(plan, g);
+    ASSERT_TRUE(e.ok()) << e.status().to_string();
+    c.commit();
+    const auto got = decode(*e, n);
+    for (size_t i = 0; i < n; ++i) {
+      sent[i] += got[i];
+      grads[i] += g[i];
+      bound[i] += std::ldexp(std::fabs(before[i]) + std::fabs(g[i]) + std::fabs(got[i]), -23);
+    }
+    if (GetParam() == Selector::kTopk) {
+      EXPECT_EQ(e->nnz, kernels::topk_count(n, plan.density));  // COO: the header nnz is the count
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_LE(std::fabs(sent[i] + c.residual()[i] - grads[i]), bound[i] + 1e-30) << "element " << i;
+  }
+}
+
+TEST_P(ConservationTest, RollbackPutsEverythingBack) {
+  const size_t n = 2000;
+  TensorCompressor c(0, TensorSpec{"w", n});
+  policies::Plan plan = sparse_plan(GetParam());
+  const auto g1 = normal(n, 1);
+  ASSERT_TRUE(c.compress(plan, g1).ok());
+  c.commit();
+  const std::vector<float> before(c.residual().begin(), c.residual().end());
+  const auto g2 = normal(n, 2);
+  ASSERT_TRUE(c.compress(plan, g2).ok());
+  c.rollback();
+  for (size_t i = 0; i < n; ++i) {
+    const double want = static_cast<double>(before[i]) + g2[i];
+    ASSERT_NEAR(c.residual()[i], want, 1e-5 * (1 + std::fabs(want))) << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Selectors, ConservationTest, ::testing::ValuesIn(kAll),
+                         [](const auto& param_info) {
+                           return std::string(kernels::selector_name(param_info.param));
+                         });
+
+TEST(CompressorTest, MomentumCorrectionFollowsTheFloat64Rule) {
+  const size_t n = 2000;
+  const size_t k = 40;
+  TensorCompressor c(0, TensorSpec{"w", n});
+  policies::Plan plan = sparse_plan(Selector::kTopk);
+  plan.density = static_cast<double>(k) / n;
+  plan.error_feedback = ErrorFeedback::kMomentum;
+  plan.momentum = 0.9f;
+  std::vector<double> u(n, 0.0), v(n, 0.0);
+  for (uint64_t step = 0; step < 30; ++step) {
+    const auto g = normal(n, 300 + step);
+    for (size_t i = 0; i < n; ++i) {
+      u[i] = 0.9 * u[i] + g[i];
+      v[i] += u[i];
+    }
+    std::vector<uint32_t> order(n);
+    std::iota(order.begin(), order.end(), 0u);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](uint32_t a, uint32_t b) { return std::fabs(v[a]) > std::fabs(v[b]); });
+    auto e = c.compress(plan, g);
+    ASSERT_TRUE(e.ok());
+    c.commit();
+    const auto got = decode(*e, n);
+    for (size_t j = 0; j < k; ++j) {
+      const uint32_t i = order[j];
+      ASSERT_NEAR(got[i], v[i], 1e-4 * (1 + std::fabs(v[i]))) << "step " << step << " element " << i;
+      u[i] = v[i] = 0.0;  // momentum-factor masking
+    }
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_NEAR(c.residual()[i], v[i], 1e-4 * (1 + std::fabs(v[i]))) << i;
+      ASSERT_NEAR(c.velocity()[i], u[i], 1e-4 * (1 + std::fabs(u[i]))) << i;
+    }
+  }
+}
+
+TEST(CompressorTest, ClippingScalesTheGradientToTheNorm) {
+  const size_t n = 1000;
+  TensorCompressor c(0, TensorSpec{"w", n});
+  policies::Plan plan = sparse_plan(Selector::kThreshold);
+  plan.threshold = 1e30f;  // send nothing: the residual is the clipped gradient
+  plan.clip_norm = 2.0f;
+  const auto g = normal(n, 9);
+  ASSERT_TRUE(c.compress(plan, g).ok());
+  c.commit();
+  double norm = 0;
+  for (float r : c.residual()) norm += static_cast<double>(r) * r;
+  EXPECT_NEAR(std::sqrt(norm), 2.0, 1e-5);
+  double dot = 0;
+  for (size_t i = 0; i < n; ++i) dot += static_cast<double>(c.residual()[i]) * g[i];
+  EXPECT_GT(dot, 0);  // same direction
+}
+
+TEST(CompressorTest, ResidualFollowsTheLearningRate) {
+  const size_t n = 500;
+  for (auto mode : {policies::LrRescale::kNewOverOld, policies::LrRescale::kOldOverNew,
+                    policies::LrRescale::kOff}) {
+    TensorCompressor c(0, TensorSpec{"w", n});
+    policies::Plan plan = sparse_plan(Selector::kThreshold);
+    plan.threshold = 1e30f;
+    plan.lr_rescale = mode;
+    const auto g = normal(n, 4);
+    ASSERT_TRUE(c.compress(plan, g, 0.1f).ok());
+    c.commit();
+    const std::vector<float> zero(n, 0.0f);
+    ASSERT_TRUE(c.compress(plan, zero, 0.01f).ok());  // lr drops 10x
+    c.commit();
+    const double factor = mode == policies::LrRescale::kNewOverOld   ? 0.1
+                          : mode == policies::LrRescale::kOldOverNew ? 10.0
+                                                                     : 1.0;
+    for (size_t i = 0; i < n; ++i) ASSERT_NEAR(c.residual()[i], g[i] * factor, 1e-5 * std::fabs(g[i] * factor));
+  }
+}
+
+TEST(CompressorTest, WithoutErrorFeedbackRandomkIsUnbiasedAndNothingIsKept) {
+  const size_t n = 400;
+  const auto g = normal(n, 8);
+  policies::Plan plan = sparse_plan(Selector::kRandomk);
+  plan.density = 0.1;
+  plan.error_feedback = ErrorFeedback::kOff;
+  std::vector<double> mean(n, 0.0);
+  const int draws = 3000;
+  TensorCompressor c(0, TensorSpec{"w", n});
+  for (int d = 0; d < draws; ++d) {
+    plan.seed = kernels::derive_seed(1, 0, static_cast<uint64_t>(d));
+    auto e = c.compress(plan, g);
+    ASSERT_TRUE(e.ok());
+    c.commit();
+    for (float r : c.residual()) ASSERT_EQ(r, 0.0f);
+    const auto got = decode(*e, n);
+    for (size_t i = 0; i < n; ++i) mean[i] += got[i] / draws;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const double sigma = std::fabs(g[i]) * std::sqrt((1 - 0.1) / 0.1 / draws);
+    ASSERT_NEAR(mean[i], g[i], 5 * sigma + 1e-6) << i;
+  }
+}
+
+TEST(CompressorTest, DenseStepWithMomentumSendsTheVelocityAndMasksEverything) {
+  const size_t n = 100;
+  TensorCompressor c(0, TensorSpec{"w", n});
+  policies::Plan plan;  // dense
+  plan.error_feedback = ErrorFeedback::kMomentum;
+  plan.momentum = 0.5f;
+  const auto g = normal(n, 3);
+  auto work = c.dense_input(g, plan, 0.0f);
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(work[i], g[i]);
+  c.commit();
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(c.residual()[i], 0.0f);
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(c.velocity()[i], 0.0f);
+}
+
+TEST(OverridesTest, ParseMatchAndApplyInOrder) {
+  auto rules = policies::parse_tensor_overrides(
+      " embed*: selector=randomk, density=0.001 ; *.bias: compression=off; embed.pos*: density=0.5 ");
+  ASSERT_TRUE(rules.ok()) << rules.status().to_string();
+  ASSERT_EQ(rules->size(), 3u);
+  policies::StaticSettings s;
+  s.selector = Selector::kTopk;
+  s.density = 0.01;
+  s.overrides = *rules;
+  policies::TensorObservation o;
+  o.name = "embed.tok";
+  auto p = policies::static_plan(s, o);
+  EXPECT_EQ(p.selector, Selector::kRandomk);
+  EXPECT_EQ(p.density, 0.001);
+  o.name = "embed.pos_table";  // both embed rules: the later density wins
+  p = policies::static_plan(s, o);
+  EXPECT_EQ(p.selector, Selector::kRandomk);
+  EXPECT_EQ(p.density, 0.5);
+  o.name = "fc1.bias";
+  EXPECT_TRUE(policies::static_plan(s, o).dense);
+  o.name = "fc1.weight";
+  p = policies::static_plan(s, o);
+  EXPECT_EQ(p.selector, Selector::kTopk);
+  EXPECT_EQ(p.density, 0.01);
+  // Seeds differ per tensor and step, are the same for the same (tensor, step).
+  o.tensor_id = 3;
+  o.step = 7;
+  EXPECT_EQ(policies::static_plan(s, o).seed, kernels::derive_seed(0, 3, 7));
+  for (const char* bad : {"x", "a*: density=2", "a*: selector=nope", "a*: colour=red", ": density=0.1",
+                          "a*: density"}) {
+    EXPECT_FALSE(policies::parse_tensor_overrides(bad).ok()) << bad;
+  }
+  EXPECT_TRUE(policies::glob_match("*", ""));
+  EXPECT_TRUE(policies::glob_match("a?c*", "abcdef"));
+  EXPECT_FALSE(policies::glob_match("a?c", "abcd"));
+  EXPECT_TRUE(policies::glob_match("*.weight", "layer.0.weight"));
+}
+
+}  // namespace
+}  // namespace sparsecar
