@@ -20,8 +20,12 @@ size_t first_bad_index(const std::byte* idx, size_t nnz, size_t dense_len) {
   return nnz;
 }
 
-// How far ahead the scatter prefetches: enough to cover a DRAM miss at a few ns per entry.
-constexpr size_t kPrefetchAhead = 16;
+// How far ahead the scatter prefetches the target cache line: the scatter into a large tensor is
+// bound by cache and TLB misses, and keeping this many in flight hides most of their latency.
+#ifndef SPARSECAR_COO_PREFETCH
+#define SPARSECAR_COO_PREFETCH 32
+#endif
+constexpr size_t kPrefetchAhead = SPARSECAR_COO_PREFETCH;
 
 template <typename Reader>
 void coo_scatter(const std::byte* idx, size_t n, Reader value, float* out) {

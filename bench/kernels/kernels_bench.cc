@@ -1,7 +1,7 @@
 // Throughput of the CPU kernels, in GB/s counting the bytes each kernel must read and write,
 // next to a memcpy of n floats (8n bytes moved) measured in the same run as the ceiling.
 //
-//   sparsecar_kernels_bench [--benchmark_filter=...]
+//   sparsecar_kernels_bench [--benchmark_filter=...]      (scripts/bench kernels: table + JSON)
 //
 // Arguments of every case: /<elements>/<density in per mille>. Data: N(0, 1) floats, seed 42.
 // Bytes counted per call (k = selected count, n = elements):
@@ -10,8 +10,13 @@
 //   topk_exact        read 4n, write pairs (8k)
 //   nth_element       same bytes as topk_exact (the baseline it replaces: copy |x|,
 //                     std::nth_element for the k-th magnitude, then a threshold pass)
-//   coo_encode        read pairs (8k), write payload (8k)
-//   decode_accumulate read payload (8k), read + write the k touched floats (8k)
+//   coo_encode        read pairs (8k), write payload (8k)          (encode(): checks + layout)
+//   coo_decode        read payload (8k), read + write the k touched floats (8k)
+//   bitmap_encode     read pairs (8k), write bitmap (n/8) + values (4k)
+//   bitmap_decode     read bitmap (n/8) + values (4k), read + write the k touched floats (8k)
+//   coo_varint_decode read values (4k) + varints (~k..2k), read + write touched floats (8k)
+//   rle_decode        read values (4k) + runs, read + write touched floats (8k)
+// Encoders/decoders run on a top-k selection of the data (the pipeline's common case).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -139,48 +144,69 @@ Selection select_topk(const std::vector<float>& x, size_t k) {
   return sel;
 }
 
-void BM_coo_encode(benchmark::State& s) {
-  const auto& x = data(elements(s));
-  const size_t k = sk::topk_count(x.size(), density(s));
-  const Selection sel = select_topk(x, k);
-  std::vector<std::byte> payload(
-      sk::encoded_bytes(sk::Format::kCoo, sk::ValueType::kF32, x.size(), k));
-  for (auto _ : s) {
-    const sparsecar::Status st = sk::coo_encode(sel.index, sel.value, payload);
-    if (!st.ok()) {
-      s.SkipWithError(st.to_string().c_str());
-      break;
-    }
-    benchmark::ClobberMemory();
-  }
-  set_bytes(s, 16.0 * static_cast<double>(k));
+// Selections are cached per (n, density): several benchmarks share them.
+const Selection& cached_selection(size_t n, double d) {
+  static std::map<std::pair<size_t, int64_t>, Selection> cache;
+  const auto key = std::make_pair(n, static_cast<int64_t>(d * 1e6));
+  auto it = cache.find(key);
+  if (it == cache.end()) it = cache.emplace(key, select_topk(data(n), sk::topk_count(n, d))).first;
+  return it->second;
 }
 
-void BM_decode_accumulate(benchmark::State& s) {
-  const auto& x = data(elements(s));
-  const size_t k = sk::topk_count(x.size(), density(s));
-  const Selection sel = select_topk(x, k);
-  std::vector<std::byte> payload(
-      sk::encoded_bytes(sk::Format::kCoo, sk::ValueType::kF32, x.size(), k));
-  if (!sk::coo_encode(sel.index, sel.value, payload).ok()) std::abort();
-  std::vector<float> dense(x.size(), 0.0f);
+// Bytes an encoder or decoder moves (the table at the top): the payload plus the 8k bytes on the
+// other side (pairs read by an encoder; touched floats read and written by a decoder). For COO
+// that is 16k, for bitmap n/8 + 12k.
+double codec_bytes(size_t k, size_t payload) { return static_cast<double>(payload) + 8.0 * static_cast<double>(k); }
+
+void run_encode(benchmark::State& s, sk::Format format) {
+  const size_t n = elements(s);
+  const Selection& sel = cached_selection(n, density(s));
+  sk::EncodeParams p;
+  p.format = format;
+  std::vector<std::byte> payload(sk::encoded_size(p, n, sel.index).value());
   for (auto _ : s) {
-    const sparsecar::Status st =
-        sk::decode_accumulate(sk::Format::kCoo, sk::ValueType::kF32, payload, k, dense);
+    auto wrote = sk::encode(p, n, sel.index, sel.value, payload);
+    if (!wrote.ok()) {
+      s.SkipWithError(wrote.status().to_string().c_str());
+      break;
+    }
+    benchmark::DoNotOptimize(*wrote);
+    benchmark::ClobberMemory();
+  }
+  set_bytes(s, codec_bytes(sel.index.size(), payload.size()));
+}
+
+void run_decode(benchmark::State& s, sk::Format format) {
+  const size_t n = elements(s);
+  const Selection& sel = cached_selection(n, density(s));
+  sk::EncodeParams p;
+  p.format = format;
+  std::vector<std::byte> payload(sk::encoded_size(p, n, sel.index).value());
+  if (!sk::encode(p, n, sel.index, sel.value, payload).ok()) std::abort();
+  std::vector<float> dense(n, 0.0f);
+  for (auto _ : s) {
+    const sparsecar::Status st = sk::decode_accumulate(format, sk::ValueType::kF32, payload, sel.index.size(), dense);
     if (!st.ok()) {
       s.SkipWithError(st.to_string().c_str());
       break;
     }
     benchmark::ClobberMemory();
   }
-  set_bytes(s, 16.0 * static_cast<double>(k));
+  set_bytes(s, codec_bytes(sel.index.size(), payload.size()));
 }
+
+void BM_coo_encode(benchmark::State& s) { run_encode(s, sk::Format::kCoo); }
+void BM_coo_decode(benchmark::State& s) { run_decode(s, sk::Format::kCoo); }
+void BM_bitmap_encode(benchmark::State& s) { run_encode(s, sk::Format::kBitmap); }
+void BM_bitmap_decode(benchmark::State& s) { run_decode(s, sk::Format::kBitmap); }
+void BM_coo_varint_decode(benchmark::State& s) { run_decode(s, sk::Format::kCooVarint); }
+void BM_rle_decode(benchmark::State& s) { run_decode(s, sk::Format::kRle); }
 
 void sizes_only(benchmark::internal::Benchmark* b) {
-  for (int64_t n : {int64_t{1} << 20, int64_t{1} << 24}) b->Args({n, 10});
+  for (int64_t n : {int64_t{1} << 20, int64_t{1} << 24, int64_t{1} << 26}) b->Args({n, 10});
 }
 void sizes_and_densities(benchmark::internal::Benchmark* b) {
-  for (int64_t n : {int64_t{1} << 20, int64_t{1} << 24}) {
+  for (int64_t n : {int64_t{1} << 20, int64_t{1} << 24, int64_t{1} << 26}) {
     for (int64_t permille : {1, 10, 100}) b->Args({n, permille});
   }
 }
@@ -192,6 +218,10 @@ BENCHMARK(BM_ef_threshold)->Apply(sizes_and_densities)->Unit(benchmark::kMicrose
 BENCHMARK(BM_topk_exact)->Apply(sizes_and_densities)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_nth_element)->Apply(sizes_and_densities)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_coo_encode)->Apply(sizes_and_densities)->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_decode_accumulate)->Apply(sizes_and_densities)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_coo_decode)->Apply(sizes_and_densities)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_bitmap_encode)->Apply(sizes_and_densities)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_bitmap_decode)->Apply(sizes_and_densities)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_coo_varint_decode)->Apply(sizes_and_densities)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_rle_decode)->Apply(sizes_and_densities)->Unit(benchmark::kMicrosecond);
 
 BENCHMARK_MAIN();
