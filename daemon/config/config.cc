@@ -84,16 +84,25 @@ Expected<std::vector<std::string>> load_config_file(const std::string& path, Con
     std::string where = path + ":" + std::to_string(node.source().begin.line);
     if (name == "tensor" && node.is_table()) {
       // [tensor."GLOB"] tables: per-tensor overrides, appended in file order to tensor_overrides.
+      // toml++ iterates keys sorted; rules must keep file order (later ones win), so sort by line.
+      auto in_file_order = [](const toml::table& t) {
+        std::vector<std::pair<std::string, const toml::node*>> items;
+        for (const auto& [k, v] : t) items.emplace_back(std::string(k.str()), &v);
+        std::stable_sort(items.begin(), items.end(), [](const auto& a, const auto& b) {
+          return a.second->source().begin < b.second->source().begin;
+        });
+        return items;
+      };
       std::string rules = config.tensor_overrides;
-      for (const auto& [glob, section] : *node.as_table()) {
-        const std::string at = path + ":" + std::to_string(section.source().begin.line);
-        if (!section.is_table()) return invalid_argument(at + ": tensor.\"" + std::string(glob.str()) + "\" must be a table");
-        std::string rule = std::string(glob.str()) + ":";
+      for (const auto& [glob, section] : in_file_order(*node.as_table())) {
+        const std::string at = path + ":" + std::to_string(section->source().begin.line);
+        if (!section->is_table()) return invalid_argument(at + ": tensor.\"" + glob + "\" must be a table");
+        std::string rule = glob + ":";
         bool first = true;
-        for (const auto& [k, v] : *section.as_table()) {
-          auto text = toml_text(v);
-          if (!text.ok()) return text.status().with_context(at + ": tensor." + std::string(glob.str()) + "." + std::string(k.str()));
-          rule += (first ? " " : ", ") + std::string(k.str()) + "=" + *text;
+        for (const auto& [k, v] : in_file_order(*section->as_table())) {
+          auto text = toml_text(*v);
+          if (!text.ok()) return text.status().with_context(at + ": tensor." + glob + "." + k);
+          rule += (first ? " " : ", ") + k + "=" + *text;
           first = false;
         }
         rules += (rules.empty() ? "" : "; ") + rule;

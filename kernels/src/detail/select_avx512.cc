@@ -17,6 +17,8 @@ namespace sparsecar::kernels::detail {
 namespace {
 
 constexpr uint32_t kAbsMask = 0x7fffffffu;
+// Software prefetch distance of the streaming top-k passes (a prefetch past the end is harmless).
+constexpr int kPrefetchBytes = 1024;
 
 SC_TARGET_AVX512 inline __mmask16 tail_mask(size_t remaining) {
   return remaining >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << remaining) - 1u);
@@ -183,6 +185,7 @@ SC_TARGET_AVX512 size_t topk_band_avx512(const float* x, size_t n, uint32_t lo, 
   size_t above = 0;
   size_t band = 0;
   for (size_t i = 0; i < n; i += 16) {
+    _mm_prefetch(reinterpret_cast<const char*>(x + i) + kPrefetchBytes, _MM_HINT_T0);
     const __mmask16 live = tail_mask(n - i);
     const __m512 v = _mm512_maskz_loadu_ps(live, x + i);
     const __m512i k = keys_of(v);
@@ -210,6 +213,7 @@ SC_TARGET_AVX512 size_t topk_count_band_avx512(const float* x, size_t n, uint32_
   size_t above = 0;
   size_t band = 0;
   for (size_t i = 0; i < n; i += 16) {
+    _mm_prefetch(reinterpret_cast<const char*>(x + i) + kPrefetchBytes, _MM_HINT_T0);
     const __mmask16 live = tail_mask(n - i);
     const __m512i k = keys_of(_mm512_maskz_loadu_ps(live, x + i));
     const __mmask16 in = _mm512_mask_cmpge_epu32_mask(live, k, lo_v);
@@ -231,6 +235,7 @@ SC_TARGET_AVX512 size_t topk_final_avx512(const float* x, size_t n, uint32_t kth
   __m512i index = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   size_t count = 0;
   for (size_t i = 0; i < n; i += 16) {
+    _mm_prefetch(reinterpret_cast<const char*>(x + i) + kPrefetchBytes, _MM_HINT_T0);
     const __mmask16 live = tail_mask(n - i);
     const __m512 v = _mm512_maskz_loadu_ps(live, x + i);
     const __m512i key = keys_of(v);

@@ -146,5 +146,31 @@ TEST(ConfigTest, CheckConfigValidatesAFile) {
   std::remove(bad.c_str());
 }
 
+TEST(ConfigTest, TensorTablesBecomeAgreedOverridesAndBadOnesAreRejected) {
+  std::string file = write_temp(
+      "selector = \"topk\"\n"
+      "[tensor.\"embed*\"]\nselector = \"randomk\"\ndensity = 0.001\n"
+      "[tensor.\"*.bias\"]\ncompression = false\n");
+  auto cmd = parse({"--config", file});
+  ASSERT_TRUE(cmd.ok()) << cmd.status().to_string();
+  EXPECT_EQ(cmd->config.tensor_overrides, "embed*: selector=randomk, density=0.001; *.bias: compression=off");
+  // Part of the first-step agreement fingerprint.
+  EXPECT_NE(agreed_knobs(cmd->config).find("tensor_overrides=embed*: selector=randomk"), std::string::npos);
+  std::remove(file.c_str());
+  std::string bad = write_temp("[tensor.\"x\"]\ndensity = 7\n");
+  auto err = parse({"--config", bad});
+  ASSERT_FALSE(err.ok());
+  EXPECT_NE(err.status().message().find("density"), std::string::npos) << err.status().message();
+  std::remove(bad.c_str());
+  EXPECT_FALSE(parse({"--tensor-overrides", "w*: selector=bogus"}).ok());
+  auto flag = parse({"--tensor-overrides", "w*: selector=importance", "--error-feedback", "momentum",
+                     "--selector", "percentile", "--quantile", "0.995"});
+  ASSERT_TRUE(flag.ok()) << flag.status().to_string();
+  EXPECT_EQ(flag->config.selector, kernels::Selector::kPercentile);
+  EXPECT_EQ(flag->config.error_feedback, "momentum");
+  EXPECT_FALSE(parse({"--error-feedback", "sometimes"}).ok());
+  EXPECT_FALSE(parse({"--lr-rescale", "double"}).ok());
+}
+
 }  // namespace
 }  // namespace sparsecar
