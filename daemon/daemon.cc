@@ -1,6 +1,8 @@
 #include "daemon/daemon.h"
 
 #include "daemon/collective/mailbox.h"
+#include "daemon/control/control_server.h"
+#include "daemon/control/daemon_backend.h"
 #include "daemon/metrics/metrics.h"
 #include "daemon/pipeline/controller_runner.h"
 #include "daemon/pipeline/decisions.h"
@@ -23,14 +25,28 @@ struct Daemon::Parts {
   std::unique_ptr<ObservationCollector> observations;
   std::unique_ptr<Pipeline> pipeline;
   std::unique_ptr<SessionServer> sessions;
+  std::unique_ptr<control::DaemonBackend> backend;
+  std::unique_ptr<control::Dispatcher> dispatcher;
+  std::unique_ptr<control::ControlServer> control;
 };
+
+// "auto" -> ipc://<trainer socket minus ".sock">-control.sock
+static std::string resolved_control_endpoint(const Config& config) {
+  if (config.control != "auto") return config.control;
+  std::string base = config.socket;
+  if (base.size() > 5 && base.compare(base.size() - 5, 5, ".sock") == 0) base.resize(base.size() - 5);
+  return "ipc://" + base + "-control.sock";
+}
 
 Daemon::Daemon(std::unique_ptr<Parts> parts) : parts_(std::move(parts)) {}
 Daemon::~Daemon() { stop(); }
 
 Expected<std::unique_ptr<Daemon>> Daemon::start(const Config& config) {
   auto parts = std::make_unique<Parts>();
-  SC_ASSIGN_OR_RETURN(parts->metrics, Metrics::create(config.metrics_listen));
+  MetricsOptions mo;
+  mo.rank = config.rank;
+  mo.world_size = config.world_size;
+  SC_ASSIGN_OR_RETURN(parts->metrics, Metrics::create(config.metrics_listen, mo));
   parts->mailbox = std::make_unique<Mailbox>(config.job_id, config.world_size, parts->metrics.get());
 
   if (config.world_size > 1) {
@@ -92,6 +108,36 @@ Expected<std::unique_ptr<Daemon>> Daemon::start(const Config& config) {
   parts->pipeline->set_observer(parts->observations.get());
   parts->pipeline->start();
 
+  control::DaemonParts dp;
+  dp.config = config;
+  dp.metrics = parts->metrics.get();
+  dp.mailbox = parts->mailbox.get();
+  dp.transport = parts->transport.get();
+  dp.decisions = parts->decisions.get();
+  dp.pipeline = parts->pipeline.get();
+  dp.sessions = parts->sessions.get();
+  parts->backend = std::make_unique<control::DaemonBackend>(dp);
+  parts->metrics->set_scrape_hook([backend = parts->backend.get()] { backend->refresh_metrics(); });
+  const std::string endpoint = resolved_control_endpoint(config);
+  Status usable = control::check_endpoint(endpoint, config.control_token, config.control_curve_secret_key);
+  if (config.control == "auto" && !usable.ok()) {
+    SC_LOG_WARN("no control socket: %s (set --control to a shorter ipc:// path)", usable.message().c_str());
+  } else if (config.control != "off") {
+    control::DispatcherOptions d;
+    d.max_message_bytes = config.control_max_message_bytes;
+    d.token = config.control_token;
+    parts->dispatcher = std::make_unique<control::Dispatcher>(parts->backend.get(), parts->metrics.get(), d);
+    control::ControlServerOptions c;
+    c.endpoint = endpoint;
+    c.group = config.control_group;
+    c.token = config.control_token;
+    c.curve_secret_key = config.control_curve_secret_key;
+    c.max_message_bytes = config.control_max_message_bytes;
+    auto server = control::ControlServer::start(c, parts->dispatcher.get());
+    if (!server.ok()) return server.status().with_context("opening the control socket");
+    parts->control = std::move(server).value();
+  }
+
   policies::TensorObservation any;
   SC_LOG_INFO("rank %u of %u ready: trainers connect to %s; plan: %s", config.rank, config.world_size,
               config.socket.c_str(), policies::describe(policies::static_plan(p.settings, any)).c_str());
@@ -101,10 +147,60 @@ Expected<std::unique_ptr<Daemon>> Daemon::start(const Config& config) {
 void Daemon::stop() {
   if (!parts_) return;
   // Reverse of start: stop taking new work, finish or fail what is in flight, then the network.
+  if (parts_->control) parts_->control->stop();
+  if (parts_->metrics) parts_->metrics->set_scrape_hook(nullptr);
   if (parts_->sessions) parts_->sessions->stop();
   if (parts_->pipeline) parts_->pipeline->stop();
   if (parts_->transport) parts_->transport->stop();
   parts_.reset();
+}
+
+Status Daemon::drain(std::chrono::milliseconds timeout) {
+  if (!parts_ || !parts_->pipeline) return Status::Ok();
+  return parts_->pipeline->drain(std::chrono::steady_clock::now() + timeout);
+}
+
+Status Daemon::reload(const Config& before, const Config& after) {
+  if (!parts_) return unavailable("the daemon is stopped");
+  KnobChanges changes;
+  for (const auto& spec : knob_table()) {
+    const std::string old_value = get_knob(before, spec.name).value();
+    const std::string new_value = get_knob(after, spec.name).value();
+    if (old_value == new_value) continue;
+    if (!spec.live) {
+      SC_LOG_ERROR("reload: knob '%s' changed but cannot change while the daemon runs; keeping the running value "
+                   "(restart to apply)", spec.name);
+      continue;
+    }
+    changes.emplace_back(spec.name, new_value);
+  }
+  if (changes.empty()) {
+    SC_LOG_INFO("reload: no live knob changed");
+    return Status::Ok();
+  }
+  for (const auto& [name, value] : changes) {
+    if (name == "log_level") {
+      LogLevel level;
+      if (parse_log_level(value, &level)) set_log_level(level);
+    }
+  }
+  auto d = parts_->decisions->propose(changes, "reload", std::chrono::steady_clock::now() + std::chrono::seconds(5));
+  if (!d.ok()) {
+    SC_LOG_ERROR("reload: %s", d.status().to_string().c_str());
+    return d.status();
+  }
+  parts_->metrics->count_decision("control", "reload");
+  SC_LOG_INFO("reload: epoch %u from step %llu: %s", d->epoch, static_cast<unsigned long long>(d->effective_step),
+              format_changes(changes).c_str());
+  return Status::Ok();
+}
+
+std::vector<uint16_t> Daemon::metrics_ports() const {
+  return parts_ && parts_->metrics ? parts_->metrics->listening_ports() : std::vector<uint16_t>{};
+}
+
+std::string Daemon::control_endpoint() const {
+  return parts_ && parts_->control ? parts_->control->endpoint() : std::string();
 }
 
 }  // namespace sparsecar

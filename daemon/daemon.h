@@ -1,11 +1,14 @@
 // Daemon: owns and wires the parts of sparsecard for one node, in data-flow order:
-//   metrics -> mailbox -> transport (rendezvous with the other nodes) -> pipeline -> sessions.
+//   metrics -> mailbox -> transport (rendezvous with the other nodes) -> pipeline -> sessions
+//   -> control socket.
 // Start-up fails with a Status naming the part and the cause. stop() takes them down in reverse.
 //
 // Threads: start()/stop() from main; each part runs its own thread(s).
 #pragma once
 
+#include <chrono>
 #include <memory>
+#include <vector>
 
 #include "daemon/config/knobs.h"
 #include "sparsecar/common/status.h"
@@ -17,6 +20,16 @@ class Daemon {
   static Expected<std::unique_ptr<Daemon>> start(const Config& config);
   ~Daemon();
   void stop();
+
+  // SIGTERM: refuse new steps and let the queued ones finish, at most `timeout`.
+  Status drain(std::chrono::milliseconds timeout);
+  // SIGHUP: `before` and `after` are the configuration before and after re-reading the file.
+  // Live knobs that changed are proposed job-wide (one decision); structural ones that changed
+  // are refused with a log line each and keep their running value. Returns the proposal's error.
+  Status reload(const Config& before, const Config& after);
+  // Ports of the metrics exposer and the bound control endpoint (for logs and tests).
+  std::vector<uint16_t> metrics_ports() const;
+  std::string control_endpoint() const;
 
   struct Parts;
 

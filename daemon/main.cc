@@ -1,9 +1,14 @@
 // sparsecard: the sparsecar daemon, one per node. Parses the knob table's flags, starts the
-// daemon's parts and waits for SIGTERM/SIGINT.
+// daemon's parts and serves signals:
+//   SIGTERM/SIGINT  drain (new steps refused, queued ones finish within drain_timeout_ms), stop
+//   SIGHUP          re-read flags + config file; live knobs that changed become one job-wide
+//                   decision, structural ones are refused with a log line
+// and tells systemd (Type=notify) READY / RELOADING / STOPPING through $NOTIFY_SOCKET.
 #include <csignal>
 #include <cstdio>
 
 #include "daemon/config/config.h"
+#include "daemon/control/sd_notify.h"
 #include "daemon/daemon.h"
 #include "sparsecar/common/log.h"
 
@@ -30,6 +35,7 @@ int main(int argc, char** argv) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
 
@@ -38,9 +44,34 @@ int main(int argc, char** argv) {
     SC_LOG_ERROR("cannot start: %s", daemon.status().to_string().c_str());
     return 1;
   }
-  int sig = 0;
-  sigwait(&signals, &sig);
-  SC_LOG_INFO("signal %d: shutting down", sig);
+  sd_notify_state("READY=1\nSTATUS=serving");
+  Config loaded = config;  // what the flags and the file said at the last (re)load
+  for (;;) {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    if (sig != SIGHUP) {
+      SC_LOG_INFO("signal %d: draining (up to %u ms), then shutting down", sig, config.drain_timeout_ms);
+      sd_notify_state("STOPPING=1");
+      Status drained = (*daemon)->drain(std::chrono::milliseconds(loaded.drain_timeout_ms));
+      if (!drained.ok()) SC_LOG_WARN("%s; stopping anyway", drained.to_string().c_str());
+      break;
+    }
+    sd_notify_state("RELOADING=1");
+    std::string ignored;
+    auto again = parse_command_line(argc, argv, &ignored);
+    if (!again.ok()) {
+      SC_LOG_ERROR("reload: %s; keeping the running configuration", again.status().message().c_str());
+    } else {
+      Status s = (*daemon)->reload(loaded, again->config);
+      if (s.ok()) {
+        // Live knobs were applied; structural ones stay as they run (and are reported again).
+        for (const auto& spec : knob_table()) {
+          if (spec.live) set_knob(loaded, spec.name, get_knob(again->config, spec.name).value()).ignore();
+        }
+      }
+    }
+    sd_notify_state("READY=1\nSTATUS=serving");
+  }
   (*daemon)->stop();
   return 0;
 }

@@ -6,6 +6,7 @@
 #include <deque>
 #include <mutex>
 
+#include "daemon/metrics/metrics.h"
 #include "daemon/transport/wire.h"
 #include "sparsecar/kernels/codec.h"
 #include "sparsecar/kernels/select.h"
@@ -14,6 +15,24 @@ namespace sparsecar {
 namespace {
 
 using HeaderBytes = std::array<std::byte, wire::kHeaderBytes>;
+using SteadyClock = std::chrono::steady_clock;
+
+double seconds_since(SteadyClock::time_point t0) {
+  return std::chrono::duration<double>(SteadyClock::now() - t0).count();
+}
+
+// Adds the time the enclosing scope took to `*sink`.
+class StageTimer {
+ public:
+  explicit StageTimer(double* sink) : sink_(sink), t0_(SteadyClock::now()) {}
+  ~StageTimer() { *sink_ += seconds_since(t0_); }
+  StageTimer(const StageTimer&) = delete;
+  StageTimer& operator=(const StageTimer&) = delete;
+
+ private:
+  double* sink_;
+  SteadyClock::time_point t0_;
+};
 
 // Tracks the sends of one step. Shared with the transport's callbacks, so it outlives an
 // early return; it also keeps the caller's buffers (keepalive) and the headers alive.
@@ -30,7 +49,12 @@ class SendGroup {
       ++group->outstanding_;
     }
     wire::seal(header, payload, std::span<std::byte, wire::kHeaderBytes>(*bytes));
-    Status queued = ctx.transport->send(peer, *bytes, payload, [group, peer, &ctx_name = *ctx.transport](const Status& s) {
+    const uint64_t size = wire::kHeaderBytes + payload.size();
+    Metrics* metrics = ctx.metrics;
+    const auto started = SteadyClock::now();
+    Status queued = ctx.transport->send(peer, *bytes, payload, [group, peer, &ctx_name = *ctx.transport, metrics, size,
+                                                                 started](const Status& s) {
+      if (metrics && s.ok()) metrics->observe_link(peer, size, seconds_since(started));
       std::lock_guard<std::mutex> lock(group->mu_);
       if (!s.ok() && group->first_error_.ok()) {
         group->first_error_ = s.with_context("sending to " + ctx_name.peer_name(peer));
@@ -43,8 +67,9 @@ class SendGroup {
       --group->outstanding_;
       return queued.with_context("sending to " + ctx.transport->peer_name(peer));
     }
-    stats->bytes_sent += wire::kHeaderBytes + payload.size();
+    stats->bytes_sent += size;
     stats->messages_sent += 1;
+    if (metrics) metrics->add_bytes_sent(peer, size);
     return Status::Ok();
   }
 
@@ -99,19 +124,26 @@ Status sparse_allgather(const ExchangeContext& ctx, uint32_t tensor_id, uint64_t
   h.dense_len = out.size();
   h.nnz = nnz;
   h.payload_bytes = payload.size();
-  for (uint32_t peer = 0; peer < ctx.world_size; ++peer) {
-    if (peer == ctx.rank) continue;
-    SC_RETURN_IF_ERROR(SendGroup::send(group, ctx, peer, h, payload, stats));
+  {
+    StageTimer timer(&stats->send_seconds);
+    for (uint32_t peer = 0; peer < ctx.world_size; ++peer) {
+      if (peer == ctx.rank) continue;
+      SC_RETURN_IF_ERROR(SendGroup::send(group, ctx, peer, h, payload, stats));
+    }
   }
   // Sum in rank order so that every node computes the same bits.
   for (uint32_t r = 0; r < ctx.world_size; ++r) {
     if (r == ctx.rank) {
+      StageTimer timer(&stats->decode_seconds);
       SC_RETURN_IF_ERROR(kernels::decode_accumulate(format, value_type, payload, nnz, out)
                              .with_context("decoding own selection"));
       continue;
     }
     std::string name = ctx.transport->peer_name(r);
-    SC_ASSIGN_OR_RETURN(Envelope e, ctx.mailbox->take(wire::Kind::kData, r, tensor_id, step, 0, ctx.deadline, name));
+    auto waited = SteadyClock::now();
+    auto taken = ctx.mailbox->take(wire::Kind::kData, r, tensor_id, step, 0, ctx.deadline, name);
+    stats->wait_seconds += seconds_since(waited);
+    SC_ASSIGN_OR_RETURN(Envelope e, std::move(taken));
     if (e.header.dense_len != out.size()) {
       return data_loss(name + " sent tensor " + std::to_string(tensor_id) + " with " +
                        std::to_string(e.header.dense_len) + " elements; this node has " + std::to_string(out.size()));
@@ -121,11 +153,13 @@ Status sparse_allgather(const ExchangeContext& ctx, uint32_t tensor_id, uint64_t
                                  std::to_string(e.header.epoch) + "; this node is at epoch " +
                                  std::to_string(ctx.epoch));
     }
+    StageTimer timer(&stats->decode_seconds);
     SC_RETURN_IF_ERROR(kernels::decode_accumulate(static_cast<kernels::Format>(e.header.format),
                                                   static_cast<kernels::ValueType>(e.header.value_type), e.payload,
                                                   e.header.nnz, out)
                            .with_context("decoding from " + name));
   }
+  StageTimer timer(&stats->send_seconds);
   return group->wait(ctx.deadline);
 }
 
@@ -155,10 +189,14 @@ Status ring_allreduce(const ExchangeContext& ctx, uint32_t tensor_id, uint64_t s
     h.nnz = se - sb;
     h.payload_bytes = send_span.size();
     h.chunk = phase;
-    SC_RETURN_IF_ERROR(SendGroup::send(group, ctx, right, h, send_span, stats));
-
-    SC_ASSIGN_OR_RETURN(Envelope e,
-                        ctx.mailbox->take(wire::Kind::kData, left, tensor_id, step, phase, ctx.deadline, left_name));
+    {
+      StageTimer timer(&stats->send_seconds);
+      SC_RETURN_IF_ERROR(SendGroup::send(group, ctx, right, h, send_span, stats));
+    }
+    auto waited = SteadyClock::now();
+    auto taken = ctx.mailbox->take(wire::Kind::kData, left, tensor_id, step, phase, ctx.deadline, left_name);
+    stats->wait_seconds += seconds_since(waited);
+    SC_ASSIGN_OR_RETURN(Envelope e, std::move(taken));
     auto [rb, re] = chunk_range(n, w, recv_c);
     if (e.header.dense_len != re - rb || e.header.format != static_cast<uint16_t>(kernels::Format::kDense)) {
       return data_loss(left_name + " sent ring phase " + std::to_string(phase) + " of tensor " +
@@ -171,9 +209,13 @@ Status ring_allreduce(const ExchangeContext& ctx, uint32_t tensor_id, uint64_t s
     }
     // The chunk we are about to overwrite was sent in an earlier phase: make sure that send is
     // complete before touching it.
-    SC_RETURN_IF_ERROR(group->wait(ctx.deadline));
+    {
+      StageTimer timer(&stats->send_seconds);
+      SC_RETURN_IF_ERROR(group->wait(ctx.deadline));
+    }
     std::span<float> target(data.data() + rb, re - rb);
     if (target.empty()) continue;  // more nodes than elements: this chunk is empty
+    StageTimer timer(reduce ? &stats->reduce_seconds : &stats->decode_seconds);
     if (reduce) {
       SC_RETURN_IF_ERROR(kernels::decode_accumulate(kernels::Format::kDense, kernels::ValueType::kF32, e.payload,
                                                     e.header.nnz, target)
@@ -182,6 +224,7 @@ Status ring_allreduce(const ExchangeContext& ctx, uint32_t tensor_id, uint64_t s
       std::memcpy(target.data(), e.payload.data(), target.size_bytes());
     }
   }
+  StageTimer timer(&stats->send_seconds);
   return group->wait(ctx.deadline);
 }
 

@@ -24,6 +24,8 @@
 
 namespace sparsecar {
 
+class Metrics;
+
 struct ExchangeContext {
   Transport* transport = nullptr;  // null only when world_size == 1
   Mailbox* mailbox = nullptr;
@@ -33,11 +35,19 @@ struct ExchangeContext {
   uint32_t epoch = 0;
   std::chrono::steady_clock::time_point deadline;
   std::shared_ptr<const void> keepalive;  // owner of every buffer handed to send()
+  Metrics* metrics = nullptr;  // optional: bytes per peer and link bandwidth estimates
 };
 
 struct ExchangeStats {
   uint64_t bytes_sent = 0;  // headers included
   uint64_t messages_sent = 0;
+  // Where the time went (seconds), for sparsecar_stage_duration_seconds: queueing sends and
+  // waiting for their completion; waiting for peers' messages; decoding (sparse) or copying
+  // gathered chunks (ring); reducing ring chunks.
+  double send_seconds = 0;
+  double wait_seconds = 0;
+  double decode_seconds = 0;
+  double reduce_seconds = 0;
 };
 
 // `payload` is this node's selection encoded as (format, value_type) with `nnz` entries of a

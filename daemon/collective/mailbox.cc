@@ -23,7 +23,7 @@ void Mailbox::reject(uint32_t peer, const Status& why, const wire::WireHeader* t
 
 void Mailbox::on_message(uint32_t peer, std::span<const std::byte> header_bytes,
                          std::span<const std::byte> payload) {
-  if (metrics_) metrics_->wire_bytes_received.Increment(static_cast<double>(header_bytes.size() + payload.size()));
+  if (metrics_) metrics_->add_bytes_received(peer, header_bytes.size() + payload.size());
   if (header_bytes.size() != wire::kHeaderBytes) {
     reject(peer, data_loss("header is " + std::to_string(header_bytes.size()) + " bytes, expected " +
                                std::to_string(wire::kHeaderBytes)),

@@ -42,8 +42,26 @@ const std::vector<Knob>& knobs() {
       {{"socket", K::kString, "Unix socket path trainers connect to", 0, 0, "", false, false,
         "SPARSECAR_SOCKET"},
        &Config::socket},
-      {{"control", K::kString, "ZeroMQ control endpoint (ipc://PATH); reserved: the control socket is not served yet", 0, 0, "", false, false, ""},
+      {{"control", K::kString,
+        "ZeroMQ control endpoint: ipc://PATH, tcp://HOST:PORT (needs a token or CURVE key), 'auto' "
+        "(ipc:// beside the trainer socket: <socket minus .sock>-control.sock) or 'off'",
+        0, 0, "", false, false, "SPARSECAR_CONTROL"},
        &Config::control},
+      {{"control_group", K::kString, "group allowed to use the ipc:// control socket (mode 0660); empty = 0600", 0,
+        0, "", false, false, ""},
+       &Config::control_group},
+      {{"control_token", K::kString, "shared token every tcp:// control request must carry (16+ characters)", 0, 0,
+        "", false, false, "SPARSECAR_CONTROL_TOKEN", true},
+       &Config::control_token},
+      {{"control_curve_secret_key", K::kString, "Z85 CURVE server secret key for a tcp:// control endpoint", 0, 0,
+        "", false, false, "", true},
+       &Config::control_curve_secret_key},
+      {{"control_max_message_bytes", K::kUint, "largest control request served (bigger: TOO_LARGE)", 1024, 16777216,
+        "", false, false, ""},
+       &Config::control_max_message_bytes},
+      {{"drain_timeout_ms", K::kUint, "on SIGTERM, how long queued steps may finish before shutdown", 0, 3.6e6, "",
+        true, false, ""},
+       &Config::drain_timeout_ms},
       {{"metrics_listen", K::kString, "ADDRESS:PORT for Prometheus /metrics, or 'off'", 0, 0, "", false,
         false, ""},
        &Config::metrics_listen},
@@ -395,6 +413,15 @@ Status validate(const Config& config) {
   if (config.socket.empty()) return invalid_argument("socket path is empty");
   if (config.socket.size() >= 108) {
     return invalid_argument("socket path '" + config.socket + "' is longer than a Unix socket allows (107)");
+  }
+  if (config.control.rfind("tcp://", 0) == 0 && config.control_token.empty() &&
+      config.control_curve_secret_key.empty()) {
+    return invalid_argument("control endpoint '" + config.control +
+                            "' is tcp://: set control_token or control_curve_secret_key (or use ipc://)");
+  }
+  if (config.control != "auto" && config.control != "off" && config.control.rfind("tcp://", 0) != 0 &&
+      config.control.rfind("ipc:///", 0) != 0) {
+    return invalid_argument("control endpoint '" + config.control + "' is not ipc:///PATH, tcp://HOST:PORT, auto or off");
   }
   if (config.compression && config.selector == kernels::Selector::kNone) {
     return invalid_argument("compression is on but selector is none");

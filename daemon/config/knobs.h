@@ -28,7 +28,12 @@ struct Config {
   uint64_t job_id = 0;
   uint32_t local_clients = 1;
   std::string socket = "/run/sparsecar/sparsecard.sock";
-  std::string control = "ipc:///run/sparsecar/control.sock";
+  std::string control = "auto";  // auto: ipc://<socket without .sock>-control.sock
+  std::string control_group;     // empty: the control socket is 0600 (owner only)
+  std::string control_token;     // required by tcp:// unless CURVE is configured
+  std::string control_curve_secret_key;  // Z85, 40 characters: tcp:// with CURVE
+  uint32_t control_max_message_bytes = 65536;
+  uint32_t drain_timeout_ms = 10000;  // SIGTERM: how long queued steps may finish
   std::string metrics_listen = "127.0.0.1:9464";
   std::string log_level = "info";
   std::string ucx_tls;          // empty: UCX's default (or UCX_TLS)
@@ -110,6 +115,7 @@ struct KnobSpec {
   bool live = false;     // may change while a job runs
   bool agreed = false;   // every node of the job must hold the same value
   const char* env = "";  // environment variable used when neither flag nor file sets it
+  bool secret = false;   // never shown by `get`/status (tokens, keys)
 };
 
 const std::vector<KnobSpec>& knob_table();

@@ -1,8 +1,13 @@
 #include "daemon/pipeline/pipeline.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstring>
+#include <fstream>
 #include <sstream>
 
 #include "daemon/collective/collective.h"
@@ -23,11 +28,28 @@ struct Pipeline::TensorState {
   TensorCompressor compressor;
   bool has_step = false;
   uint64_t last_step = 0;
+  // Latest step, for metrics and status (pipeline thread).
+  uint64_t last_selected = 0;
+  double last_norm2 = 0;
+  std::string plan;
 };
+
+namespace {
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+PipelineSnapshot empty_snapshot() {
+  PipelineSnapshot s;
+  for (int g = 0; g < kGroupCount; ++g) s.groups.emplace_back(std::string(group_name(static_cast<TensorGroup>(g))), PipelineSnapshot::Group{});
+  return s;
+}
+
+}  // namespace
 
 Pipeline::Pipeline(const PipelineOptions& options, Transport* transport, Mailbox* mailbox, Metrics* metrics,
                    DecisionBoard* decisions)
-    : options_(options), transport_(transport), mailbox_(mailbox), metrics_(metrics), decisions_(decisions) {
+    : options_(options), transport_(transport), mailbox_(mailbox), metrics_(metrics), decisions_(decisions),
+      stats_(empty_snapshot()) {
   SC_CHECK(options.world_size == 1 || transport != nullptr, "a multi-node pipeline needs a transport");
 }
 
@@ -55,6 +77,13 @@ void Pipeline::stop() {
 
 void Pipeline::fail_queued(std::deque<Command>& queue, const std::string& why) {
   for (auto& cmd : queue) {
+    if (auto* call = std::get_if<Call>(&cmd)) {
+      std::lock_guard<std::mutex> lock(call->state->mu);
+      call->state->done = true;
+      call->state->status = aborted(why);
+      call->state->cv.notify_all();
+      continue;
+    }
     if (auto* job = std::get_if<StepJob>(&cmd)) {
       StepResult r;
       r.tensor_id = job->tensor_id;
@@ -93,6 +122,16 @@ Status Pipeline::register_tensor(uint32_t tensor_id, const TensorSpec& spec) {
 }
 
 void Pipeline::submit(const StepJob& job) {
+  if (draining_.load()) {
+    StepResult r;
+    r.tensor_id = job.tensor_id;
+    r.step = job.step;
+    r.generation = job.generation;
+    r.status = unavailable("the daemon is draining (sparsecarctl drain); it takes no new steps");
+    if (metrics_) metrics_->count_step_failure(r.status.code());
+    if (sink_) sink_->complete(r);
+    return;
+  }
   std::lock_guard<std::mutex> lock(mu_);
   job_started_ = true;
   queue_.push_back(job);
@@ -101,6 +140,7 @@ void Pipeline::submit(const StepJob& job) {
 
 void Pipeline::report_metric(const std::string& name, double value, uint64_t step) {
   // Controllers that consume trainer metrics come with the controllers issue.
+  if (metrics_) metrics_->set_trainer_metric(name, value);
   SC_LOG_DEBUG("trainer reported %s = %g at step %llu", name.c_str(), value, static_cast<unsigned long long>(step));
   if (observer_) observer_->on_metric(name, value, step);
 }
@@ -137,9 +177,19 @@ void Pipeline::run() {
       const size_t n = reg->spec.count;
       if (tensors_.size() != reg->id) tensors_.resize(reg->id);
       tensors_.push_back(std::move(t));
+      {
+        std::lock_guard<std::mutex> lock(stats_mu_);
+        auto& g = stats_.groups[static_cast<int>(tensor_group(n))].second;
+        g.tensors += 1;
+        g.elements += n;
+      }
       SC_LOG_DEBUG("tensor %u '%s' registered (%zu elements)", reg->id, reg->spec.name.c_str(), n);
     } else if (std::holds_alternative<Reset>(cmd)) {
       tensors_.clear();
+      {
+        std::lock_guard<std::mutex> lock(stats_mu_);
+        stats_ = empty_snapshot();
+      }
       if (decisions_) decisions_->reset();
       if (observer_) observer_->on_reset();
       agreed_ = false;
@@ -147,9 +197,26 @@ void Pipeline::run() {
       mailbox_->clear();
       mailbox_->resume();
       SC_LOG_INFO("job reset: every trainer disconnected; waiting for the next job");
+    } else if (auto* call = std::get_if<Call>(&cmd)) {
+      std::unique_lock<std::mutex> lock(call->state->mu);
+      if (call->state->abandoned) continue;
+      lock.unlock();  // the operation may take a while; the waiter only reads under the lock
+      Status s = call->fn();
+      lock.lock();
+      call->state->done = true;
+      call->state->status = std::move(s);
+      call->state->cv.notify_all();
     } else {
+      const auto started = Clock::now();
       StepResult r = process(std::get<StepJob>(cmd));
-      if (metrics_) (r.status.ok() ? metrics_->steps_ok : metrics_->steps_failed).Increment();
+      if (metrics_) {
+        metrics_->observe_step(seconds_since(started));
+        if (r.status.ok()) {
+          metrics_->steps_ok.Increment();
+        } else {
+          metrics_->count_step_failure(r.status.code());
+        }
+      }
       sink_->complete(r);
     }
   }
@@ -187,6 +254,12 @@ StepResult Pipeline::process(const StepJob& job) {
   }
   t.has_step = true;
   t.last_step = job.step;
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    if (!stats_.has_step || job.step > stats_.last_step) stats_.last_step = job.step;
+    stats_.has_step = true;
+    stats_.total_trainers = total_trainers_;
+  }
   r.status = run_step(t, job, decision, &r);
   if (!r.status.ok()) {
     r.status = r.status.with_context("tensor '" + spec.name + "' step " + std::to_string(job.step));
@@ -223,6 +296,7 @@ Status Pipeline::run_step(TensorState& t, const StepJob& job, const Decision& de
   ctx.epoch = decision.epoch;
   ctx.deadline = Clock::now() + options_.step_timeout;
   ctx.keepalive = tensors_[id];
+  ctx.metrics = metrics_;
   mailbox_->drop_before(id, job.step);
 
   const float inv_trainers = 1.0f / static_cast<float>(total_trainers_);
@@ -242,10 +316,17 @@ Status Pipeline::run_step(TensorState& t, const StepJob& job, const Decision& de
       result->nnz = n;
     }
   } else {
+    const auto compress_started = Clock::now();
     SC_ASSIGN_OR_RETURN(TensorCompressor::Encoded e, c.compress(plan, job.local_sum, job.lr));
     exchange_started = Clock::now();
+    // compress() folds, selects and encodes; encoding is timed separately where it reports it.
+    if (metrics_) metrics_->observe_stage(Stage::kSelect, seconds_since(compress_started));
     s = sparse_allgather(ctx, id, job.step, e.format, e.value_type, e.nnz, e.payload, job.result, &stats);
     result->nnz = e.selected;
+    if (metrics_) metrics_->count_messages(e.format, plan.selector, static_cast<double>(stats.messages_sent));
+  }
+  if (metrics_ && plan.dense) {
+    metrics_->count_messages(kernels::Format::kDense, kernels::Selector::kNone, static_cast<double>(stats.messages_sent));
   }
   const Clock::time_point exchange_ended = Clock::now();
   auto observe = [&] {
@@ -275,12 +356,258 @@ Status Pipeline::run_step(TensorState& t, const StepJob& job, const Decision& de
   }
   c.commit();
   observe();
+  const auto reduce_started = Clock::now();
   kernels::scale(job.result, inv_trainers);
+  stats.reduce_seconds += seconds_since(reduce_started);
   if (metrics_) {
     metrics_->elements_selected.Increment(static_cast<double>(result->nnz));
-    metrics_->wire_bytes_sent.Increment(static_cast<double>(result->bytes_sent));
     metrics_->dense_equivalent_bytes.Increment(static_cast<double>(result->dense_bytes));
+    metrics_->observe_stage(Stage::kSend, stats.send_seconds);
+    metrics_->observe_stage(Stage::kWait, stats.wait_seconds);
+    metrics_->observe_stage(Stage::kDecode, stats.decode_seconds);
+    metrics_->observe_stage(Stage::kReduce, stats.reduce_seconds);
   }
+  record_step_metrics(t, plan, *result, !plan.dense);
+  return Status::Ok();
+}
+
+void Pipeline::record_step_metrics(TensorState& t, const policies::Plan& plan, const StepResult& r, bool sparse) {
+  const uint64_t n = t.compressor.spec().count;
+  const TensorGroup group = tensor_group(n);
+  // Dense steps empty the residual; sparse ones leave the unsent part (one read pass).
+  const double norm2 = sparse ? t.compressor.residual_norm2() : 0.0;
+  std::string desc = policies::describe(plan);
+  double density = 0, group_norm2 = 0;
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    auto& g = stats_.groups[static_cast<int>(group)].second;
+    g.selected = g.selected - t.last_selected + r.nnz;
+    g.residual_norm2 = std::max(0.0, g.residual_norm2 - t.last_norm2 + norm2);
+    if (desc != t.plan) {
+      if (!t.plan.empty() && --g.plans[t.plan] == 0) g.plans.erase(t.plan);
+      g.plans[desc] += 1;
+    }
+    density = g.elements ? static_cast<double>(g.selected) / static_cast<double>(g.elements) : 0.0;
+    group_norm2 = g.residual_norm2;
+  }
+  t.last_selected = r.nnz;
+  t.last_norm2 = norm2;
+  t.plan = std::move(desc);
+  if (metrics_) {
+    const double lambda = !plan.dense && plan.selector == kernels::Selector::kThreshold ? plan.threshold : 0.0;
+    metrics_->set_group(group, density, lambda, std::sqrt(group_norm2));
+    metrics_->add_group_error(group, norm2);
+  }
+}
+
+PipelineSnapshot Pipeline::snapshot() const {
+  PipelineSnapshot s;
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    s = stats_;
+  }
+  {
+    std::lock_guard<std::mutex> lock(const_cast<std::mutex&>(mu_));
+    s.queued = queue_.size();
+  }
+  s.draining = draining_.load();
+  return s;
+}
+
+Status Pipeline::call_on_thread(std::function<Status()> fn, Clock::time_point deadline) {
+  Call call{std::make_shared<Call::State>(), std::move(fn)};
+  auto state = call.state;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return unavailable("the pipeline is stopping");
+    queue_.push_back(std::move(call));
+    cv_.notify_all();
+  }
+  std::unique_lock<std::mutex> lock(state->mu);
+  if (!state->cv.wait_until(lock, deadline, [&] { return state->done; })) {
+    state->abandoned = true;
+    return deadline_exceeded("the pipeline did not get to the request in time (a step is still running)");
+  }
+  return state->status;
+}
+
+Status Pipeline::drain(Clock::time_point deadline) {
+  draining_.store(true);
+  if (metrics_) metrics_->draining.Set(1);
+  return call_on_thread([] { return Status::Ok(); }, deadline)
+      .with_context("draining");
+}
+
+void Pipeline::undrain() {
+  draining_.store(false);
+  if (metrics_) metrics_->draining.Set(0);
+}
+
+Expected<CheckpointInfo> Pipeline::checkpoint(const std::string& path, Clock::time_point deadline) {
+  auto info = std::make_shared<CheckpointInfo>();
+  SC_RETURN_IF_ERROR(call_on_thread([this, path, info] { return write_checkpoint(path, info.get()); }, deadline));
+  return *info;
+}
+
+Expected<CheckpointInfo> Pipeline::restore(const std::string& path, Clock::time_point deadline) {
+  auto info = std::make_shared<CheckpointInfo>();
+  SC_RETURN_IF_ERROR(call_on_thread([this, path, info] { return read_checkpoint(path, info.get()); }, deadline));
+  return *info;
+}
+
+namespace {
+
+constexpr char kCheckpointMagic[8] = {'S', 'C', 'R', 'E', 'S', 'I', 'D', '1'};
+constexpr uint32_t kCheckpointVersion = 1;
+
+template <typename T>
+void put(std::string& out, T v) {
+  out.append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+
+class Reader {
+ public:
+  explicit Reader(std::string_view data) : data_(data) {}
+  template <typename T>
+  bool get(T* v) {
+    if (data_.size() - pos_ < sizeof(T)) return false;
+    std::memcpy(v, data_.data() + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return true;
+  }
+  bool bytes(size_t n, std::string_view* out) {
+    if (data_.size() - pos_ < n) return false;
+    *out = data_.substr(pos_, n);
+    pos_ += n;
+    return true;
+  }
+  size_t pos() const { return pos_; }
+
+ private:
+  std::string_view data_;
+  size_t pos_ = 0;
+};
+
+}  // namespace
+
+Status Pipeline::write_checkpoint(const std::string& path, CheckpointInfo* info) {
+  std::string out(kCheckpointMagic, sizeof kCheckpointMagic);
+  uint32_t count = 0;
+  for (const auto& t : tensors_) count += t ? 1 : 0;
+  if (count == 0) return failed_precondition("no tensors are registered; nothing to checkpoint");
+  put<uint32_t>(out, kCheckpointVersion);
+  put<uint32_t>(out, count);
+  put<uint64_t>(out, options_.job_id);
+  put<uint32_t>(out, options_.rank);
+  put<uint32_t>(out, options_.world_size);
+  double norm2 = 0;
+  for (const auto& t : tensors_) {
+    if (!t) continue;
+    const auto& spec = t->compressor.spec();
+    put<uint32_t>(out, static_cast<uint32_t>(spec.name.size()));
+    out += spec.name;
+    put<uint64_t>(out, spec.count);
+    auto r = t->compressor.residual();
+    out.append(reinterpret_cast<const char*>(r.data()), r.size_bytes());
+    info->elements += spec.count;
+    norm2 += t->compressor.residual_norm2();
+  }
+  put<uint32_t>(out, kernels::crc32c(0, out.data(), out.size()));
+  const std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return errno_status("creating checkpoint " + tmp, errno);
+  size_t done = 0;
+  while (done < out.size()) {
+    ssize_t w = ::write(fd, out.data() + done, out.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      const int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return errno_status("writing checkpoint " + tmp, err);
+    }
+    done += static_cast<size_t>(w);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    return errno_status("syncing checkpoint " + tmp, err);
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    return errno_status("renaming checkpoint to " + path, err);
+  }
+  info->tensors = count;
+  info->bytes = out.size();
+  info->residual_norm = std::sqrt(norm2);
+  SC_LOG_INFO("checkpoint: %u tensors' residuals (%zu bytes) written to %s", count, out.size(), path.c_str());
+  return Status::Ok();
+}
+
+Status Pipeline::read_checkpoint(const std::string& path, CheckpointInfo* info) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return errno_status("opening checkpoint " + path, errno);
+  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string where = "checkpoint " + path;
+  if (data.size() < sizeof kCheckpointMagic + 28 || std::memcmp(data.data(), kCheckpointMagic, 8) != 0) {
+    return data_loss(where + " is not a sparsecar residual checkpoint");
+  }
+  uint32_t crc;
+  std::memcpy(&crc, data.data() + data.size() - 4, 4);
+  if (kernels::crc32c(0, data.data(), data.size() - 4) != crc) return data_loss(where + ": checksum mismatch");
+  Reader r(std::string_view(data).substr(8, data.size() - 12));
+  uint32_t version = 0, count = 0, rank = 0, world = 0;
+  uint64_t job = 0;
+  if (!r.get(&version) || !r.get(&count) || !r.get(&job) || !r.get(&rank) || !r.get(&world)) {
+    return data_loss(where + ": truncated header");
+  }
+  if (version != kCheckpointVersion) return failed_precondition(where + ": version " + std::to_string(version) + " (want 1)");
+  if (rank != options_.rank || world != options_.world_size) {
+    return failed_precondition(where + " was written by rank " + std::to_string(rank) + " of " + std::to_string(world) +
+                               "; this is rank " + std::to_string(options_.rank) + " of " +
+                               std::to_string(options_.world_size));
+  }
+  std::vector<std::shared_ptr<TensorState>> live;
+  for (const auto& t : tensors_) {
+    if (t) live.push_back(t);
+  }
+  if (live.empty()) return failed_precondition("no tensors are registered yet; restore after the trainers registered");
+  if (count != live.size()) {
+    return failed_precondition(where + " holds " + std::to_string(count) + " tensors; " + std::to_string(live.size()) +
+                               " are registered");
+  }
+  // Validate everything before touching any residual.
+  std::vector<std::string_view> values;
+  for (uint32_t i = 0; i < count; ++i) {
+    uint32_t len = 0;
+    uint64_t n = 0;
+    std::string_view name, bytes;
+    if (!r.get(&len) || !r.bytes(len, &name) || !r.get(&n)) return data_loss(where + ": truncated tensor entry");
+    const auto& spec = live[i]->compressor.spec();
+    if (name != spec.name || n != spec.count) {
+      return failed_precondition(where + ": tensor " + std::to_string(i) + " is '" + std::string(name) + "' (" +
+                                 std::to_string(n) + " elements); registered is '" + spec.name + "' (" +
+                                 std::to_string(spec.count) + ")");
+    }
+    if (n > (data.size() / sizeof(float)) || !r.bytes(n * sizeof(float), &bytes)) {
+      return data_loss(where + ": truncated residual of '" + spec.name + "'");
+    }
+    values.push_back(bytes);
+  }
+  double norm2 = 0;
+  for (uint32_t i = 0; i < count; ++i) {
+    // The pipeline thread owns the compressor and no step is pending: overwrite its residual.
+    auto current = live[i]->compressor.residual();
+    std::span<float> dst(const_cast<float*>(current.data()), current.size());
+    std::memcpy(dst.data(), values[i].data(), dst.size_bytes());
+    norm2 += live[i]->compressor.residual_norm2();
+    info->elements += dst.size();
+  }
+  info->tensors = count;
+  info->bytes = data.size();
+  info->residual_norm = std::sqrt(norm2);
+  SC_LOG_INFO("restore: %u tensors' residuals loaded from %s", count, path.c_str());
   return Status::Ok();
 }
 

@@ -12,12 +12,25 @@
 //
 // Nothing is lost: if a step fails, what this node selected goes back into its residual.
 //
+// Operations (control socket): checkpoint()/restore() of every tensor's residual run on the
+// pipeline thread between steps, queued like steps; drain() makes submit() refuse new steps
+// (kUnavailable) and waits until the steps queued before it are answered.
+//
+// Checkpoint file (little-endian): "SCRESID1", u32 version (1), u32 tensor count, u64 job id,
+// u32 rank, u32 world size; per tensor: u32 name length, name, u64 element count, count x f32
+// residual; then u32 CRC-32C of every byte before it. Written to PATH.tmp, fsync'ed, renamed.
+// restore() requires the same rank and the same tensors (names, sizes, order) as registered now.
+//
 // Threads: one pipeline thread (start()) runs every step in submission order. The StepSink
-// methods are called from the session thread and only queue work.
+// methods are called from the session thread and only queue work. checkpoint(), restore(),
+// drain(), snapshot() may be called from any other thread (the control thread).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
+#include <map>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -39,6 +52,30 @@
 namespace sparsecar {
 
 class Metrics;
+
+// What status shows about the pipeline (a consistent copy).
+struct PipelineSnapshot {
+  bool has_step = false;
+  uint64_t last_step = 0;   // newest step started on this node
+  uint64_t queued = 0;      // commands waiting for the pipeline thread
+  bool draining = false;
+  uint32_t total_trainers = 0;
+  struct Group {
+    uint32_t tensors = 0;
+    uint64_t elements = 0;
+    uint64_t selected = 0;                  // in each tensor's latest step
+    double residual_norm2 = 0;              // Σ residual² after each tensor's latest step
+    std::map<std::string, uint32_t> plans;  // policies::describe(plan) -> tensors using it
+  };
+  std::vector<std::pair<std::string, Group>> groups;  // by tensor group name, fixed order
+};
+
+struct CheckpointInfo {
+  uint32_t tensors = 0;
+  uint64_t elements = 0;
+  uint64_t bytes = 0;
+  double residual_norm = 0;  // L2 norm over every tensor
+};
 
 struct PipelineOptions {
   uint32_t rank = 0;
@@ -73,6 +110,16 @@ class Pipeline final : public StepSink {
   void report_metric(const std::string& name, double value, uint64_t step) override;
   void reset() override;
 
+  // Control operations (any thread but the pipeline thread). Each waits at most until
+  // `deadline`; a request given up on is never run later.
+  Expected<CheckpointInfo> checkpoint(const std::string& path, std::chrono::steady_clock::time_point deadline);
+  Expected<CheckpointInfo> restore(const std::string& path, std::chrono::steady_clock::time_point deadline);
+  // Refuses new steps from now on and waits for the queued ones (kDeadlineExceeded if they are
+  // not done in time; draining stays on). undrain() accepts steps again.
+  Status drain(std::chrono::steady_clock::time_point deadline);
+  void undrain();
+  PipelineSnapshot snapshot() const;
+
   struct TensorState;
 
  private:
@@ -81,7 +128,24 @@ class Pipeline final : public StepSink {
     uint32_t id;
     TensorSpec spec;
   };
-  using Command = std::variant<Register, StepJob, Reset>;
+  // A control operation run on the pipeline thread between steps (shared with its waiter).
+  struct Call {
+    struct State {
+      std::mutex mu;
+      std::condition_variable cv;
+      bool done = false;       // guarded by mu
+      bool abandoned = false;  // guarded by mu: the waiter gave up, do not run
+      Status status;           // guarded by mu
+    };
+    std::shared_ptr<State> state;
+    std::function<Status()> fn;
+  };
+  using Command = std::variant<Register, StepJob, Reset, Call>;
+
+  Status call_on_thread(std::function<Status()> fn, std::chrono::steady_clock::time_point deadline);
+  Status write_checkpoint(const std::string& path, CheckpointInfo* info);
+  Status read_checkpoint(const std::string& path, CheckpointInfo* info);
+  void record_step_metrics(TensorState& t, const policies::Plan& plan, const StepResult& r, bool sparse);
 
   void run();
   StepResult process(const StepJob& job);
@@ -104,6 +168,12 @@ class Pipeline final : public StepSink {
   bool stopping_ = false;      // guarded by mu_
   uint32_t registered_ = 0;    // guarded by mu_: tensors announced since the last reset
   bool job_started_ = false;   // guarded by mu_: a step was submitted since the last reset
+
+  std::atomic<bool> draining_{false};
+
+  // What snapshot() reports; written by the pipeline thread once per tensor step.
+  mutable std::mutex stats_mu_;
+  PipelineSnapshot stats_;  // guarded by stats_mu_ (groups indexed by TensorGroup)
 
   // Pipeline-thread state.
   std::vector<std::shared_ptr<TensorState>> tensors_;

@@ -1,0 +1,62 @@
+// ControlServer: the daemon's ZeroMQ control socket (DESIGN.md §4 "Control protocol").
+//
+// A ROUTER socket served by one control thread that polls it with a bounded timeout
+// (zmq::poll, no draft API), hands each request to the Dispatcher and sends its reply back on the
+// same routing envelope (DEALER clients send [payload], REQ clients [empty, payload]; both work).
+//
+// Endpoints:
+//   ipc://PATH   default. A lock file PATH.lock (flock) is taken first, because a second bind to
+//                the same path would silently steal it from a running daemon; then a stale PATH
+//                is removed, the socket bound and chmod'ed to 0600 (or 0660 with `group`).
+//                PATH is removed on stop (the lock file stays; it is only ever locked).
+//   tcp://H:P    only with a CURVE server secret key (clients must know its public key) or a
+//                token every request must carry; refused otherwise. Port 0 picks a free port
+//                (endpoint() tells which).
+// Limits: ZMQ_LINGER=0; ZMQ_MAXMSGSIZE = 16 x max_message_bytes (larger frames make libzmq drop
+// the connection); requests over max_message_bytes get a TOO_LARGE reply.
+//
+// Thread-safety: start()/stop() from one thread (main); the control thread owns the socket.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "daemon/control/commands.h"
+#include "sparsecar/common/status.h"
+
+namespace sparsecar::control {
+
+struct ControlServerOptions {
+  std::string endpoint;           // ipc://PATH or tcp://HOST:PORT
+  std::string group;              // ipc: group that may connect (0660); empty = owner only (0600)
+  std::string token;              // tcp: shared token (also checked by the Dispatcher)
+  std::string curve_secret_key;   // tcp: Z85 CURVE server secret key (40 characters)
+  size_t max_message_bytes = kDefaultMaxMessageBytes;
+  std::chrono::milliseconds poll_interval{100};  // how quickly stop() is noticed
+};
+
+class ControlServer {
+ public:
+  // Binds and starts the control thread. `dispatcher` must outlive the server.
+  static Expected<std::unique_ptr<ControlServer>> start(const ControlServerOptions& options, Dispatcher* dispatcher);
+  ~ControlServer();
+  // The bound endpoint (tcp port resolved).
+  const std::string& endpoint() const { return endpoint_; }
+  // Stops the thread, closes the socket, removes the ipc file. Idempotent.
+  void stop();
+
+  struct Impl;
+
+ private:
+  explicit ControlServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+  std::string endpoint_;
+};
+
+// Checks an endpoint and its security settings without binding (config validation).
+Status check_endpoint(const std::string& endpoint, const std::string& token, const std::string& curve_secret_key);
+
+}  // namespace sparsecar::control

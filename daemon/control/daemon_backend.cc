@@ -1,0 +1,144 @@
+#include "daemon/control/daemon_backend.h"
+
+#include <cmath>
+
+#include "daemon/collective/mailbox.h"
+#include "daemon/metrics/metrics.h"
+#include "daemon/pipeline/pipeline.h"
+#include "daemon/pipeline/settings.h"
+#include "daemon/session/session_server.h"
+#include "daemon/transport/transport.h"
+
+namespace sparsecar::control {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+constexpr auto kProposeTimeout = std::chrono::seconds(5);
+}
+
+json DaemonBackend::status() {
+  const Config& c = p_.config;
+  const Decision d = p_.decisions->latest();
+  json peers = json::array();
+  for (uint32_t r = 0; r < c.world_size; ++r) {
+    if (r == c.rank) continue;
+    Status s = p_.mailbox->peer_status(r);
+    json peer{{"rank", r}, {"state", s.ok() ? "up" : "down"}};
+    if (p_.transport) peer["name"] = p_.transport->peer_name(r);
+    if (!s.ok()) peer["error"] = s.message();
+    peers.push_back(peer);
+  }
+  const PipelineSnapshot snap = p_.pipeline->snapshot();
+  json groups = json::array();
+  for (const auto& [name, g] : snap.groups) {
+    if (g.tensors == 0) continue;
+    json plans = json::object();
+    for (const auto& [desc, n] : g.plans) plans[desc] = n;
+    groups.push_back({{"group", name},
+                      {"tensors", g.tensors},
+                      {"elements", g.elements},
+                      {"density", g.elements ? static_cast<double>(g.selected) / static_cast<double>(g.elements) : 0.0},
+                      {"residual_norm", std::sqrt(g.residual_norm2)},
+                      {"plans", plans}});
+  }
+  policies::TensorObservation any;
+  any.world_size = c.world_size;
+  const SessionStats ss = p_.sessions ? p_.sessions->stats() : SessionStats{};
+  json out{{"job_id", c.job_id},
+           {"rank", c.rank},
+           {"world_size", c.world_size},
+           {"leader", c.rank == 0},
+           {"peers", peers},
+           {"step", snap.has_step ? json(snap.last_step) : json(nullptr)},
+           {"epoch", d.epoch},
+           {"effective_step", d.effective_step},
+           {"compression", d.config->compression},
+           {"plan", policies::describe(policies::static_plan(settings_from_config(*d.config), any))},
+           {"groups", groups},
+           {"clients", {{"connected", p_.sessions ? p_.sessions->connected_clients() : 0},
+                        {"expected", c.local_clients},
+                        {"steps_completed", ss.steps_completed},
+                        {"steps_failed", ss.steps_failed}}},
+           {"total_trainers", snap.total_trainers},
+           {"queued", snap.queued},
+           {"draining", snap.draining}};
+  if (p_.metrics) {
+    auto ports = p_.metrics->listening_ports();
+    if (!ports.empty()) out["metrics_port"] = ports[0];
+  }
+  return out;
+}
+
+Decision DaemonBackend::latest_decision() { return p_.decisions->latest(); }
+
+Expected<Decision> DaemonBackend::propose(const KnobChanges& changes, const std::string& reason) {
+  for (const auto& [name, value] : changes) {
+    const KnobSpec* spec = find_knob(name);
+    if (spec && spec->secret) return failed_precondition("knob '" + name + "' cannot change while the daemon runs");
+  }
+  return p_.decisions->propose(changes, reason, Clock::now() + kProposeTimeout);
+}
+
+Status DaemonBackend::report_metric(const std::string& name, double value, uint64_t step) {
+  p_.pipeline->report_metric(name, value, step);
+  return Status::Ok();
+}
+
+Expected<json> DaemonBackend::drain(std::chrono::milliseconds timeout, bool cancel) {
+  if (cancel) {
+    p_.pipeline->undrain();
+    return json{{"draining", false}};
+  }
+  const auto started = Clock::now();
+  SC_RETURN_IF_ERROR(p_.pipeline->drain(started + timeout));
+  return json{{"draining", true},
+              {"drained", true},
+              {"seconds", std::chrono::duration<double>(Clock::now() - started).count()}};
+}
+
+namespace {
+json checkpoint_json(const std::string& path, const CheckpointInfo& info) {
+  return json{{"path", path},
+              {"tensors", info.tensors},
+              {"elements", info.elements},
+              {"bytes", info.bytes},
+              {"residual_norm", info.residual_norm}};
+}
+}  // namespace
+
+Expected<json> DaemonBackend::checkpoint(const std::string& path) {
+  SC_ASSIGN_OR_RETURN(CheckpointInfo info, p_.pipeline->checkpoint(path, Clock::now() + std::chrono::seconds(60)));
+  return checkpoint_json(path, info);
+}
+
+Expected<json> DaemonBackend::restore(const std::string& path) {
+  SC_ASSIGN_OR_RETURN(CheckpointInfo info, p_.pipeline->restore(path, Clock::now() + std::chrono::seconds(60)));
+  return checkpoint_json(path, info);
+}
+
+void DaemonBackend::refresh_metrics() {
+  Metrics* m = p_.metrics;
+  if (!m) return;
+  const Config& c = p_.config;
+  for (uint32_t r = 0; r < c.world_size && r < Metrics::kMaxPeerLabels; ++r) {
+    if (r != c.rank) m->set_peer_up(r, p_.mailbox->peer_status(r).ok());
+  }
+  const Decision d = p_.decisions->latest();
+  m->decision_epoch.Set(d.epoch);
+  m->compression_enabled.Set(d.config->compression ? 1 : 0);
+  if (!p_.sessions) return;
+  m->connected_clients.Set(p_.sessions->connected_clients());
+  const SessionStats s = p_.sessions->stats();
+  auto add = [&](ErrorKind kind, uint64_t now, uint64_t& last) {
+    if (now > last) m->count_error(kind, static_cast<double>(now - last));
+    last = now;
+  };
+  add(ErrorKind::kSessionProtocol, s.protocol_errors, last_.protocol);
+  add(ErrorKind::kClientRejected, s.clients_rejected, last_.clients);
+  add(ErrorKind::kRegistrationRejected, s.registrations_rejected, last_.registrations);
+  add(ErrorKind::kSubmissionRejected, s.submissions_rejected, last_.submissions);
+}
+
+}  // namespace sparsecar::control
