@@ -112,21 +112,46 @@ def trainer(args):
             raise SystemExit(f"unknown method {method}")
 
         losses = []
+        curve = []         # --eval-every: [steps done, training seconds so far, test accuracy]
+        eval_s = 0.0       # time spent evaluating, kept out of the training clock
+        compute = []       # --report-compute-time: this rank's compute seconds per step
+        grad_ready = [0.0]
+        timing = None
+        if args.report_compute_time:
+            # The first layer's weight gradient is the last one backward computes: its tensor hook
+            # fires right before DDP's bucket is ready, i.e. where communication starts.
+            first = next(mod for mod in model.module if isinstance(mod, torch.nn.Linear))
+            timing = first.weight.register_hook(lambda g: grad_ready.__setitem__(0, time.monotonic()))
         it = batches()
         dist.barrier()
         t0 = time.monotonic()
         for step in range(args.steps):
+            ts = time.monotonic()
             idx = next(it)
             opt.zero_grad(set_to_none=True)
             loss = torch.nn.functional.cross_entropy(model(xs[idx]), ys[idx])
             loss.backward()
+            tb = time.monotonic()
             opt.step()
+            if timing is not None:
+                c = (grad_ready[0] - ts) + (time.monotonic() - tb)
+                compute.append(c)
+                if hook_state is not None:
+                    hook_state.report_metric("compute_time", c)
             if hook_state is not None:
                 hook_state.report_metric("loss", loss.item())
             if step % 10 == 0 or step == args.steps - 1:
                 losses.append([step, float(loss.item())])
+            if args.eval_every and ((step + 1) % args.eval_every == 0 or step == args.steps - 1):
+                te = time.monotonic()
+                with torch.no_grad():
+                    a = float((model.module(xt).argmax(1) == yt).float().mean())
+                curve.append([step + 1, te - t0 - eval_s, a])
+                eval_s += time.monotonic() - te
         dist.barrier()
-        wall = time.monotonic() - t0
+        wall = time.monotonic() - t0 - eval_s
+        if timing is not None:
+            timing.remove()
         with torch.no_grad():
             acc = float((model(xt).argmax(1) == yt).float().mean())
         flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
@@ -134,6 +159,11 @@ def trainer(args):
         entry = {"accuracy": acc, "wall_seconds": wall, "losses": losses,
                  "allreduce_calls": calls["n"], "allreduce_elements": calls["elements"],
                  "param_checksum": float(flat.double().sum())}
+        if curve:
+            entry["curve"] = curve
+        if compute:
+            cs = sorted(compute)
+            entry["compute_seconds"] = {"mean": sum(cs) / len(cs), "median": cs[len(cs) // 2]}
         if hook_state is not None:
             entry["hook"] = {k: int(v) for k, v in hook_state.stats.items()}
             entry["hook_mode"] = hook_state.mode
@@ -213,10 +243,12 @@ def run(args):
 
 def _forward(args):
     keys = ["methods", "steps", "batch", "lr", "momentum", "hidden", "seed", "powersgd_rank",
-            "local_clients", "on_error", "step_timeout"]
+            "local_clients", "on_error", "step_timeout", "eval_every"]
     out = []
     for k in keys:
         out += ["--" + k.replace("_", "-"), str(getattr(args, k))]
+    if args.report_compute_time:
+        out.append("--report-compute-time")
     return out
 
 
@@ -248,6 +280,9 @@ def summarize(args, ranks, total_wall):
                                rank_checksum_spread=spread, losses=e["losses"], **detail)
         if "max_abs_diff_vs_dense" in e:
             s["methods"][m]["max_abs_diff_vs_dense"] = e["max_abs_diff_vs_dense"]
+        for k in ("curve", "compute_seconds"):  # --eval-every / --report-compute-time (rank 0's)
+            if k in e:
+                s["methods"][m][k] = e[k]
     return s
 
 
@@ -286,6 +321,10 @@ def parse(argv):
     p.add_argument("--daemon-step-timeout", type=float, default=20.0)
     p.add_argument("--timeout", type=float, default=600.0, help="whole job (s)")
     p.add_argument("--keep-logs", action="store_true")
+    p.add_argument("--eval-every", type=int, default=0,
+                   help="test accuracy every N steps into a curve (evaluation time kept out of the clock)")
+    p.add_argument("--report-compute-time", action="store_true",
+                   help="report each step's compute time to the daemon (metric compute_time, seconds)")
     return p.parse_args(argv)
 
 
