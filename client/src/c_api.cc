@@ -6,6 +6,7 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "sparsecar/client.h"
 
@@ -83,15 +84,25 @@ const char* sc_client_last_error(const sc_client* client) {
 
 sc_status sc_register_tensor(sc_client* client, const char* name, uint64_t count, int32_t dtype,
                              sc_tensor** out) {
+  return sc_register_tensor_shaped(client, name, count, dtype, nullptr, 0, out);
+}
+
+sc_status sc_register_tensor_shaped(sc_client* client, const char* name, uint64_t count, int32_t dtype,
+                                    const uint64_t* shape, uint32_t ndim, sc_tensor** out) {
   if (out != nullptr) *out = nullptr;
-  if (client == nullptr || name == nullptr || out == nullptr) {
+  if (client == nullptr || name == nullptr || out == nullptr || (ndim > 0 && shape == nullptr)) {
     return record(client, sparsecar::invalid_argument("sc_register_tensor: NULL argument"));
   }
   if (dtype != SC_DTYPE_F32) {
     return record(client, sparsecar::invalid_argument("sc_register_tensor: only SC_DTYPE_F32"));
   }
+  if (ndim > SC_MAX_DIMS) {
+    return record(client, sparsecar::invalid_argument("sc_register_tensor_shaped: " + std::to_string(ndim) +
+                                                      " dims; at most " + std::to_string(SC_MAX_DIMS)));
+  }
   return guarded(client, [&]() -> sc_status {
-    auto t = client->client->register_tensor(name, count, sparsecar::DType::kF32);
+    std::vector<uint64_t> dims(shape, shape + ndim);
+    auto t = client->client->register_tensor(name, count, sparsecar::DType::kF32, dims);
     if (!t.ok()) return record(client, t.status());
     *out = reinterpret_cast<sc_tensor*>(t.value());
     return SC_OK;
@@ -109,6 +120,13 @@ uint32_t sc_tensor_id(const sc_tensor* tensor) {
 }
 const char* sc_tensor_name(const sc_tensor* tensor) {
   return tensor == nullptr ? "" : as_tensor(tensor)->name().c_str();
+}
+uint32_t sc_tensor_ndim(const sc_tensor* tensor) {
+  return tensor == nullptr ? 0 : static_cast<uint32_t>(as_tensor(tensor)->shape().size());
+}
+uint64_t sc_tensor_dim(const sc_tensor* tensor, uint32_t i) {
+  if (tensor == nullptr || i >= as_tensor(tensor)->shape().size()) return 0;
+  return as_tensor(tensor)->shape()[i];
 }
 
 sc_status sc_submit(sc_client* client, sc_tensor* tensor, uint64_t step, float lr) {
@@ -155,4 +173,5 @@ static_assert(SC_RESOURCE_EXHAUSTED == static_cast<int>(sparsecar::Code::kResour
 static_assert(SC_ABORTED == static_cast<int>(sparsecar::Code::kAborted));
 static_assert(SC_DEADLINE_EXCEEDED == static_cast<int>(sparsecar::Code::kDeadlineExceeded));
 static_assert(SC_UNAVAILABLE == static_cast<int>(sparsecar::Code::kUnavailable));
+static_assert(SC_MAX_DIMS == sparsecar::Client::kMaxDims);
 static_assert(SC_PERMISSION_DENIED == static_cast<int>(sparsecar::Code::kPermissionDenied));

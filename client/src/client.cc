@@ -61,6 +61,16 @@ struct Received {
   std::vector<int> fds;  // owned by the caller
 };
 
+// "[2, 3]" or "none".
+std::string shape_string(const std::vector<uint64_t>& shape) {
+  if (shape.empty()) return "none";
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+static_assert(Client::kMaxDims == proto::kMaxShapeDims);
+
 }  // namespace
 
 class Client::Impl {
@@ -75,7 +85,8 @@ class Client::Impl {
 
   ~Impl();
   Status connect(const std::string& path, const ConnectOptions& options);
-  Expected<Tensor*> register_tensor(std::string_view name, size_t count, DType dtype);
+  Expected<Tensor*> register_tensor(std::string_view name, size_t count, DType dtype,
+                                    const std::vector<uint64_t>& shape);
   Status submit(const Tensor& tensor, uint64_t step, const SubmitOptions& options);
   Expected<StepInfo> wait(const Tensor& tensor, uint64_t step, milliseconds timeout);
   Status report_metric(std::string_view name, double value, uint64_t step);
@@ -299,25 +310,50 @@ Status Client::Impl::connect(const std::string& path, const ConnectOptions& opti
 
 // ---- registration ------------------------------------------------------------------------------------
 
-Expected<Tensor*> Client::Impl::register_tensor(std::string_view name, size_t count, DType dtype) {
+Expected<Tensor*> Client::Impl::register_tensor(std::string_view name, size_t count, DType dtype,
+                                                const std::vector<uint64_t>& shape) {
   if (!dead_.ok()) return dead_;
   if (name.empty() || name.size() > proto::kMaxNameLength || name.find('\0') != name.npos) {
     return invalid_argument(strfmt("tensor name must be 1..%zu bytes without NUL", proto::kMaxNameLength));
   }
   if (count == 0) return invalid_argument(strfmt("tensor '%.*s' has 0 elements", int(name.size()), name.data()));
   if (dtype != DType::kF32) return invalid_argument("only fp32 tensors are supported");
-  for (auto& e : entries_) {
-    if (e->tensor.name_ == name) {
-      if (e->tensor.count_ == count) return &e->tensor;
-      return invalid_argument(strfmt("tensor '%s' is already registered with %zu elements, not %zu",
-                                  e->tensor.name_.c_str(), e->tensor.count_, count));
+  if (shape.size() > proto::kMaxShapeDims) {
+    return invalid_argument(strfmt("tensor '%.*s': shape %s has %zu dims; at most %zu are allowed", int(name.size()),
+                                   name.data(), shape_string(shape).c_str(), shape.size(), proto::kMaxShapeDims));
+  }
+  if (!shape.empty()) {
+    uint64_t product = 1;
+    bool overflow = false;
+    for (uint64_t d : shape) overflow |= __builtin_mul_overflow(product, d, &product);
+    if (overflow || product != count) {
+      return invalid_argument(strfmt("tensor '%.*s': shape %s does not hold %zu elements", int(name.size()),
+                                     name.data(), shape_string(shape).c_str(), count));
     }
   }
-  proto::Register reg{};
-  reg.count = count;
-  reg.dtype = static_cast<uint32_t>(dtype);
-  proto::set_field(reg.name, sizeof reg.name, name);
-  SC_RETURN_IF_ERROR(send(proto::MsgType::kRegister, &reg));
+  for (auto& e : entries_) {
+    if (e->tensor.name_ == name) {
+      if (e->tensor.count_ == count && e->tensor.shape_ == shape) return &e->tensor;
+      return invalid_argument(strfmt("tensor '%s' is already registered with %zu elements and shape %s, not %zu and %s",
+                                  e->tensor.name_.c_str(), e->tensor.count_, shape_string(e->tensor.shape_).c_str(),
+                                  count, shape_string(shape).c_str()));
+    }
+  }
+  if (shape.empty()) {
+    proto::Register reg{};  // the original message: unchanged bytes for trainers without shapes
+    reg.count = count;
+    reg.dtype = static_cast<uint32_t>(dtype);
+    proto::set_field(reg.name, sizeof reg.name, name);
+    SC_RETURN_IF_ERROR(send(proto::MsgType::kRegister, &reg));
+  } else {
+    proto::RegisterShaped reg{};
+    reg.count = count;
+    reg.dtype = static_cast<uint32_t>(dtype);
+    reg.ndim = static_cast<uint32_t>(shape.size());
+    for (size_t i = 0; i < shape.size(); ++i) reg.dims[i] = shape[i];
+    proto::set_field(reg.name, sizeof reg.name, name);
+    SC_RETURN_IF_ERROR(send(proto::MsgType::kRegisterShaped, &reg));
+  }
   auto received = receive(Clock::now() + timeout_);
   if (!received.ok()) {
     // A lost reply leaves the socket out of step: the session cannot be used any more.
@@ -361,6 +397,7 @@ Expected<Tensor*> Client::Impl::register_tensor(std::string_view name, size_t co
   e->tensor.id_ = ack.tensor_id;
   e->tensor.name_ = std::string(name);
   e->tensor.count_ = count;
+  e->tensor.shape_ = shape;
   e->tensor.data_ = static_cast<float*>(addr);
   e->addr = addr;
   e->bytes = bytes;
@@ -506,7 +543,11 @@ Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Client::~Client() = default;
 
 Expected<Tensor*> Client::register_tensor(std::string_view name, size_t count, DType dtype) {
-  return impl_->register_tensor(name, count, dtype);
+  return impl_->register_tensor(name, count, dtype, {});
+}
+Expected<Tensor*> Client::register_tensor(std::string_view name, size_t count, DType dtype,
+                                          const std::vector<uint64_t>& shape) {
+  return impl_->register_tensor(name, count, dtype, shape);
 }
 Status Client::submit(const Tensor& tensor, uint64_t step, const SubmitOptions& options) {
   return impl_->submit(tensor, step, options);

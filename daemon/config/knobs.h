@@ -44,6 +44,12 @@ struct Config {
   kernels::Selector selector = kernels::Selector::kTopk;
   double density = 0.01;    // fraction kept by top-k
   double threshold = 1e-3;  // lambda of the hard-threshold selector
+  // Structured selectors (issue 3; agreed, live): see daemon/pipeline/structured_select.h.
+  uint32_t block_size = 64;         // block_topk: elements per block
+  std::string group_norm = "l2";    // l2|l1: how block/row/column/channel/head groups rank
+  uint32_t heads = 8;               // head_topk: attention heads in a tensor's leading dimension
+  uint32_t mask_period = 100;       // periodic_mask: steps between mask recomputations
+  double hybrid_density = 0.001;    // hybrid: fraction of the previous step's pooled elements lambda keeps
   // Selector parameters and error compensation (issue 3; agreed).
   double quantile = 0.99;                 // percentile selector: lambda = this quantile of |e|
   double approx_tolerance = 0.1;          // topk_approx: accepted |nnz - k| / k

@@ -18,7 +18,8 @@ TensorCompressor::TensorCompressor(uint32_t id, const TensorSpec& spec)
       index_(spec.count, 0),
       value_(spec.count, 0.0f),
       scratch_(kernels::topk_scratch_bytes(spec.count)),
-      payload_(kernels::max_encoded_bytes(spec.count)) {}
+      payload_(kernels::max_encoded_bytes(spec.count)),
+      structured_(spec) {}
 
 void TensorCompressor::rescale_for_lr(const policies::Plan& plan, float lr) {
   if (lr > 0.0f && last_lr_ > 0.0f && lr != last_lr_ && plan.lr_rescale != policies::LrRescale::kOff) {
@@ -101,6 +102,16 @@ Expected<size_t> TensorCompressor::accumulate_and_select(const policies::Plan& p
                                        index, value, n);
       pending_scaled_ = unbiased;
       break;
+    case kernels::Selector::kBlockTopk:
+    case kernels::Selector::kRowTopk:
+    case kernels::Selector::kColumnTopk:
+    case kernels::Selector::kChannelTopk:
+    case kernels::Selector::kHeadTopk:
+    case kernels::Selector::kPeriodicMask:
+    case kernels::Selector::kHybrid: {
+      SC_ASSIGN_OR_RETURN(nnz, structured_.select(plan, residual_, local_sum, index, value));
+      break;
+    }
     case kernels::Selector::kNone:
       return invalid_argument("compress() needs a selector; dense plans use dense_input()");
     default:

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "daemon/pipeline/step.h"
+#include "daemon/pipeline/structured_select.h"
 #include "sparsecar/common/status.h"
 #include "sparsecar/kernels/types.h"
 #include "sparsecar/policies/plan.h"
@@ -62,6 +63,8 @@ class TensorCompressor {
   void rollback();
 
   std::span<const float> residual() const { return residual_; }
+  // The structured selectors' state (pipeline thread; the pipeline sets the hybrid pool).
+  StructuredSelection& structured() { return structured_; }
   // DGC's local velocity u (empty until error_feedback = momentum is first used).
   std::span<const float> velocity() const { return velocity_; }
   // Σ residual², in float64 (for metrics and controllers).
@@ -87,6 +90,7 @@ class TensorCompressor {
   std::vector<float> value_;
   std::vector<std::byte> scratch_;
   std::vector<std::byte> payload_;
+  StructuredSelection structured_;  // structured selectors: group scratch, periodic mask
   Pending pending_ = Pending::kNone;
   size_t pending_nnz_ = 0;
   kernels::ValueType pending_value_type_ = kernels::ValueType::kF32;

@@ -110,6 +110,9 @@ Status Pipeline::register_tensor(uint32_t tensor_id, const TensorSpec& spec) {
     return invalid_argument("tensor '" + spec.name + "' has " + std::to_string(spec.count) +
                             " elements; allowed 1.." + std::to_string(wire::kMaxDenseLen));
   }
+  if (Status shape = check_shape(spec.count, spec.shape); !shape.ok()) {
+    return shape.with_context("tensor '" + spec.name + "'");
+  }
   for (char c : spec.name) {
     if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
       return invalid_argument("tensor name contains a control character");
@@ -174,6 +177,7 @@ void Pipeline::run() {
     }
     if (auto* reg = std::get_if<Register>(&cmd)) {
       auto t = std::make_shared<TensorState>(reg->id, reg->spec);
+      t->compressor.structured().set_pool(&pooled_);
       const size_t n = reg->spec.count;
       if (tensors_.size() != reg->id) tensors_.resize(reg->id);
       tensors_.push_back(std::move(t));
@@ -186,6 +190,7 @@ void Pipeline::run() {
       SC_LOG_DEBUG("tensor %u '%s' registered (%zu elements)", reg->id, reg->spec.name.c_str(), n);
     } else if (std::holds_alternative<Reset>(cmd)) {
       tensors_.clear();
+      pooled_.reset();
       {
         std::lock_guard<std::mutex> lock(stats_mu_);
         stats_ = empty_snapshot();
@@ -278,6 +283,7 @@ Status Pipeline::run_step(TensorState& t, const StepJob& job, const Decision& de
   obs.step = job.step;
   obs.world_size = options_.world_size;
   obs.name = c.spec().name;
+  obs.rows = c.spec().shape.empty() ? 1 : static_cast<uint32_t>(c.spec().shape[0]);
   if (!decision.config) {
     plan_settings_ = policies::PlanSettings{};
     plan_settings_.base = options_.settings;
@@ -317,6 +323,8 @@ Status Pipeline::run_step(TensorState& t, const StepJob& job, const Decision& de
     }
   } else {
     const auto compress_started = Clock::now();
+    // Hybrid: the first hybrid tensor of a new step closes the last step's pool into lambda.
+    if (plan.selector == kernels::Selector::kHybrid) pooled_.begin_step(job.step, plan.hybrid_density);
     SC_ASSIGN_OR_RETURN(TensorCompressor::Encoded e, c.compress(plan, job.local_sum, job.lr));
     exchange_started = Clock::now();
     // compress() folds, selects and encodes; encoding is timed separately where it reports it.
@@ -616,7 +624,13 @@ std::string Pipeline::manifest() const {
   os << "local_clients " << options_.local_clients << "\n";
   os << "knobs " << options_.agreed_knobs << "\n";
   for (const auto& t : tensors_) {
-    if (t) os << "tensor " << t->compressor.id() << " " << t->compressor.spec().count << " " << t->compressor.spec().name << "\n";
+    if (!t) continue;
+    // "tensor <id> <count> shape=<d0>x<d1>... <name>" (shape=none without one): the shape must
+    // agree across nodes like the count, since structured selectors read it.
+    const TensorSpec& spec = t->compressor.spec();
+    std::string shape = spec.shape.empty() ? "none" : "";
+    for (size_t i = 0; i < spec.shape.size(); ++i) shape += (i ? "x" : "") + std::to_string(spec.shape[i]);
+    os << "tensor " << t->compressor.id() << " " << spec.count << " shape=" << shape << " " << spec.name << "\n";
   }
   return os.str();
 }

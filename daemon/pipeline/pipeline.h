@@ -177,6 +177,7 @@ class Pipeline final : public StepSink {
 
   // Pipeline-thread state.
   std::vector<std::shared_ptr<TensorState>> tensors_;
+  PooledThreshold pooled_;  // the hybrid selector's global lambda (structured_select.h)
   std::shared_ptr<const Config> plan_config_;  // the decision config plan_settings_ came from
   policies::PlanSettings plan_settings_;
   bool agreed_ = false;

@@ -16,6 +16,11 @@ policies::StaticSettings settings_from_config(const Config& config) {
   s.selector = config.selector;
   s.density = config.density;
   s.threshold = config.threshold;
+  s.block_size = config.block_size;
+  if (!kernels::parse_group_norm(config.group_norm, &s.group_norm)) s.group_norm = kernels::GroupNorm::kL2;
+  s.heads = config.heads;
+  s.mask_period = config.mask_period;
+  s.hybrid_density = config.hybrid_density;
   s.quantile = config.quantile;
   s.approx_tolerance = config.approx_tolerance;
   s.job_seed = config.random_seed;

@@ -10,15 +10,53 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "sparsecar/common/status.h"
 
 namespace sparsecar {
 
+// At most this many dims in a registered shape (the session protocol's kMaxShapeDims).
+inline constexpr size_t kMaxTensorDims = 4;
+
 struct TensorSpec {
   std::string name;
   uint64_t count = 0;  // elements (fp32)
+  // Row-major dims as the trainer registered them (shape[0] is the leading one); empty when it
+  // registered without a shape (a 1-D tensor of `count`). 1..kMaxTensorDims dims, each >= 1,
+  // product == count (check_shape). Structured selectors read it; nodes agree on it.
+  std::vector<uint64_t> shape = {};
 };
+
+// "[64, 3, 3, 3]", or "none" for an empty shape (logs, errors, the job manifest).
+inline std::string shape_text(std::span<const uint64_t> shape) {
+  if (shape.empty()) return "none";
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+// OK when `shape` is empty (no shape given) or has 1..kMaxTensorDims dims, each >= 1, whose
+// product is `count`; kInvalidArgument saying which rule fails otherwise.
+inline Status check_shape(uint64_t count, std::span<const uint64_t> shape) {
+  if (shape.empty()) return Status::Ok();
+  if (shape.size() > kMaxTensorDims) {
+    return invalid_argument("shape " + shape_text(shape) + " has " + std::to_string(shape.size()) +
+                            " dims; at most " + std::to_string(kMaxTensorDims) + " are allowed");
+  }
+  uint64_t product = 1;
+  for (uint64_t d : shape) {
+    if (d == 0) return invalid_argument("shape " + shape_text(shape) + " has a dim of 0");
+    if (__builtin_mul_overflow(product, d, &product)) {
+      return invalid_argument("shape " + shape_text(shape) + " holds more than 2^64 elements");
+    }
+  }
+  if (product != count) {
+    return invalid_argument("shape " + shape_text(shape) + " holds " + std::to_string(product) +
+                            " elements, not " + std::to_string(count));
+  }
+  return Status::Ok();
+}
 
 struct StepJob {
   uint32_t tensor_id = 0;

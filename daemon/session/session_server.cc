@@ -160,6 +160,7 @@ struct TensorState {
   uint32_t id = 0;
   std::string name;
   uint64_t count = 0;
+  std::vector<uint64_t> shape;  // empty: registered without a shape
   std::unique_ptr<float[]> local_sum;
   std::unique_ptr<float[]> result;
   bool has_last = false;
@@ -203,7 +204,15 @@ class SessionServer::Impl {
   void read_socket(Conn& c);
   void handle_message(Conn& c, const proto::MsgHeader& h, const uint8_t* payload);
   void handle_hello(Conn& c, const proto::Hello& m);
-  void handle_register(Conn& c, const proto::Register& m);
+  // Register and RegisterShaped, decoded into one request.
+  struct RegisterRequest {
+    uint64_t count = 0;
+    uint32_t dtype = 0;
+    const char* name = nullptr;  // the message's kNameBytes field
+    std::vector<uint64_t> shape;  // empty for Register
+    std::string malformed;        // a field rule the message broke (answered before anything else)
+  };
+  void handle_register(Conn& c, const RegisterRequest& m);
   void handle_metric(Conn& c, const proto::Metric& m);
   void drain_submissions(Conn& c);
   void handle_submission(Conn& c, const shm::Submission& s);
@@ -536,7 +545,30 @@ void SessionServer::Impl::handle_message(Conn& c, const proto::MsgHeader& h,
     case proto::MsgType::kRegister: {
       proto::Register m;
       std::memcpy(&m, payload, sizeof m);
-      handle_register(c, m);
+      RegisterRequest req;
+      req.count = m.count;
+      req.dtype = m.dtype;
+      req.name = m.name;
+      if (m.reserved != 0) req.malformed = "reserved field of Register is not 0";
+      handle_register(c, req);
+      return;
+    }
+    case proto::MsgType::kRegisterShaped: {
+      proto::RegisterShaped m;
+      std::memcpy(&m, payload, sizeof m);
+      RegisterRequest req;
+      req.count = m.count;
+      req.dtype = m.dtype;
+      req.name = m.name;
+      if (m.ndim == 0 || m.ndim > proto::kMaxShapeDims) {
+        req.malformed = strfmt("shape has %u dims; 1..%zu are allowed", m.ndim, proto::kMaxShapeDims);
+      } else {
+        req.shape.assign(m.dims, m.dims + m.ndim);
+        for (size_t i = m.ndim; i < proto::kMaxShapeDims; ++i) {
+          if (m.dims[i] != 0) req.malformed = "unused dims of RegisterShaped are not 0";
+        }
+      }
+      handle_register(c, req);
       return;
     }
     case proto::MsgType::kMetric: {
@@ -667,7 +699,7 @@ void SessionServer::Impl::handle_hello(Conn& c, const proto::Hello& m) {
               static_cast<unsigned>(c.peer_uid), ready_clients_.load(), options_.local_clients);
 }
 
-void SessionServer::Impl::handle_register(Conn& c, const proto::Register& m) {
+void SessionServer::Impl::handle_register(Conn& c, const RegisterRequest& m) {
   proto::RegisterAck ack{};
   auto reject = [&](const Status& st) {
     bump(counters_.registrations_rejected);
@@ -676,14 +708,16 @@ void SessionServer::Impl::handle_register(Conn& c, const proto::Register& m) {
     proto::set_field(ack.message, sizeof ack.message, st.message());
     send_msg(c, proto::MsgType::kRegisterAck, &ack, nullptr, 0);
   };
-  auto name_field = proto::field_string(m.name, sizeof m.name);
+  auto name_field = proto::field_string(m.name, proto::kNameBytes);
   if (!name_field) {
     reject(invalid_argument("tensor name is not NUL-terminated within 256 bytes"));
     return;
   }
   std::string name(*name_field);
   if (name.empty()) return reject(invalid_argument("tensor name is empty"));
-  if (m.reserved != 0) return reject(invalid_argument("reserved field of Register is not 0"));
+  if (!m.malformed.empty()) {
+    return reject(invalid_argument(strfmt("tensor '%s': %s", name.c_str(), m.malformed.c_str())));
+  }
   if (m.dtype != 0) {
     return reject(invalid_argument(strfmt("tensor '%s': unsupported dtype %u (only fp32 = 0)",
                                        name.c_str(), m.dtype)));
@@ -695,6 +729,9 @@ void SessionServer::Impl::handle_register(Conn& c, const proto::Register& m) {
             static_cast<unsigned long long>(m.count),
             static_cast<unsigned long long>(options_.max_tensor_elements))));
   }
+  if (Status st = check_shape(m.count, m.shape); !st.ok()) {
+    return reject(st.with_context(strfmt("tensor '%s'", name.c_str())));
+  }
   TensorState* t = nullptr;
   if (auto it = tensor_ids_.find(name); it != tensor_ids_.end()) {
     t = tensors_[it->second].get();
@@ -703,6 +740,11 @@ void SessionServer::Impl::handle_register(Conn& c, const proto::Register& m) {
           "tensor '%s' is registered with %llu elements; %s asked for %llu", name.c_str(),
           static_cast<unsigned long long>(t->count), c.label().c_str(),
           static_cast<unsigned long long>(m.count))));
+    }
+    if (t->shape != m.shape) {
+      return reject(invalid_argument(strfmt("tensor '%s' is registered with shape %s; %s asked for %s",
+                                            name.c_str(), shape_text(t->shape).c_str(), c.label().c_str(),
+                                            shape_text(m.shape).c_str())));
     }
     if (c.slots.count(t->id) != 0) {
       return reject(Status(Code::kAlreadyExists,
@@ -717,13 +759,14 @@ void SessionServer::Impl::handle_register(Conn& c, const proto::Register& m) {
     fresh->id = static_cast<uint32_t>(tensors_.size());
     fresh->name = name;
     fresh->count = m.count;
+    fresh->shape = m.shape;
     fresh->local_sum.reset(new (std::nothrow) float[m.count]);
     fresh->result.reset(new (std::nothrow) float[m.count]);
     if (!fresh->local_sum || !fresh->result) {
       return reject(resource_exhausted(strfmt("tensor '%s': cannot allocate 2 x %llu floats",
                                            name.c_str(), static_cast<unsigned long long>(m.count))));
     }
-    Status st = pipeline_->register_tensor(fresh->id, TensorSpec{name, m.count});
+    Status st = pipeline_->register_tensor(fresh->id, TensorSpec{name, m.count, m.shape});
     if (!st.ok()) return reject(st.with_context(strfmt("tensor '%s'", name.c_str())));
     t = fresh.get();
     tensor_ids_.emplace(name, fresh->id);
@@ -742,8 +785,8 @@ void SessionServer::Impl::handle_register(Conn& c, const proto::Register& m) {
   slot->close_fd();
   c.slots.emplace(t->id, std::move(slot).value());
   bump(counters_.registrations);
-  SC_LOG_DEBUG("%s registered tensor '%s' (id %u, %llu elements)", c.label().c_str(),
-               name.c_str(), t->id, static_cast<unsigned long long>(t->count));
+  SC_LOG_DEBUG("%s registered tensor '%s' (id %u, %llu elements, shape %s)", c.label().c_str(),
+               name.c_str(), t->id, static_cast<unsigned long long>(t->count), shape_text(t->shape).c_str());
 }
 
 void SessionServer::Impl::handle_metric(Conn& c, const proto::Metric& m) {

@@ -18,6 +18,11 @@ static Plan static_plan_base(const StaticSettings& settings, const TensorObserva
   plan.auto_format = settings.auto_format;
   plan.value_type = settings.value_type;
   plan.rows = observation.rows == 0 ? 1 : observation.rows;
+  plan.block_size = settings.block_size;
+  plan.group_norm = settings.group_norm;
+  plan.heads = settings.heads;
+  plan.mask_period = settings.mask_period;
+  plan.hybrid_density = settings.hybrid_density;
   plan.collective = Collective::kSparseAllGather;
   return plan;
 }

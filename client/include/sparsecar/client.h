@@ -3,6 +3,8 @@
 //
 //   auto client = sparsecar::Client::connect("/run/sparsecar/sparsecard.sock");
 //   auto w = client->register_tensor("fc.weight", 5000);      // once, before the first step
+//   auto c = client->register_tensor("conv1.weight", 64 * 3 * 3 * 3, sparsecar::DType::kF32,
+//                                    {64, 3, 3, 3});            // with its shape (optional)
 //   std::copy(grad.begin(), grad.end(), w->data());             // write the gradient in place
 //   client->submit(*w, step, {.lr = 0.1f});
 //   auto done = client->wait(*w, step, std::chrono::seconds(30));
@@ -24,6 +26,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "sparsecar/common/status.h"
 
@@ -55,6 +58,9 @@ class Tensor {
   uint32_t id() const { return id_; }
   const std::string& name() const { return name_; }
   size_t size() const { return count_; }
+  // The shape it was registered with (row-major, shape()[0] leading); empty when registered
+  // without one.
+  const std::vector<uint64_t>& shape() const { return shape_; }
   float* data() { return data_; }
   const float* data() const { return data_; }
 
@@ -63,6 +69,7 @@ class Tensor {
   uint32_t id_ = 0;
   std::string name_;
   size_t count_ = 0;
+  std::vector<uint64_t> shape_;
   float* data_ = nullptr;
 };
 
@@ -79,6 +86,16 @@ class Client {
   // Errors: a name already registered with another size (kInvalidArgument), registration after
   // the job started (kFailedPrecondition), daemon gone (kUnavailable).
   Expected<Tensor*> register_tensor(std::string_view name, size_t count, DType dtype = DType::kF32);
+
+  // The same with the tensor's shape (row-major dims, shape[0] leading): 1..kMaxDims dims, each
+  // >= 1, whose product is `count` (else kInvalidArgument, checked here and by the daemon).
+  // Structured selectors (rows, columns, conv channels, attention heads) use it; an empty shape
+  // is the call above. Every local trainer must register a name with the same shape, and every
+  // node of the job the same (checked at the first step). Needs a daemon that knows shapes (an
+  // older one closes the session with a protocol error).
+  static constexpr size_t kMaxDims = 4;
+  Expected<Tensor*> register_tensor(std::string_view name, size_t count, DType dtype,
+                                    const std::vector<uint64_t>& shape);
 
   // Hands the tensor's current contents for `step` to the daemon. Non-blocking.
   Status submit(const Tensor& tensor, uint64_t step, const SubmitOptions& options = {});

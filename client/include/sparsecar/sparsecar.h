@@ -32,7 +32,8 @@
 extern "C" {
 #endif
 
-#define SPARSECAR_C_ABI_VERSION 1
+/* 2: sc_register_tensor_shaped, sc_tensor_ndim, sc_tensor_dim (version 1 calls unchanged). */
+#define SPARSECAR_C_ABI_VERSION 2
 
 typedef int32_t sc_status;
 enum {
@@ -53,6 +54,7 @@ enum {
 };
 
 enum { SC_DTYPE_F32 = 0 };
+enum { SC_MAX_DIMS = 4 }; /* most dims a registered shape may have */
 
 typedef struct sc_client sc_client;  /* a session with the local daemon */
 typedef struct sc_tensor sc_tensor;  /* a registered tensor; owned by its client */
@@ -83,10 +85,20 @@ const char* sc_client_last_error(const sc_client* client);
  * Registering the same name with the same count again returns the same tensor. */
 sc_status sc_register_tensor(sc_client* client, const char* name, uint64_t count, int32_t dtype,
                              sc_tensor** out);
+/* The same with the tensor's shape: ndim (1..SC_MAX_DIMS) row-major dims, shape[0] leading, each
+ * >= 1, product == count (else SC_INVALID_ARGUMENT). ndim == 0 (shape may then be NULL) is
+ * sc_register_tensor. Structured selectors (rows, columns, conv channels, attention heads) use
+ * the shape; every trainer must register a name with the same shape. Since ABI version 2. */
+sc_status sc_register_tensor_shaped(sc_client* client, const char* name, uint64_t count, int32_t dtype,
+                                    const uint64_t* shape, uint32_t ndim, sc_tensor** out);
 float* sc_tensor_data(sc_tensor* tensor);      /* count floats; NULL for NULL */
 uint64_t sc_tensor_size(const sc_tensor* tensor);
 uint32_t sc_tensor_id(const sc_tensor* tensor);
 const char* sc_tensor_name(const sc_tensor* tensor);
+/* Dims of the registered shape (0 when registered without one or for NULL), and dim i (0 when
+ * i >= ndim). Since ABI version 2. */
+uint32_t sc_tensor_ndim(const sc_tensor* tensor);
+uint64_t sc_tensor_dim(const sc_tensor* tensor, uint32_t i);
 
 /* Hands the tensor's contents for `step` to the daemon; lr = learning rate (0 = not given).
  * Non-blocking. The slot belongs to the daemon until the matching sc_wait succeeds or fails. */

@@ -24,6 +24,38 @@ TEST(SessionProtocol, FrozenLayout) {
   EXPECT_EQ(sizeof(Metric), 272u);
   EXPECT_EQ(sizeof(Error), 200u);
   EXPECT_EQ(static_cast<int>(MsgType::kError), 6);
+  // RegisterShaped (type 7) joined v1 later; the layouts above did not move.
+  EXPECT_EQ(static_cast<int>(MsgType::kRegisterShaped), 7);
+  EXPECT_EQ(sizeof(RegisterShaped), 304u);
+  EXPECT_EQ(offsetof(RegisterShaped, count), 0u);
+  EXPECT_EQ(offsetof(RegisterShaped, dtype), 8u);
+  EXPECT_EQ(offsetof(RegisterShaped, ndim), 12u);
+  EXPECT_EQ(offsetof(RegisterShaped, dims), 16u);
+  EXPECT_EQ(offsetof(RegisterShaped, name), 48u);
+  EXPECT_EQ(kMaxShapeDims, 4u);
+  EXPECT_EQ(kMaxPayloadBytes, 304u);
+  EXPECT_EQ(kMaxMessageBytes, 320u);
+  EXPECT_EQ(kProtocolVersion, 1);
+}
+
+TEST(SessionProtocol, RegisterShapedGoldenBytes) {
+  MsgHeader h = make_header(MsgType::kRegisterShaped);
+  const uint8_t header[16] = {'S', 'C', 'S', 'P', 1, 0, 7, 0, 0x30, 0x01, 0, 0, 0, 0, 0, 0};
+  EXPECT_EQ(std::memcmp(&h, header, sizeof header), 0);
+  RegisterShaped m{};
+  m.count = 0x1b0;  // 24 x 18
+  m.dtype = 0;
+  m.ndim = 2;
+  m.dims[0] = 0x18;
+  m.dims[1] = 0x12;
+  set_field(m.name, sizeof m.name, "w");
+  const auto* b = reinterpret_cast<const uint8_t*>(&m);
+  const uint8_t head[48] = {0xb0, 0x01, 0, 0, 0, 0, 0, 0,  0, 0, 0, 0,  2, 0, 0, 0,
+                            0x18, 0,    0, 0, 0, 0, 0, 0,  0x12, 0, 0, 0, 0, 0, 0, 0,
+                            0,    0,    0, 0, 0, 0, 0, 0,  0, 0, 0, 0,  0, 0, 0, 0};
+  EXPECT_EQ(std::memcmp(b, head, sizeof head), 0);
+  EXPECT_EQ(b[48], 'w');
+  EXPECT_EQ(b[49], 0);
 }
 
 TEST(SessionProtocol, HeaderBytesAreLittleEndian) {
@@ -34,7 +66,7 @@ TEST(SessionProtocol, HeaderBytesAreLittleEndian) {
 
 TEST(SessionProtocol, HeaderValidationRejectsEveryBadField) {
   for (auto type : {MsgType::kHello, MsgType::kHelloAck, MsgType::kRegister, MsgType::kRegisterAck,
-                    MsgType::kMetric, MsgType::kError}) {
+                    MsgType::kMetric, MsgType::kError, MsgType::kRegisterShaped}) {
     EXPECT_EQ(header_error(make_header(type)), nullptr);
   }
   MsgHeader h = make_header(MsgType::kHello);
@@ -46,7 +78,7 @@ TEST(SessionProtocol, HeaderValidationRejectsEveryBadField) {
   h = make_header(MsgType::kHello);
   h.type = 0;
   EXPECT_NE(header_error(h), nullptr);
-  h.type = 7;
+  h.type = 8;
   EXPECT_NE(header_error(h), nullptr);
   h = make_header(MsgType::kHello);
   h.length += 1;

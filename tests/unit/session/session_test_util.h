@@ -76,6 +76,7 @@ class FakePipeline : public StepSink {
     std::lock_guard<std::mutex> lock(mu_);
     if (refuse_registration) return failed_precondition("the job already started");
     registered.emplace_back(tensor_id, spec.name);
+    specs.push_back(spec);
     return Status::Ok();
   }
   void submit(const StepJob& job) override {
@@ -156,6 +157,7 @@ class FakePipeline : public StepSink {
   std::mutex mu_;
   std::vector<SeenJob> jobs;                               // guarded by mu_
   std::vector<std::pair<uint32_t, std::string>> registered;  // guarded by mu_
+  std::vector<TensorSpec> specs;                           // guarded by mu_
   std::vector<SeenMetric> metrics;                         // guarded by mu_
   bool refuse_registration = false;                        // guarded by mu_
   int resets = 0;                                          // guarded by mu_
@@ -225,10 +227,14 @@ class RawSession {
     return 0;
   }
   // Register -> RegisterAck; the slot fd (if any) is closed. Returns the ack.
-  proto::RegisterAck register_raw(const proto::Register& reg) {
+  proto::RegisterAck register_raw(const proto::Register& reg) { return register_raw(proto::MsgType::kRegister, &reg); }
+  proto::RegisterAck register_raw(const proto::RegisterShaped& reg) {
+    return register_raw(proto::MsgType::kRegisterShaped, &reg);
+  }
+  proto::RegisterAck register_raw(proto::MsgType type, const void* reg) {
     proto::RegisterAck ack{};
     ack.status = -1;
-    if (!send_msg(proto::MsgType::kRegister, &reg)) return ack;
+    if (!send_msg(type, reg)) return ack;
     proto::MsgHeader h;
     std::vector<uint8_t> payload;
     std::vector<int> fds;

@@ -14,6 +14,7 @@
 //                                            + SCM_RIGHTS [control memfd, submission eventfd,
 //                                                          completion eventfd] when status == 0
 //   Register{count, dtype, name} ──────────►
+//   or RegisterShaped{count, dtype, ndim, dims, name}
 //                                   ◄──────  RegisterAck{status, tensor id, message}
 //                                            + SCM_RIGHTS [tensor slot memfd] when status == 0
 //   Metric{value, step, name} ─────────────►  (no reply)
@@ -27,6 +28,14 @@
 // with an error RegisterAck and the connection stays open.
 // `status` fields carry sparsecar::Code numbers (status.h). Frozen for kProtocolVersion: golden
 // tests pin the sizes and offsets; change the layout only with a new version.
+//
+// RegisterShaped (type 7) was added to v1 without changing any existing layout: it is Register
+// plus the tensor's shape (1..kMaxShapeDims dims whose product is count; structured selectors
+// read it). A client sends it only when the trainer gave a shape, so clients that never do stay
+// byte-for-byte what they were and work with every v1 daemon; a daemon that predates type 7
+// answers it with Error("unknown message type") and closes the session. Register is the same as
+// registering without a shape (a 1-D tensor of count elements). Every local client registering a
+// name must give the same shape (or none), and every node must agree at the first step.
 #pragma once
 
 #include <bit>
@@ -47,6 +56,7 @@ inline constexpr size_t kMaxNameLength = kNameBytes - 1;
 inline constexpr size_t kMessageBytes = 192;       // error text field, NUL-terminated, truncated
 inline constexpr size_t kHelloFds = 3;             // control memfd, submission efd, completion efd
 inline constexpr size_t kRegisterFds = 1;          // tensor slot memfd
+inline constexpr size_t kMaxShapeDims = 4;         // RegisterShaped carries 1..4 dims
 
 enum class MsgType : uint16_t {
   kHello = 1,        // client -> daemon
@@ -55,6 +65,7 @@ enum class MsgType : uint16_t {
   kRegisterAck = 4,  // daemon -> client, + 1 fd on success
   kMetric = 5,       // client -> daemon, no reply
   kError = 6,        // daemon -> client, then close
+  kRegisterShaped = 7,  // client -> daemon, answered by RegisterAck like Register
 };
 
 struct MsgHeader {
@@ -92,6 +103,16 @@ struct Register {
 };
 static_assert(sizeof(Register) == 272);
 
+struct RegisterShaped {
+  uint64_t count;                // elements, == the product of dims[0..ndim)
+  uint32_t dtype;                // sparsecar::DType (0 = fp32)
+  uint32_t ndim;                 // 1..kMaxShapeDims
+  uint64_t dims[kMaxShapeDims];  // dims[0..ndim) >= 1, row-major (dims[0] is the leading one);
+                                 // the unused entries are 0
+  char name[kNameBytes];         // 1..255 bytes, NUL-terminated
+};
+static_assert(sizeof(RegisterShaped) == 304);
+
 struct RegisterAck {
   int32_t status;          // Code; 0 = registered and the slot memfd is attached
   uint32_t tensor_id;      // job-wide id (same for every local client registering this name)
@@ -124,11 +145,13 @@ inline constexpr uint32_t payload_bytes(uint16_t type) {
     case MsgType::kRegisterAck: return sizeof(RegisterAck);
     case MsgType::kMetric: return sizeof(Metric);
     case MsgType::kError: return sizeof(Error);
+    case MsgType::kRegisterShaped: return sizeof(RegisterShaped);
   }
   return 0;
 }
-inline constexpr size_t kMaxPayloadBytes = sizeof(Register);
-static_assert(sizeof(Metric) <= kMaxPayloadBytes && sizeof(HelloAck) <= kMaxPayloadBytes);
+inline constexpr size_t kMaxPayloadBytes = sizeof(RegisterShaped);
+static_assert(sizeof(Register) <= kMaxPayloadBytes && sizeof(Metric) <= kMaxPayloadBytes &&
+              sizeof(HelloAck) <= kMaxPayloadBytes);
 inline constexpr size_t kMaxMessageBytes = sizeof(MsgHeader) + kMaxPayloadBytes;
 
 inline MsgHeader make_header(MsgType type) {

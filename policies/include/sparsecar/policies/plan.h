@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 
+#include "sparsecar/kernels/structured.h"
 #include "sparsecar/kernels/types.h"
 #include "sparsecar/policies/overrides.h"
 
@@ -47,6 +48,13 @@ struct Plan {
   bool auto_format = false;  // pick the smallest format per message (kernels::choose_format); `format` ignored
   kernels::ValueType value_type = kernels::ValueType::kF32;
   uint32_t rows = 1;  // rows of the tensor's 2-D view, for CSR (1 for 1-D tensors)
+  // Structured selectors (daemon/pipeline/structured_select.h): groups kept = topk_count(groups,
+  // density); a tensor whose registered shape does not fit its selector gets exact top-k.
+  uint32_t block_size = 64;                                 // block_topk: elements per block (32..256)
+  kernels::GroupNorm group_norm = kernels::GroupNorm::kL2;  // how blocks/rows/columns/channels/heads rank
+  uint32_t heads = 8;                                       // head_topk: heads in the leading dimension
+  uint32_t mask_period = 100;                               // periodic_mask: steps a mask is reused
+  double hybrid_density = 0.001;  // hybrid: fraction of the previous step's pooled elements lambda keeps
   Collective collective = Collective::kRingAllReduce;
   // Selector parameters (issue 3; kernels/select.h).
   double quantile = 0.99;         // percentile: lambda = this quantile of |e| (sampled)
@@ -65,6 +73,12 @@ struct StaticSettings {
   kernels::Selector selector = kernels::Selector::kTopk;
   double density = 0.01;
   double threshold = 1e-3;
+  // Structured selectors (see Plan).
+  uint32_t block_size = 64;
+  kernels::GroupNorm group_norm = kernels::GroupNorm::kL2;
+  uint32_t heads = 8;
+  uint32_t mask_period = 100;
+  double hybrid_density = 0.001;
   // Issue 3's selector parameters and error compensation (copied into every plan; see Plan).
   double quantile = 0.99;
   double approx_tolerance = 0.1;
