@@ -67,7 +67,13 @@ Expected<std::unique_ptr<Daemon>> Daemon::start(const Config& config) {
 
   parts->decisions = std::make_unique<DecisionBoard>(config, parts->transport.get());
   // Controllers run on rank 0; every node measures its steps and sends them there.
-  if (config.rank == 0) parts->controllers = std::make_unique<ControllerRunner>(config, parts->decisions.get());
+  if (config.rank == 0) {
+    parts->controllers = std::make_unique<ControllerRunner>(config, parts->decisions.get());
+    parts->controllers->set_decision_listener(
+        [metrics = parts->metrics.get()](const std::string& controllers, const std::string& outcome) {
+          metrics->count_decision(controllers, outcome);
+        });
+  }
   parts->observations = std::make_unique<ObservationCollector>(config.rank, config.job_id, parts->transport.get(),
                                                                parts->controllers.get());
   parts->mailbox->set_control_handler([board = parts->decisions.get(), runner = parts->controllers.get()](

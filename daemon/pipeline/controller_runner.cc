@@ -106,6 +106,14 @@ void ControllerRunner::poll() {
     if (!d.ok()) {
       SC_LOG_WARN("%s: not applied: %s", proposal->reason.c_str(), d.status().to_string().c_str());
     }
+    if (listener_) {
+      // The reason reads "controller <names> at step ...": the names are the label.
+      const std::string& why = proposal->reason;
+      const size_t from = why.rfind("controller ", 0) == 0 ? 11 : std::string::npos;
+      const size_t to = from == std::string::npos ? std::string::npos : why.find(' ', from);
+      listener_(from == std::string::npos ? std::string("controllers") : why.substr(from, to - from),
+                d.ok() ? "applied" : "refused");
+    }
   }
 }
 

@@ -16,7 +16,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <string>
 #include <mutex>
 #include <vector>
 
@@ -36,6 +38,12 @@ class ControllerRunner {
   // A job reset: pending observations belong to the finished job.
   void reset();
 
+  // Called after each proposal with the controllers that made it ("bandwidth,accuracy") and
+  // whether the decision was taken ("applied") or refused ("refused"); for metrics. Set before
+  // the first poll(); runs on the thread that polls.
+  using DecisionListener = std::function<void(const std::string& controllers, const std::string& outcome)>;
+  void set_decision_listener(DecisionListener listener) { listener_ = std::move(listener); }
+
   struct Snapshot {
     policies::ControlStatus status;
     std::string active;          // the `controller` knob in force
@@ -49,6 +57,7 @@ class ControllerRunner {
 
   DecisionBoard* const board_;
   const uint32_t world_size_;
+  DecisionListener listener_;
 
   mutable std::mutex mu_;
   std::map<uint64_t, std::vector<policies::NodeObservation>> pending_;  // guarded by mu_
