@@ -50,20 +50,28 @@ class SendGroup {
     }
     wire::seal(header, payload, std::span<std::byte, wire::kHeaderBytes>(*bytes));
     const uint64_t size = wire::kHeaderBytes + payload.size();
+    const bool sample = size >= kLinkSampleMinBytes;
     Metrics* metrics = ctx.metrics;
     const auto started = SteadyClock::now();
+    if (sample) {
+      std::lock_guard<std::mutex> lock(group->mu_);
+      if (group->link_in_flight_++ == 0) group->link_busy_since_ = started;
+    }
     Status queued = ctx.transport->send(peer, *bytes, payload, [group, peer, &ctx_name = *ctx.transport, metrics, size,
-                                                                 started](const Status& s) {
-      if (metrics && s.ok()) metrics->observe_link(peer, size, seconds_since(started));
+                                                                 sample, started](const Status& s) {
+      const auto now = SteadyClock::now();
+      if (metrics && s.ok()) metrics->observe_link(peer, size, std::chrono::duration<double>(now - started).count());
       std::lock_guard<std::mutex> lock(group->mu_);
       if (!s.ok() && group->first_error_.ok()) {
         group->first_error_ = s.with_context("sending to " + ctx_name.peer_name(peer));
       }
+      if (sample) group->link_done(s.ok() ? size : 0, now);
       --group->outstanding_;
       group->cv_.notify_all();
     });
     if (!queued.ok()) {
       std::lock_guard<std::mutex> lock(group->mu_);
+      if (sample) group->link_done(0, SteadyClock::now());
       --group->outstanding_;
       return queued.with_context("sending to " + ctx.transport->peer_name(peer));
     }
@@ -82,13 +90,32 @@ class SendGroup {
     return first_error_;
   }
 
+  // Adds the link bytes and busy time of the sends completed so far to *stats (call after wait).
+  void add_link(ExchangeStats* stats) {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats->link_bytes += link_bytes_;
+    stats->link_seconds += link_seconds_;
+    link_bytes_ = 0;
+    link_seconds_ = 0;
+  }
+
  private:
+  // A sampled send finished (`bytes` 0 when it failed). Caller holds mu_.
+  void link_done(uint64_t bytes, SteadyClock::time_point now) {
+    link_bytes_ += bytes;
+    if (--link_in_flight_ == 0) link_seconds_ += std::chrono::duration<double>(now - link_busy_since_).count();
+  }
+
   std::shared_ptr<const void> keepalive_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<HeaderBytes> headers_;  // guarded by mu_; deque: stable addresses
   int outstanding_ = 0;              // guarded by mu_
   Status first_error_;               // guarded by mu_
+  int link_in_flight_ = 0;           // guarded by mu_: sampled sends posted, not completed
+  SteadyClock::time_point link_busy_since_;  // guarded by mu_
+  uint64_t link_bytes_ = 0;          // guarded by mu_
+  double link_seconds_ = 0;          // guarded by mu_
 };
 
 wire::WireHeader make_header(const ExchangeContext& ctx, wire::Kind kind, uint32_t tensor_id, uint64_t step) {
@@ -160,7 +187,9 @@ Status sparse_allgather(const ExchangeContext& ctx, uint32_t tensor_id, uint64_t
                            .with_context("decoding from " + name));
   }
   StageTimer timer(&stats->send_seconds);
-  return group->wait(ctx.deadline);
+  Status sent = group->wait(ctx.deadline);
+  group->add_link(stats);
+  return sent;
 }
 
 Status ring_allreduce(const ExchangeContext& ctx, uint32_t tensor_id, uint64_t step, std::span<float> data,
@@ -225,7 +254,9 @@ Status ring_allreduce(const ExchangeContext& ctx, uint32_t tensor_id, uint64_t s
     }
   }
   StageTimer timer(&stats->send_seconds);
-  return group->wait(ctx.deadline);
+  Status sent = group->wait(ctx.deadline);
+  group->add_link(stats);
+  return sent;
 }
 
 uint64_t ring_allreduce_bytes(uint64_t n, uint32_t world, uint32_t rank) {

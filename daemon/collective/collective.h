@@ -48,6 +48,13 @@ struct ExchangeStats {
   double wait_seconds = 0;
   double decode_seconds = 0;
   double reduce_seconds = 0;
+  // Link goodput from the transport's completions: bytes of the sends of kLinkSampleMinBytes and
+  // more that completed, and the time at least one of them was in flight (posted -> completed;
+  // overlapping sends count once). Waiting for peers' messages is not in it: a ring phase that
+  // waits for its left neighbour has no send of ours in flight, and a rendezvous send completes
+  // when the peer's progress thread fetched it, whatever its pipeline is doing.
+  uint64_t link_bytes = 0;
+  double link_seconds = 0;
 };
 
 // `payload` is this node's selection encoded as (format, value_type) with `nnz` entries of a

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "daemon/transport/transport.h"
 #include "sparsecar/common/log.h"
 
 namespace sparsecar {
@@ -362,7 +363,7 @@ void Metrics::add_bytes_received(uint32_t peer, uint64_t bytes) {
 }
 
 void Metrics::observe_link(uint32_t peer, uint64_t bytes, double seconds) {
-  if (bytes < 64 * 1024 || seconds <= 0) return;
+  if (bytes < kLinkSampleMinBytes || seconds <= 0) return;
   const uint32_t p = peer_slot(peer);
   Gauge* g = impl_->bandwidth[p];
   if (!g) return;

@@ -47,6 +47,8 @@ std::string format_observation(const policies::NodeObservation& o) {
   line("dense_bytes", static_cast<double>(o.dense_bytes));
   line("exchange_s", o.exchange_s);
   line("encode_s", o.encode_s);
+  line("link_bytes", static_cast<double>(o.link_bytes));
+  line("link_s", o.link_s);
   line("grad_norm2", o.grad_norm2);
   line("residual_norm2", o.residual_norm2);
   line("compute_s", o.compute_s);
@@ -92,6 +94,10 @@ Expected<policies::NodeObservation> parse_observation(std::string_view text) {
       o.exchange_s = v;
     } else if (key == "encode_s") {
       o.encode_s = v;
+    } else if (key == "link_bytes") {
+      o.link_bytes = static_cast<uint64_t>(v);
+    } else if (key == "link_s") {
+      o.link_s = v;
     } else if (key == "grad_norm2") {
       o.grad_norm2 = v;
     } else if (key == "residual_norm2") {
@@ -153,6 +159,8 @@ void ObservationCollector::on_tensor_step(const TensorStepRecord& r, const Decis
   o.dense_bytes += r.dense_bytes;
   o.exchange_s += r.exchange_s;
   o.encode_s += r.encode_s;
+  o.link_bytes += r.link_bytes;
+  o.link_s += r.link_s;
   if (measure) {
     o.grad_norm2 += norm2(r.local_sum);
     o.residual_norm2 += norm2(r.residual);

@@ -2,7 +2,8 @@
 //
 //   pipeline thread ── on_tensor_step() ──► ObservationCollector ── one NodeObservation per step
 //        (bytes, exchange and encode time,       │   rank 0: ControllerRunner::add() + poll()
-//         norms, repeat of the selection)        └── other ranks: kObservation message to rank 0
+//         link bytes/busy time from send          └── other ranks: kObservation message to rank 0
+//         completions, norms, repeat of the selection)
 //   session thread ── on_metric() ──► latest trainer metrics (loss, its target, compute time)
 //
 // Measurements cost nothing unless a controller needs them: norms (two passes over the tensor)
@@ -44,6 +45,8 @@ struct TensorStepRecord {
   uint64_t dense_bytes = 0;
   double exchange_s = 0;
   double encode_s = 0;
+  uint64_t link_bytes = 0;  // ExchangeStats::link_bytes / link_seconds: goodput from completions
+  double link_s = 0;
   std::span<const float> local_sum;
   std::span<const float> residual;  // after commit/rollback
 };

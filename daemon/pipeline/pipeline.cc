@@ -351,6 +351,8 @@ Status Pipeline::run_step(TensorState& t, const StepJob& job, const Decision& de
     rec.dense_bytes = result->dense_bytes;
     rec.encode_s = std::chrono::duration<double>(exchange_started - encode_started).count();
     rec.exchange_s = std::chrono::duration<double>(exchange_ended - exchange_started).count();
+    rec.link_bytes = stats.link_bytes;
+    rec.link_s = stats.link_seconds;
     rec.local_sum = job.local_sum;
     rec.residual = c.residual();
     observer_->on_tensor_step(rec, decision);

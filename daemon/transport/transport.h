@@ -18,6 +18,14 @@
 
 namespace sparsecar {
 
+// Sends smaller than this say nothing about the link: UCX sends them eagerly and completes them
+// once they are copied out locally. Larger ones go rendezvous: they complete only when the peer's
+// transport (its progress thread, not its pipeline) has fetched the last byte, so posted ->
+// completed is the time the bytes spent crossing the link (where UCX still sends them eagerly
+// in fragments, the socket's buffer paces them at the link's rate). Used for the controllers' link
+// goodput (ExchangeStats::link_*) and the per-peer bandwidth metric alike.
+inline constexpr uint64_t kLinkSampleMinBytes = 64 * 1024;
+
 // Receives what arrives from peers. Called on the transport's progress thread.
 class MessageSink {
  public:

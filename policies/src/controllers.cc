@@ -296,35 +296,57 @@ class FrequencyController final : public Controller {
 };
 
 // ---- bandwidth ------------------------------------------------------------------------------------
+// Fits the exchange into the budget (a fixed one, or a fraction of the trainer's compute time)
+// at the link goodput the loop estimated from send completions. Damped so that it cannot flap:
+//   - the budget (from a noisy compute time) is smoothed like the goodput;
+//   - it moves only after `bandwidth_confirm_steps` consecutive observations in which the plan in
+//     force is predicted over the budget (lower), or in which a plan at least 2 x hysteresis
+//     denser (or the dense ring) fits the aim of (1 - margin) x budget (raise) — a dead band
+//     between the two, so an estimate wobbling around the aim does nothing;
+//   - at least `bandwidth_hold_steps` between decisions, and a decision moves the cap by at most
+//     bandwidth_raise_max up / bandwidth_lower_max down;
+//   - the dense ring whenever it fits the aim (or is cheaper than any allowed sparse plan).
+// The first decision (nothing in force to flap against) goes straight to the fitting plan.
 class BandwidthController final : public Controller {
  public:
   ControllerKind kind() const override { return ControllerKind::kBandwidth; }
-  uint32_t version() const override { return 1; }
+  uint32_t version() const override { return 2; }
   Status update(const ControlContext& ctx, ControlKnobs* knobs) override {
     const auto& s = ctx.settings;
     const auto& o = ctx.obs;
-    double budget = 0;
+    double budget_sample = 0;
     if (s.exchange_budget_ms > 0) {
-      budget = s.exchange_budget_ms / 1e3;
+      budget_sample = s.exchange_budget_ms / 1e3;
     } else if (o.compute_s > 0) {
-      budget = o.compute_s * s.exchange_budget_fraction;
+      budget_sample = o.compute_s * s.exchange_budget_fraction;
     }
+    // Decisions look at slow averages (a third of the loop's EMA weight) of the loop's goodput
+    // estimate and of the budget: a stationary link's noise averages out, and a step change of
+    // the link (the loop's estimate moved 2x) is taken at once.
+    const double slow = std::clamp(s.goodput_alpha / 3, 1e-3, 1.0);
+    if (budget_sample > 0) {
+      budget_ = budget_ > 0 && s.exchange_budget_ms <= 0 ? smooth(budget_, budget_sample, slow) : budget_sample;
+    }
+    if (ctx.goodput_Bps > 0) {
+      goodput_ = goodput_ > 0 && ctx.goodput_Bps < goodput_ * 2 && ctx.goodput_Bps > goodput_ / 2
+                     ? smooth(goodput_, ctx.goodput_Bps, slow)
+                     : ctx.goodput_Bps;
+    }
+    const double budget = budget_;
     ctx.status->exchange_budget_s = budget;
-    const double g = ctx.goodput_Bps;
-    if (budget <= 0 || g <= 0 || o.tensors.empty() || s.world_size < 2) return Status::Ok();
+    if (!init_) {
+      init_ = true;
+      dense_ = !knobs->compression;
+    }
+    const double g = goodput_;
+    if (budget <= 0 || g <= 0 || o.tensors.empty() || s.world_size < 2) return apply(knobs);
     const double target = budget * (1 - s.bandwidth_margin);
     const uint32_t w = s.world_size;
     const double dense_s = static_cast<double>(step_dense_bytes(o.tensors, w)) / g;
-    if (s.bandwidth_allow_dense && dense_s <= target) {
-      knobs->compression = false;
-      knobs->density_cap = 1.0;
-      ctx.status->predicted_exchange_s = dense_s;
-      return Status::Ok();
-    }
-    knobs->compression = true;
     if (knobs->selector == kernels::Selector::kThreshold) {
       // Lambda: nnz ~ 1/lambda, so scale lambda by how far the measured volume is over.
       const double now_s = static_cast<double>(o.bytes_sent) / g;
+      knobs->compression = true;
       if (now_s > target) knobs->threshold *= now_s / target;
       ctx.status->predicted_exchange_s = std::min(now_s, target);
       return Status::Ok();
@@ -332,32 +354,75 @@ class BandwidthController final : public Controller {
     // Predict in the format that will be sent (the cost controller may change it afterwards).
     auto time_at = [&](double d) { return static_cast<double>(step_sparse_bytes(o.tensors, d, w, knobs->format)) / g; };
     const double desired = std::min(knobs->density, s.density_max);
-    if (time_at(desired) <= target) {
-      knobs->density_cap = 1.0;
-      ctx.status->predicted_exchange_s = time_at(desired);
-      return Status::Ok();
-    }
-    double lo = std::min(s.density_min, desired), hi = desired;
-    if (time_at(lo) > target) {
-      hi = lo;  // not even the quality floor fits: stay at the floor
-    } else {
-      for (int i = 0; i < 50; ++i) {
-        const double mid = std::sqrt(lo * hi);
-        (time_at(mid) <= target ? lo : hi) = mid;
+    const double floor = std::min(s.density_min, desired);
+    // The densest sparse plan that fits the aim (the floor when none does).
+    double fit = desired;
+    if (time_at(desired) > target) {
+      double lo = floor, hi = desired;
+      if (time_at(lo) > target) {
+        hi = lo;
+      } else {
+        for (int i = 0; i < 50; ++i) {
+          const double mid = std::sqrt(lo * hi);
+          (time_at(mid) <= target ? lo : hi) = mid;
+        }
+        hi = lo;
       }
-      hi = lo;
+      fit = std::max(round_down3(hi), floor);
     }
-    knobs->density_cap = std::max(round_down3(hi), std::min(s.density_min, desired));
-    const double sparse_s = time_at(knobs->density_cap);
-    if (sparse_s >= dense_s && s.bandwidth_allow_dense) {
-      knobs->compression = false;  // the dense ring is cheaper than any sparse plan that is allowed
-      knobs->density_cap = 1.0;
-      ctx.status->predicted_exchange_s = dense_s;
-      return Status::Ok();
+    const bool dense_fits = s.bandwidth_allow_dense && (dense_s <= target || time_at(fit) >= dense_s);
+    const double held = std::min(desired, cap_);
+    const double held_s = dense_ ? dense_s : time_at(held);
+    const bool over = held_s > budget && (dense_ ? true : held > floor || dense_fits);
+    const bool room = !dense_ && (dense_fits || fit > held * (1 + 2 * s.hysteresis));
+    over_ = over ? over_ + 1 : 0;
+    room_ = room ? room_ + 1 : 0;
+    const bool first = !decided_;
+    const bool may = first || o.step >= last_decision_step_ + s.bandwidth_hold_steps;
+    const uint64_t confirm = first ? 1 : std::max<uint64_t>(s.bandwidth_confirm_steps, 1);
+    if (may && (over_ >= confirm || room_ >= confirm)) {
+      if (dense_fits) {
+        dense_ = true;
+        cap_ = 1.0;
+      } else if (dense_ || first) {
+        dense_ = false;
+        cap_ = fit >= desired ? 1.0 : fit;
+      } else {
+        // Bounded move from the density in force towards the fitting one.
+        double next = std::clamp(fit, held / std::max(s.bandwidth_lower_max, 1.0),
+                                 held * std::max(s.bandwidth_raise_max, 1.0));
+        next = std::max(round_down3(next), floor);
+        cap_ = next >= desired ? 1.0 : next;
+      }
+      decided_ = true;
+      last_decision_step_ = o.step;
+      over_ = room_ = 0;
     }
-    ctx.status->predicted_exchange_s = sparse_s;
+    return apply(knobs, decided_ ? (dense_ ? dense_s : time_at(std::min(desired, cap_))) : held_s, ctx.status);
+  }
+
+ private:
+  // The plan in force for this controller (nothing until its first decision).
+  Status apply(ControlKnobs* knobs, double predicted_s = 0, ControlStatus* status = nullptr) const {
+    if (!decided_) return Status::Ok();
+    knobs->compression = !dense_;
+    knobs->density_cap = dense_ ? 1.0 : cap_;
+    if (status) status->predicted_exchange_s = predicted_s;
     return Status::Ok();
   }
+
+  static double smooth(double mean, double sample, double alpha) {
+    return std::exp(alpha * std::log(sample) + (1 - alpha) * std::log(mean));
+  }
+
+  bool init_ = false;
+  bool decided_ = false;
+  bool dense_ = false;
+  double cap_ = 1.0;
+  double budget_ = 0;   // smoothed
+  double goodput_ = 0;  // smoothed again
+  uint64_t over_ = 0, room_ = 0;
+  uint64_t last_decision_step_ = 0;
 };
 
 // ---- cost model: collective and format --------------------------------------------------------
@@ -446,6 +511,7 @@ JobObservation merge_observations(std::span<const NodeObservation> nodes, uint32
   double loss_sum = 0, target_sum = 0;
   int losses = 0, targets = 0;
   double goodput = std::numeric_limits<double>::infinity();
+  double wall_goodput = std::numeric_limits<double>::infinity();
   std::map<uint32_t, TensorStepObservation> tensors;
   std::map<uint32_t, int> repeats;
   for (const auto& n : nodes) {
@@ -456,7 +522,10 @@ JobObservation merge_observations(std::span<const NodeObservation> nodes, uint32
     if (n.compute_s >= 0) j.compute_s = std::max(j.compute_s, n.compute_s);
     j.grad_norm2 += n.grad_norm2;
     j.residual_norm2 += n.residual_norm2;
-    if (n.exchange_s > 0 && n.bytes_sent > 0) goodput = std::min(goodput, static_cast<double>(n.bytes_sent) / n.exchange_s);
+    if (n.link_s > 0 && n.link_bytes > 0) goodput = std::min(goodput, static_cast<double>(n.link_bytes) / n.link_s);
+    if (n.exchange_s > 0 && n.bytes_sent > 0) {
+      wall_goodput = std::min(wall_goodput, static_cast<double>(n.bytes_sent) / n.exchange_s);
+    }
     if (n.has_loss) {
       loss_sum += n.loss;
       ++losses;
@@ -477,6 +546,7 @@ JobObservation merge_observations(std::span<const NodeObservation> nodes, uint32
     }
   }
   j.goodput_Bps = std::isfinite(goodput) ? goodput : 0;
+  j.wall_goodput_Bps = std::isfinite(wall_goodput) ? wall_goodput : 0;
   if (losses > 0) {
     j.has_loss = true;
     j.loss = loss_sum / losses;
@@ -558,14 +628,48 @@ std::optional<ControlLoop::Proposal> ControlLoop::update(const ControllerSetting
   }
   status_.last_step = obs.step;
   if (std::isfinite(obs.residual_norm2)) status_.total_error += obs.residual_norm2;
-  if (obs.goodput_Bps > 0 && std::isfinite(obs.goodput_Bps)) {
-    const double g = obs.goodput_Bps;
-    if (!has_goodput_ || g < goodput_ / 2 || g > goodput_ * 2) {
-      goodput_ = g;  // a step change of the link: believe it at once
-    } else {
-      goodput_ = settings.goodput_alpha * g + (1 - settings.goodput_alpha) * goodput_;
+  // Goodput: the completion-based sample; the wall-time one is only a lower bound (it counts
+  // waiting for peers), used to lift a lower estimate, or alone while no completion-based sample
+  // was ever seen (small, eager messages only).
+  {
+    const double link = obs.goodput_Bps > 0 && std::isfinite(obs.goodput_Bps) ? obs.goodput_Bps : 0;
+    const double wall = obs.wall_goodput_Bps > 0 && std::isfinite(obs.wall_goodput_Bps) ? obs.wall_goodput_Bps : 0;
+    double g = 0;
+    if (link > 0) {
+      g = std::max(link, wall);
+      if (!has_link_goodput_) has_goodput_ = false;  // forget a wall-time-only estimate
+      has_link_goodput_ = true;
+    } else if (!has_link_goodput_ || (has_goodput_ && wall > goodput_)) {
+      g = wall;
     }
-    has_goodput_ = true;
+    if (g > 0) {
+      if (!has_goodput_) {
+        goodput_ = g;
+        goodput_outliers_ = 0;
+      } else if (g < goodput_ / 2 || g > goodput_ * 2) {
+        // Beyond 2x: noise unless it persists; a step change of the link once it does.
+        const int side = g < goodput_ ? -1 : 1;
+        if (side != goodput_outlier_side_) {
+          goodput_outlier_side_ = side;
+          goodput_outliers_ = 0;
+          goodput_outlier_log_sum_ = 0;
+        }
+        ++goodput_outliers_;
+        goodput_outlier_log_sum_ += std::log(g);
+        if (goodput_outliers_ >= std::max<uint64_t>(settings.goodput_confirm_steps, 1)) {
+          goodput_ = std::exp(goodput_outlier_log_sum_ / static_cast<double>(goodput_outliers_));
+          goodput_outliers_ = 0;
+        }
+      } else {
+        goodput_ = std::exp(settings.goodput_alpha * std::log(g) + (1 - settings.goodput_alpha) * std::log(goodput_));
+        goodput_outliers_ = 0;
+      }
+      if (goodput_outliers_ == 0) {
+        goodput_outlier_side_ = 0;
+        goodput_outlier_log_sum_ = 0;
+      }
+      has_goodput_ = true;
+    }
   }
   status_.goodput_Bps = goodput_;
 

@@ -14,6 +14,7 @@
 
 #include "daemon/collective/collective.h"
 #include "daemon/collective/mailbox.h"
+#include "daemon/pipeline/observations.h"
 #include "daemon/pipeline/pipeline.h"
 #include "daemon/transport/wire.h"
 #include "sparsecar/kernels/codec.h"
@@ -151,6 +152,49 @@ TEST_P(DenseTest, CompressionOffGivesTheFloat64MeanOnEveryNodeBitIdentical) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, DenseTest, ::testing::Values(1u, 2u, 3u, 4u));
+
+// Records what the pipeline reports per tensor step (the controllers' input).
+class LinkRecorder final : public StepObserver {
+ public:
+  void on_tensor_step(const TensorStepRecord& r, const Decision&) override {
+    std::lock_guard<std::mutex> lock(mu);
+    records.push_back({r.bytes_sent, r.link_bytes, r.link_s, r.exchange_s});
+  }
+  void on_metric(const std::string&, double, uint64_t) override {}
+  void on_reset() override {}
+  struct Seen {
+    uint64_t bytes_sent, link_bytes;
+    double link_s, exchange_s;
+  };
+  std::mutex mu;
+  std::vector<Seen> records;
+};
+
+TEST(LinkGoodputTest, LargeSendsAreTimedFromPostToCompletionSmallOnesAreLeftOut) {
+  for (const bool dense : {true, false}) {
+    Job job(2, options(!dense, kernels::Selector::kTopk, 0.01));
+    LinkRecorder rec;
+    job.nodes[0]->pipeline->set_observer(&rec);
+    // Dense: two ring chunks of 200 KB (rendezvous-sized). Sparse: 1,000 x 8 bytes (eager).
+    const size_t n = 100'000;
+    register_all(job, {{"w", n}});
+    std::vector<std::vector<float>> in{random_vector(n, 1), random_vector(n, 2)}, out;
+    auto results = run_step(job, 0, 1, in, out);
+    ASSERT_TRUE(results[0].status.ok()) << results[0].status.to_string();
+    job.nodes[0]->pipeline->stop();
+    std::lock_guard<std::mutex> lock(rec.mu);
+    ASSERT_EQ(rec.records.size(), 1u);
+    const auto& r = rec.records[0];
+    if (dense) {
+      EXPECT_EQ(r.link_bytes, r.bytes_sent) << "every ring chunk is large enough to time";
+      EXPECT_GT(r.link_s, 0);
+      EXPECT_LE(r.link_s, r.exchange_s) << "only while a send was in flight";
+    } else {
+      EXPECT_EQ(r.link_bytes, 0u) << "eager-sized sends say nothing about the link";
+      EXPECT_EQ(r.link_s, 0);
+    }
+  }
+}
 
 TEST(RingBytes, MatchesTheRingFormula) {
   // 2(W-1) messages per rank, each about n/W elements: total payload 2(W-1)/W * n * 4 when W | n.

@@ -55,6 +55,12 @@ struct NodeObservation {
   uint64_t dense_bytes = 0;     // what a dense ring would have sent
   double exchange_s = 0;        // Σ wall time of the collectives (send to last receive)
   double encode_s = 0;          // Σ time in EF + select + encode
+  // The link, from the transport's own send completions (daemon/collective/collective.h,
+  // ExchangeStats::link_*): bytes of the sends large enough to cross the link before they
+  // complete, and the time at least one of them was in flight. Unlike exchange_s it excludes
+  // waiting for slow peers to reach the step, so link_bytes / link_s is the link's goodput.
+  uint64_t link_bytes = 0;
+  double link_s = 0;            // 0: no such send this step (all small, eager: goodput unknown)
   double grad_norm2 = 0;        // Σ ||local sum||^2 (this node's gradient)
   double residual_norm2 = 0;    // Σ ||residual||^2 after the step (the compression error e_t)
   double compute_s = -1;        // trainer-reported compute time of the step; < 0 unknown
@@ -74,7 +80,9 @@ struct JobObservation {
   double nnz = 0;               // mean selected elements per node
   uint64_t bytes_sent = 0;      // the most any node sent
   double exchange_s = 0;        // the slowest node's exchange time
-  double goodput_Bps = 0;       // min over nodes of bytes_sent / exchange_s (0 unknown)
+  double goodput_Bps = 0;       // min over nodes of link_bytes / link_s (0 unknown)
+  double wall_goodput_Bps = 0;  // min over nodes of bytes_sent / exchange_s: a lower bound of the
+                                // link's goodput (wall time includes waiting for peers); 0 unknown
   double encode_s = 0;          // the slowest node's encode time
   double compute_s = -1;        // the slowest trainer's compute time; < 0 unknown
   double grad_norm2 = 0;        // Σ over nodes
@@ -123,9 +131,16 @@ struct ControllerSettings {
   // bandwidth
   double exchange_budget_ms = 0;     // > 0: fixed exchange budget per step
   double exchange_budget_fraction = 1.0;  // else: this fraction of the reported compute time
-  double goodput_alpha = 0.3;        // EMA weight of a new goodput sample (drops/jumps of 2x reset it)
+  double goodput_alpha = 0.3;        // EMA weight (log domain) of a new goodput / compute-time sample
+  uint64_t goodput_confirm_steps = 2;  // consecutive samples beyond 2x on one side that move the
+                                       // estimate at once (a step change of the link, not noise)
   double bandwidth_margin = 0.15;    // aim at (1 - margin) of the budget
   bool bandwidth_allow_dense = true; // go dense (ring) when even that fits the budget
+  uint64_t bandwidth_confirm_steps = 3;  // consecutive observations over budget (or room to grow)
+                                         // before the bandwidth controller moves
+  uint64_t bandwidth_hold_steps = 6;     // at least this many steps between its decisions
+  double bandwidth_raise_max = 2.0;      // a decision raises the density cap at most this factor
+  double bandwidth_lower_max = 16.0;     // and lowers it at most this factor
   // accuracy
   double accuracy_tolerance = 0.02;  // relative loss gap that triggers a back-off
   double accuracy_backoff = 2.0;     // density multiplier when behind
@@ -207,7 +222,11 @@ class ControlLoop {
   std::array<std::unique_ptr<Controller>, kControllerKindCount> controllers_{};
   ControlStatus status_;
   bool has_goodput_ = false;
+  bool has_link_goodput_ = false;  // a completion-based sample was seen (else: wall lower bound)
   double goodput_ = 0;
+  int goodput_outlier_side_ = 0;   // -1 below est/2, +1 above 2 est
+  uint64_t goodput_outliers_ = 0;
+  double goodput_outlier_log_sum_ = 0;
   bool proposed_ = false;
   uint64_t last_proposal_step_ = 0;
   bool fallback_sent_ = false;
