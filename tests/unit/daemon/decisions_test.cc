@@ -13,6 +13,7 @@
 #include "daemon/pipeline/decisions.h"
 #include "daemon/pipeline/pipeline.h"
 #include "tests/unit/daemon/fake_transport.h"
+#include "tests/unit/daemon/step_results.h"
 
 namespace sparsecar {
 namespace {
@@ -20,26 +21,7 @@ namespace {
 using namespace std::chrono_literals;
 using fakes::FakeNetwork;
 
-class Results final : public StepResultSink {
- public:
-  void complete(const StepResult& r) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    results_[{r.tensor_id, r.step}] = r;
-    cv_.notify_all();
-  }
-  StepResult wait(uint32_t tensor, uint64_t step) {
-    std::unique_lock<std::mutex> lock(mu_);
-    EXPECT_TRUE(cv_.wait_for(lock, 20s, [&] { return results_.count({tensor, step}) > 0; }));
-    StepResult r = results_[{tensor, step}];
-    results_.erase({tensor, step});
-    return r;
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<std::pair<uint32_t, uint64_t>, StepResult> results_;
-};
+using Results = fakes::StepResults;
 
 struct Node {
   std::unique_ptr<Mailbox> mailbox;

@@ -19,6 +19,7 @@
 #include "daemon/transport/wire.h"
 #include "sparsecar/kernels/codec.h"
 #include "tests/unit/daemon/fake_transport.h"
+#include "tests/unit/daemon/step_results.h"
 
 namespace sparsecar {
 namespace {
@@ -26,28 +27,7 @@ namespace {
 using namespace std::chrono_literals;
 using fakes::FakeNetwork;
 
-class Results final : public StepResultSink {
- public:
-  void complete(const StepResult& r) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    results_[{r.tensor_id, r.step}] = r;
-    cv_.notify_all();
-  }
-  StepResult wait(uint32_t tensor, uint64_t step) {
-    std::unique_lock<std::mutex> lock(mu_);
-    bool got = cv_.wait_for(lock, 20s, [&] { return results_.count({tensor, step}) > 0; });
-    EXPECT_TRUE(got) << "no result for tensor " << tensor << " step " << step;
-    if (!got) return StepResult{tensor, step, internal_error("test timeout"), 0, 0, 0};
-    StepResult r = results_[{tensor, step}];
-    results_.erase({tensor, step});
-    return r;
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<std::pair<uint32_t, uint64_t>, StepResult> results_;
-};
+using Results = fakes::StepResults;
 
 struct Node {
   std::unique_ptr<Mailbox> mailbox;
