@@ -97,6 +97,11 @@ struct Config {
   double goodput_smoothing = 0.3;
   double bandwidth_margin = 0.15;
   bool bandwidth_allow_dense = true;
+  uint32_t goodput_confirm_steps = 2;
+  uint32_t bandwidth_confirm_steps = 3;
+  uint32_t bandwidth_hold_steps = 6;
+  double bandwidth_raise_max = 2.0;
+  double bandwidth_lower_max = 16.0;
   double accuracy_tolerance = 0.02;
   double accuracy_backoff = 2.0;
   double accuracy_tighten = 0.9;

@@ -82,6 +82,11 @@ policies::ControllerSettings controller_settings_from_config(const Config& confi
   s.goodput_alpha = config.goodput_smoothing;
   s.bandwidth_margin = config.bandwidth_margin;
   s.bandwidth_allow_dense = config.bandwidth_allow_dense;
+  s.goodput_confirm_steps = config.goodput_confirm_steps;
+  s.bandwidth_confirm_steps = config.bandwidth_confirm_steps;
+  s.bandwidth_hold_steps = config.bandwidth_hold_steps;
+  s.bandwidth_raise_max = config.bandwidth_raise_max;
+  s.bandwidth_lower_max = config.bandwidth_lower_max;
   s.accuracy_tolerance = config.accuracy_tolerance;
   s.accuracy_backoff = config.accuracy_backoff;
   s.accuracy_tighten = config.accuracy_tighten;
