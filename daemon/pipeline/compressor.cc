@@ -1,6 +1,7 @@
 #include "daemon/pipeline/compressor.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "sparsecar/common/log.h"
@@ -145,6 +146,7 @@ Expected<TensorCompressor::Encoded> TensorCompressor::compress(const policies::P
   params.format = plan.format;
   params.value_type = plan.value_type;
   params.rows = plan.rows;
+  const auto encode_started = std::chrono::steady_clock::now();
   if (plan.auto_format) {
     auto choice = kernels::choose_format(plan.value_type, plan.rows, n, index);
     if (!choice.ok()) {
@@ -159,6 +161,7 @@ Expected<TensorCompressor::Encoded> TensorCompressor::compress(const policies::P
     return wrote.status();
   }
   Encoded out;
+  out.encode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - encode_started).count();
   out.format = params.format;
   out.value_type = params.value_type;
   out.nnz = params.format == kernels::Format::kDense ? n : nnz;

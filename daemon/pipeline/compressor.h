@@ -40,6 +40,7 @@ class TensorCompressor {
     uint64_t nnz = 0;       // the header's nnz: the selection's count (dense_len for dense)
     uint64_t selected = 0;  // coordinates selected this step
     std::span<const std::byte> payload;
+    double encode_seconds = 0;  // of compress()'s time, spent choosing the format and encoding
   };
 
   // Sparse plan: folds `local_sum` into the residual, selects and encodes in the plan's format

@@ -327,8 +327,11 @@ Status Pipeline::run_step(TensorState& t, const StepJob& job, const Decision& de
     if (plan.selector == kernels::Selector::kHybrid) pooled_.begin_step(job.step, plan.hybrid_density);
     SC_ASSIGN_OR_RETURN(TensorCompressor::Encoded e, c.compress(plan, job.local_sum, job.lr));
     exchange_started = Clock::now();
-    // compress() folds, selects and encodes; encoding is timed separately where it reports it.
-    if (metrics_) metrics_->observe_stage(Stage::kSelect, seconds_since(compress_started));
+    // compress() folds, selects and encodes; it reports the encoding part.
+    if (metrics_) {
+      metrics_->observe_stage(Stage::kSelect, std::max(0.0, seconds_since(compress_started) - e.encode_seconds));
+      metrics_->observe_stage(Stage::kEncode, e.encode_seconds);
+    }
     s = sparse_allgather(ctx, id, job.step, e.format, e.value_type, e.nnz, e.payload, job.result, &stats);
     result->nnz = e.selected;
     if (metrics_) metrics_->count_messages(e.format, plan.selector, static_cast<double>(stats.messages_sent));
