@@ -20,6 +20,7 @@
 #include "sparsecar/kernels/codec.h"
 #include "sparsecar/kernels/select.h"
 #include "tests/unit/daemon/fake_transport.h"
+#include "tests/unit/daemon/pipeline_job.h"
 #include "tests/unit/daemon/step_results.h"
 
 namespace sparsecar {
@@ -30,33 +31,10 @@ using fakes::FakeNetwork;
 
 using Results = fakes::StepResults;
 
-struct Node {
-  std::unique_ptr<Mailbox> mailbox;
-  std::unique_ptr<Pipeline> pipeline;
-  Results results;
-};
-
-struct Job {
-  explicit Job(uint32_t world, PipelineOptions base) : net(world) {
-    for (uint32_t r = 0; r < world; ++r) {
-      auto& n = nodes.emplace_back(std::make_unique<Node>());
-      PipelineOptions o = base;
-      o.rank = r;
-      o.world_size = world;
-      if (o.agreed_knobs.empty()) o.agreed_knobs = "compression=test";
-      n->mailbox = std::make_unique<Mailbox>(o.job_id, world, nullptr);
-      net.attach(r, n->mailbox.get());
-      n->pipeline = std::make_unique<Pipeline>(o, net.transport(r), n->mailbox.get(), nullptr);
-      n->pipeline->set_result_sink(&n->results);
-      n->pipeline->start();
-    }
-  }
-  ~Job() {
-    for (auto& n : nodes) n->pipeline->stop();
-  }
-  std::vector<std::unique_ptr<Node>> nodes;
-  FakeNetwork net;  // after `nodes`: stops delivering before any mailbox is freed
-};
+using Node = fakes::PipelineNode;
+using Job = fakes::PipelineJob;
+using fakes::random_vector;
+using fakes::run_step;
 
 PipelineOptions options(kernels::Selector selector, double density) {
   PipelineOptions o;
@@ -66,31 +44,6 @@ PipelineOptions options(kernels::Selector selector, double density) {
   o.step_timeout = 5000ms;
   o.join_timeout = 5000ms;
   return o;
-}
-
-std::vector<float> random_vector(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
-
-std::vector<StepResult> run_step(Job& job, uint32_t tensor, uint64_t step, const std::vector<std::vector<float>>& inputs,
-                                 std::vector<std::vector<float>>& outputs) {
-  const uint32_t w = static_cast<uint32_t>(job.nodes.size());
-  outputs.assign(w, std::vector<float>(inputs[0].size(), std::nanf("")));
-  for (uint32_t r = 0; r < w; ++r) {
-    StepJob j;
-    j.tensor_id = tensor;
-    j.step = step;
-    j.local_sum = inputs[r];
-    j.result = outputs[r];
-    job.nodes[r]->pipeline->submit(j);
-  }
-  std::vector<StepResult> out;
-  for (uint32_t r = 0; r < w; ++r) out.push_back(job.nodes[r]->results.wait(tensor, step));
-  return out;
 }
 
 TEST(PipelineShape, RegistrationValidatesTheShape) {
