@@ -26,6 +26,9 @@ import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from procset import ProcessError, ProcessSet  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Defaults chosen so the issue's acceptance holds with margin (see examples/logreg/README notes
@@ -37,7 +40,7 @@ DEFAULT_DENSITY = 0.001
 DEFAULT_WORLD = 4
 
 
-class DemoError(Exception):
+class DemoError(ProcessError):
     """A failure that ends the demo with exit status 1; the message says what and where."""
 
 
@@ -62,64 +65,6 @@ def tail(path, lines=20):
             return "".join(f.readlines()[-lines:])
     except OSError:
         return "(no log)\n"
-
-
-class ProcessSet:
-    """The processes this demo started, each the leader of its own process group."""
-
-    def __init__(self):
-        self.procs = []  # (name, Popen, log path) of the processes not yet stopped
-        self.pids = []   # every pid ever started, for the leftover check
-
-    def start(self, name, argv, env, log_path, pipe_stdout=False):
-        """Starts argv in a new session; output goes to log_path (stdout to a pipe if asked)."""
-        with open(log_path, "w") as log_file:
-            try:
-                p = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE if pipe_stdout else log_file,
-                                     stderr=log_file if pipe_stdout else subprocess.STDOUT,
-                                     env=env, start_new_session=True, text=True, bufsize=1)
-            except OSError as e:
-                raise DemoError(f"cannot start {name} ({argv[0]}): {e}") from e
-        self.procs.append((name, p, log_path))
-        self.pids.append(p.pid)
-        return p
-
-    def stop_all(self, grace_s=5.0):
-        """SIGTERM every group still running, then SIGKILL what is left after grace_s.
-        Returns {name: returncode} of every process."""
-        for _, p, _ in self.procs:
-            if p.poll() is None:
-                _signal_group(p, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        for _, p, _ in self.procs:
-            try:
-                p.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        killed = []
-        for name, p, _ in self.procs:
-            if p.poll() is None:
-                killed.append(name)
-            # Also reap anything the leader left in its group.
-            _signal_group(p, signal.SIGKILL)
-        for _, p, _ in self.procs:
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
-            if p.stdout:
-                p.stdout.close()
-        codes = {name: p.returncode for name, p, _ in self.procs}
-        self.procs = []
-        return codes, killed
-
-
-def _signal_group(p, sig):
-    try:
-        os.killpg(p.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def stream_lines(pipe, prefix, sink):
@@ -380,7 +325,7 @@ def main(argv):
         os.replace(args.out + ".tmp", args.out)
         log(f"\nwrote {os.path.abspath(args.out)}")
         status = 0
-    except DemoError as e:
+    except ProcessError as e:  # DemoError included
         log(f"\nrun_demo: FAILED: {e}")
     except Interrupted as e:
         log(f"\nrun_demo: interrupted ({e}); cleaning up")

@@ -16,10 +16,14 @@ import signal
 import socket
 import subprocess
 import tempfile
+import sys
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+from procset import ProcessError, ProcessSet  # noqa: E402
 
-class JobError(Exception):
+
+class JobError(ProcessError):
     """Something of the job failed; the message names the process and quotes its log."""
 
 
@@ -51,7 +55,7 @@ class LocalJob:
         self._own_dir = workdir is None
         self.dir = workdir or tempfile.mkdtemp(prefix="sparsecar-job-")
         self.keep = keep
-        self.procs = []  # (name, Popen, log path)
+        self.processes = ProcessSet()
         self.daemons = []
         self.sockets = [os.path.join(self.dir, f"node-{r}.sock") for r in range(nodes)]
         self._old_handlers = {}
@@ -78,43 +82,17 @@ class LocalJob:
 
     def spawn(self, name, argv, env=None, log_name=None):
         log_path = os.path.join(self.dir, (log_name or name.replace(" ", "-")) + ".log")
-        with open(log_path, "w") as log:
-            try:
-                p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                     env=env, start_new_session=True)
-            except OSError as e:
-                raise JobError(f"cannot start {name} ({argv[0]}): {e}") from e
-        self.procs.append((name, p, log_path))
-        return p
+        try:
+            return self.processes.start(name, argv, env, log_path)
+        except ProcessError as e:
+            raise JobError(str(e)) from e
 
     def log_of(self, p):
-        for _, q, path in self.procs:
-            if q is p:
-                return path
-        return None
+        return self.processes.log_of(p)
 
     def stop_all(self, grace_s=5.0):
         """SIGTERM every process group we started, SIGKILL after grace_s; returns names killed."""
-        for _, p, _ in self.procs:
-            if p.poll() is None:
-                _signal_group(p, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        for _, p, _ in self.procs:
-            try:
-                p.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        killed = []
-        for name, p, _ in self.procs:
-            if p.poll() is None:
-                killed.append(name)
-            _signal_group(p, signal.SIGKILL)  # also whatever the leader left in its group
-        for _, p, _ in self.procs:
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
-        self.procs = []
+        _, killed = self.processes.stop_all(grace_s)
         self.daemons = []
         return killed
 
@@ -171,10 +149,3 @@ class LocalJob:
             for d in self.daemons:
                 msg.append(f"--- {self.log_of(d)} (status {d.poll()}):\n{tail(self.log_of(d), 10)}")
             raise JobError("a process failed:\n" + "\n".join(msg))
-
-
-def _signal_group(p, sig):
-    try:
-        os.killpg(p.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
