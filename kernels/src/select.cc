@@ -34,9 +34,6 @@ constexpr uint64_t kSampleSeed = 0x5ca1ab1e0ddba11ull;
 // exact fallback runs) in about 0.3 % of calls on continuous data, a cost of < 1 % on average
 // for a band half as wide as at 4 sigma.
 constexpr double kBracketSigmas = 3.0;
-// From k >= n / kDenseKRatio on, top-k reads x twice instead of merging k winners (bytes:
-// 8n + 8k against 4n + 24k for the merge, whose branch-free loop also costs ~3 cycles per pair).
-constexpr size_t kDenseKRatio = 8;
 constexpr double kBracketSlack = 2.0;
 
 // Key that |x| must reach to be selected by `|x| >= lambda`. A lambda that is not > 0 (zero,
@@ -89,7 +86,9 @@ void sample_keys(const float* x, const float* add, size_t n, size_t s, uint32_t*
   const auto a = static_cast<uint32_t>(mixed);
   const auto b = static_cast<uint32_t>(mixed >> 32);
   for (size_t j = 0; j < s; ++j) {
-    const size_t offset = stride > 1 ? detail::draw(a, b, static_cast<uint32_t>(j)) % stride : 0;
+    // A position in [0, stride) by multiply-shift (a division per key showed in profiles).
+    const size_t offset = static_cast<size_t>(
+        (uint64_t{detail::draw(a, b, static_cast<uint32_t>(j))} * stride) >> 32);
     const size_t i = j * stride + offset;
     keys[j] = detail::magnitude_key(add ? x[i] + add[i] : x[i]);
   }
@@ -101,43 +100,50 @@ uint32_t key_at_rank(uint32_t* keys, size_t from, size_t s, size_t rank) {
   return keys[rank];
 }
 
-// Radix select over `count` keys given by key_at(j): the key T of the need-th largest
-// (1 <= need <= count), with *ties = how many keys equal to T belong to the top `need`
-// (the lowest-index ones, when the keys are in index order). hist: kTopkHiBins counters.
+// Radix select over `count` keys given by key_at(j), all in [lo, hi]: the key T of the need-th
+// largest (1 <= need <= count), with *ties = how many keys equal to T belong to the top `need`
+// (the lowest-index ones, when the keys are in index order). The digits are taken from key - lo,
+// 11 bits at a time from the highest bit in which the range differs, so a narrow range (a
+// sampled band) takes two passes, the second testing one bin; the full range [0, kNanKey] takes
+// three. hist: kTopkHiBins counters.
 template <class KeyAt>
-uint32_t kth_largest_key(const KeyAt& key_at, size_t count, size_t need, uint32_t* hist,
-                         size_t* ties) {
-  std::memset(hist, 0, detail::kTopkHiBins * sizeof(uint32_t));
-  for (size_t j = 0; j < count; ++j) ++hist[key_at(j) >> detail::kTopkHiShift];
-  size_t above1 = 0;
-  const uint32_t hi = find_bin(hist, detail::kTopkHiBins, need, &above1);
-  std::memset(hist, 0, detail::kTopkLoBins * sizeof(uint32_t));
-  for (size_t j = 0; j < count; ++j) {
-    const uint32_t key = key_at(j);
-    if ((key >> detail::kTopkHiShift) == hi) ++hist[(key >> 10) & (detail::kTopkLoBins - 1)];
+uint32_t kth_largest_key(const KeyAt& key_at, size_t count, size_t need, uint32_t lo, uint32_t hi,
+                         uint32_t* hist, size_t* ties) {
+  constexpr int kDigitBits = 11;
+  static_assert(detail::kTopkHiBins == size_t{1} << kDigitBits);
+  uint32_t base = lo;
+  uint32_t span = hi - lo;  // keys of interest: base <= key <= base + span
+  for (;;) {
+    const int width = std::bit_width(span);
+    const int shift = width > kDigitBits ? width - kDigitBits : 0;
+    const size_t bins = (span >> shift) + size_t{1};
+    std::memset(hist, 0, bins * sizeof(uint32_t));
+    for (size_t j = 0; j < count; ++j) {
+      const uint32_t offset = key_at(j) - base;  // wraps above span for keys below base
+      if (offset <= span) ++hist[offset >> shift];
+    }
+    size_t above = 0;
+    const uint32_t bin = find_bin(hist, bins, need, &above);
+    need -= above;
+    base += bin << shift;
+    if (shift == 0) {
+      *ties = need;
+      return base;
+    }
+    span = std::min(span - (bin << shift), (uint32_t{1} << shift) - 1u);
   }
-  size_t above2 = 0;
-  const uint32_t mid = find_bin(hist, detail::kTopkLoBins, need - above1, &above2);
-  const uint32_t prefix = (hi << 10) | mid;
-  std::memset(hist, 0, detail::kTopkLoBins * sizeof(uint32_t));
-  for (size_t j = 0; j < count; ++j) {
-    const uint32_t key = key_at(j);
-    if ((key >> 10) == prefix) ++hist[key & (detail::kTopkLoBins - 1)];
-  }
-  size_t above3 = 0;
-  const uint32_t low = find_bin(hist, detail::kTopkLoBins, need - above1 - above2, &above3);
-  *ties = need - above1 - above2 - above3;
-  return (prefix << 10) | low;
 }
 
 // Keeps, in place and in order, the `need` largest of the (index, value) pairs [0, count)
-// (pairs in increasing index order, so ties go to the lower index). need <= count.
-void keep_largest_pairs(uint32_t* index, float* value, size_t count, size_t need, uint32_t* hist) {
+// (pairs in increasing index order, so ties go to the lower index; every key in [lo, hi]).
+// need <= count.
+void keep_largest_pairs(uint32_t* index, float* value, size_t count, size_t need, uint32_t* hist,
+                        uint32_t lo = 0, uint32_t hi = detail::kNanKey) {
   if (need >= count) return;
   if (need == 0) return;
   size_t ties = 0;
-  const uint32_t kth = kth_largest_key(
-      [value](size_t j) { return detail::magnitude_key(value[j]); }, count, need, hist, &ties);
+  const uint32_t kth = kth_largest_key([value](size_t j) { return detail::magnitude_key(value[j]); },
+                                       count, need, lo, hi, hist, &ties);
   size_t kept = 0;
   for (size_t j = 0; j < count; ++j) {
     const uint32_t key = detail::magnitude_key(value[j]);
@@ -297,7 +303,7 @@ size_t topk_two_pass(Isa isa, std::span<const float> x, size_t k, const ScratchL
     size_t ties = 0;
     const uint32_t kth = kth_largest_key(
         [xs, candidates](size_t j) { return detail::magnitude_key(xs[candidates[j]]); },
-        n_candidates, need, hist, &ties);
+        n_candidates, need, 0, detail::kNanKey, hist, &ties);
     kept = 0;
     for (size_t j = 0; j < n_candidates; ++j) {
       const uint32_t key = detail::magnitude_key(x[candidates[j]]);
@@ -340,66 +346,41 @@ bool topk_sampled(Isa isa, std::span<const float> x, size_t k, const ScratchLayo
     const auto pos = std::max(from, static_cast<size_t>(lo_pos));
     lo = pos < s ? key_at_rank(mem.sample, from, s, pos) : 0;
   }
+  // One pass writes every candidate (key >= lo) as an (index, value) pair, in index order, and
+  // the band's keys (lo <= key <= hi) on their own; a radix select over the band finds the
+  // exact k-th key T; a compaction of the candidates (about k + band pairs, not n) writes
+  // key > T and the first `ties` keys == T. Scratch: n words hold both candidate arrays and
+  // the band keys, each with the slack the vector stores need.
   const size_t slack = detail::kBandSlack;
+  if (n < 8 * slack) return false;
+  const size_t cap = (n - 3 * slack) * 3 / 8;
+  const size_t band_cap = n - 3 * slack - 2 * cap;
+  if (k > cap) return false;
+  uint32_t* cand_index = mem.region;
+  float* cand_value = reinterpret_cast<float*>(cand_index + cap + slack);
+  uint32_t* band_keys = reinterpret_cast<uint32_t*>(cand_value + cap + slack);
   const bool avx512 = isa == Isa::kAvx512;
-  if (k * kDenseKRatio >= n) {
-    // Dense k: the merge below would cost more than a second read of x. Count the winners,
-    // keep only the band's keys, find the k-th key T among them, then one final pass writes
-    // key > T and the first `ties` keys == T straight to the output.
-    uint32_t* band_keys = mem.region;
-    const size_t band_cap = n - slack;
-    size_t n_band = 0;
-    const size_t above =
-        avx512 ? detail::topk_count_band_avx512(x.data(), n, lo, hi, band_keys, band_cap, &n_band)
-               : detail::topk_count_band_portable(x.data(), n, lo, hi, band_keys, band_cap,
-                                                  &n_band);
-    if (above == detail::kBandOverflow || above > k || above + n_band < k) return false;
-    const size_t need = k - above;
-    uint32_t kth = hi;
-    size_t ties = 0;
-    if (need > 0) {
-      kth = kth_largest_key([band_keys](size_t j) { return band_keys[j]; }, n_band, need,
-                            mem.hist, &ties);
-    }
-    const size_t written =
-        avx512 ? detail::topk_final_avx512(x.data(), n, kth, ties, out_index, out_value, k)
-               : detail::topk_final_portable(x.data(), n, kth, ties, out_index, out_value, k);
-    SC_CHECK(written == k, "top-k final pass wrote %zu of %zu", written, k);
-    return true;
-  }
-  // Sparse k: winners and band both go to scratch (with the slack the vector stores need),
-  // then merge into the output: n words hold 2 (k + slack) + 2 (band_cap + slack).
-  if (2 * (k + slack) + 2 * slack >= n) return false;
-  const size_t band_cap = (n - 2 * (k + slack)) / 2 - slack;
-  uint32_t* win_index = mem.region;
-  float* win_value = reinterpret_cast<float*>(win_index + k + slack);
-  uint32_t* band_index = reinterpret_cast<uint32_t*>(win_value + k + slack);
-  float* band_value = reinterpret_cast<float*>(band_index + band_cap + slack);
   size_t n_band = 0;
-  const size_t above =
-      isa == Isa::kAvx512
-          ? detail::topk_band_avx512(x.data(), n, lo, hi, win_index, win_value, k, band_index,
-                                     band_value, band_cap, &n_band)
-          : detail::topk_band_portable(x.data(), n, lo, hi, win_index, win_value, k, band_index,
-                                       band_value, band_cap, &n_band);
-  if (above == detail::kBandOverflow || above + n_band < k) return false;
+  size_t above = 0;
+  const size_t count =
+      avx512 ? detail::topk_candidates_avx512(x.data(), n, 0, lo, hi, cand_index, cand_value, cap,
+                                              band_keys, band_cap, &n_band, &above)
+             : detail::topk_candidates_portable(x.data(), n, 0, lo, hi, cand_index, cand_value,
+                                                cap, band_keys, band_cap, &n_band, &above);
+  if (count == detail::kBandOverflow || above > k || count < k) return false;
   const size_t need = k - above;
-  keep_largest_pairs(band_index, band_value, n_band, need, mem.hist);
-  // Forward merge of the two index-ordered lists into the output, branch-free (the order of
-  // the two lists is random): a sentinel above every index ends each list.
-  win_index[above] = std::numeric_limits<uint32_t>::max();
-  band_index[need] = std::numeric_limits<uint32_t>::max();
-  size_t i = 0;
-  size_t j = 0;
-  for (size_t w = 0; w < k; ++w) {
-    const uint32_t a = win_index[i];
-    const uint32_t b = band_index[j];
-    const bool take_winner = a < b;
-    out_index[w] = take_winner ? a : b;
-    out_value[w] = take_winner ? win_value[i] : band_value[j];
-    i += take_winner ? 1 : 0;
-    j += take_winner ? 0 : 1;
+  uint32_t kth = hi;  // need == 0: exactly the keys above hi
+  size_t ties = 0;
+  if (need > 0) {
+    kth = kth_largest_key([band_keys](size_t j) { return band_keys[j]; }, n_band, need, lo, hi,
+                          mem.hist, &ties);
   }
+  const size_t written =
+      avx512 ? detail::topk_compact_avx512(cand_index, cand_value, count, kth, ties, out_index,
+                                           out_value, k)
+             : detail::topk_compact_portable(cand_index, cand_value, count, kth, ties, out_index,
+                                             out_value, k);
+  SC_CHECK(written == k, "top-k compaction wrote %zu of %zu", written, k);
   return true;
 }
 

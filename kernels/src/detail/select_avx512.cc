@@ -171,19 +171,22 @@ SC_TARGET_AVX512 size_t topk_partition_avx512(const float* x, size_t n, uint32_t
 
 // Branch-free: at 0.1-10 % density a "rare" store branch is taken often enough to mispredict
 // on every other vector, so every vector compresses its selected lanes in a register and stores
-// all 16 lanes at the current count (the caller's buffers have 16 entries of slack; only
+// all 16 lanes at the current count (the caller's buffers have kBandSlack entries of slack; only
 // popcount lanes are meaningful). Register compress + plain store is also much cheaper than
 // the microcoded compress-to-memory.
-SC_TARGET_AVX512 size_t topk_band_avx512(const float* x, size_t n, uint32_t lo, uint32_t hi,
-                                         uint32_t* out_index, float* out_value, size_t out_cap,
-                                         uint32_t* band_index, float* band_value, size_t band_cap,
-                                         size_t* n_band) {
+SC_TARGET_AVX512 size_t topk_candidates_avx512(const float* x, size_t n, uint32_t base,
+                                               uint32_t lo, uint32_t hi, uint32_t* cand_index,
+                                               float* cand_value, size_t cap, uint32_t* band_keys,
+                                               size_t band_cap, size_t* n_band,
+                                               size_t* n_above) {
   const __m512i lo_v = _mm512_set1_epi32(static_cast<int>(lo));
   const __m512i hi_v = _mm512_set1_epi32(static_cast<int>(hi));
   const __m512i step = _mm512_set1_epi32(16);
-  __m512i index = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  size_t above = 0;
+  __m512i index = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(base)),
+                                   _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  size_t count = 0;
   size_t band = 0;
+  size_t above = 0;
   for (size_t i = 0; i < n; i += 16) {
     _mm_prefetch(reinterpret_cast<const char*>(x + i) + kPrefetchBytes, _MM_HINT_T0);
     const __mmask16 live = tail_mask(n - i);
@@ -192,52 +195,29 @@ SC_TARGET_AVX512 size_t topk_band_avx512(const float* x, size_t n, uint32_t lo, 
     const __mmask16 in = _mm512_mask_cmpge_epu32_mask(live, k, lo_v);
     const __mmask16 gt = _mm512_mask_cmpgt_epu32_mask(live, k, hi_v);
     const auto mid = static_cast<__mmask16>(in & ~gt);
-    _mm512_storeu_si512(out_index + above, _mm512_maskz_compress_epi32(gt, index));
-    _mm512_storeu_ps(out_value + above, _mm512_maskz_compress_ps(gt, v));
-    _mm512_storeu_si512(band_index + band, _mm512_maskz_compress_epi32(mid, index));
-    _mm512_storeu_ps(band_value + band, _mm512_maskz_compress_ps(mid, v));
-    above += static_cast<size_t>(_mm_popcnt_u32(gt));
+    _mm512_storeu_si512(cand_index + count, _mm512_maskz_compress_epi32(in, index));
+    _mm512_storeu_ps(cand_value + count, _mm512_maskz_compress_ps(in, v));
+    _mm512_storeu_si512(band_keys + band, _mm512_maskz_compress_epi32(mid, k));
+    count += static_cast<size_t>(_mm_popcnt_u32(in));
     band += static_cast<size_t>(_mm_popcnt_u32(mid));
-    if (above > out_cap || band > band_cap) return kBandOverflow;
+    above += static_cast<size_t>(_mm_popcnt_u32(gt));
+    if (count > cap || band > band_cap) return kBandOverflow;
     index = _mm512_add_epi32(index, step);
   }
   *n_band = band;
-  return above;
+  *n_above = above;
+  return count;
 }
 
-SC_TARGET_AVX512 size_t topk_count_band_avx512(const float* x, size_t n, uint32_t lo, uint32_t hi,
-                                               uint32_t* band_keys, size_t band_cap,
-                                               size_t* n_band) {
-  const __m512i lo_v = _mm512_set1_epi32(static_cast<int>(lo));
-  const __m512i hi_v = _mm512_set1_epi32(static_cast<int>(hi));
-  size_t above = 0;
-  size_t band = 0;
-  for (size_t i = 0; i < n; i += 16) {
-    _mm_prefetch(reinterpret_cast<const char*>(x + i) + kPrefetchBytes, _MM_HINT_T0);
-    const __mmask16 live = tail_mask(n - i);
-    const __m512i k = keys_of(_mm512_maskz_loadu_ps(live, x + i));
-    const __mmask16 in = _mm512_mask_cmpge_epu32_mask(live, k, lo_v);
-    const __mmask16 gt = _mm512_mask_cmpgt_epu32_mask(live, k, hi_v);
-    const auto mid = static_cast<__mmask16>(in & ~gt);
-    _mm512_storeu_si512(band_keys + band, _mm512_maskz_compress_epi32(mid, k));
-    above += static_cast<size_t>(_mm_popcnt_u32(gt));
-    band += static_cast<size_t>(_mm_popcnt_u32(mid));
-    if (band > band_cap) return kBandOverflow;
-  }
-  *n_band = band;
-  return above;
-}
-
-SC_TARGET_AVX512 size_t topk_final_avx512(const float* x, size_t n, uint32_t kth, size_t ties,
-                                          uint32_t* out_index, float* out_value, size_t k) {
+SC_TARGET_AVX512 size_t topk_compact_avx512(const uint32_t* cand_index, const float* cand_value,
+                                            size_t count, uint32_t kth, size_t ties,
+                                            uint32_t* out_index, float* out_value, size_t k) {
   const __m512i t = _mm512_set1_epi32(static_cast<int>(kth));
-  const __m512i step = _mm512_set1_epi32(16);
-  __m512i index = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  size_t count = 0;
-  for (size_t i = 0; i < n; i += 16) {
-    _mm_prefetch(reinterpret_cast<const char*>(x + i) + kPrefetchBytes, _MM_HINT_T0);
-    const __mmask16 live = tail_mask(n - i);
-    const __m512 v = _mm512_maskz_loadu_ps(live, x + i);
+  size_t written = 0;
+  for (size_t j = 0; j < count; j += 16) {
+    const __mmask16 live = tail_mask(count - j);
+    const __m512 v = _mm512_maskz_loadu_ps(live, cand_value + j);
+    const __m512i idx = _mm512_maskz_loadu_epi32(live, cand_index + j);
     const __m512i key = keys_of(v);
     __mmask16 sel = _mm512_mask_cmpgt_epu32_mask(live, key, t);
     const __mmask16 eq = _mm512_mask_cmpeq_epu32_mask(live, key, t);
@@ -248,18 +228,17 @@ SC_TARGET_AVX512 size_t topk_final_avx512(const float* x, size_t n, uint32_t kth
       ties -= take;
     }
     const size_t c = static_cast<size_t>(_mm_popcnt_u32(sel));
-    if (count + 16 <= k) {
-      _mm512_storeu_si512(out_index + count, _mm512_maskz_compress_epi32(sel, index));
-      _mm512_storeu_ps(out_value + count, _mm512_maskz_compress_ps(sel, v));
+    if (written + 16 <= k) {
+      _mm512_storeu_si512(out_index + written, _mm512_maskz_compress_epi32(sel, idx));
+      _mm512_storeu_ps(out_value + written, _mm512_maskz_compress_ps(sel, v));
     } else if (sel) {
-      if (count + c > k) return kBandOverflow;
-      _mm512_mask_compressstoreu_epi32(out_index + count, sel, index);
-      _mm512_mask_compressstoreu_ps(out_value + count, sel, v);
+      if (written + c > k) return kBandOverflow;
+      _mm512_mask_compressstoreu_epi32(out_index + written, sel, idx);
+      _mm512_mask_compressstoreu_ps(out_value + written, sel, v);
     }
-    count += c;
-    index = _mm512_add_epi32(index, step);
+    written += c;
   }
-  return count;
+  return written;
 }
 
 }  // namespace sparsecar::kernels::detail

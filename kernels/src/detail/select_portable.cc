@@ -79,60 +79,47 @@ size_t topk_partition_portable(const float* x, size_t n, uint32_t bin, uint32_t*
   return above;
 }
 
-size_t topk_band_portable(const float* x, size_t n, uint32_t lo, uint32_t hi, uint32_t* out_index,
-                          float* out_value, size_t out_cap, uint32_t* band_index,
-                          float* band_value, size_t band_cap, size_t* n_band) {
-  size_t above = 0;
+size_t topk_candidates_portable(const float* x, size_t n, uint32_t base, uint32_t lo, uint32_t hi,
+                                uint32_t* cand_index, float* cand_value, size_t cap,
+                                uint32_t* band_keys, size_t band_cap, size_t* n_band,
+                                size_t* n_above) {
+  size_t count = 0;
   size_t band = 0;
+  size_t above = 0;
   for (size_t i = 0; i < n; ++i) {
     const uint32_t key = magnitude_key(x[i]);
-    if (key > hi) {
-      if (above == out_cap) return kBandOverflow;
-      out_index[above] = static_cast<uint32_t>(i);
-      out_value[above] = x[i];
-      ++above;
-    } else if (key >= lo) {
-      if (band == band_cap) return kBandOverflow;
-      band_index[band] = static_cast<uint32_t>(i);
-      band_value[band] = x[i];
-      ++band;
-    }
-  }
-  *n_band = band;
-  return above;
-}
-
-size_t topk_count_band_portable(const float* x, size_t n, uint32_t lo, uint32_t hi,
-                                 uint32_t* band_keys, size_t band_cap, size_t* n_band) {
-  size_t above = 0;
-  size_t band = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const uint32_t key = magnitude_key(x[i]);
+    if (key < lo) continue;
+    if (count == cap) return kBandOverflow;
+    cand_index[count] = base + static_cast<uint32_t>(i);
+    cand_value[count] = x[i];
+    ++count;
     if (key > hi) {
       ++above;
-    } else if (key >= lo) {
+    } else {
       if (band == band_cap) return kBandOverflow;
       band_keys[band++] = key;
     }
   }
   *n_band = band;
-  return above;
+  *n_above = above;
+  return count;
 }
 
-size_t topk_final_portable(const float* x, size_t n, uint32_t kth, size_t ties,
-                           uint32_t* out_index, float* out_value, size_t k) {
-  size_t count = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const uint32_t key = magnitude_key(x[i]);
+size_t topk_compact_portable(const uint32_t* cand_index, const float* cand_value, size_t count,
+                             uint32_t kth, size_t ties, uint32_t* out_index, float* out_value,
+                             size_t k) {
+  size_t written = 0;
+  for (size_t j = 0; j < count; ++j) {
+    const uint32_t key = magnitude_key(cand_value[j]);
     if (key > kth || (key == kth && ties > 0)) {
       if (key == kth) --ties;
-      if (count == k) return kBandOverflow;
-      out_index[count] = static_cast<uint32_t>(i);
-      out_value[count] = x[i];
-      ++count;
+      if (written == k) return kBandOverflow;
+      out_index[written] = cand_index[j];
+      out_value[written] = cand_value[j];
+      ++written;
     }
   }
-  return count;
+  return written;
 }
 
 }  // namespace sparsecar::kernels::detail

@@ -11,34 +11,33 @@
 
 namespace sparsecar::kernels::detail {
 
-// Returned by the band passes when an output would overflow its capacity (the pass stops early).
+// Returned by the sampled top-k passes when an output would overflow its capacity (the pass
+// stops early; the outputs are partial and must be ignored).
 inline constexpr size_t kBandOverflow = ~size_t{0};
-
-// One streaming pass for the sampled top-k: every i with key > hi goes to out_* (in index order;
-// at most out_cap), every i with lo <= key <= hi to band_* (at most band_cap). Returns the
-// count written to out_* and the band count in *n_band, or kBandOverflow when either would
-// exceed its capacity (then the outputs are partial and must be ignored). Every output buffer
-// must have kBandSlack entries beyond its capacity: the AVX-512 variant stores whole vectors.
+// Every output buffer of topk_candidates must have kBandSlack entries beyond its capacity: the
+// AVX-512 variant stores whole vectors.
 inline constexpr size_t kBandSlack = 16;
-size_t topk_band_portable(const float* x, size_t n, uint32_t lo, uint32_t hi, uint32_t* out_index,
-                          float* out_value, size_t out_cap, uint32_t* band_index,
-                          float* band_value, size_t band_cap, size_t* n_band);
-size_t topk_band_avx512(const float* x, size_t n, uint32_t lo, uint32_t hi, uint32_t* out_index,
-                        float* out_value, size_t out_cap, uint32_t* band_index, float* band_value,
-                        size_t band_cap, size_t* n_band);
 
-// Dense-k variant of the same idea, two streaming passes and no merge: count_band counts the
-// keys > hi and stores the band's keys (lo <= key <= hi, at most band_cap, + kBandSlack room);
-// final writes every i with key > kth plus the first `ties` with key == kth, in index order, to
-// out_* (exactly k entries; no slack needed) and returns the count (kBandOverflow if more).
-size_t topk_count_band_portable(const float* x, size_t n, uint32_t lo, uint32_t hi,
-                                 uint32_t* band_keys, size_t band_cap, size_t* n_band);
-size_t topk_count_band_avx512(const float* x, size_t n, uint32_t lo, uint32_t hi,
-                              uint32_t* band_keys, size_t band_cap, size_t* n_band);
-size_t topk_final_portable(const float* x, size_t n, uint32_t kth, size_t ties,
-                           uint32_t* out_index, float* out_value, size_t k);
-size_t topk_final_avx512(const float* x, size_t n, uint32_t kth, size_t ties,
-                         uint32_t* out_index, float* out_value, size_t k);
+// The one streaming pass of the sampled top-k over x[0, n) (element i has index base + i):
+// every i with key >= lo goes to cand_* in index order (at most cap), and of those, the keys
+// with key <= hi (the band) also to band_keys (at most band_cap). Returns the candidate count,
+// *n_band and *n_above (candidates with key > hi), or kBandOverflow.
+size_t topk_candidates_portable(const float* x, size_t n, uint32_t base, uint32_t lo, uint32_t hi,
+                                uint32_t* cand_index, float* cand_value, size_t cap,
+                                uint32_t* band_keys, size_t band_cap, size_t* n_band,
+                                size_t* n_above);
+size_t topk_candidates_avx512(const float* x, size_t n, uint32_t base, uint32_t lo, uint32_t hi,
+                              uint32_t* cand_index, float* cand_value, size_t cap,
+                              uint32_t* band_keys, size_t band_cap, size_t* n_band,
+                              size_t* n_above);
+// Writes the candidates with key > kth plus the first `ties` with key == kth, in order, to out_*
+// (at most k entries; no slack needed). Returns the count written, kBandOverflow if more than k.
+size_t topk_compact_portable(const uint32_t* cand_index, const float* cand_value, size_t count,
+                             uint32_t kth, size_t ties, uint32_t* out_index, float* out_value,
+                             size_t k);
+size_t topk_compact_avx512(const uint32_t* cand_index, const float* cand_value, size_t count,
+                           uint32_t kth, size_t ties, uint32_t* out_index, float* out_value,
+                           size_t k);
 
 // Top-k with the ISA chosen by the caller (tests run each); same contract as select.h.
 Expected<size_t> topk_approx_isa(Isa isa, std::span<const float> x, size_t k, double tolerance,

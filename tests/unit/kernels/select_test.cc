@@ -147,8 +147,9 @@ TEST_P(SelectTest, TopkRejectsSmallScratch) {
   EXPECT_NE(got.status().message().find("scratch"), std::string::npos);
 }
 
-// The sampled path (n >= 32 Ki) in both its schemes (merge below k = n/8, two passes above),
-// and the two-pass path on the same inputs: all must equal the sort.
+// The sampled path (n >= 32 Ki; candidates + band, compaction) from k = n/10000 up to k where
+// the candidates no longer fit its scratch (0.49, 0.6: the two-pass fallback): all must equal
+// the sort.
 TEST_P(SelectTest, TopkSampledPathMatchesSortOnLargeInputs) {
   uint64_t seed = 500;
   for (size_t n : {size_t{32768}, size_t{100003}, size_t{262161}}) {

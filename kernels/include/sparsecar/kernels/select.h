@@ -43,9 +43,10 @@ size_t topk_scratch_bytes(size_t n);
 // entries) and returns that count; k == 0 or n == 0 returns 0 and writes nothing.
 // A selection algorithm, not a sort. Large inputs (>= 32 Ki elements) take the sampled path:
 // the magnitudes of a fixed stratified sample bracket the k-th key with a safety margin
-// (lo <= k-th <= hi, about 4 sigma of the sample rank), then ONE streaming pass writes the
-// certain winners (key > hi) straight to the output and the band [lo, hi] to scratch; a radix
-// select over the (small) band finds the exact k-th key and a merge yields the result. When the
+// (lo <= k-th <= hi, 3 sigma of the sample rank), then ONE streaming pass writes every
+// candidate (key >= lo) to scratch and the band's keys (lo <= key <= hi) beside them; a radix
+// select over the (small) band finds the exact k-th key and a compaction of the candidates
+// (about k + band of them) yields the result. When the
 // bracket misses (a count check after the pass; rare, e.g. huge exact ties), or for small
 // inputs, the two-pass path runs: a histogram of the top 11 key bits, a partition pass, and a
 // 10 + 10 bit refinement of the k-th element's bin. Both paths give the identical answer.
