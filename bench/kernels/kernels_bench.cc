@@ -29,6 +29,7 @@
 #include <random>
 #include <vector>
 
+#include "sparsecar/common/large_vector.h"
 #include "sparsecar/kernels/codec.h"
 #include "sparsecar/kernels/select.h"
 
@@ -36,13 +37,13 @@ namespace sk = sparsecar::kernels;
 
 namespace {
 
-const std::vector<float>& data(size_t n) {
-  static std::map<size_t, std::vector<float>> cache;
+const sparsecar::LargeVector<float>& data(size_t n) {
+  static std::map<size_t, sparsecar::LargeVector<float>> cache;
   auto it = cache.find(n);
   if (it == cache.end()) {
     std::mt19937_64 rng(42);
     std::normal_distribution<float> dist(0.0f, 1.0f);
-    std::vector<float> x(n);
+    sparsecar::LargeVector<float> x(n);
     for (float& v : x) v = dist(rng);
     it = cache.emplace(n, std::move(x)).first;
   }
@@ -53,8 +54,8 @@ size_t elements(const benchmark::State& s) { return static_cast<size_t>(s.range(
 double density(const benchmark::State& s) { return static_cast<double>(s.range(1)) / 1000.0; }
 
 // The magnitude of the k-th largest element: the lambda that makes a threshold keep ~k.
-float lambda_for(const std::vector<float>& x, size_t k) {
-  std::vector<float> mag(x.size());
+float lambda_for(const sparsecar::LargeVector<float>& x, size_t k) {
+  sparsecar::LargeVector<float> mag(x.size());
   for (size_t i = 0; i < x.size(); ++i) mag[i] = std::fabs(x[i]);
   std::nth_element(mag.begin(), mag.begin() + static_cast<std::ptrdiff_t>(k - 1), mag.end(),
                    std::greater<>());
@@ -67,7 +68,7 @@ void set_bytes(benchmark::State& s, double bytes_per_call) {
 
 void BM_memcpy(benchmark::State& s) {
   const auto& x = data(elements(s));
-  std::vector<float> dst(x.size(), 0.0f);
+  sparsecar::LargeVector<float> dst(x.size(), 0.0f);
   for (auto _ : s) {
     std::memcpy(dst.data(), x.data(), x.size() * sizeof(float));
     benchmark::ClobberMemory();
@@ -79,9 +80,9 @@ void BM_ef_threshold(benchmark::State& s) {
   const auto& g = data(elements(s));
   const size_t n = g.size();
   const float lambda = lambda_for(g, sk::topk_count(n, density(s)));
-  std::vector<float> residual(n, 0.0f);
-  std::vector<uint32_t> index(n);
-  std::vector<float> value(n);
+  sparsecar::LargeVector<float> residual(n, 0.0f);
+  sparsecar::LargeVector<uint32_t> index(n);
+  sparsecar::LargeVector<float> value(n);
   size_t selected = 0;
   for (auto _ : s) {
     // Zero the residual before each call so every call sees the same density (not timed).
@@ -100,9 +101,9 @@ void BM_topk_exact(benchmark::State& s) {
   const auto& x = data(elements(s));
   const size_t n = x.size();
   const size_t k = sk::topk_count(n, density(s));
-  std::vector<std::byte> scratch(sk::topk_scratch_bytes(n));
-  std::vector<uint32_t> index(k);
-  std::vector<float> value(k);
+  sparsecar::LargeVector<std::byte> scratch(sk::topk_scratch_bytes(n));
+  sparsecar::LargeVector<uint32_t> index(k);
+  sparsecar::LargeVector<float> value(k);
   for (auto _ : s) {
     auto got = sk::topk_exact(x, k, scratch, index.data(), value.data());
     if (!got.ok()) {
@@ -119,9 +120,9 @@ void BM_topk_approx(benchmark::State& s) {
   const auto& x = data(elements(s));
   const size_t n = x.size();
   const size_t k = sk::topk_count(n, density(s));
-  std::vector<std::byte> scratch(sk::topk_scratch_bytes(n));
-  std::vector<uint32_t> index(n);
-  std::vector<float> value(n);
+  sparsecar::LargeVector<std::byte> scratch(sk::topk_scratch_bytes(n));
+  sparsecar::LargeVector<uint32_t> index(n);
+  sparsecar::LargeVector<float> value(n);
   size_t selected = 0;
   for (auto _ : s) {
     auto got = sk::topk_approx(x, k, 0.1, scratch, index.data(), value.data(), n);
@@ -143,9 +144,9 @@ void BM_nth_element(benchmark::State& s) {
   const auto& x = data(elements(s));
   const size_t n = x.size();
   const size_t k = sk::topk_count(n, density(s));
-  std::vector<float> mag(n);
-  std::vector<uint32_t> index(n);
-  std::vector<float> value(n);
+  sparsecar::LargeVector<float> mag(n);
+  sparsecar::LargeVector<uint32_t> index(n);
+  sparsecar::LargeVector<float> value(n);
   for (auto _ : s) {
     for (size_t i = 0; i < n; ++i) mag[i] = std::fabs(x[i]);
     std::nth_element(mag.begin(), mag.begin() + static_cast<std::ptrdiff_t>(k - 1), mag.end(),
@@ -158,13 +159,13 @@ void BM_nth_element(benchmark::State& s) {
 }
 
 struct Selection {
-  std::vector<uint32_t> index;
-  std::vector<float> value;
+  sparsecar::LargeVector<uint32_t> index;
+  sparsecar::LargeVector<float> value;
 };
 
-Selection select_topk(const std::vector<float>& x, size_t k) {
-  Selection sel{std::vector<uint32_t>(k), std::vector<float>(k)};
-  std::vector<std::byte> scratch(sk::topk_scratch_bytes(x.size()));
+Selection select_topk(const sparsecar::LargeVector<float>& x, size_t k) {
+  Selection sel{sparsecar::LargeVector<uint32_t>(k), sparsecar::LargeVector<float>(k)};
+  sparsecar::LargeVector<std::byte> scratch(sk::topk_scratch_bytes(x.size()));
   if (!sk::topk_exact(x, k, scratch, sel.index.data(), sel.value.data()).ok()) std::abort();
   return sel;
 }
@@ -188,7 +189,7 @@ void run_encode(benchmark::State& s, sk::Format format) {
   const Selection& sel = cached_selection(n, density(s));
   sk::EncodeParams p;
   p.format = format;
-  std::vector<std::byte> payload(sk::encoded_size(p, n, sel.index).value());
+  sparsecar::LargeVector<std::byte> payload(sk::encoded_size(p, n, sel.index).value());
   for (auto _ : s) {
     auto wrote = sk::encode(p, n, sel.index, sel.value, payload);
     if (!wrote.ok()) {
@@ -206,9 +207,9 @@ void run_decode(benchmark::State& s, sk::Format format) {
   const Selection& sel = cached_selection(n, density(s));
   sk::EncodeParams p;
   p.format = format;
-  std::vector<std::byte> payload(sk::encoded_size(p, n, sel.index).value());
+  sparsecar::LargeVector<std::byte> payload(sk::encoded_size(p, n, sel.index).value());
   if (!sk::encode(p, n, sel.index, sel.value, payload).ok()) std::abort();
-  std::vector<float> dense(n, 0.0f);
+  sparsecar::LargeVector<float> dense(n, 0.0f);
   for (auto _ : s) {
     const sparsecar::Status st = sk::decode_accumulate(format, sk::ValueType::kF32, payload, sel.index.size(), dense);
     if (!st.ok()) {

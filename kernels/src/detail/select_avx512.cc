@@ -18,7 +18,7 @@ namespace {
 
 constexpr uint32_t kAbsMask = 0x7fffffffu;
 // Software prefetch distance of the streaming top-k passes (a prefetch past the end is harmless).
-constexpr int kPrefetchBytes = 1024;
+constexpr int kPrefetchBytes = 4096;
 
 SC_TARGET_AVX512 inline __mmask16 tail_mask(size_t remaining) {
   return remaining >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << remaining) - 1u);
@@ -215,6 +215,8 @@ SC_TARGET_AVX512 size_t topk_compact_avx512(const uint32_t* cand_index, const fl
   const __m512i t = _mm512_set1_epi32(static_cast<int>(kth));
   size_t written = 0;
   for (size_t j = 0; j < count; j += 16) {
+    _mm_prefetch(reinterpret_cast<const char*>(cand_value + j) + kPrefetchBytes, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(cand_index + j) + kPrefetchBytes, _MM_HINT_T0);
     const __mmask16 live = tail_mask(count - j);
     const __m512 v = _mm512_maskz_loadu_ps(live, cand_value + j);
     const __m512i idx = _mm512_maskz_loadu_epi32(live, cand_index + j);
