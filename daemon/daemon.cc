@@ -101,6 +101,7 @@ Expected<std::unique_ptr<Daemon>> Daemon::start(const Config& config) {
   p.agreed_knobs = agreed_knobs(config);
   p.step_timeout = std::chrono::milliseconds(config.step_timeout_ms);
   p.join_timeout = std::chrono::milliseconds(config.join_timeout_ms);
+  p.kernel_threads = config.kernel_threads;
   parts->pipeline = std::make_unique<Pipeline>(p, parts->transport.get(), parts->mailbox.get(), parts->metrics.get(),
                                                parts->decisions.get());
 

@@ -18,6 +18,10 @@
 //   coo_varint_decode read values (4k) + varints (~k..2k), read + write touched floats (8k)
 //   rle_decode        read values (4k) + runs, read + write touched floats (8k)
 // Encoders/decoders run on a top-k selection of the data (the pipeline's common case).
+// Buffers are LargeVectors (huge-page advised, as the daemon allocates them); the memcpy baseline
+// copies between two such buffers.
+// The *_threads cases (/<elements>/<per mille>/<threads>) run the same kernel with a
+// kernels::ThreadPool of that many threads (the daemon's kernel_threads knob), default: every CPU.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -27,10 +31,12 @@
 #include <functional>
 #include <map>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "sparsecar/common/large_vector.h"
 #include "sparsecar/kernels/codec.h"
+#include "sparsecar/kernels/parallel.h"
 #include "sparsecar/kernels/select.h"
 
 namespace sk = sparsecar::kernels;
@@ -76,7 +82,7 @@ void BM_memcpy(benchmark::State& s) {
   set_bytes(s, 8.0 * static_cast<double>(x.size()));
 }
 
-void BM_ef_threshold(benchmark::State& s) {
+void ef_threshold_case(benchmark::State& s, sk::ThreadPool* pool) {
   const auto& g = data(elements(s));
   const size_t n = g.size();
   const float lambda = lambda_for(g, sk::topk_count(n, density(s)));
@@ -89,7 +95,7 @@ void BM_ef_threshold(benchmark::State& s) {
     s.PauseTiming();
     std::fill(residual.begin(), residual.end(), 0.0f);
     s.ResumeTiming();
-    selected = sk::ef_threshold(residual, g, lambda, index.data(), value.data(), n);
+    selected = sk::ef_threshold(residual, g, lambda, index.data(), value.data(), n, pool);
     benchmark::DoNotOptimize(selected);
     benchmark::ClobberMemory();
   }
@@ -97,7 +103,7 @@ void BM_ef_threshold(benchmark::State& s) {
   set_bytes(s, 12.0 * static_cast<double>(n) + 8.0 * static_cast<double>(selected));
 }
 
-void BM_topk_exact(benchmark::State& s) {
+void topk_exact_case(benchmark::State& s, sk::ThreadPool* pool) {
   const auto& x = data(elements(s));
   const size_t n = x.size();
   const size_t k = sk::topk_count(n, density(s));
@@ -105,7 +111,7 @@ void BM_topk_exact(benchmark::State& s) {
   sparsecar::LargeVector<uint32_t> index(k);
   sparsecar::LargeVector<float> value(k);
   for (auto _ : s) {
-    auto got = sk::topk_exact(x, k, scratch, index.data(), value.data());
+    auto got = sk::topk_exact(x, k, scratch, index.data(), value.data(), pool);
     if (!got.ok()) {
       s.SkipWithError(got.status().to_string().c_str());
       break;
@@ -114,6 +120,17 @@ void BM_topk_exact(benchmark::State& s) {
     benchmark::ClobberMemory();
   }
   set_bytes(s, 4.0 * static_cast<double>(n) + 8.0 * static_cast<double>(k));
+}
+
+void BM_ef_threshold(benchmark::State& s) { ef_threshold_case(s, nullptr); }
+void BM_topk_exact(benchmark::State& s) { topk_exact_case(s, nullptr); }
+void BM_ef_threshold_threads(benchmark::State& s) {
+  sk::ThreadPool pool(static_cast<unsigned>(s.range(2)));
+  ef_threshold_case(s, &pool);
+}
+void BM_topk_exact_threads(benchmark::State& s) {
+  sk::ThreadPool pool(static_cast<unsigned>(s.range(2)));
+  topk_exact_case(s, &pool);
 }
 
 void BM_topk_approx(benchmark::State& s) {
@@ -237,11 +254,21 @@ void sizes_and_densities(benchmark::internal::Benchmark* b) {
   }
 }
 
+void sizes_densities_threads(benchmark::internal::Benchmark* b) {
+  const char* env = std::getenv("SPARSECAR_BENCH_THREADS");
+  const int64_t threads = env != nullptr ? std::atoll(env) : std::max(2u, std::thread::hardware_concurrency());
+  for (int64_t n : {int64_t{1} << 20, int64_t{1} << 24, int64_t{1} << 26}) {
+    for (int64_t permille : {1, 10, 100}) b->Args({n, permille, threads});
+  }
+}
+
 }  // namespace
 
 BENCHMARK(BM_memcpy)->Apply(sizes_only)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_ef_threshold)->Apply(sizes_and_densities)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_topk_exact)->Apply(sizes_and_densities)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_ef_threshold_threads)->Apply(sizes_densities_threads)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_topk_exact_threads)->Apply(sizes_densities_threads)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_topk_approx)->Apply(sizes_and_densities)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_nth_element)->Apply(sizes_and_densities)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_coo_encode)->Apply(sizes_and_densities)->Unit(benchmark::kMicrosecond);

@@ -1,5 +1,7 @@
 """Turns Google Benchmark JSON from sparsecar_kernels_bench into bench-kernels.json rows
-{"kernel", "elements", "density", "gbps", "ratio_to_memcpy"} and prints them as a table.
+{"kernel", "elements", "density", "gbps", "ratio_to_memcpy", "threads"} and prints them as a
+table (threads: 1, or the pool size of the *_threads cases; the ratio is always to a
+single-threaded memcpy).
 Usage: report.py RAW_JSON OUT_JSON"""
 import json
 import platform
@@ -28,11 +30,16 @@ for name, b in runs.items():
     kernel = parts[0].removeprefix("BM_")
     elements = int(parts[1])
     density = int(parts[2]) / 1000.0
+    threads = 1
+    if kernel.endswith("_threads"):
+        kernel = kernel.removesuffix("_threads")
+        threads = int(parts[3].split(":")[0])
     gbps = b["bytes_per_second"] / 1e9
     if kernel == "memcpy":
         memcpy[elements] = gbps
         continue
-    rows.append({"kernel": kernel, "elements": elements, "density": density, "gbps": round(gbps, 3)})
+    rows.append({"kernel": kernel, "elements": elements, "density": density, "gbps": round(gbps, 3),
+                 "threads": threads})
 for r in rows:
     m = memcpy.get(r["elements"])
     r["ratio_to_memcpy"] = round(r["gbps"] / m, 3) if m else None
@@ -40,7 +47,7 @@ for r in rows:
 order = ["ef_threshold", "topk_exact", "topk_approx", "nth_element", "coo_encode", "coo_decode",
          "bitmap_encode", "bitmap_decode", "coo_varint_decode", "rle_decode"]
 rows.sort(key=lambda r: (order.index(r["kernel"]) if r["kernel"] in order else len(order), r["kernel"],
-                         r["elements"], r["density"]))
+                         r["threads"], r["elements"], r["density"]))
 with open(out_path, "w") as f:
     json.dump(rows, f, indent=1)
     f.write("\n")
@@ -52,9 +59,10 @@ ctx = raw.get("context", {})
 print(f"machine: {platform.node()} {ctx.get('num_cpus')} CPUs @ {ctx.get('mhz_per_cpu')} MHz, "
       f"load {ctx.get('load_avg')}; memcpy GB/s: " +
       ", ".join(f"{size(n)} {g:.1f}" for n, g in sorted(memcpy.items())))
-print(f"| kernel | elements | density | GB/s | ratio to memcpy |")
-print(f"| --- | ---: | ---: | ---: | ---: |")
+print(f"| kernel | threads | elements | density | GB/s | ratio to memcpy |")
+print(f"| --- | ---: | ---: | ---: | ---: | ---: |")
 for r in rows:
     ratio = "n/a" if r["ratio_to_memcpy"] is None else f"{r['ratio_to_memcpy']:.2f}"
-    print(f"| {r['kernel']} | {size(r['elements'])} | {r['density'] * 100:g} % | {r['gbps']:.2f} | {ratio} |")
+    print(f"| {r['kernel']} | {r['threads']} | {size(r['elements'])} | {r['density'] * 100:g} % | "
+          f"{r['gbps']:.2f} | {ratio} |")
 print(f"wrote {out_path} ({len(rows)} rows)")

@@ -74,6 +74,11 @@ const std::vector<Knob>& knobs() {
       {{"ucx_net_devices", K::kString, "UCX network devices (e.g. lo); empty = all", 0, 0, "", false, false,
         ""},
        &Config::ucx_net_devices},
+      {{"kernel_threads", K::kUint,
+        "threads one selection call (top-k, threshold, EF + threshold) may use on tensors of 256 Ki+ "
+        "elements per thread; results are identical for every count",
+        1, 64, "", false, false, "SPARSECAR_KERNEL_THREADS"},
+       &Config::kernel_threads},
       {{"compression", K::kBool, "compress gradients (off = exact dense average)", 0, 0, "", true, true, ""},
        &Config::compression},
       {{"selector", K::kChoice, "how coordinates are chosen when compression is on", 0, 0,

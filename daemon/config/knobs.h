@@ -38,6 +38,7 @@ struct Config {
   std::string log_level = "info";
   std::string ucx_tls;          // empty: UCX's default (or UCX_TLS)
   std::string ucx_net_devices;  // empty: all
+  uint32_t kernel_threads = 1;  // threads one selection kernel call may use (kernels/parallel.h)
 
   // Compression: every node must agree on these.
   bool compression = true;

@@ -11,9 +11,10 @@
 
 namespace sparsecar {
 
-TensorCompressor::TensorCompressor(uint32_t id, const TensorSpec& spec)
+TensorCompressor::TensorCompressor(uint32_t id, const TensorSpec& spec, kernels::ThreadPool* pool)
     : id_(id),
       spec_(spec),
+      pool_(pool),
       residual_(spec.count, 0.0f),
       work_(spec.count, 0.0f),
       index_(spec.count, 0),
@@ -70,7 +71,7 @@ Expected<size_t> TensorCompressor::accumulate_and_select(const policies::Plan& p
     const float lambda = plan.selector == kernels::Selector::kPercentile
                              ? kernels::magnitude_quantile(residual_, plan.quantile, scratch_, local_sum)
                              : plan.threshold;
-    return kernels::ef_threshold(residual_, local_sum, lambda, index, value, n);
+    return kernels::ef_threshold(residual_, local_sum, lambda, index, value, n, pool_);
   }
   fold(plan, local_sum);
   // From here the step's gradient is in the residual: an error leaves it there (nothing lost).
@@ -79,20 +80,21 @@ Expected<size_t> TensorCompressor::accumulate_and_select(const policies::Plan& p
   switch (plan.selector) {
     case kernels::Selector::kTopk: {
       SC_ASSIGN_OR_RETURN(nnz, kernels::topk_exact(residual_, kernels::topk_count(n, plan.density),
-                                                   scratch_, index, value));
+                                                   scratch_, index, value, pool_));
       break;
     }
     case kernels::Selector::kTopkApprox: {
       SC_ASSIGN_OR_RETURN(nnz, kernels::topk_approx(residual_, kernels::topk_count(n, plan.density),
-                                                    plan.approx_tolerance, scratch_, index, value, n));
+                                                    plan.approx_tolerance, scratch_, index, value, n,
+                                                    pool_));
       break;
     }
     case kernels::Selector::kThreshold:
-      nnz = kernels::threshold_select(residual_, plan.threshold, index, value, n);
+      nnz = kernels::threshold_select(residual_, plan.threshold, index, value, n, pool_);
       break;
     case kernels::Selector::kPercentile:
       nnz = kernels::threshold_select(residual_, kernels::magnitude_quantile(residual_, plan.quantile, scratch_),
-                                      index, value, n);
+                                      index, value, n, pool_);
       break;
     case kernels::Selector::kRandomk:
       nnz = kernels::randomk_select(residual_, plan.density, plan.seed, unbiased, index, value, n);

@@ -21,15 +21,20 @@
 
 #include "daemon/pipeline/step.h"
 #include "daemon/pipeline/structured_select.h"
+#include "sparsecar/common/large_vector.h"
 #include "sparsecar/common/status.h"
 #include "sparsecar/kernels/types.h"
 #include "sparsecar/policies/plan.h"
 
 namespace sparsecar {
+namespace kernels {
+class ThreadPool;  // sparsecar/kernels/parallel.h
+}  // namespace kernels
 
 class TensorCompressor {
  public:
-  TensorCompressor(uint32_t id, const TensorSpec& spec);
+  // pool (optional, must outlive the compressor): the selection kernels split this tensor over it.
+  TensorCompressor(uint32_t id, const TensorSpec& spec, kernels::ThreadPool* pool = nullptr);
 
   uint32_t id() const { return id_; }
   const TensorSpec& spec() const { return spec_; }
@@ -85,18 +90,19 @@ class TensorCompressor {
 
   const uint32_t id_;
   const TensorSpec spec_;
-  std::vector<float> residual_;
-  std::vector<float> work_;
-  std::vector<uint32_t> index_;
-  std::vector<float> value_;
-  std::vector<std::byte> scratch_;
-  std::vector<std::byte> payload_;
+  kernels::ThreadPool* const pool_;
+  LargeVector<float> residual_;
+  LargeVector<float> work_;
+  LargeVector<uint32_t> index_;
+  LargeVector<float> value_;
+  LargeVector<std::byte> scratch_;
+  LargeVector<std::byte> payload_;
   StructuredSelection structured_;  // structured selectors: group scratch, periodic mask
   Pending pending_ = Pending::kNone;
   size_t pending_nnz_ = 0;
   kernels::ValueType pending_value_type_ = kernels::ValueType::kF32;
   std::span<const float> pending_sum_;  // dense: the local sum to give back on rollback
-  std::vector<float> velocity_;          // error_feedback = momentum: u (allocated on first use)
+  LargeVector<float> velocity_;          // error_feedback = momentum: u (allocated on first use)
   float last_lr_ = 0.0f;                 // lr of the last step that passed one
   policies::ErrorFeedback pending_ef_ = policies::ErrorFeedback::kResidual;
   bool pending_scaled_ = false;          // the pending values are x / p, not the residual's own

@@ -15,6 +15,7 @@
 #include "daemon/pipeline/settings.h"
 #include "sparsecar/common/log.h"
 #include "sparsecar/kernels/codec.h"
+#include "sparsecar/kernels/parallel.h"
 #include "sparsecar/kernels/select.h"
 
 namespace sparsecar {
@@ -24,7 +25,7 @@ using Clock = std::chrono::steady_clock;
 // Per-tensor state: the compressor (residual and buffers, sized at registration) and the step
 // order check.
 struct Pipeline::TensorState {
-  explicit TensorState(uint32_t id, const TensorSpec& spec) : compressor(id, spec) {}
+  TensorState(uint32_t id, const TensorSpec& spec, kernels::ThreadPool* pool) : compressor(id, spec, pool) {}
   TensorCompressor compressor;
   bool has_step = false;
   uint64_t last_step = 0;
@@ -51,6 +52,7 @@ Pipeline::Pipeline(const PipelineOptions& options, Transport* transport, Mailbox
     : options_(options), transport_(transport), mailbox_(mailbox), metrics_(metrics), decisions_(decisions),
       stats_(empty_snapshot()) {
   SC_CHECK(options.world_size == 1 || transport != nullptr, "a multi-node pipeline needs a transport");
+  if (options.kernel_threads > 1) kernel_pool_ = std::make_unique<kernels::ThreadPool>(options.kernel_threads);
 }
 
 Pipeline::~Pipeline() { stop(); }
@@ -176,7 +178,7 @@ void Pipeline::run() {
       queue_.pop_front();
     }
     if (auto* reg = std::get_if<Register>(&cmd)) {
-      auto t = std::make_shared<TensorState>(reg->id, reg->spec);
+      auto t = std::make_shared<TensorState>(reg->id, reg->spec, kernel_pool_.get());
       t->compressor.structured().set_pool(&pooled_);
       const size_t n = reg->spec.count;
       if (tensors_.size() != reg->id) tensors_.resize(reg->id);

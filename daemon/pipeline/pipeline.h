@@ -46,6 +46,7 @@
 #include "daemon/pipeline/observations.h"
 #include "daemon/pipeline/step.h"
 #include "daemon/transport/transport.h"
+#include "sparsecar/kernels/parallel.h"
 #include "sparsecar/policies/plan.h"
 #include "sparsecar/policies/tensor_plan.h"
 
@@ -86,6 +87,7 @@ struct PipelineOptions {
   std::string agreed_knobs;  // knobs.h agreed_knobs(): compared across nodes at the first step
   std::chrono::milliseconds step_timeout{30000};
   std::chrono::milliseconds join_timeout{120000};
+  uint32_t kernel_threads = 1;  // > 1: the pipeline owns a kernels::ThreadPool of this size
 };
 
 class Pipeline final : public StepSink {
@@ -155,6 +157,9 @@ class Pipeline final : public StepSink {
   void fail_queued(std::deque<Command>& queue, const std::string& why);
 
   const PipelineOptions options_;
+  // Workers the selection kernels split large tensors over (kernel_threads > 1; else null).
+  // Declared before the tensors, whose compressors hold a pointer to it.
+  std::unique_ptr<kernels::ThreadPool> kernel_pool_;
   Transport* const transport_;
   Mailbox* const mailbox_;
   Metrics* const metrics_;

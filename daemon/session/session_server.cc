@@ -28,6 +28,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "sparsecar/common/large_vector.h"
 #include "sparsecar/common/log.h"
 #include "sparsecar/common/session_protocol.h"
 #include "sparsecar/common/shm_layout.h"
@@ -161,8 +162,8 @@ struct TensorState {
   std::string name;
   uint64_t count = 0;
   std::vector<uint64_t> shape;  // empty: registered without a shape
-  std::unique_ptr<float[]> local_sum;
-  std::unique_ptr<float[]> result;
+  LargeVector<float> local_sum;  // huge-page backed: the pipeline streams over it
+  LargeVector<float> result;     // the decoders scatter into it
   bool has_last = false;
   uint64_t last_step = 0;  // last step handed to the pipeline
   // Being collected from the local clients.
@@ -760,9 +761,10 @@ void SessionServer::Impl::handle_register(Conn& c, const RegisterRequest& m) {
     fresh->name = name;
     fresh->count = m.count;
     fresh->shape = m.shape;
-    fresh->local_sum.reset(new (std::nothrow) float[m.count]);
-    fresh->result.reset(new (std::nothrow) float[m.count]);
-    if (!fresh->local_sum || !fresh->result) {
+    try {
+      fresh->local_sum.resize(m.count);
+      fresh->result.resize(m.count);
+    } catch (const std::bad_alloc&) {
       return reject(resource_exhausted(strfmt("tensor '%s': cannot allocate 2 x %llu floats",
                                            name.c_str(), static_cast<unsigned long long>(m.count))));
     }
@@ -900,7 +902,7 @@ void SessionServer::Impl::dispatch(TensorState& t) {
              sub.first, t.id);
     sum_inputs_.push_back(static_cast<const float*>(c->slots[t.id].addr));
   }
-  float* out = t.local_sum.get();
+  float* out = t.local_sum.data();
   const size_t count = t.count;
   if (sum_inputs_.size() == 1) {
     std::memcpy(out, sum_inputs_[0], count * sizeof(float));
@@ -918,7 +920,7 @@ void SessionServer::Impl::dispatch(TensorState& t) {
   job.lr = t.submitters.front().second;
   job.generation = generation_;
   job.local_sum = std::span<const float>(out, count);
-  job.result = std::span<float>(t.result.get(), count);
+  job.result = std::span<float>(t.result.data(), count);
   t.in_flight = true;
   t.flight_step = t.collect_step;
   t.participants.clear();
@@ -951,7 +953,7 @@ void SessionServer::Impl::process_results() {
       if (c == nullptr || c->drop) continue;
       auto slot = c->slots.find(t->id);
       if (slot == c->slots.end()) continue;
-      if (r.status.ok()) std::memcpy(slot->second.addr, t->result.get(), t->count * sizeof(float));
+      if (r.status.ok()) std::memcpy(slot->second.addr, t->result.data(), t->count * sizeof(float));
       push_completion(*c, t->id, r.step, r.status, &r);
     }
     t->participants.clear();

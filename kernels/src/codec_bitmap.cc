@@ -46,11 +46,23 @@ SC_TARGET_AVX512 size_t count_bits_avx512(const std::byte* bm, size_t words) {
   return count;
 }
 
+// Words with at most this many set bits are scattered bit by bit instead of by vector groups.
+constexpr int kSparseWordBits = 4;
+
 // fp32 with AVX-512: 512 bits of the bitmap are tested at once and only its non-zero words
 // visited; each such word is handled as four 16-bit masks, the kept values expanded into their
 // lanes and added with a masked load/add/store (masked-off lanes are never touched, and an empty
 // mask is a no-op, so there is no data-dependent branch inside a word).
 SC_TARGET_AVX512 inline size_t bitmap_word_f32_avx512(uint64_t bits, const float* v, size_t j, float* base) {
+  // A sparse word (the common case below ~5 % density) costs less bit by bit: four masked
+  // expand/load/store groups are ~20 cycles whatever the word holds.
+  if (__builtin_popcountll(bits) <= kSparseWordBits) {
+    while (bits != 0) {
+      base[__builtin_ctzll(bits)] += v[j++];
+      bits &= bits - 1;
+    }
+    return j;
+  }
   for (int q = 0; q < 4; ++q) {
     const auto m = static_cast<__mmask16>((bits >> (16 * q)) & 0xFFFFu);
     const __m512 add = _mm512_maskz_expandloadu_ps(m, v + j);

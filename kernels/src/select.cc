@@ -2,6 +2,7 @@
 #include "sparsecar/kernels/select.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -12,6 +13,7 @@
 #include "detail/cpu.h"
 #include "detail/topk.h"
 #include "sparsecar/common/log.h"
+#include "sparsecar/kernels/parallel.h"
 
 namespace sparsecar::kernels {
 namespace {
@@ -100,14 +102,14 @@ uint32_t key_at_rank(uint32_t* keys, size_t from, size_t s, size_t rank) {
   return keys[rank];
 }
 
-// Radix select over `count` keys given by key_at(j), all in [lo, hi]: the key T of the need-th
-// largest (1 <= need <= count), with *ties = how many keys equal to T belong to the top `need`
-// (the lowest-index ones, when the keys are in index order). The digits are taken from key - lo,
+// Radix select over the keys for_each_key(f) passes to f (in index order), all in [lo, hi]: the
+// key T of the need-th largest (1 <= need <= their count), with *ties = how many keys equal to T
+// belong to the top `need` (the lowest-index ones). The digits are taken from key - lo,
 // 11 bits at a time from the highest bit in which the range differs, so a narrow range (a
 // sampled band) takes two passes, the second testing one bin; the full range [0, kNanKey] takes
 // three. hist: kTopkHiBins counters.
-template <class KeyAt>
-uint32_t kth_largest_key(const KeyAt& key_at, size_t count, size_t need, uint32_t lo, uint32_t hi,
+template <class ForEachKey>
+uint32_t kth_largest_key(const ForEachKey& for_each_key, size_t need, uint32_t lo, uint32_t hi,
                          uint32_t* hist, size_t* ties) {
   constexpr int kDigitBits = 11;
   static_assert(detail::kTopkHiBins == size_t{1} << kDigitBits);
@@ -118,10 +120,10 @@ uint32_t kth_largest_key(const KeyAt& key_at, size_t count, size_t need, uint32_
     const int shift = width > kDigitBits ? width - kDigitBits : 0;
     const size_t bins = (span >> shift) + size_t{1};
     std::memset(hist, 0, bins * sizeof(uint32_t));
-    for (size_t j = 0; j < count; ++j) {
-      const uint32_t offset = key_at(j) - base;  // wraps above span for keys below base
+    for_each_key([&](uint32_t key) {
+      const uint32_t offset = key - base;  // wraps above span for keys below base
       if (offset <= span) ++hist[offset >> shift];
-    }
+    });
     size_t above = 0;
     const uint32_t bin = find_bin(hist, bins, need, &above);
     need -= above;
@@ -142,8 +144,10 @@ void keep_largest_pairs(uint32_t* index, float* value, size_t count, size_t need
   if (need >= count) return;
   if (need == 0) return;
   size_t ties = 0;
-  const uint32_t kth = kth_largest_key([value](size_t j) { return detail::magnitude_key(value[j]); },
-                                       count, need, lo, hi, hist, &ties);
+  const auto keys = [value, count](auto&& f) {
+    for (size_t j = 0; j < count; ++j) f(detail::magnitude_key(value[j]));
+  };
+  const uint32_t kth = kth_largest_key(keys, need, lo, hi, hist, &ties);
   size_t kept = 0;
   for (size_t j = 0; j < count; ++j) {
     const uint32_t key = detail::magnitude_key(value[j]);
@@ -301,9 +305,10 @@ size_t topk_two_pass(Isa isa, std::span<const float> x, size_t k, const ScratchL
   if (need < n_candidates) {
     const float* xs = x.data();
     size_t ties = 0;
-    const uint32_t kth = kth_largest_key(
-        [xs, candidates](size_t j) { return detail::magnitude_key(xs[candidates[j]]); },
-        n_candidates, need, 0, detail::kNanKey, hist, &ties);
+    const auto keys = [xs, candidates, n_candidates](auto&& f) {
+      for (size_t j = 0; j < n_candidates; ++j) f(detail::magnitude_key(xs[candidates[j]]));
+    };
+    const uint32_t kth = kth_largest_key(keys, need, 0, detail::kNanKey, hist, &ties);
     kept = 0;
     for (size_t j = 0; j < n_candidates; ++j) {
       const uint32_t key = detail::magnitude_key(x[candidates[j]]);
@@ -324,7 +329,7 @@ size_t topk_two_pass(Isa isa, std::span<const float> x, size_t k, const ScratchL
 // The sampled path: bracket the k-th key from a sample, one pass, refine the band. Returns
 // false (outputs clobbered) when the bracket missed; the caller then runs the two-pass path.
 bool topk_sampled(Isa isa, std::span<const float> x, size_t k, const ScratchLayout& mem,
-                  uint32_t* out_index, float* out_value) {
+                  uint32_t* out_index, float* out_value, ThreadPool* pool) {
   const size_t n = x.size();
   const size_t s = sample_size(n);
   sample_keys(x.data(), nullptr, n, s, mem.sample);
@@ -349,52 +354,172 @@ bool topk_sampled(Isa isa, std::span<const float> x, size_t k, const ScratchLayo
   // One pass writes every candidate (key >= lo) as an (index, value) pair, in index order, and
   // the band's keys (lo <= key <= hi) on their own; a radix select over the band finds the
   // exact k-th key T; a compaction of the candidates (about k + band pairs, not n) writes
-  // key > T and the first `ties` keys == T. Scratch: n words hold both candidate arrays and
-  // the band keys, each with the slack the vector stores need.
+  // key > T and the first `ties` keys == T. With a pool, x is split into chunks and chunk c
+  // uses the scratch words [begin_c, end_c) for its candidates and band keys (each array with
+  // the slack the vector stores need); the compaction of chunk c writes at the prefix of the
+  // counts before it, so the result is the single-threaded one.
   const size_t slack = detail::kBandSlack;
-  if (n < 8 * slack) return false;
-  const size_t cap = (n - 3 * slack) * 3 / 8;
-  const size_t band_cap = n - 3 * slack - 2 * cap;
-  if (k > cap) return false;
-  uint32_t* cand_index = mem.region;
-  float* cand_value = reinterpret_cast<float*>(cand_index + cap + slack);
-  uint32_t* band_keys = reinterpret_cast<uint32_t*>(cand_value + cap + slack);
+  const unsigned chunks = chunk_count(pool, n);
+  struct Chunk {
+    size_t begin, end;
+    uint32_t* cand_index;
+    float* cand_value;
+    uint32_t* band_keys;
+    size_t count, band, above;
+  };
+  std::array<Chunk, kMaxKernelThreads> part{};
+  for (unsigned c = 0; c < chunks; ++c) {
+    Chunk& ch = part[c];
+    ch.begin = chunk_begin(n, chunks, c);
+    ch.end = chunk_begin(n, chunks, c + 1);
+    const size_t words = ch.end - ch.begin;
+    if (words < 8 * slack) return false;
+    const size_t cap = (words - 3 * slack) * 3 / 8;
+    ch.cand_index = mem.region + ch.begin;
+    ch.cand_value = reinterpret_cast<float*>(ch.cand_index + cap + slack);
+    ch.band_keys = reinterpret_cast<uint32_t*>(ch.cand_value + cap + slack);
+    ch.count = cap;                                // capacity until the pass runs
+    ch.band = words - 3 * slack - 2 * cap;
+  }
   const bool avx512 = isa == Isa::kAvx512;
-  size_t n_band = 0;
+  const auto candidates_pass = [&](unsigned c) {
+    Chunk& ch = part[c];
+    const auto base = static_cast<uint32_t>(ch.begin);
+    const size_t m = ch.end - ch.begin;
+    const size_t cap = ch.count;
+    const size_t band_cap = ch.band;
+    ch.count = avx512 ? detail::topk_candidates_avx512(x.data() + ch.begin, m, base, lo, hi,
+                                                       ch.cand_index, ch.cand_value, cap,
+                                                       ch.band_keys, band_cap, &ch.band, &ch.above)
+                      : detail::topk_candidates_portable(x.data() + ch.begin, m, base, lo, hi,
+                                                         ch.cand_index, ch.cand_value, cap,
+                                                         ch.band_keys, band_cap, &ch.band,
+                                                         &ch.above);
+  };
+  if (chunks == 1) {
+    candidates_pass(0);
+  } else {
+    pool->run(chunks, candidates_pass);
+  }
+  size_t count = 0;
   size_t above = 0;
-  const size_t count =
-      avx512 ? detail::topk_candidates_avx512(x.data(), n, 0, lo, hi, cand_index, cand_value, cap,
-                                              band_keys, band_cap, &n_band, &above)
-             : detail::topk_candidates_portable(x.data(), n, 0, lo, hi, cand_index, cand_value,
-                                                cap, band_keys, band_cap, &n_band, &above);
-  if (count == detail::kBandOverflow || above > k || count < k) return false;
+  for (unsigned c = 0; c < chunks; ++c) {
+    if (part[c].count == detail::kBandOverflow) return false;
+    count += part[c].count;
+    above += part[c].above;
+  }
+  if (above > k || count < k) return false;
   const size_t need = k - above;
   uint32_t kth = hi;  // need == 0: exactly the keys above hi
   size_t ties = 0;
   if (need > 0) {
-    kth = kth_largest_key([band_keys](size_t j) { return band_keys[j]; }, n_band, need, lo, hi,
-                          mem.hist, &ties);
+    const auto band_keys = [&part, chunks](auto&& f) {
+      for (unsigned c = 0; c < chunks; ++c) {
+        for (size_t j = 0; j < part[c].band; ++j) f(part[c].band_keys[j]);
+      }
+    };
+    kth = kth_largest_key(band_keys, need, lo, hi, mem.hist, &ties);
   }
-  const size_t written =
-      avx512 ? detail::topk_compact_avx512(cand_index, cand_value, count, kth, ties, out_index,
-                                           out_value, k)
-             : detail::topk_compact_portable(cand_index, cand_value, count, kth, ties, out_index,
-                                             out_value, k);
-  SC_CHECK(written == k, "top-k compaction wrote %zu of %zu", written, k);
+  // Chunk c keeps gt_c (key > kth) plus its share of the ties, in chunk order.
+  std::array<size_t, kMaxKernelThreads> keep{};
+  std::array<size_t, kMaxKernelThreads> chunk_ties{};
+  std::array<size_t, kMaxKernelThreads> offset{};
+  if (chunks == 1) {
+    keep[0] = k;
+    chunk_ties[0] = ties;
+  } else {
+    size_t ties_left = ties;
+    size_t at = 0;
+    for (unsigned c = 0; c < chunks; ++c) {
+      size_t gt = part[c].above;
+      size_t eq = 0;
+      for (size_t j = 0; j < part[c].band; ++j) {
+        gt += part[c].band_keys[j] > kth ? 1 : 0;
+        eq += part[c].band_keys[j] == kth ? 1 : 0;
+      }
+      chunk_ties[c] = std::min(eq, ties_left);
+      ties_left -= chunk_ties[c];
+      keep[c] = gt + chunk_ties[c];
+      offset[c] = at;
+      at += keep[c];
+    }
+    SC_CHECK(at == k, "top-k chunks keep %zu of %zu", at, k);
+  }
+  std::array<size_t, kMaxKernelThreads> written{};
+  const auto compact = [&](unsigned c) {
+    const Chunk& ch = part[c];
+    written[c] = avx512 ? detail::topk_compact_avx512(ch.cand_index, ch.cand_value, ch.count, kth,
+                                                      chunk_ties[c], out_index + offset[c],
+                                                      out_value + offset[c], keep[c])
+                        : detail::topk_compact_portable(ch.cand_index, ch.cand_value, ch.count,
+                                                        kth, chunk_ties[c], out_index + offset[c],
+                                                        out_value + offset[c], keep[c]);
+  };
+  if (chunks == 1) {
+    compact(0);
+  } else {
+    pool->run(chunks, compact);
+  }
+  for (unsigned c = 0; c < chunks; ++c) {
+    SC_CHECK(written[c] == keep[c], "top-k compaction of chunk %u wrote %zu of %zu", c,
+             written[c], keep[c]);
+  }
   return true;
+}
+
+// A selection pass split over the pool: chunk c runs pass(begin_c, end_c, ...) with its output
+// at out + begin_c (room for the whole chunk, as capacity >= n), then the chunks' pairs move down
+// in order, their indices rebased. Without a pool, or with capacity < n (a pass must then stop
+// where the single-threaded one would), one pass over everything.
+template <class Pass>
+size_t chunked_select(ThreadPool* pool, size_t n, uint32_t* out_index, float* out_value,
+                      size_t capacity, const Pass& pass) {
+  const unsigned chunks = capacity >= n ? chunk_count(pool, n) : 1;
+  if (chunks == 1) return pass(0, n, out_index, out_value, capacity);
+  std::array<size_t, kMaxKernelThreads> counts{};
+  pool->run(chunks, [&](unsigned c) {
+    const size_t begin = chunk_begin(n, chunks, c);
+    const size_t end = chunk_begin(n, chunks, c + 1);
+    counts[c] = pass(begin, end, out_index + begin, out_value + begin, end - begin);
+  });
+  size_t total = counts[0];
+  for (unsigned c = 1; c < chunks; ++c) {
+    const size_t begin = chunk_begin(n, chunks, c);
+    const auto base = static_cast<uint32_t>(begin);
+    for (size_t j = 0; j < counts[c]; ++j) {  // total <= begin: a forward copy is safe
+      out_index[total + j] = out_index[begin + j] + base;
+      out_value[total + j] = out_value[begin + j];
+    }
+    total += counts[c];
+  }
+  return total;
+}
+
+// threshold_select on a key (magnitude_key(x_i) >= key), split over the pool.
+size_t threshold_keys(Isa isa, std::span<const float> x, uint32_t key, uint32_t* out_index,
+                      float* out_value, size_t capacity, ThreadPool* pool) {
+  const auto pass = [&](size_t begin, size_t end, uint32_t* oi, float* ov, size_t cap) {
+    return isa == Isa::kAvx512
+               ? detail::threshold_select_avx512(x.data() + begin, end - begin, key, oi, ov, cap)
+               : detail::threshold_select_portable(x.data() + begin, end - begin, key, oi, ov,
+                                                   cap);
+  };
+  return chunked_select(pool, x.size(), out_index, out_value, capacity, pass);
 }
 
 }  // namespace
 
 Expected<size_t> topk_exact_isa(Isa isa, std::span<const float> x, size_t k,
                                 std::span<std::byte> scratch, uint32_t* out_index,
-                                float* out_value) {
+                                float* out_value, ThreadPool* pool) {
   size_t result = 0;
   SC_ASSIGN_OR_RETURN(bool done,
                       topk_trivial("topk_exact", x, &k, scratch, out_index, out_value, &result));
   if (done) return result;
   const ScratchLayout mem = layout_of(scratch);
-  if (x.size() >= kSampledMinN && topk_sampled(isa, x, k, mem, out_index, out_value)) return k;
+  if (x.size() >= kSampledMinN && topk_sampled(isa, x, k, mem, out_index, out_value, pool)) {
+    return k;
+  }
   return topk_two_pass(isa, x, k, mem, out_index, out_value);
 }
 
@@ -410,7 +535,7 @@ Expected<size_t> topk_exact_two_pass_isa(Isa isa, std::span<const float> x, size
 
 Expected<size_t> topk_approx_isa(Isa isa, std::span<const float> x, size_t k, double tolerance,
                                  std::span<std::byte> scratch, uint32_t* out_index,
-                                 float* out_value, size_t capacity) {
+                                 float* out_value, size_t capacity, ThreadPool* pool) {
   const size_t n = x.size();
   if (!(tolerance >= 0.0 && tolerance <= 1.0)) {
     return invalid_argument("topk_approx: tolerance " + std::to_string(tolerance) +
@@ -432,10 +557,7 @@ Expected<size_t> topk_approx_isa(Isa isa, std::span<const float> x, size_t k, do
                                 static_cast<double>(n)) - 1.0;
   const size_t at = static_cast<size_t>(std::clamp(pos, 0.0, static_cast<double>(s - 1)));
   const uint32_t lambda = key_at_rank(mem.sample, 0, s, at);
-  const size_t count =
-      isa == Isa::kAvx512
-          ? detail::threshold_select_avx512(x.data(), n, lambda, out_index, out_value, capacity)
-          : detail::threshold_select_portable(x.data(), n, lambda, out_index, out_value, capacity);
+  const size_t count = threshold_keys(isa, x, lambda, out_index, out_value, capacity, pool);
   const double low = static_cast<double>(k) * (1.0 - tolerance);
   const double high = static_cast<double>(k) * (1.0 + tolerance);
   const auto c = static_cast<double>(count);
@@ -446,23 +568,20 @@ Expected<size_t> topk_approx_isa(Isa isa, std::span<const float> x, size_t k, do
     keep_largest_pairs(out_index, out_value, count, k, mem.hist);
     return k;
   }
-  return topk_exact_isa(isa, x, k, scratch, out_index, out_value);
+  return topk_exact_isa(isa, x, k, scratch, out_index, out_value, pool);
 }
 
 size_t threshold_select_isa(Isa isa, std::span<const float> x, float lambda, uint32_t* out_index,
-                            float* out_value, size_t capacity) {
+                            float* out_value, size_t capacity, ThreadPool* pool) {
   SC_CHECK(x.size() <= kMaxElements, "threshold_select: %zu elements exceed uint32", x.size());
   SC_CHECK(capacity == 0 || (out_index != nullptr && out_value != nullptr),
            "threshold_select: null output with capacity %zu", capacity);
-  const uint32_t key = lambda_key(lambda);
-  if (isa == Isa::kAvx512) {
-    return detail::threshold_select_avx512(x.data(), x.size(), key, out_index, out_value, capacity);
-  }
-  return detail::threshold_select_portable(x.data(), x.size(), key, out_index, out_value, capacity);
+  return threshold_keys(isa, x, lambda_key(lambda), out_index, out_value, capacity, pool);
 }
 
 size_t ef_threshold_isa(Isa isa, std::span<float> residual, std::span<const float> grad,
-                        float lambda, uint32_t* out_index, float* out_value, size_t capacity) {
+                        float lambda, uint32_t* out_index, float* out_value, size_t capacity,
+                        ThreadPool* pool) {
   SC_CHECK(residual.size() == grad.size(), "ef_threshold: %zu vs %zu elements", residual.size(),
            grad.size());
   SC_CHECK(residual.size() <= kMaxElements, "ef_threshold: %zu elements exceed uint32",
@@ -470,12 +589,15 @@ size_t ef_threshold_isa(Isa isa, std::span<float> residual, std::span<const floa
   SC_CHECK(capacity == 0 || (out_index != nullptr && out_value != nullptr),
            "ef_threshold: null output with capacity %zu", capacity);
   const uint32_t key = lambda_key(lambda);
-  if (isa == Isa::kAvx512) {
-    return detail::ef_threshold_avx512(residual.data(), grad.data(), residual.size(), key,
-                                       out_index, out_value, capacity);
-  }
-  return detail::ef_threshold_portable(residual.data(), grad.data(), residual.size(), key,
-                                       out_index, out_value, capacity);
+  const auto pass = [&](size_t begin, size_t end, uint32_t* oi, float* ov, size_t cap) {
+    return isa == Isa::kAvx512 ? detail::ef_threshold_avx512(residual.data() + begin,
+                                                             grad.data() + begin, end - begin,
+                                                             key, oi, ov, cap)
+                               : detail::ef_threshold_portable(residual.data() + begin,
+                                                               grad.data() + begin, end - begin,
+                                                               key, oi, ov, cap);
+  };
+  return chunked_select(pool, residual.size(), out_index, out_value, capacity, pass);
 }
 
 }  // namespace detail
@@ -491,14 +613,14 @@ void add(std::span<float> dst, std::span<const float> src) {
 void scale(std::span<float> x, float factor) { detail::scale_isa(detail::best_isa(), x, factor); }
 
 Expected<size_t> topk_exact(std::span<const float> x, size_t k, std::span<std::byte> scratch,
-                            uint32_t* out_index, float* out_value) {
-  return detail::topk_exact_isa(detail::best_isa(), x, k, scratch, out_index, out_value);
+                            uint32_t* out_index, float* out_value, ThreadPool* pool) {
+  return detail::topk_exact_isa(detail::best_isa(), x, k, scratch, out_index, out_value, pool);
 }
 
 size_t threshold_select(std::span<const float> x, float lambda, uint32_t* out_index,
-                        float* out_value, size_t capacity) {
+                        float* out_value, size_t capacity, ThreadPool* pool) {
   return detail::threshold_select_isa(detail::best_isa(), x, lambda, out_index, out_value,
-                                      capacity);
+                                      capacity, pool);
 }
 
 void clear_selected(std::span<float> residual, std::span<const uint32_t> index) {
@@ -510,16 +632,16 @@ void clear_selected(std::span<float> residual, std::span<const uint32_t> index) 
 }
 
 size_t ef_threshold(std::span<float> residual, std::span<const float> grad, float lambda,
-                    uint32_t* out_index, float* out_value, size_t capacity) {
+                    uint32_t* out_index, float* out_value, size_t capacity, ThreadPool* pool) {
   return detail::ef_threshold_isa(detail::best_isa(), residual, grad, lambda, out_index, out_value,
-                                  capacity);
+                                  capacity, pool);
 }
 
 Expected<size_t> topk_approx(std::span<const float> x, size_t k, double tolerance,
                              std::span<std::byte> scratch, uint32_t* out_index, float* out_value,
-                             size_t capacity) {
+                             size_t capacity, ThreadPool* pool) {
   return detail::topk_approx_isa(detail::best_isa(), x, k, tolerance, scratch, out_index,
-                                 out_value, capacity);
+                                 out_value, capacity, pool);
 }
 
 float magnitude_quantile(std::span<const float> x, double q, std::span<std::byte> scratch,

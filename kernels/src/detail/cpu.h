@@ -18,6 +18,10 @@
 
 #define SC_TARGET_AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,bmi,bmi2,popcnt")))
 
+namespace sparsecar::kernels {
+class ThreadPool;  // parallel.h
+}  // namespace sparsecar::kernels
+
 namespace sparsecar::kernels::detail {
 
 enum class Isa : int { kPortable = 0, kAvx512 = 1 };
@@ -50,11 +54,12 @@ void add_isa(Isa isa, std::span<float> dst, std::span<const float> src);
 void scale_isa(Isa isa, std::span<float> x, float factor);
 Expected<size_t> topk_exact_isa(Isa isa, std::span<const float> x, size_t k,
                                 std::span<std::byte> scratch, uint32_t* out_index,
-                                float* out_value);
+                                float* out_value, ThreadPool* pool = nullptr);
 size_t threshold_select_isa(Isa isa, std::span<const float> x, float lambda, uint32_t* out_index,
-                            float* out_value, size_t capacity);
+                            float* out_value, size_t capacity, ThreadPool* pool = nullptr);
 size_t ef_threshold_isa(Isa isa, std::span<float> residual, std::span<const float> grad,
-                        float lambda, uint32_t* out_index, float* out_value, size_t capacity);
+                        float lambda, uint32_t* out_index, float* out_value, size_t capacity,
+                        ThreadPool* pool = nullptr);
 
 // ---- portable variants -----------------------------------------------------------------------
 void add_portable(float* dst, const float* src, size_t n);

@@ -42,7 +42,7 @@ size_t topk_compact_avx512(const uint32_t* cand_index, const float* cand_value, 
 // Top-k with the ISA chosen by the caller (tests run each); same contract as select.h.
 Expected<size_t> topk_approx_isa(Isa isa, std::span<const float> x, size_t k, double tolerance,
                                  std::span<std::byte> scratch, uint32_t* out_index,
-                                 float* out_value, size_t capacity);
+                                 float* out_value, size_t capacity, ThreadPool* pool = nullptr);
 // The two-pass path of topk_exact alone (histogram + partition + refine), for tests that must
 // cover it on large inputs too.
 Expected<size_t> topk_exact_two_pass_isa(Isa isa, std::span<const float> x, size_t k,

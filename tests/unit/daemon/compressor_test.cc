@@ -12,6 +12,7 @@
 #include <random>
 
 #include "sparsecar/kernels/codec.h"
+#include "sparsecar/kernels/parallel.h"
 #include "sparsecar/kernels/select.h"
 #include "sparsecar/policies/plan.h"
 
@@ -84,6 +85,29 @@ TEST_P(ConservationTest, SentPlusResidualEqualsSumOfGradients) {
   }
   for (size_t i = 0; i < n; ++i) {
     ASSERT_LE(std::fabs(sent[i] + c.residual()[i] - grads[i]), bound[i] + 1e-30) << "element " << i;
+  }
+}
+
+// kernel_threads: a compressor given a pool sends the same bytes and keeps the same residual as
+// one without, step after step (the kernels split tensors of 256 Ki+ elements per thread).
+TEST_P(ConservationTest, ThreadPoolChangesNothing) {
+  const size_t n = 3 * kernels::kParallelMinElements + 100;
+  kernels::ThreadPool pool(3);
+  TensorCompressor serial(0, TensorSpec{"w", n});
+  TensorCompressor parallel(0, TensorSpec{"w", n}, &pool);
+  policies::Plan plan = sparse_plan(GetParam());
+  for (uint64_t step = 0; step < 3; ++step) {
+    plan.seed = kernels::derive_seed(5, 0, step);
+    const auto g = normal(n, 300 + step);
+    auto a = serial.compress(plan, g);
+    auto b = parallel.compress(plan, g);
+    ASSERT_TRUE(a.ok() && b.ok());
+    ASSERT_EQ(a->nnz, b->nnz) << "step " << step;
+    ASSERT_TRUE(std::equal(a->payload.begin(), a->payload.end(), b->payload.begin(), b->payload.end()))
+        << "step " << step;
+    serial.commit();
+    parallel.commit();
+    ASSERT_TRUE(std::equal(serial.residual().begin(), serial.residual().end(), parallel.residual().begin()));
   }
 }
 

@@ -1,6 +1,8 @@
 // Sparsifiers and error feedback on the CPU.
 //
-// Pure functions over spans: no allocation, no threads, no I/O. Scratch memory is owned by the
+// Pure functions over spans: no allocation, no I/O, and no threads of their own; the large
+// kernels (top-k exact/approx, threshold, fused EF + threshold) take an optional caller-owned
+// ThreadPool (parallel.h) and give the identical result for every thread count. Scratch memory is owned by the
 // caller and sized by the matching *_scratch_bytes() query, so the daemon sizes every buffer
 // when a tensor is registered and the per-step path never allocates.
 //
@@ -25,6 +27,8 @@
 #include "sparsecar/common/status.h"
 
 namespace sparsecar::kernels {
+
+class ThreadPool;  // parallel.h
 
 // residual[i] += grad[i]. Sizes must match (checked; a mismatch is a bug and aborts).
 void ef_accumulate(std::span<float> residual, std::span<const float> grad);
@@ -53,7 +57,7 @@ size_t topk_scratch_bytes(size_t n);
 // Errors: scratch smaller than topk_scratch_bytes(n), null outputs with k > 0, or more than
 // 2^32 - 1 elements -> kInvalidArgument (nothing written).
 Expected<size_t> topk_exact(std::span<const float> x, size_t k, std::span<std::byte> scratch,
-                            uint32_t* out_index, float* out_value);
+                            uint32_t* out_index, float* out_value, ThreadPool* pool = nullptr);
 
 // Approximate top-k (DGC's sampled threshold): lambda = the magnitude of rank k estimated from a
 // sample of x, then one threshold pass. If the count c lands within k * (1 +- tolerance) the
@@ -65,7 +69,7 @@ Expected<size_t> topk_exact(std::span<const float> x, size_t k, std::span<std::b
 // Deterministic (fixed sample positions). Errors as topk_exact, plus capacity < min(k, n).
 Expected<size_t> topk_approx(std::span<const float> x, size_t k, double tolerance,
                              std::span<std::byte> scratch, uint32_t* out_index, float* out_value,
-                             size_t capacity);
+                             size_t capacity, ThreadPool* pool = nullptr);
 
 // The magnitude below which a fraction q of the |x_i + add_i| lie (add empty: |x_i|), estimated
 // from the same fixed stratified sample (up to 16 Ki elements; exact when n is small). q is
@@ -111,8 +115,9 @@ double importance_scale(std::span<const float> x, size_t k);
 // not > 0 (zero, negative, NaN) matches every element. Writes at most `capacity` pairs; returns
 // the number of matches found, which may exceed capacity (then only the first `capacity` were
 // written).
+// With a pool, the split needs capacity >= x.size() (else one thread runs it).
 size_t threshold_select(std::span<const float> x, float lambda, uint32_t* out_index,
-                        float* out_value, size_t capacity);
+                        float* out_value, size_t capacity, ThreadPool* pool = nullptr);
 
 // residual[index[j]] = 0 for every selected j: "residual -= selected" when the selected values
 // were read from the residual itself. Indices must be < residual.size() (checked; aborts).
@@ -124,8 +129,10 @@ void clear_selected(std::span<float> residual, std::span<const uint32_t> index);
 // the count exceeds capacity, the residual keeps the unwritten ones so nothing is lost).
 // Equals ef_accumulate + threshold_select + clear_selected bit for bit, in one pass: reads
 // residual and grad once, writes residual once plus the pairs.
+// With a pool, the split needs capacity >= residual.size() (else one thread runs it).
 size_t ef_threshold(std::span<float> residual, std::span<const float> grad, float lambda,
-                    uint32_t* out_index, float* out_value, size_t capacity);
+                    uint32_t* out_index, float* out_value, size_t capacity,
+                    ThreadPool* pool = nullptr);
 
 // dst[i] += src[i]. Sizes must match (checked; aborts).
 void add(std::span<float> dst, std::span<const float> src);
