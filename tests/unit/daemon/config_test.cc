@@ -256,5 +256,33 @@ TEST(ConfigTest, OverrideKeysAcceptExactlyTheKnobsValues) {
   }
 }
 
+TEST(ConfigTest, SettingsParseTheOverridesOncePerText) {
+  Config c;
+  ASSERT_TRUE(set_knob(c, "tensor_overrides", "emb*: format=bitmap").ok());
+  OverridesCache cache;
+  const policies::StaticSettings first = settings_from_config(c, &cache);
+  ASSERT_EQ(first.overrides.size(), 1u);
+  EXPECT_EQ(cache.parses(), 1u);
+  // A new epoch that changes another knob reuses the rules.
+  ASSERT_TRUE(set_knob(c, "density", "0.02").ok());
+  const policies::StaticSettings second = settings_from_config(c, &cache);
+  EXPECT_EQ(cache.parses(), 1u);
+  ASSERT_EQ(second.overrides.size(), 1u);
+  EXPECT_EQ(second.overrides[0].format, kernels::Format::kBitmap);
+  EXPECT_EQ(second.density, 0.02);
+  // New text: parsed again, same result as without a cache.
+  ASSERT_TRUE(set_knob(c, "tensor_overrides", "fc*: block_size=32; emb*: value_type=int8").ok());
+  const policies::StaticSettings third = settings_from_config(c, &cache);
+  EXPECT_EQ(cache.parses(), 2u);
+  const policies::StaticSettings uncached = settings_from_config(c);
+  ASSERT_EQ(third.overrides.size(), 2u);
+  ASSERT_EQ(uncached.overrides.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(third.overrides[i].glob, uncached.overrides[i].glob);
+    EXPECT_EQ(third.overrides[i].block_size, uncached.overrides[i].block_size);
+    EXPECT_EQ(third.overrides[i].value_type, uncached.overrides[i].value_type);
+  }
+}
+
 }  // namespace
 }  // namespace sparsecar
