@@ -6,6 +6,7 @@
 #include <variant>
 
 #include "sparsecar/common/log.h"
+#include "sparsecar/policies/compression_knobs.h"
 #include "sparsecar/policies/overrides.h"
 #include "sparsecar/policies/tensor_plan.h"
 
@@ -22,6 +23,7 @@ struct Knob {
 
 const std::vector<Knob>& knobs() {
   using K = KnobType;
+  namespace R = policies;  // ranges and choices shared with the per-tensor overrides (compression_knobs.h)
   static const std::vector<Knob> table = {
       {{"rank", K::kUint, "rank of this node in the job (0 = leader/coordinator)", 0, 65535, "", false,
         false, "RANK"},
@@ -85,34 +87,35 @@ const std::vector<Knob>& knobs() {
         "topk|threshold|topk_approx|percentile|randomk|importance|block_topk|row_topk|column_topk|channel_topk|head_topk|periodic_mask|hybrid",
         true, true, ""},
        &Config::selector},
-      {{"density", K::kDouble, "fraction of coordinates top-k keeps per step", 1e-6, 1.0, "", true, true, ""},
+      {{"density", K::kDouble, "fraction of coordinates top-k keeps per step", R::kDensityRange.min,
+        R::kDensityRange.max, "", true, true, ""},
        &Config::density},
-      {{"threshold", K::kDouble, "lambda of the hard-threshold selector: send |e_i| >= lambda", 1e-30, 1e30,
-        "", true, true, ""},
+      {{"threshold", K::kDouble, "lambda of the hard-threshold selector: send |e_i| >= lambda",
+        R::kThresholdRange.min, R::kThresholdRange.max, "", true, true, ""},
        &Config::threshold},
-      {{"block_size", K::kUint, "block_topk: elements per contiguous block (the last block may be shorter)", 32, 256,
-        "", true, true, ""},
+      {{"block_size", K::kUint, "block_topk: elements per contiguous block (the last block may be shorter)",
+        R::kBlockSizeRange.min, R::kBlockSizeRange.max, "", true, true, ""},
        &Config::block_size},
-      {{"group_norm", K::kChoice, "how block/row/column/channel/head selectors rank their groups", 0, 0, "l2|l1", true,
-        true, ""},
+      {{"group_norm", K::kChoice, "how block/row/column/channel/head selectors rank their groups", 0, 0,
+        R::kGroupNormChoices, true, true, ""},
        &Config::group_norm},
-      {{"heads", K::kUint, "head_topk: attention heads, contiguous slices of a tensor's leading dimension", 1, 65536,
-        "", true, true, ""},
+      {{"heads", K::kUint, "head_topk: attention heads, contiguous slices of a tensor's leading dimension",
+        R::kHeadsRange.min, R::kHeadsRange.max, "", true, true, ""},
        &Config::heads},
-      {{"mask_period", K::kUint, "periodic_mask: steps between recomputing the mask from accumulated |g|", 100,
-        1000, "", true, true, ""},
+      {{"mask_period", K::kUint, "periodic_mask: steps between recomputing the mask from accumulated |g|",
+        R::kMaskPeriodRange.min, R::kMaskPeriodRange.max, "", true, true, ""},
        &Config::mask_period},
       {{"hybrid_density", K::kDouble,
         "hybrid: global lambda keeps this fraction of the previous step's pooled elements (plus each tensor's top-k)",
-        1e-6, 1.0, "", true, true, ""},
+        R::kHybridDensityRange.min, R::kHybridDensityRange.max, "", true, true, ""},
        &Config::hybrid_density},
       {{"quantile", K::kDouble,
-        "percentile selector: lambda = this quantile of |e| (sampled), so about 1 - quantile is sent", 1e-6, 1.0,
-        "", true, true, ""},
+        "percentile selector: lambda = this quantile of |e| (sampled), so about 1 - quantile is sent",
+        R::kQuantileRange.min, R::kQuantileRange.max, "", true, true, ""},
        &Config::quantile},
       {{"approx_tolerance", K::kDouble,
         "topk_approx: relative miss |nnz - k| / k accepted from the sampled threshold before refining to exact",
-        0.0, 1.0, "", true, true, ""},
+        R::kApproxToleranceRange.min, R::kApproxToleranceRange.max, "", true, true, ""},
        &Config::approx_tolerance},
       {{"random_seed", K::kUint,
         "job seed of randomk/importance draws (per tensor and step: derive_seed(seed, tensor, step))", 0, 1.8e19,
@@ -121,13 +124,13 @@ const std::vector<Knob>& knobs() {
       {{"error_feedback", K::kChoice,
         "unsent part: residual (plain EF), momentum (DGC momentum correction + factor masking), off (dropped; "
         "randomk/importance then send unbiased x/p)",
-        0, 0, "residual|momentum|off", true, true, ""},
+        0, 0, R::kErrorFeedbackChoices, true, true, ""},
        &Config::error_feedback},
-      {{"momentum", K::kDouble, "error_feedback=momentum: velocity factor m (u = m u + g; v += u)", 0.0, 0.999999,
-        "", true, true, ""},
+      {{"momentum", K::kDouble, "error_feedback=momentum: velocity factor m (u = m u + g; v += u)",
+        R::kMomentumRange.min, R::kMomentumRange.max, "", true, true, ""},
        &Config::momentum},
       {{"clip_norm", K::kDouble, "local gradient clipping: scale each node's gradient to at most this L2 norm (0 = off)",
-        0.0, 1e30, "", true, true, ""},
+        R::kClipNormRange.min, R::kClipNormRange.max, "", true, true, ""},
        &Config::clip_norm},
       {{"lr_rescale", K::kChoice,
         "when the trainer's lr changes: residual *= lr_new/lr_old (new_over_old), lr_old/lr_new (old_over_new) or off",
@@ -135,16 +138,18 @@ const std::vector<Knob>& knobs() {
        &Config::lr_rescale},
       {{"tensor_overrides", K::kString,
         "per-tensor settings, 'GLOB: key=value, ...; GLOB: ...' (keys compression selector density threshold "
-        "quantile approx_tolerance; later rules win); a config file's [tensor.\"GLOB\"] tables add to it",
+        "quantile approx_tolerance format value_type block_size group_norm heads mask_period error_feedback "
+        "momentum clip_norm, values as those knobs; later rules win); a config file's [tensor.\"GLOB\"] tables "
+        "add to it",
         0, 0, "", true, true, ""},
        &Config::tensor_overrides},
       {{"format", K::kChoice,
         "payload layout of the selection; auto = the smallest exact size per message (WIRE.md)", 0, 0,
-        "coo|coo_varint|bitmap|csr|rle|dense|auto", true, false, ""},
+        R::kFormatChoices, true, false, ""},
        &Config::format},
       {{"value_type", K::kChoice,
         "value encoding: fp32 exact; fp16/bf16 rounded; int8 with a per-message scale (error kept in the residual)",
-        0, 0, "fp32|fp16|bf16|int8", true, false, ""},
+        0, 0, R::kValueTypeChoices, true, false, ""},
        &Config::value_type},
       // Controllers (docs/controllers.md). Knobs that shape per-tensor plans are agreed.
       {{"controller", K::kString,

@@ -51,6 +51,7 @@ Pipeline::Pipeline(const PipelineOptions& options, Transport* transport, Mailbox
                    DecisionBoard* decisions)
     : options_(options), transport_(transport), mailbox_(mailbox), metrics_(metrics), decisions_(decisions),
       stats_(empty_snapshot()) {
+  plan_settings_.base = options.settings;
   SC_CHECK(options.world_size == 1 || transport != nullptr, "a multi-node pipeline needs a transport");
   if (options.kernel_threads > 1) kernel_pool_ = std::make_unique<kernels::ThreadPool>(options.kernel_threads);
 }
@@ -286,12 +287,10 @@ Status Pipeline::run_step(TensorState& t, const StepJob& job, const Decision& de
   obs.world_size = options_.world_size;
   obs.name = c.spec().name;
   obs.rows = c.spec().shape.empty() ? 1 : static_cast<uint32_t>(c.spec().shape[0]);
-  if (!decision.config) {
-    plan_settings_ = policies::PlanSettings{};
-    plan_settings_.base = options_.settings;
-  } else if (decision.config != plan_config_) {
-    plan_config_ = decision.config;  // parsed once per decision epoch
-    plan_settings_ = plan_settings_from_config(*decision.config);
+  // Without a decision board plan_settings_ stays options_.settings (set at construction).
+  if (decision.config && decision.config != plan_config_) {
+    plan_config_ = decision.config;  // once per decision epoch; the overrides once per text
+    plan_settings_ = plan_settings_from_config(*decision.config, &overrides_cache_);
   }
   const policies::Plan plan = policies::plan_tensor(plan_settings_, obs);
 

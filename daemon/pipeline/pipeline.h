@@ -44,6 +44,7 @@
 #include "daemon/pipeline/compressor.h"
 #include "daemon/pipeline/decisions.h"
 #include "daemon/pipeline/observations.h"
+#include "daemon/pipeline/settings.h"
 #include "daemon/pipeline/step.h"
 #include "daemon/transport/transport.h"
 #include "sparsecar/kernels/parallel.h"
@@ -184,7 +185,8 @@ class Pipeline final : public StepSink {
   std::vector<std::shared_ptr<TensorState>> tensors_;
   PooledThreshold pooled_;  // the hybrid selector's global lambda (structured_select.h)
   std::shared_ptr<const Config> plan_config_;  // the decision config plan_settings_ came from
-  policies::PlanSettings plan_settings_;
+  policies::PlanSettings plan_settings_;       // options.settings until a decision config arrives
+  OverridesCache overrides_cache_;             // tensor_overrides parsed once per distinct text
   bool agreed_ = false;
   uint32_t total_trainers_ = 0;
   std::thread thread_;

@@ -10,7 +10,17 @@ T or_default(Expected<T> e) {
 
 }  // namespace
 
-policies::StaticSettings settings_from_config(const Config& config) {
+const std::vector<policies::TensorOverride>& OverridesCache::rules(const std::string& text) {
+  if (valid_ && text == text_) return rules_;
+  ++parses_;
+  auto parsed = policies::parse_tensor_overrides(text);
+  rules_ = parsed.ok() ? std::move(parsed).value() : std::vector<policies::TensorOverride>{};
+  text_ = text;
+  valid_ = true;
+  return rules_;
+}
+
+policies::StaticSettings settings_from_config(const Config& config, OverridesCache* cache) {
   policies::StaticSettings s;
   s.compression = config.compression;
   s.selector = config.selector;
@@ -31,7 +41,9 @@ policies::StaticSettings settings_from_config(const Config& config) {
   s.clip_norm = config.clip_norm;
   if (!policies::parse_lr_rescale(config.lr_rescale, &s.lr_rescale)) s.lr_rescale = policies::LrRescale::kOff;
   // validate() rejected unparsable overrides at start-up; a live change is validated the same way.
-  if (auto rules = policies::parse_tensor_overrides(config.tensor_overrides); rules.ok()) {
+  if (cache != nullptr) {
+    s.overrides = cache->rules(config.tensor_overrides);
+  } else if (auto rules = policies::parse_tensor_overrides(config.tensor_overrides); rules.ok()) {
     s.overrides = std::move(*rules);
   }
   s.auto_format = config.format == "auto";
@@ -40,9 +52,9 @@ policies::StaticSettings settings_from_config(const Config& config) {
   return s;
 }
 
-policies::PlanSettings plan_settings_from_config(const Config& config) {
+policies::PlanSettings plan_settings_from_config(const Config& config, OverridesCache* cache) {
   policies::PlanSettings p;
-  p.base = settings_from_config(config);
+  p.base = settings_from_config(config, cache);
   p.active = or_default(policies::parse_controllers(config.controller));
   p.schedule.warmup_steps = config.schedule_warmup_steps;
   p.schedule.ramp_steps = config.schedule_ramp_steps;

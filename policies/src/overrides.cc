@@ -1,10 +1,16 @@
 #include "sparsecar/policies/overrides.h"
 
+#include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 
 namespace sparsecar::policies {
 namespace {
+
+constexpr const char* kOverrideKeys =
+    "compression, selector, density, threshold, quantile, approx_tolerance, format, value_type, block_size, "
+    "group_norm, heads, mask_period, error_feedback, momentum, clip_norm";
 
 std::string_view trim(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
@@ -22,14 +28,31 @@ std::vector<std::string_view> split(std::string_view s, char sep) {
   }
 }
 
-bool parse_number(std::string_view text, double lo, double hi, bool lo_open, double* out) {
+// The knob table's number rule: finite, within the closed range.
+bool parse_number(std::string_view text, KnobRange range, double* out) {
   const std::string s(text);
   char* end = nullptr;
   const double v = std::strtod(s.c_str(), &end);
   if (s.empty() || end != s.c_str() + s.size() || !std::isfinite(v)) return false;
-  if (v > hi || v < lo || (lo_open && v == lo)) return false;
+  if (v < range.min || v > range.max) return false;
   *out = v;
   return true;
+}
+
+// The knob table's unsigned-integer rule: decimal digits only, within the closed range.
+bool parse_uint(std::string_view text, KnobRange range, uint32_t* out) {
+  uint64_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size()) return false;
+  if (static_cast<double>(v) < range.min || static_cast<double>(v) > range.max) return false;
+  *out = static_cast<uint32_t>(v);
+  return true;
+}
+
+std::string describe_range(const char* what, KnobRange range) {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, " (%s in [%g, %g])", what, range.min, range.max);
+  return buf;
 }
 
 }  // namespace
@@ -80,10 +103,24 @@ Expected<std::vector<TensorOverride>> parse_tensor_overrides(std::string_view te
       const std::string_view value = trim(item.substr(eq + 1));
       const std::string bad = where + ": invalid " + std::string(key) + " '" + std::string(value) + "'";
       double v = 0;
+      uint32_t u = 0;
+      auto number = [&](KnobRange range, std::optional<double>* field) {
+        if (!parse_number(value, range, &v)) return invalid_argument(bad + describe_range("a number", range));
+        *field = v;
+        return Status::Ok();
+      };
+      auto integer = [&](KnobRange range, std::optional<uint32_t>* field) {
+        if (!parse_uint(value, range, &u)) return invalid_argument(bad + describe_range("an unsigned integer", range));
+        *field = u;
+        return Status::Ok();
+      };
+      auto choice = [&](const char* choices) { return invalid_argument(bad + " (" + choices + ")"); };
+      Status st;
       if (key == "compression") {
-        if (value == "on" || value == "true") {
+        // The bool knobs' spellings (daemon/config/knobs.cc).
+        if (value == "on" || value == "true" || value == "1" || value == "yes") {
           o.compression = true;
-        } else if (value == "off" || value == "false") {
+        } else if (value == "off" || value == "false" || value == "0" || value == "no") {
           o.compression = false;
         } else {
           return invalid_argument(bad + " (on|off)");
@@ -95,22 +132,50 @@ Expected<std::vector<TensorOverride>> parse_tensor_overrides(std::string_view te
         }
         o.selector = s;
       } else if (key == "density") {
-        if (!parse_number(value, 1e-6, 1.0, false, &v)) return invalid_argument(bad + " (in [1e-6, 1])");
-        o.density = v;
+        st = number(kDensityRange, &o.density);
       } else if (key == "threshold") {
-        if (!parse_number(value, 1e-30, 1e30, false, &v)) return invalid_argument(bad + " (in [1e-30, 1e30])");
-        o.threshold = v;
+        st = number(kThresholdRange, &o.threshold);
       } else if (key == "quantile") {
-        if (!parse_number(value, 0.0, 1.0, true, &v)) return invalid_argument(bad + " (in (0, 1])");
-        o.quantile = v;
+        st = number(kQuantileRange, &o.quantile);
       } else if (key == "approx_tolerance") {
-        if (!parse_number(value, 0.0, 1.0, false, &v)) return invalid_argument(bad + " (in [0, 1])");
-        o.approx_tolerance = v;
+        st = number(kApproxToleranceRange, &o.approx_tolerance);
+      } else if (key == "format") {
+        kernels::Format f;
+        if (value == "auto") {
+          o.auto_format = true;
+          o.format.reset();
+        } else if (kernels::parse_format(value, &f)) {
+          o.auto_format = false;
+          o.format = f;
+        } else {
+          return choice(kFormatChoices);
+        }
+      } else if (key == "value_type") {
+        kernels::ValueType t;
+        if (!kernels::parse_value_type(value, &t)) return choice(kValueTypeChoices);
+        o.value_type = t;
+      } else if (key == "block_size") {
+        st = integer(kBlockSizeRange, &o.block_size);
+      } else if (key == "group_norm") {
+        kernels::GroupNorm g;
+        if (!kernels::parse_group_norm(value, &g)) return choice(kGroupNormChoices);
+        o.group_norm = g;
+      } else if (key == "heads") {
+        st = integer(kHeadsRange, &o.heads);
+      } else if (key == "mask_period") {
+        st = integer(kMaskPeriodRange, &o.mask_period);
+      } else if (key == "error_feedback") {
+        ErrorFeedback e;
+        if (!parse_error_feedback(value, &e)) return choice(kErrorFeedbackChoices);
+        o.error_feedback = e;
+      } else if (key == "momentum") {
+        st = number(kMomentumRange, &o.momentum);
+      } else if (key == "clip_norm") {
+        st = number(kClipNormRange, &o.clip_norm);
       } else {
-        return invalid_argument(where + ": unknown key '" + std::string(key) +
-                                "' (compression, selector, density, threshold, quantile, "
-                                "approx_tolerance)");
+        return invalid_argument(where + ": unknown key '" + std::string(key) + "' (" + kOverrideKeys + ")");
       }
+      if (!st.ok()) return st;
       any = true;
     }
     if (!any) return invalid_argument(where + ": no key=value");

@@ -46,6 +46,16 @@ const StaticSettings& with_overrides(const StaticSettings& base, std::string_vie
     if (o.threshold) storage->threshold = *o.threshold;
     if (o.quantile) storage->quantile = *o.quantile;
     if (o.approx_tolerance) storage->approx_tolerance = *o.approx_tolerance;
+    if (o.format) storage->format = *o.format;
+    if (o.auto_format) storage->auto_format = *o.auto_format;
+    if (o.value_type) storage->value_type = *o.value_type;
+    if (o.block_size) storage->block_size = *o.block_size;
+    if (o.group_norm) storage->group_norm = *o.group_norm;
+    if (o.heads) storage->heads = *o.heads;
+    if (o.mask_period) storage->mask_period = *o.mask_period;
+    if (o.error_feedback) storage->error_feedback = *o.error_feedback;
+    if (o.momentum) storage->momentum = *o.momentum;
+    if (o.clip_norm) storage->clip_norm = *o.clip_norm;
   }
   return *out;
 }

@@ -172,7 +172,16 @@ std::string format_tensor_scales(const TensorScales& scales) {
 Plan plan_tensor(const PlanSettings& settings, const TensorObservation& obs) {
   Plan plan = static_plan(settings.base, obs);
   if (plan.dense || settings.active == 0) return plan;  // compression off, or the static policy alone
-  Plan dense_plan;               // what static_plan gives with compression off
+  // What static_plan gives with compression off: dense, with the tensor's error compensation
+  // (the compressor applies it on dense steps too: clipping, EF variant, lr rescale).
+  Plan dense_plan;
+  dense_plan.quantile = plan.quantile;
+  dense_plan.approx_tolerance = plan.approx_tolerance;
+  dense_plan.seed = plan.seed;
+  dense_plan.error_feedback = plan.error_feedback;
+  dense_plan.momentum = plan.momentum;
+  dense_plan.clip_norm = plan.clip_norm;
+  dense_plan.lr_rescale = plan.lr_rescale;
   double density = plan.density;
   double scale = 1.0;
   bool dense = false;

@@ -8,6 +8,9 @@
 
 #include "daemon/config/config.h"
 #include "daemon/config/knobs.h"
+#include "daemon/pipeline/settings.h"
+#include "sparsecar/policies/overrides.h"
+#include "sparsecar/policies/plan.h"
 
 namespace sparsecar {
 namespace {
@@ -170,6 +173,115 @@ TEST(ConfigTest, TensorTablesBecomeAgreedOverridesAndBadOnesAreRejected) {
   EXPECT_EQ(flag->config.error_feedback, "momentum");
   EXPECT_FALSE(parse({"--error-feedback", "sometimes"}).ok());
   EXPECT_FALSE(parse({"--lr-rescale", "double"}).ok());
+}
+
+TEST(ConfigTest, TensorTablesCarryFormatAndBlockSize) {
+  std::string file = write_temp(
+      "selector = \"block_topk\"\nformat = \"coo\"\n"
+      "[tensor.\"emb*\"]\nformat = \"bitmap\"\nblock_size = 128\n");
+  auto cmd = parse({"--config", file});
+  std::remove(file.c_str());
+  ASSERT_TRUE(cmd.ok()) << cmd.status().to_string();
+  EXPECT_EQ(cmd->config.tensor_overrides, "emb*: format=bitmap, block_size=128");
+  // And the daemon's settings give it to the matching tensor only.
+  const policies::StaticSettings s = settings_from_config(cmd->config);
+  policies::TensorObservation o;
+  o.name = "emb.tok";
+  const policies::Plan emb = policies::static_plan(s, o);
+  EXPECT_EQ(emb.format, kernels::Format::kBitmap);
+  EXPECT_EQ(emb.block_size, 128u);
+  o.name = "fc.weight";
+  const policies::Plan fc = policies::static_plan(s, o);
+  EXPECT_EQ(fc.format, kernels::Format::kCoo);
+  EXPECT_EQ(fc.block_size, 64u);
+
+  std::string bad = write_temp("[tensor.\"emb*\"]\nblock_size = 16\n");
+  auto err = parse({"--config", bad});
+  std::remove(bad.c_str());
+  ASSERT_FALSE(err.ok());
+  EXPECT_NE(err.status().message().find("invalid block_size '16'"), std::string::npos) << err.status().message();
+}
+
+// The overrides accept exactly what the knobs of the same names accept: both ends of every
+// range, every name of every choice; and both refuse the values just outside.
+TEST(ConfigTest, OverrideKeysAcceptExactlyTheKnobsValues) {
+  auto override_ok = [](const std::string& key, const std::string& value) {
+    return policies::parse_tensor_overrides("w*: " + key + "=" + value).ok();
+  };
+  auto knob_ok = [](const std::string& key, const std::string& value) {
+    Config c;
+    return set_knob(c, key, value).ok();
+  };
+  auto text = [](double v) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.17g", v);
+    return std::string(buf);
+  };
+  for (const char* key : {"density", "threshold", "quantile", "approx_tolerance", "block_size", "heads", "mask_period",
+                          "momentum", "clip_norm"}) {
+    SCOPED_TRACE(key);
+    const KnobSpec* spec = find_knob(key);
+    ASSERT_NE(spec, nullptr);
+    const bool integer = spec->type == KnobType::kUint;
+    std::vector<std::string> inside = {text(spec->min), text(spec->max)};
+    std::vector<std::string> outside = {integer ? text(spec->max + 1) : text(spec->max * 2), "x"};
+    if (spec->min > 0) outside.push_back(integer ? text(spec->min - 1) : text(spec->min / 2));
+    if (spec->min == 0) outside.push_back("-1");
+    if (!integer) inside.push_back(text((spec->min + spec->max) / 2));
+    for (const auto& v : inside) {
+      EXPECT_TRUE(knob_ok(key, v)) << v;
+      EXPECT_TRUE(override_ok(key, v)) << v;
+    }
+    for (const auto& v : outside) {
+      EXPECT_FALSE(knob_ok(key, v)) << v;
+      EXPECT_FALSE(override_ok(key, v)) << v;
+    }
+  }
+  for (const char* key : {"format", "value_type", "group_norm", "error_feedback", "selector", "compression"}) {
+    SCOPED_TRACE(key);
+    const KnobSpec* spec = find_knob(key);
+    ASSERT_NE(spec, nullptr);
+    std::string choices = spec->type == KnobType::kBool ? "on|off|true|false|1|0|yes|no" : spec->choices;
+    for (size_t from = 0;;) {
+      const size_t bar = choices.find('|', from);
+      const std::string name = choices.substr(from, bar == std::string::npos ? std::string::npos : bar - from);
+      EXPECT_TRUE(knob_ok(key, name)) << name;
+      EXPECT_TRUE(override_ok(key, name)) << name;
+      if (bar == std::string::npos) break;
+      from = bar + 1;
+    }
+    for (const char* bad : {"bogus", "none", "AUTO", ""}) {
+      EXPECT_EQ(knob_ok(key, bad), override_ok(key, bad)) << bad;
+    }
+  }
+}
+
+TEST(ConfigTest, SettingsParseTheOverridesOncePerText) {
+  Config c;
+  ASSERT_TRUE(set_knob(c, "tensor_overrides", "emb*: format=bitmap").ok());
+  OverridesCache cache;
+  const policies::StaticSettings first = settings_from_config(c, &cache);
+  ASSERT_EQ(first.overrides.size(), 1u);
+  EXPECT_EQ(cache.parses(), 1u);
+  // A new epoch that changes another knob reuses the rules.
+  ASSERT_TRUE(set_knob(c, "density", "0.02").ok());
+  const policies::StaticSettings second = settings_from_config(c, &cache);
+  EXPECT_EQ(cache.parses(), 1u);
+  ASSERT_EQ(second.overrides.size(), 1u);
+  EXPECT_EQ(second.overrides[0].format, kernels::Format::kBitmap);
+  EXPECT_EQ(second.density, 0.02);
+  // New text: parsed again, same result as without a cache.
+  ASSERT_TRUE(set_knob(c, "tensor_overrides", "fc*: block_size=32; emb*: value_type=int8").ok());
+  const policies::StaticSettings third = settings_from_config(c, &cache);
+  EXPECT_EQ(cache.parses(), 2u);
+  const policies::StaticSettings uncached = settings_from_config(c);
+  ASSERT_EQ(third.overrides.size(), 2u);
+  ASSERT_EQ(uncached.overrides.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(third.overrides[i].glob, uncached.overrides[i].glob);
+    EXPECT_EQ(third.overrides[i].block_size, uncached.overrides[i].block_size);
+    EXPECT_EQ(third.overrides[i].value_type, uncached.overrides[i].value_type);
+  }
 }
 
 }  // namespace

@@ -121,6 +121,31 @@ TEST(DecisionsTest, ChangesFromAnyRankTakeEffectEverywhereAtTheAnnouncedStep) {
   }
 }
 
+TEST(DecisionsTest, LiveTensorOverridesHoldAcrossLaterEpochsUntilTheirTextChanges) {
+  Job job(2, 0.01);  // "w", 1000 elements: top-k keeps round(density * 1000)
+  struct Change {
+    const char* knob;
+    const char* value;
+    size_t k;  // from its effective step on
+  };
+  const Change changes[] = {{"tensor_overrides", "w: density=0.05", 50},
+                            {"density", "0.002", 50},  // a new epoch; the rule still wins for w
+                            {"tensor_overrides", "x*: density=0.5", 2},
+                            {"tensor_overrides", "", 2}};
+  uint64_t s = 0;
+  EXPECT_EQ(job.step(s++)[0].nnz, 10u);
+  for (const Change& c : changes) {
+    auto d = job.nodes[1]->board->propose({{c.knob, c.value}}, "test", std::chrono::steady_clock::now() + 5s);
+    ASSERT_TRUE(d.ok()) << d.status().to_string();
+    for (; s <= d->effective_step; ++s) job.step(s);
+    auto res = job.step(s++);
+    for (uint32_t r = 0; r < 2; ++r) {
+      ASSERT_TRUE(res[r].status.ok()) << res[r].status.to_string();
+      EXPECT_EQ(res[r].nnz, c.k) << c.knob << "=" << c.value << " rank " << r;
+    }
+  }
+}
+
 TEST(DecisionsTest, NonLiveUnknownAndBadValuesAreRefusedWithoutAnEpoch) {
   Job job(2, 0.01);
   auto deadline = std::chrono::steady_clock::now() + 5s;

@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -58,6 +59,14 @@ class FakeNetwork {
   void silence(uint32_t rank) {
     std::lock_guard<std::mutex> lock(mu_);
     silenced_.insert(rank);
+  }
+  // Sees every delivered message (header and payload) on the delivery thread, before its
+  // receiver does: for tests that check what went over the wire.
+  using Tap = std::function<void(uint32_t from, uint32_t to, std::span<const std::byte> header,
+                                 std::span<const std::byte> payload)>;
+  void set_tap(Tap tap) {
+    std::lock_guard<std::mutex> lock(mu_);
+    tap_ = std::move(tap);
   }
   uint64_t delivered() const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -109,6 +118,7 @@ class FakeNetwork {
       Message m;
       bool drop = false;
       bool to_dead = false;
+      Tap tap;
       {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
@@ -118,7 +128,9 @@ class FakeNetwork {
         to_dead = dead_.count(m.to) > 0;
         drop = dead_.count(m.from) || to_dead || silenced_.count(m.from);
         if (!drop) ++delivered_;
+        if (!drop) tap = tap_;
       }
+      if (tap) tap(m.from, m.to, m.header, m.payload);
       if (!drop && sinks_[m.to]) sinks_[m.to]->on_message(m.from, m.header, m.payload);
       if (m.done) m.done(to_dead ? unavailable("peer dead") : Status::Ok());
     }
@@ -132,6 +144,7 @@ class FakeNetwork {
   std::set<uint32_t> dead_, silenced_;
   std::map<uint32_t, size_t> corrupt_;
   uint64_t delivered_ = 0;
+  Tap tap_;
   bool stopping_ = false;
   std::thread thread_;
 };

@@ -132,6 +132,30 @@ TEST(TensorPlanTest, CompressionOffStaysDense) {
   EXPECT_TRUE(plan_tensor(p, tensor(100)).dense);
 }
 
+TEST(TensorPlanTest, StepsTheControllersMakeDenseKeepTheErrorCompensation) {
+  // The compressor clips, folds (EF variant) and rescales on dense steps too, so a dense plan
+  // must carry the same error compensation as the static plan's (which compression=off keeps).
+  PlanSettings p = topk(0.01, bit(ControllerKind::kSchedule) | bit(ControllerKind::kLayerwise) |
+                                  bit(ControllerKind::kFrequency));
+  p.base.error_feedback = ErrorFeedback::kMomentum;
+  p.base.momentum = 0.5;
+  p.base.clip_norm = 4.0;
+  p.base.lr_rescale = LrRescale::kOldOverNew;
+  p.schedule.warmup_steps = 3;
+  p.layerwise.dense_below = 4096;
+  p.tensor_scale = {{2, 100.0}};  // 0.01 x 100 >= dense_above
+  const Plan plans[] = {plan_tensor(p, tensor(0)), plan_tensor(p, tensor(7, 512, "fc.bias")),
+                        plan_tensor(p, tensor(7, 1 << 20, "fc.weight", 2)), plan_tensor(p, tensor(7))};
+  for (size_t i = 0; i < 4; ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(plans[i].dense, i < 3);
+    EXPECT_EQ(plans[i].error_feedback, ErrorFeedback::kMomentum);
+    EXPECT_FLOAT_EQ(plans[i].momentum, 0.5f);
+    EXPECT_FLOAT_EQ(plans[i].clip_norm, 4.0f);
+    EXPECT_EQ(plans[i].lr_rescale, LrRescale::kOldOverNew);
+  }
+}
+
 TEST(TensorPlanTest, TensorScalesRoundTrip) {
   TensorScales s{{0, 2.0}, {17, 0.7071}};
   auto back = parse_tensor_scales(format_tensor_scales(s));

@@ -11,6 +11,7 @@
 
 #include "sparsecar/kernels/structured.h"
 #include "sparsecar/kernels/types.h"
+#include "sparsecar/policies/compression_knobs.h"
 #include "sparsecar/policies/overrides.h"
 
 namespace sparsecar::policies {
@@ -21,22 +22,7 @@ enum class Collective : uint16_t {
   kSparseAllGather = 1,  // every node sends its encoded selection to every other node
 };
 
-// What happens to the part of the gradient a step does not send.
-enum class ErrorFeedback : uint16_t {
-  kResidual = 0,  // plain EF: e += g; send C(e); e -= sent
-  kMomentum = 1,  // DGC momentum correction + momentum-factor masking (u, v zeroed where sent)
-  kOff = 2,       // dropped; randomk / importance then send unbiased values (x / p)
-};
-// Residual rescaling when the trainer's learning rate changes between steps (StepJob::lr).
-enum class LrRescale : uint16_t {
-  kOff = 0,
-  kNewOverOld = 1,  // residual *= lr_new / lr_old: stale residual shrinks with a decay
-  kOldOverNew = 2,  // residual *= lr_old / lr_new: keeps lr * residual (the update it stands for)
-};
-std::string_view error_feedback_name(ErrorFeedback e);
-bool parse_error_feedback(std::string_view text, ErrorFeedback* out);
-std::string_view lr_rescale_name(LrRescale r);
-bool parse_lr_rescale(std::string_view text, LrRescale* out);
+// ErrorFeedback and LrRescale: compression_knobs.h.
 
 struct Plan {
   uint32_t version = 1;
@@ -88,6 +74,7 @@ struct StaticSettings {
   double clip_norm = 0.0;
   LrRescale lr_rescale = LrRescale::kOff;
   // Per-tensor overrides (overrides.h), applied by static_plan to tensors whose name matches.
+  // Every field here but hybrid_density, job_seed and lr_rescale (job-wide) has an override key.
   std::vector<TensorOverride> overrides;
   kernels::Format format = kernels::Format::kCoo;
   bool auto_format = false;  // `format` = auto

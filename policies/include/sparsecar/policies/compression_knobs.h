@@ -1,0 +1,61 @@
+// The compression choices that more than one reader must accept identically: the error
+// compensation variants, and the ranges and names of the compression knobs.
+//
+// Two parsers read these values: the knob table (daemon/config/knobs.cc: flags, config file,
+// control socket) and the per-tensor overrides (overrides.h). Both take their ranges and choice
+// lists from here, so a value one accepts the other accepts too. It is its own header because
+// plan.h includes overrides.h, and overrides.h needs the error-feedback variants.
+//
+// Thread-safety: constants and pure functions.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "sparsecar/kernels/structured.h"
+
+namespace sparsecar::policies {
+
+// What happens to the part of the gradient a step does not send.
+enum class ErrorFeedback : uint16_t {
+  kResidual = 0,  // plain EF: e += g; send C(e); e -= sent
+  kMomentum = 1,  // DGC momentum correction + momentum-factor masking (u, v zeroed where sent)
+  kOff = 2,       // dropped; randomk / importance then send unbiased values (x / p)
+};
+// Residual rescaling when the trainer's learning rate changes between steps (StepJob::lr).
+enum class LrRescale : uint16_t {
+  kOff = 0,
+  kNewOverOld = 1,  // residual *= lr_new / lr_old: stale residual shrinks with a decay
+  kOldOverNew = 2,  // residual *= lr_old / lr_new: keeps lr * residual (the update it stands for)
+};
+std::string_view error_feedback_name(ErrorFeedback e);
+bool parse_error_feedback(std::string_view text, ErrorFeedback* out);
+std::string_view lr_rescale_name(LrRescale r);
+bool parse_lr_rescale(std::string_view text, LrRescale* out);
+
+// Closed ranges [min, max] of the numeric compression knobs. Integer knobs take unsigned
+// integers in the range; the others finite numbers.
+struct KnobRange {
+  double min;
+  double max;
+};
+inline constexpr KnobRange kDensityRange{1e-6, 1.0};
+inline constexpr KnobRange kThresholdRange{1e-30, 1e30};
+inline constexpr KnobRange kQuantileRange{1e-6, 1.0};
+inline constexpr KnobRange kApproxToleranceRange{0.0, 1.0};
+inline constexpr KnobRange kBlockSizeRange{kernels::kMinBlock, kernels::kMaxBlock};  // integer
+inline constexpr KnobRange kHeadsRange{1, 65536};                                    // integer
+inline constexpr KnobRange kMaskPeriodRange{100, 1000};                              // integer
+inline constexpr KnobRange kHybridDensityRange{1e-6, 1.0};
+inline constexpr KnobRange kMomentumRange{0.0, 0.999999};
+inline constexpr KnobRange kClipNormRange{0.0, 1e30};
+
+// The names the choice knobs accept, '|'-separated (the knob table's `choices`). Each name
+// parses with kernels::parse_format ("auto" aside), parse_value_type, parse_group_norm and
+// parse_error_feedback respectively.
+inline constexpr const char* kFormatChoices = "coo|coo_varint|bitmap|csr|rle|dense|auto";
+inline constexpr const char* kValueTypeChoices = "fp32|fp16|bf16|int8";
+inline constexpr const char* kGroupNormChoices = "l2|l1";
+inline constexpr const char* kErrorFeedbackChoices = "residual|momentum|off";
+
+}  // namespace sparsecar::policies
