@@ -58,7 +58,9 @@ SC_TARGET_AVX512 inline size_t bitmap_word_f32_avx512(uint64_t bits, const float
   // expand/load/store groups are ~20 cycles whatever the word holds.
   if (__builtin_popcountll(bits) <= kSparseWordBits) {
     while (bits != 0) {
-      base[__builtin_ctzll(bits)] += v[j++];
+      float add = 0.0f;  // values may sit at any byte offset of the payload
+      std::memcpy(&add, reinterpret_cast<const char*>(v) + 4 * j++, sizeof add);
+      base[__builtin_ctzll(bits)] += add;
       bits &= bits - 1;
     }
     return j;
