@@ -30,10 +30,25 @@ SC_TARGET_AVX512 inline __m512i keys_of(__m512 v) {
 }
 
 // Writes the lanes of `m` (or only its lowest ones when capacity runs out) and returns the mask
-// of lanes actually written. *count advances by popcount(m) either way.
+// of lanes actually written. *count advances by popcount(m) either way. `seen` is the number of
+// elements scanned so far: once the selection is denser than 1/kDenseSelection and 16 entries of
+// room are left it is branch-free: the lanes are compressed in a register and all 16 stored
+// (lanes past popcount(m) are overwritten by later stores or lie beyond the count), because at
+// ~1-10 % density a "rare" store branch mispredicts often and compress-to-memory is microcoded.
+// Sparser selections keep the branch (almost never taken; measured faster at 0.1 %).
+constexpr size_t kDenseSelection = 256;
 SC_TARGET_AVX512 inline __mmask16 emit(__mmask16 m, __m512i index, __m512 value, size_t* count,
-                                       uint32_t* out_index, float* out_value, size_t capacity) {
+                                       uint32_t* out_index, float* out_value, size_t capacity,
+                                       size_t seen) {
   const size_t c = *count;
+  if (c * kDenseSelection < seen || c + 16 > capacity) {
+    if (m == 0) return 0;
+  } else {
+    _mm512_storeu_si512(out_index + c, _mm512_maskz_compress_epi32(m, index));
+    _mm512_storeu_ps(out_value + c, _mm512_maskz_compress_ps(m, value));
+    *count = c + static_cast<size_t>(_mm_popcnt_u32(m));
+    return m;
+  }
   const size_t matches = static_cast<size_t>(_mm_popcnt_u32(m));
   __mmask16 written = m;
   if (c + matches > capacity) {
@@ -85,7 +100,7 @@ SC_TARGET_AVX512 size_t threshold_select_avx512(const float* x, size_t n, uint32
     const __mmask16 live = tail_mask(n - i);
     const __m512 v = _mm512_maskz_loadu_ps(live, x + i);
     const __mmask16 m = _mm512_mask_cmpge_epu32_mask(live, keys_of(v), lambda);
-    if (m) emit(m, index, v, &count, out_index, out_value, capacity);
+    emit(m, index, v, &count, out_index, out_value, capacity, i);
     index = _mm512_add_epi32(index, step);
   }
   return count;
@@ -102,8 +117,7 @@ SC_TARGET_AVX512 size_t ef_threshold_avx512(float* residual, const float* grad, 
   for (; i + 16 <= n; i += 16) {
     const __m512 v = _mm512_add_ps(_mm512_loadu_ps(residual + i), _mm512_loadu_ps(grad + i));
     const __mmask16 m = _mm512_cmpge_epu32_mask(keys_of(v), lambda);
-    __mmask16 written = 0;
-    if (m) written = emit(m, index, v, &count, out_index, out_value, capacity);
+    const __mmask16 written = emit(m, index, v, &count, out_index, out_value, capacity, i);
     _mm512_storeu_ps(residual + i, _mm512_maskz_mov_ps(static_cast<__mmask16>(~written), v));
     index = _mm512_add_epi32(index, step);
   }
@@ -113,7 +127,7 @@ SC_TARGET_AVX512 size_t ef_threshold_avx512(float* residual, const float* grad, 
                                    _mm512_maskz_loadu_ps(live, grad + i));
     const __mmask16 m = _mm512_mask_cmpge_epu32_mask(live, keys_of(v), lambda);
     __mmask16 written = 0;
-    if (m) written = emit(m, index, v, &count, out_index, out_value, capacity);
+    if (m) written = emit(m, index, v, &count, out_index, out_value, capacity, i);
     _mm512_mask_storeu_ps(residual + i, live,
                           _mm512_maskz_mov_ps(static_cast<__mmask16>(~written), v));
   }

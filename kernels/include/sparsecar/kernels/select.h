@@ -114,7 +114,7 @@ double importance_scale(std::span<const float> x, size_t k);
 // All i with |x_i| >= lambda, in increasing index order (NaNs match, see above). A lambda that is
 // not > 0 (zero, negative, NaN) matches every element. Writes at most `capacity` pairs; returns
 // the number of matches found, which may exceed capacity (then only the first `capacity` were
-// written).
+// written). Entries past the returned count, up to capacity, may be overwritten (vector stores).
 // With a pool, the split needs capacity >= x.size() (else one thread runs it).
 size_t threshold_select(std::span<const float> x, float lambda, uint32_t* out_index,
                         float* out_value, size_t capacity, ThreadPool* pool = nullptr);
