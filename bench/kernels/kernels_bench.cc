@@ -20,7 +20,8 @@
 // Encoders/decoders run on a top-k selection of the data (the pipeline's common case).
 // Buffers are LargeVectors (huge-page advised, as the daemon allocates them); the memcpy baseline
 // copies between two such buffers.
-// The *_threads cases (/<elements>/<per mille>/<threads>) run the same kernel with a
+// The *_threads cases (/<elements>/<per mille>/<threads>; ef_threshold, topk_exact, coo_decode,
+// bitmap_decode) run the same kernel with a
 // kernels::ThreadPool of that many threads (the daemon's kernel_threads knob), default: every CPU.
 #include <benchmark/benchmark.h>
 
@@ -219,7 +220,7 @@ void run_encode(benchmark::State& s, sk::Format format) {
   set_bytes(s, codec_bytes(sel.index.size(), payload.size()));
 }
 
-void run_decode(benchmark::State& s, sk::Format format) {
+void run_decode(benchmark::State& s, sk::Format format, sk::ThreadPool* pool = nullptr) {
   const size_t n = elements(s);
   const Selection& sel = cached_selection(n, density(s));
   sk::EncodeParams p;
@@ -228,7 +229,8 @@ void run_decode(benchmark::State& s, sk::Format format) {
   if (!sk::encode(p, n, sel.index, sel.value, payload).ok()) std::abort();
   sparsecar::LargeVector<float> dense(n, 0.0f);
   for (auto _ : s) {
-    const sparsecar::Status st = sk::decode_accumulate(format, sk::ValueType::kF32, payload, sel.index.size(), dense);
+    const sparsecar::Status st =
+        sk::decode_accumulate(format, sk::ValueType::kF32, payload, sel.index.size(), dense, pool);
     if (!st.ok()) {
       s.SkipWithError(st.to_string().c_str());
       break;
@@ -242,6 +244,14 @@ void BM_coo_encode(benchmark::State& s) { run_encode(s, sk::Format::kCoo); }
 void BM_coo_decode(benchmark::State& s) { run_decode(s, sk::Format::kCoo); }
 void BM_bitmap_encode(benchmark::State& s) { run_encode(s, sk::Format::kBitmap); }
 void BM_bitmap_decode(benchmark::State& s) { run_decode(s, sk::Format::kBitmap); }
+void BM_coo_decode_threads(benchmark::State& s) {
+  sk::ThreadPool pool(static_cast<unsigned>(s.range(2)));
+  run_decode(s, sk::Format::kCoo, &pool);
+}
+void BM_bitmap_decode_threads(benchmark::State& s) {
+  sk::ThreadPool pool(static_cast<unsigned>(s.range(2)));
+  run_decode(s, sk::Format::kBitmap, &pool);
+}
 void BM_coo_varint_decode(benchmark::State& s) { run_decode(s, sk::Format::kCooVarint); }
 void BM_rle_decode(benchmark::State& s) { run_decode(s, sk::Format::kRle); }
 
@@ -275,6 +285,8 @@ BENCHMARK(BM_coo_encode)->Apply(sizes_and_densities)->Unit(benchmark::kMicroseco
 BENCHMARK(BM_coo_decode)->Apply(sizes_and_densities)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_bitmap_encode)->Apply(sizes_and_densities)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_bitmap_decode)->Apply(sizes_and_densities)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_coo_decode_threads)->Apply(sizes_densities_threads)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_bitmap_decode_threads)->Apply(sizes_densities_threads)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_coo_varint_decode)->Apply(sizes_and_densities)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_rle_decode)->Apply(sizes_and_densities)->Unit(benchmark::kMicrosecond);
 

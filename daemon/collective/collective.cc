@@ -162,7 +162,7 @@ Status sparse_allgather(const ExchangeContext& ctx, uint32_t tensor_id, uint64_t
   for (uint32_t r = 0; r < ctx.world_size; ++r) {
     if (r == ctx.rank) {
       StageTimer timer(&stats->decode_seconds);
-      SC_RETURN_IF_ERROR(kernels::decode_accumulate(format, value_type, payload, nnz, out)
+      SC_RETURN_IF_ERROR(kernels::decode_accumulate(format, value_type, payload, nnz, out, ctx.kernel_pool)
                              .with_context("decoding own selection"));
       continue;
     }
@@ -183,7 +183,7 @@ Status sparse_allgather(const ExchangeContext& ctx, uint32_t tensor_id, uint64_t
     StageTimer timer(&stats->decode_seconds);
     SC_RETURN_IF_ERROR(kernels::decode_accumulate(static_cast<kernels::Format>(e.header.format),
                                                   static_cast<kernels::ValueType>(e.header.value_type), e.payload,
-                                                  e.header.nnz, out)
+                                                  e.header.nnz, out, ctx.kernel_pool)
                            .with_context("decoding from " + name));
   }
   StageTimer timer(&stats->send_seconds);
@@ -247,7 +247,7 @@ Status ring_allreduce(const ExchangeContext& ctx, uint32_t tensor_id, uint64_t s
     StageTimer timer(reduce ? &stats->reduce_seconds : &stats->decode_seconds);
     if (reduce) {
       SC_RETURN_IF_ERROR(kernels::decode_accumulate(kernels::Format::kDense, kernels::ValueType::kF32, e.payload,
-                                                    e.header.nnz, target)
+                                                    e.header.nnz, target, ctx.kernel_pool)
                              .with_context("reducing ring chunk from " + left_name));
     } else {
       std::memcpy(target.data(), e.payload.data(), target.size_bytes());

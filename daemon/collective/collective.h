@@ -25,6 +25,9 @@
 namespace sparsecar {
 
 class Metrics;
+namespace kernels {
+class ThreadPool;  // sparsecar/kernels/parallel.h
+}  // namespace kernels
 
 struct ExchangeContext {
   Transport* transport = nullptr;  // null only when world_size == 1
@@ -36,6 +39,7 @@ struct ExchangeContext {
   std::chrono::steady_clock::time_point deadline;
   std::shared_ptr<const void> keepalive;  // owner of every buffer handed to send()
   Metrics* metrics = nullptr;  // optional: bytes per peer and link bandwidth estimates
+  kernels::ThreadPool* kernel_pool = nullptr;  // optional: the decoders split large scatters over it
 };
 
 struct ExchangeStats {

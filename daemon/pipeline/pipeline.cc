@@ -304,6 +304,7 @@ Status Pipeline::run_step(TensorState& t, const StepJob& job, const Decision& de
   ctx.deadline = Clock::now() + options_.step_timeout;
   ctx.keepalive = tensors_[id];
   ctx.metrics = metrics_;
+  ctx.kernel_pool = kernel_pool_.get();
   mailbox_->drop_before(id, job.step);
 
   const float inv_trainers = 1.0f / static_cast<float>(total_trainers_);

@@ -214,15 +214,15 @@ Status dense_encode(std::span<const float> values, std::span<std::byte> out) {
 }
 
 Status decode_accumulate(Format format, ValueType value_type, std::span<const std::byte> payload, uint64_t nnz,
-                         std::span<float> dense_out) {
+                         std::span<float> dense_out, ThreadPool* pool) {
   if (!codec::known_value_type(value_type)) {
     return data_loss("payload value_type " + num(static_cast<unsigned>(value_type)) + " is unknown");
   }
   switch (format) {
-    case Format::kDense: return codec::dense_decode(value_type, payload, nnz, dense_out);
-    case Format::kCoo: return codec::coo_decode(value_type, payload, nnz, dense_out);
+    case Format::kDense: return codec::dense_decode(value_type, payload, nnz, dense_out, pool);
+    case Format::kCoo: return codec::coo_decode(value_type, payload, nnz, dense_out, pool);
     case Format::kCooVarint: return codec::coo_varint_decode(value_type, payload, nnz, dense_out);
-    case Format::kBitmap: return codec::bitmap_decode(value_type, payload, nnz, dense_out);
+    case Format::kBitmap: return codec::bitmap_decode(value_type, payload, nnz, dense_out, pool);
     case Format::kCsr: return codec::csr_decode(value_type, payload, nnz, dense_out);
     case Format::kRle: return codec::rle_decode(value_type, payload, nnz, dense_out);
   }

@@ -1,6 +1,8 @@
 // Bitmap payloads (format 3) and dense payloads (format 0). Layouts in kernels/codec.h.
 #include <immintrin.h>
 
+#include <algorithm>
+#include <array>
 #include <bit>
 
 #include "codec_internal.h"
@@ -116,7 +118,8 @@ size_t bitmap_write(ValueType vt, size_t n, std::span<const uint32_t> index, std
   return bytes + write_values(vt, value, out + bytes);
 }
 
-Status bitmap_decode(ValueType vt, std::span<const std::byte> payload, uint64_t nnz, std::span<float> dense_out) {
+Status bitmap_decode(ValueType vt, std::span<const std::byte> payload, uint64_t nnz, std::span<float> dense_out,
+                     ThreadPool* pool) {
   const size_t dense_len = dense_out.size();
   if (nnz > dense_len) {
     return data_loss("bitmap payload: nnz " + num(nnz) + " exceeds the dense length " + num(dense_len));
@@ -129,8 +132,19 @@ Status bitmap_decode(ValueType vt, std::span<const std::byte> payload, uint64_t 
   }
   const std::byte* bm = payload.data();
   const size_t full = bytes / 8;
+  const size_t words = full + (bytes % 8 != 0);
   const bool avx512 = detail::best_isa() == detail::Isa::kAvx512;
-  size_t count = avx512 ? count_bits_avx512(bm, full) : count_bits_portable(bm, full);
+  // Chunks of whole words; the set bits before each chunk (its first value) come from the same
+  // popcount pass that validates nnz.
+  const unsigned chunks = chunk_count(pool, dense_len);
+  std::array<size_t, kMaxKernelThreads + 1> first_value{};
+  size_t count = 0;
+  for (unsigned c = 0; c < chunks; ++c) {
+    first_value[c] = count;
+    const size_t w0 = std::min(full, chunk_begin(words, chunks, c));
+    const size_t w1 = std::min(full, chunk_begin(words, chunks, c + 1));
+    count += avx512 ? count_bits_avx512(bm + 8 * w0, w1 - w0) : count_bits_portable(bm + 8 * w0, w1 - w0);
+  }
   for (size_t b = 8 * full; b < bytes; ++b) count += static_cast<size_t>(std::popcount(std::to_integer<uint8_t>(bm[b])));
   if (dense_len % 8 != 0) {
     const auto last = std::to_integer<uint8_t>(bm[bytes - 1]);
@@ -143,15 +157,32 @@ Status bitmap_decode(ValueType vt, std::span<const std::byte> payload, uint64_t 
   }
   const std::byte* values = payload.data() + bytes;
   SC_RETURN_IF_ERROR(check_values(vt, values, n, "bitmap"));
+  const auto chunk_bytes = [&](unsigned c, size_t* w0) {
+    *w0 = chunk_begin(words, chunks, c);
+    return std::min(bytes, 8 * chunk_begin(words, chunks, c + 1)) - 8 * *w0;
+  };
   if (vt == ValueType::kF32 && avx512) {
-    bitmap_scatter_f32_avx512(bm, bytes, values, dense_out.data());
+    run_chunks(pool, chunks, [&](unsigned c) {
+      size_t w0 = 0;
+      const size_t len = chunk_bytes(c, &w0);
+      bitmap_scatter_f32_avx512(bm + 8 * w0, len, values + 4 * first_value[c], dense_out.data() + 64 * w0);
+    });
     return Status::Ok();
   }
-  with_reader(vt, values, [&](auto reader) { bitmap_scatter(bm, bytes, reader, dense_out.data()); });
+  with_reader(vt, values, [&](auto reader) {
+    run_chunks(pool, chunks, [&](unsigned c) {
+      size_t w0 = 0;
+      const size_t len = chunk_bytes(c, &w0);
+      const size_t first = first_value[c];
+      bitmap_scatter(bm + 8 * w0, len, [&reader, first](size_t j) { return reader(first + j); },
+                     dense_out.data() + 64 * w0);
+    });
+  });
   return Status::Ok();
 }
 
-Status dense_decode(ValueType vt, std::span<const std::byte> payload, uint64_t nnz, std::span<float> dense_out) {
+Status dense_decode(ValueType vt, std::span<const std::byte> payload, uint64_t nnz, std::span<float> dense_out,
+                    ThreadPool* pool) {
   const size_t dense_len = dense_out.size();
   if (nnz != dense_len) {
     return data_loss("dense payload: nnz " + num(nnz) + " differs from the dense length " + num(dense_len));
@@ -162,8 +193,12 @@ Status dense_decode(ValueType vt, std::span<const std::byte> payload, uint64_t n
   }
   SC_RETURN_IF_ERROR(check_values(vt, payload.data(), dense_len, "dense"));
   float* out = dense_out.data();
+  const unsigned chunks = chunk_count(pool, dense_len);
   with_reader(vt, payload.data(), [&](auto reader) {
-    for (size_t i = 0; i < dense_len; ++i) out[i] += reader(i);
+    run_chunks(pool, chunks, [&](unsigned c) {
+      const size_t end = chunk_begin(dense_len, chunks, c + 1);
+      for (size_t i = chunk_begin(dense_len, chunks, c); i < end; ++i) out[i] += reader(i);
+    });
   });
   return Status::Ok();
 }

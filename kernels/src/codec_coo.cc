@@ -26,6 +26,9 @@ size_t first_bad_index(const std::byte* idx, size_t nnz, size_t dense_len) {
 #define SPARSECAR_COO_PREFETCH 32
 #endif
 constexpr size_t kPrefetchAhead = SPARSECAR_COO_PREFETCH;
+// Entries per thread before a pool is used: each is a cache miss into a large sum (~5-100 ns),
+// so far fewer than the streaming kernels' elements pay for waking a worker.
+constexpr size_t kDecodeMinEntries = 16384;
 
 template <typename Reader>
 void coo_scatter(const std::byte* idx, size_t n, Reader value, float* out) {
@@ -47,7 +50,8 @@ size_t coo_write(ValueType vt, std::span<const uint32_t> index, std::span<const 
   return 4 * k + write_values(vt, value, out + 4 * k);
 }
 
-Status coo_decode(ValueType vt, std::span<const std::byte> payload, uint64_t nnz, std::span<float> dense_out) {
+Status coo_decode(ValueType vt, std::span<const std::byte> payload, uint64_t nnz, std::span<float> dense_out,
+                  ThreadPool* pool) {
   const size_t dense_len = dense_out.size();
   if (nnz > dense_len) {
     return data_loss("coo payload: nnz " + num(nnz) + " exceeds the dense length " + num(dense_len));
@@ -70,7 +74,16 @@ Status coo_decode(ValueType vt, std::span<const std::byte> payload, uint64_t nnz
                      num(bad - 1) + "]=" + num(load_u32(idx + 4 * (bad - 1))));
   }
   SC_RETURN_IF_ERROR(check_values(vt, values, n, "coo"));
-  with_reader(vt, values, [&](auto reader) { coo_scatter(idx, n, reader, dense_out.data()); });
+  // Indices are strictly increasing, so chunks of entries scatter into disjoint elements.
+  const unsigned chunks = chunk_count(pool, n, kDecodeMinEntries);
+  with_reader(vt, values, [&](auto reader) {
+    run_chunks(pool, chunks, [&](unsigned c) {
+      const size_t begin = chunk_begin(n, chunks, c);
+      const size_t end = chunk_begin(n, chunks, c + 1);
+      coo_scatter(idx + 4 * begin, end - begin, [&reader, begin](size_t j) { return reader(begin + j); },
+                  dense_out.data());
+    });
+  });
   return Status::Ok();
 }
 

@@ -20,6 +20,7 @@
 
 #include "sparsecar/common/status.h"
 #include "sparsecar/kernels/codec.h"
+#include "sparsecar/kernels/parallel.h"
 #include "sparsecar/kernels/types.h"
 
 namespace sparsecar::kernels::codec {
@@ -161,11 +162,16 @@ size_t bitmap_write(ValueType vt, size_t n, std::span<const uint32_t> index, std
 size_t csr_write(ValueType vt, size_t n, uint32_t rows, std::span<const uint32_t> index,
                  std::span<const float> value, std::byte* out);
 
-Status dense_decode(ValueType vt, std::span<const std::byte> payload, uint64_t nnz, std::span<float> out);
-Status coo_decode(ValueType vt, std::span<const std::byte> payload, uint64_t nnz, std::span<float> out);
+// The scatters of dense, COO and bitmap split over `pool` when one is given (parallel.h); the
+// validation before them runs on the calling thread.
+Status dense_decode(ValueType vt, std::span<const std::byte> payload, uint64_t nnz, std::span<float> out,
+                    ThreadPool* pool);
+Status coo_decode(ValueType vt, std::span<const std::byte> payload, uint64_t nnz, std::span<float> out,
+                  ThreadPool* pool);
 Status coo_varint_decode(ValueType vt, std::span<const std::byte> payload, uint64_t nnz, std::span<float> out);
 Status rle_decode(ValueType vt, std::span<const std::byte> payload, uint64_t nnz, std::span<float> out);
-Status bitmap_decode(ValueType vt, std::span<const std::byte> payload, uint64_t nnz, std::span<float> out);
+Status bitmap_decode(ValueType vt, std::span<const std::byte> payload, uint64_t nnz, std::span<float> out,
+                     ThreadPool* pool);
 Status csr_decode(ValueType vt, std::span<const std::byte> payload, uint64_t nnz, std::span<float> out);
 
 // "payload_bytes N, expected M ..." for a size mismatch of `format`.

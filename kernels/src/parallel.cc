@@ -69,10 +69,18 @@ void ThreadPool::work(unsigned /*worker*/) {
   }
 }
 
-unsigned chunk_count(const ThreadPool* pool, size_t n) {
+unsigned chunk_count(const ThreadPool* pool, size_t n, size_t min_per_chunk) {
   if (pool == nullptr || pool->size() <= 1) return 1;
-  const size_t by_size = std::max<size_t>(1, n / kParallelMinElements);
+  const size_t by_size = std::max<size_t>(1, n / std::max<size_t>(1, min_per_chunk));
   return static_cast<unsigned>(std::min<size_t>(pool->size(), by_size));
+}
+
+void run_chunks(ThreadPool* pool, unsigned chunks, const std::function<void(unsigned)>& task) {
+  if (chunks <= 1 || pool == nullptr) {
+    for (unsigned c = 0; c < chunks; ++c) task(c);
+    return;
+  }
+  pool->run(chunks, task);
 }
 
 size_t chunk_begin(size_t n, unsigned chunks, unsigned c) {

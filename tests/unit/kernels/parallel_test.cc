@@ -13,6 +13,7 @@
 #include <numeric>
 #include <vector>
 
+#include "sparsecar/kernels/codec.h"
 #include "sparsecar/kernels/select.h"
 #include "tests/unit/kernels/test_util.h"
 
@@ -156,6 +157,59 @@ TEST(kernelsParallel, ThresholdAndFusedEfAreIdenticalForEveryThreadCount) {
   EXPECT_EQ(s.count, p.count);
   EXPECT_EQ(0, std::memcmp(s.index.data(), p.index.data(), 100 * sizeof(uint32_t)));
   EXPECT_EQ(0, std::memcmp(r_serial.data(), r_par.data(), n * sizeof(float)));
+}
+
+// decode_accumulate with a pool: the same sums, bit for bit, for every format and value type
+// (the scatters split; the other formats ignore the pool), and the same rejections.
+TEST(kernelsParallel, DecodeIsIdenticalForEveryThreadCount) {
+  const size_t n = 2 * kParallelMinElements + 4099;  // bitmap: 2 chunks and a partial last word
+  const auto x = testing::normal_floats(n, 13);
+  const auto base = testing::normal_floats(n, 14);
+  for (double d : {0.002, 0.05, 0.4}) {
+    const size_t k = topk_count(n, d);
+    std::vector<std::byte> scratch(topk_scratch_bytes(n));
+    std::vector<uint32_t> index(k);
+    std::vector<float> value(k);
+    ASSERT_TRUE(topk_exact(x, k, scratch, index.data(), value.data()).ok());
+    for (Format f : {Format::kCoo, Format::kBitmap, Format::kRle, Format::kDense}) {
+      for (ValueType vt : {ValueType::kF32, ValueType::kF16, ValueType::kI8}) {
+        EncodeParams p;
+        p.format = f;
+        p.value_type = vt;
+        std::vector<uint32_t> idx = index;
+        std::vector<float> val = value;
+        if (f == Format::kDense) {  // dense carries every element
+          idx.resize(n);
+          std::iota(idx.begin(), idx.end(), 0u);
+          val = x;
+        }
+        auto size = encoded_size(p, n, idx);
+        ASSERT_TRUE(size.ok());
+        std::vector<std::byte> payload(*size);
+        ASSERT_TRUE(encode(p, n, idx, val, payload).ok());
+        std::vector<float> serial = base;
+        ASSERT_TRUE(decode_accumulate(f, vt, payload, idx.size(), serial).ok());
+        // Independent check of the serial result at the kept indices (fp32: exact sums).
+        if (vt == ValueType::kF32) {
+          for (size_t j = 0; j < idx.size(); j += 97) {
+            ASSERT_EQ(serial[idx[j]], base[idx[j]] + val[j]) << j;
+          }
+        }
+        for (unsigned threads : {2u, 3u}) {
+          ThreadPool pool(threads);
+          std::vector<float> par = base;
+          ASSERT_TRUE(decode_accumulate(f, vt, payload, idx.size(), par, &pool).ok());
+          ASSERT_EQ(0, std::memcmp(serial.data(), par.data(), n * sizeof(float)))
+              << "format " << static_cast<int>(f) << " value type " << static_cast<int>(vt) << " density " << d
+              << " threads " << threads;
+          // A wrong count is still rejected, and nothing is written.
+          std::vector<float> untouched = base;
+          EXPECT_FALSE(decode_accumulate(f, vt, payload, idx.size() + 1, untouched, &pool).ok());
+          EXPECT_EQ(0, std::memcmp(untouched.data(), base.data(), n * sizeof(float)));
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -58,6 +58,8 @@
 
 namespace sparsecar::kernels {
 
+class ThreadPool;  // parallel.h
+
 // Bytes of the value block for m values (0 for an unknown value type; saturates at SIZE_MAX).
 size_t value_block_bytes(ValueType value_type, size_t m);
 
@@ -128,8 +130,10 @@ Status dense_encode(std::span<const float> values, std::span<std::byte> out);
 // payload size exact for what it holds (truncated, oversized -> "payload_bytes"); nnz against
 // dense length and against the count the payload holds; every index in range and strictly
 // increasing; varints well-formed; runs non-empty and maximal; int8 scale and codes valid.
+// pool (optional, parallel.h): the dense, COO and bitmap scatters split over it (validation runs
+// on the calling thread first); the same sums for every thread count.
 Status decode_accumulate(Format format, ValueType value_type, std::span<const std::byte> payload,
-                         uint64_t nnz, std::span<float> dense_out);
+                         uint64_t nnz, std::span<float> dense_out, ThreadPool* pool = nullptr);
 
 // fp16 / bf16 conversions used by the value blocks (exposed for tests and references).
 uint16_t float_to_half(float x);

@@ -55,9 +55,12 @@ class ThreadPool {
   bool stop_ = false;
 };
 
-// How many chunks to split n elements into: 1 without a pool, else up to pool->size() with at
-// least kParallelMinElements each.
-unsigned chunk_count(const ThreadPool* pool, size_t n);
+// How many chunks to split n units of work into: 1 without a pool, else up to pool->size() with
+// at least min_per_chunk each (elements of a streaming pass by default; the decoders pass a
+// smaller number of scattered entries, each a cache miss).
+unsigned chunk_count(const ThreadPool* pool, size_t n, size_t min_per_chunk = kParallelMinElements);
+// Runs task(c) for c in [0, chunks): on the pool, or inline when chunks == 1 or there is none.
+void run_chunks(ThreadPool* pool, unsigned chunks, const std::function<void(unsigned)>& task);
 // [begin, end) of chunk c of `chunks` over n elements, boundaries rounded to multiples of 16
 // elements (whole cache lines and vectors).
 size_t chunk_begin(size_t n, unsigned chunks, unsigned c);
