@@ -77,8 +77,9 @@ const std::vector<Knob>& knobs() {
         ""},
        &Config::ucx_net_devices},
       {{"kernel_threads", K::kUint,
-        "threads one selection call (top-k, threshold, EF + threshold) may use on tensors of 256 Ki+ "
-        "elements per thread; results are identical for every count",
+        "threads one kernel call may use: selection (top-k, threshold, EF + threshold) on tensors of "
+        "256 Ki+ elements per thread, decoding (dense, COO, bitmap) of 16 Ki+ entries per thread; "
+        "results are identical for every count",
         1, 64, "", false, false, "SPARSECAR_KERNEL_THREADS"},
        &Config::kernel_threads},
       {{"compression", K::kBool, "compress gradients (off = exact dense average)", 0, 0, "", true, true, ""},

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -183,6 +184,37 @@ TEST(SparseTest, TopkResultIsTheMeanOfEveryNodesIndependentlySelectedValues) {
     auto bres = run_step(job, 1, step, bin, bout);
     for (auto& r : bres) ASSERT_TRUE(r.status.ok()) << r.status.to_string();
     EXPECT_EQ(bres[0].nnz, 1u);
+  }
+}
+
+// kernel_threads: the pipeline's pool reaches selection (compressor) and decoding (collective);
+// a job with 3 kernel threads per node gives bit-identical averages to one with 1, for top-k
+// (COO) and hard threshold (bitmap) on a tensor large enough to be split.
+TEST(SparseTest, KernelThreadsGiveTheSameAverages) {
+  const uint32_t w = 2;
+  const size_t n = 3 * kernels::kParallelMinElements + 33;
+  for (const auto& [selector, format] : {std::pair{kernels::Selector::kTopk, kernels::Format::kCoo},
+                                         std::pair{kernels::Selector::kThreshold, kernels::Format::kBitmap}}) {
+    PipelineOptions one = options(true, selector, 0.05, 1.5);
+    one.settings.format = format;
+    PipelineOptions three = one;
+    three.kernel_threads = 3;
+    Job a(w, one);
+    Job b(w, three);
+    register_all(a, {{"w", n}});
+    register_all(b, {{"w", n}});
+    for (uint64_t step = 0; step < 3; ++step) {
+      std::vector<std::vector<float>> in, out_a, out_b;
+      for (uint32_t r = 0; r < w; ++r) in.push_back(random_vector(n, 77 * static_cast<uint32_t>(step) + r));
+      auto ra = run_step(a, 0, step, in, out_a);
+      auto rb = run_step(b, 0, step, in, out_b);
+      for (uint32_t r = 0; r < w; ++r) {
+        ASSERT_TRUE(ra[r].status.ok() && rb[r].status.ok()) << rb[r].status.to_string();
+        EXPECT_GT(ra[r].nnz, 0u);
+        EXPECT_EQ(ra[r].nnz, rb[r].nnz);
+        ASSERT_EQ(0, std::memcmp(out_a[r].data(), out_b[r].data(), n * sizeof(float))) << "node " << r;
+      }
+    }
   }
 }
 

@@ -1,7 +1,8 @@
 // The optional thread count of the kernels: a caller-owned pool one kernel call can be split over.
 //
 // Kernels never start threads themselves. A caller that wants more than one core per call (the
-// daemon's `kernel_threads` knob) owns a ThreadPool and passes it; nullptr, or a pool of size 1,
+// daemon's `kernel_threads` knob) owns a ThreadPool and passes it to the selection kernels
+// (select.h) and decode_accumulate (codec.h); nullptr, or a pool of size 1,
 // runs the call on the calling thread alone. Results are bit-identical for every thread count:
 // a call splits its input into contiguous chunks, each chunk's output lands where the
 // single-threaded pass would have put it, and anything order-dependent (tie-breaking, the running
