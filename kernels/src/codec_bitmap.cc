@@ -136,7 +136,9 @@ Status bitmap_decode(ValueType vt, std::span<const std::byte> payload, uint64_t 
   const bool avx512 = detail::best_isa() == detail::Isa::kAvx512;
   // Chunks of whole words; the set bits before each chunk (its first value) come from the same
   // popcount pass that validates nnz.
-  const unsigned chunks = chunk_count(pool, dense_len);
+  // A chunk must hold 1 Mi elements (128 KiB of bitmap): below that waking a worker costs more
+  // than the popcount scan and the scatter of a sparse chunk.
+  const unsigned chunks = chunk_count(pool, dense_len, 4 * kParallelMinElements);
   std::array<size_t, kMaxKernelThreads + 1> first_value{};
   size_t count = 0;
   for (unsigned c = 0; c < chunks; ++c) {

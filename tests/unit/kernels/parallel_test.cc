@@ -162,7 +162,7 @@ TEST(kernelsParallel, ThresholdAndFusedEfAreIdenticalForEveryThreadCount) {
 // decode_accumulate with a pool: the same sums, bit for bit, for every format and value type
 // (the scatters split; the other formats ignore the pool), and the same rejections.
 TEST(kernelsParallel, DecodeIsIdenticalForEveryThreadCount) {
-  const size_t n = 2 * kParallelMinElements + 4099;  // bitmap: 2 chunks and a partial last word
+  const size_t n = 8 * kParallelMinElements + 4099;  // bitmap: 2 chunks and a partial last word
   const auto x = testing::normal_floats(n, 13);
   const auto base = testing::normal_floats(n, 14);
   for (double d : {0.002, 0.05, 0.4}) {
