@@ -47,7 +47,8 @@ Expected<std::unique_ptr<Daemon>> Daemon::start(const Config& config) {
   mo.rank = config.rank;
   mo.world_size = config.world_size;
   SC_ASSIGN_OR_RETURN(parts->metrics, Metrics::create(config.metrics_listen, mo));
-  parts->mailbox = std::make_unique<Mailbox>(config.job_id, config.world_size, parts->metrics.get());
+  parts->mailbox = std::make_unique<Mailbox>(config.job_id, config.world_size, parts->metrics.get(),
+                                             config.mailbox_max_bytes);
 
   if (config.world_size > 1) {
     UcxTransportOptions t;

@@ -1,12 +1,30 @@
 #include "daemon/collective/mailbox.h"
 
+#include <algorithm>
+
 #include "daemon/metrics/metrics.h"
 #include "sparsecar/common/log.h"
 
 namespace sparsecar {
 
-Mailbox::Mailbox(uint64_t job_id, uint32_t world_size, Metrics* metrics)
-    : job_id_(job_id), world_size_(world_size), metrics_(metrics), peer_failures_(world_size) {}
+Mailbox::Mailbox(uint64_t job_id, uint32_t world_size, Metrics* metrics, uint64_t max_bytes_per_peer)
+    : job_id_(job_id),
+      world_size_(world_size),
+      metrics_(metrics),
+      max_bytes_per_peer_(max_bytes_per_peer),
+      peer_failures_(world_size),
+      buffered_(world_size, 0) {}
+
+std::map<Mailbox::Key, Envelope>::iterator Mailbox::erase_message(std::map<Key, Envelope>::iterator it) {
+  const uint32_t peer = std::get<1>(it->first);
+  if (peer < buffered_.size()) buffered_[peer] -= it->second.payload.size();
+  return messages_.erase(it);
+}
+
+uint64_t Mailbox::buffered_bytes(uint32_t peer) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return peer < buffered_.size() ? buffered_[peer] : 0;
+}
 
 void Mailbox::reject(uint32_t peer, const Status& why, const wire::WireHeader* trusted_header) {
   rejected_.fetch_add(1);
@@ -14,10 +32,12 @@ void Mailbox::reject(uint32_t peer, const Status& why, const wire::WireHeader* t
   SC_LOG_WARN("rejected message from rank %u: %s", peer, why.to_string().c_str());
   if (trusted_header == nullptr) return;
   std::lock_guard<std::mutex> lock(mu_);
+  // The step fails with the reason's code: kDataLoss for a corrupt message, kResourceExhausted
+  // for one over the peer's byte limit.
   step_failures_[{peer, trusted_header->tensor_id, trusted_header->step}] =
-      data_loss("rank " + std::to_string(peer) + " sent a corrupt message for tensor " +
-                std::to_string(trusted_header->tensor_id) + " step " + std::to_string(trusted_header->step) +
-                ": " + why.message());
+      Status(why.code(), "rank " + std::to_string(peer) + " sent a message for tensor " +
+                             std::to_string(trusted_header->tensor_id) + " step " +
+                             std::to_string(trusted_header->step) + " that was rejected: " + why.message());
   cv_.notify_all();
 }
 
@@ -62,7 +82,27 @@ void Mailbox::on_message(uint32_t peer, std::span<const std::byte> header_bytes,
     }
     return;
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  if (peer >= world_size_) {  // validate_header ties the sender to the peer; stay defensive
+    reject(peer, data_loss("message from rank " + std::to_string(peer) + " outside the job"), nullptr);
+    return;
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  if (kind != wire::Kind::kAbort) {
+    // A repeated key replaces the stored message: only the difference counts.
+    const Key key{h.kind, peer, h.tensor_id, h.step, h.chunk};
+    auto old = messages_.find(key);
+    const uint64_t replaced = old != messages_.end() ? old->second.payload.size() : 0;
+    if (buffered_[peer] - replaced + payload.size() > max_bytes_per_peer_) {
+      const uint64_t waiting = buffered_[peer];
+      lock.unlock();
+      reject(peer,
+             resource_exhausted("rank " + std::to_string(peer) + " has " + std::to_string(waiting) +
+                                " bytes waiting; a message of " + std::to_string(payload.size()) +
+                                " bytes would exceed mailbox_max_bytes = " + std::to_string(max_bytes_per_peer_)),
+             &h);
+      return;
+    }
+  }
   if (kind == wire::Kind::kAbort) {
     std::string reason(reinterpret_cast<const char*>(payload.data()), payload.size());
     step_failures_[{peer, h.tensor_id, h.step}] =
@@ -70,8 +110,10 @@ void Mailbox::on_message(uint32_t peer, std::span<const std::byte> header_bytes,
                 std::to_string(h.step) + ": " + reason);
   } else {
     Envelope& e = messages_[{h.kind, peer, h.tensor_id, h.step, h.chunk}];
+    buffered_[peer] -= e.payload.size();
     e.header = h;
     e.payload.assign(payload.begin(), payload.end());
+    buffered_[peer] += e.payload.size();
   }
   cv_.notify_all();
 }
@@ -97,6 +139,8 @@ Expected<Envelope> Mailbox::take(wire::Kind kind, uint32_t peer, uint32_t tensor
     auto it = messages_.find(key);
     if (it != messages_.end()) {
       Envelope e = std::move(it->second);
+      it->second.payload.clear();  // moved-from: make the account's arithmetic independent of it
+      buffered_[peer] -= e.payload.size();
       messages_.erase(it);
       return e;
     }
@@ -120,7 +164,7 @@ void Mailbox::drop_before(uint32_t tensor, uint64_t step) {
   for (auto it = messages_.begin(); it != messages_.end();) {
     if (std::get<2>(it->first) == tensor && std::get<3>(it->first) < step &&
         std::get<0>(it->first) == static_cast<uint16_t>(wire::Kind::kData)) {
-      it = messages_.erase(it);
+      it = erase_message(it);
     } else {
       ++it;
     }
@@ -138,6 +182,7 @@ void Mailbox::clear() {
   std::lock_guard<std::mutex> lock(mu_);
   messages_.clear();
   step_failures_.clear();
+  std::fill(buffered_.begin(), buffered_.end(), 0);
 }
 
 void Mailbox::cancel() {

@@ -10,6 +10,12 @@
 // The pipeline thread takes messages with take(): it blocks until the message is there, the
 // peer has failed, the peer aborted that step, the deadline passes, or cancel() is called.
 //
+// Memory is bounded per peer: the payload bytes a peer has waiting here may not exceed
+// max_bytes_per_peer (the `mailbox_max_bytes` knob). A message that would go over is rejected
+// like a corrupt one (counted, logged, its step failed at once with kResourceExhausted): a peer
+// that runs far ahead or floods cannot exhaust this daemon's memory. A peer in step can be at
+// most about two steps ahead, so the limit only needs to cover two steps of its messages.
+//
 // Thread-safety: on_message/on_peer_failed run on the transport thread; everything else on the
 // pipeline thread; one mutex guards the state (messages are per tensor step, not per element).
 #pragma once
@@ -41,7 +47,9 @@ class Mailbox final : public MessageSink {
  public:
   using Clock = std::chrono::steady_clock;
 
-  Mailbox(uint64_t job_id, uint32_t world_size, Metrics* metrics);
+  static constexpr uint64_t kDefaultMaxBytesPerPeer = uint64_t{4} << 30;
+  Mailbox(uint64_t job_id, uint32_t world_size, Metrics* metrics,
+          uint64_t max_bytes_per_peer = kDefaultMaxBytesPerPeer);
 
   // MessageSink (transport thread).
   void on_message(uint32_t peer, std::span<const std::byte> header,
@@ -71,16 +79,21 @@ class Mailbox final : public MessageSink {
   // Why `peer` failed, or OK while it is alive.
   Status peer_status(uint32_t peer) const;
   uint64_t rejected() const { return rejected_.load(); }
+  // Payload bytes waiting from `peer` (for tests and status).
+  uint64_t buffered_bytes(uint32_t peer) const;
 
  private:
   using Key = std::tuple<uint16_t, uint32_t, uint32_t, uint64_t, uint32_t>;  // kind, peer, tensor, step, chunk
   using StepKey = std::tuple<uint32_t, uint32_t, uint64_t>;                   // peer, tensor, step
 
   void reject(uint32_t peer, const Status& why, const wire::WireHeader* trusted_header);
+  // Removes a stored message and its bytes from the peer's account (mu_ held).
+  std::map<Key, Envelope>::iterator erase_message(std::map<Key, Envelope>::iterator it);
 
   const uint64_t job_id_;
   const uint32_t world_size_;
   Metrics* const metrics_;
+  const uint64_t max_bytes_per_peer_;
   std::atomic<uint64_t> rejected_{0};
 
   mutable std::mutex mu_;
@@ -88,6 +101,7 @@ class Mailbox final : public MessageSink {
   std::map<Key, Envelope> messages_;            // guarded by mu_
   std::map<StepKey, Status> step_failures_;     // guarded by mu_: aborts and corrupt messages
   std::vector<Status> peer_failures_;           // guarded by mu_: OK while alive
+  std::vector<uint64_t> buffered_;              // guarded by mu_: payload bytes waiting per peer
   bool cancelled_ = false;                      // guarded by mu_
   ControlHandler control_;                      // guarded by mu_ (copied out before the call)
 };

@@ -82,6 +82,11 @@ const std::vector<Knob>& knobs() {
         "results are identical for every count",
         1, 64, "", false, false, "SPARSECAR_KERNEL_THREADS"},
        &Config::kernel_threads},
+      {{"mailbox_max_bytes", K::kUint,
+        "payload bytes one peer may have waiting in this daemon's mailbox (about two steps of its "
+        "messages are needed); a message beyond it is rejected and fails its step",
+        65536, 1.1e12, "", false, false, ""},
+       &Config::mailbox_max_bytes},
       {{"compression", K::kBool, "compress gradients (off = exact dense average)", 0, 0, "", true, true, ""},
        &Config::compression},
       {{"selector", K::kChoice, "how coordinates are chosen when compression is on", 0, 0,

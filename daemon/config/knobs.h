@@ -39,6 +39,7 @@ struct Config {
   std::string ucx_tls;          // empty: UCX's default (or UCX_TLS)
   std::string ucx_net_devices;  // empty: all
   uint32_t kernel_threads = 1;  // threads one selection kernel call may use (kernels/parallel.h)
+  uint64_t mailbox_max_bytes = uint64_t{4} << 30;  // payload bytes one peer may have waiting here
 
   // Compression: every node must agree on these.
   bool compression = true;
