@@ -109,10 +109,11 @@ void topk_exact_case(benchmark::State& s, sk::ThreadPool* pool) {
   const size_t n = x.size();
   const size_t k = sk::topk_count(n, density(s));
   sparsecar::LargeVector<std::byte> scratch(sk::topk_scratch_bytes(n));
-  sparsecar::LargeVector<uint32_t> index(k);
-  sparsecar::LargeVector<float> value(k);
+  // Outputs of n entries, as the daemon's (a single-threaded call then compacts in place).
+  sparsecar::LargeVector<uint32_t> index(n);
+  sparsecar::LargeVector<float> value(n);
   for (auto _ : s) {
-    auto got = sk::topk_exact(x, k, scratch, index.data(), value.data(), pool);
+    auto got = sk::topk_exact(x, k, scratch, index.data(), value.data(), pool, n);
     if (!got.ok()) {
       s.SkipWithError(got.status().to_string().c_str());
       break;

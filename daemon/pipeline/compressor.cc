@@ -80,7 +80,7 @@ Expected<size_t> TensorCompressor::accumulate_and_select(const policies::Plan& p
   switch (plan.selector) {
     case kernels::Selector::kTopk: {
       SC_ASSIGN_OR_RETURN(nnz, kernels::topk_exact(residual_, kernels::topk_count(n, plan.density),
-                                                   scratch_, index, value, pool_));
+                                                   scratch_, index, value, pool_, n));
       break;
     }
     case kernels::Selector::kTopkApprox: {

@@ -329,7 +329,7 @@ size_t topk_two_pass(Isa isa, std::span<const float> x, size_t k, const ScratchL
 // The sampled path: bracket the k-th key from a sample, one pass, refine the band. Returns
 // false (outputs clobbered) when the bracket missed; the caller then runs the two-pass path.
 bool topk_sampled(Isa isa, std::span<const float> x, size_t k, const ScratchLayout& mem,
-                  uint32_t* out_index, float* out_value, ThreadPool* pool) {
+                  uint32_t* out_index, float* out_value, ThreadPool* pool, size_t out_capacity) {
   const size_t n = x.size();
   const size_t s = sample_size(n);
   sample_keys(x.data(), nullptr, n, s, mem.sample);
@@ -380,6 +380,18 @@ bool topk_sampled(Isa isa, std::span<const float> x, size_t k, const ScratchLayo
     ch.band_keys = reinterpret_cast<uint32_t*>(ch.cand_value + cap + slack);
     ch.count = cap;                                // capacity until the pass runs
     ch.band = words - 3 * slack - 2 * cap;
+  }
+  // One chunk and outputs with room for the candidates (the daemon's are n long): the candidates
+  // go straight to the outputs and the compaction runs in place (it writes at or below where it
+  // reads), so the result lines are written where they were just read instead of being fetched
+  // for ownership a second time; the band keys get all of scratch.
+  const bool in_place = chunks == 1 && out_capacity >= part[0].count + slack;
+  if (in_place) {
+    part[0].cand_index = out_index;
+    part[0].cand_value = out_value;
+    part[0].count = out_capacity - slack;
+    part[0].band_keys = mem.region;
+    part[0].band = n - slack;
   }
   const bool avx512 = isa == Isa::kAvx512;
   const auto candidates_pass = [&](unsigned c) {
@@ -511,13 +523,14 @@ size_t threshold_keys(Isa isa, std::span<const float> x, uint32_t key, uint32_t*
 
 Expected<size_t> topk_exact_isa(Isa isa, std::span<const float> x, size_t k,
                                 std::span<std::byte> scratch, uint32_t* out_index,
-                                float* out_value, ThreadPool* pool) {
+                                float* out_value, ThreadPool* pool, size_t capacity) {
   size_t result = 0;
   SC_ASSIGN_OR_RETURN(bool done,
                       topk_trivial("topk_exact", x, &k, scratch, out_index, out_value, &result));
   if (done) return result;
   const ScratchLayout mem = layout_of(scratch);
-  if (x.size() >= kSampledMinN && topk_sampled(isa, x, k, mem, out_index, out_value, pool)) {
+  if (x.size() >= kSampledMinN &&
+      topk_sampled(isa, x, k, mem, out_index, out_value, pool, std::max(capacity, k))) {
     return k;
   }
   return topk_two_pass(isa, x, k, mem, out_index, out_value);
@@ -568,7 +581,7 @@ Expected<size_t> topk_approx_isa(Isa isa, std::span<const float> x, size_t k, do
     keep_largest_pairs(out_index, out_value, count, k, mem.hist);
     return k;
   }
-  return topk_exact_isa(isa, x, k, scratch, out_index, out_value, pool);
+  return topk_exact_isa(isa, x, k, scratch, out_index, out_value, pool, capacity);
 }
 
 size_t threshold_select_isa(Isa isa, std::span<const float> x, float lambda, uint32_t* out_index,
@@ -613,8 +626,10 @@ void add(std::span<float> dst, std::span<const float> src) {
 void scale(std::span<float> x, float factor) { detail::scale_isa(detail::best_isa(), x, factor); }
 
 Expected<size_t> topk_exact(std::span<const float> x, size_t k, std::span<std::byte> scratch,
-                            uint32_t* out_index, float* out_value, ThreadPool* pool) {
-  return detail::topk_exact_isa(detail::best_isa(), x, k, scratch, out_index, out_value, pool);
+                            uint32_t* out_index, float* out_value, ThreadPool* pool,
+                            size_t capacity) {
+  return detail::topk_exact_isa(detail::best_isa(), x, k, scratch, out_index, out_value, pool,
+                                capacity);
 }
 
 size_t threshold_select(std::span<const float> x, float lambda, uint32_t* out_index,

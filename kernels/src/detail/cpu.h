@@ -54,7 +54,8 @@ void add_isa(Isa isa, std::span<float> dst, std::span<const float> src);
 void scale_isa(Isa isa, std::span<float> x, float factor);
 Expected<size_t> topk_exact_isa(Isa isa, std::span<const float> x, size_t k,
                                 std::span<std::byte> scratch, uint32_t* out_index,
-                                float* out_value, ThreadPool* pool = nullptr);
+                                float* out_value, ThreadPool* pool = nullptr,
+                                size_t capacity = 0);
 size_t threshold_select_isa(Isa isa, std::span<const float> x, float lambda, uint32_t* out_index,
                             float* out_value, size_t capacity, ThreadPool* pool = nullptr);
 size_t ef_threshold_isa(Isa isa, std::span<float> residual, std::span<const float> grad,

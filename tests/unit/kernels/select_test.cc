@@ -67,6 +67,16 @@ class SelectTest : public ::testing::TestWithParam<Isa> {
     for (size_t j = 0; j < m; ++j) {
       ASSERT_TRUE(same_bits(value[j], x[index[j]])) << "value " << j << " of index " << index[j];
     }
+    // Outputs with room for n entries (as the daemon passes): the in-place variant.
+    std::vector<uint32_t> big_index(x.size() + 1);
+    std::vector<float> big_value(x.size() + 1);
+    auto big = detail::topk_exact_isa(GetParam(), x, k, scratch, big_index.data(), big_value.data(),
+                                      nullptr, x.size() + 1);
+    ASSERT_TRUE(big.ok()) << big.status().to_string();
+    ASSERT_EQ(*big, m);
+    big_index.resize(m);
+    ASSERT_EQ(big_index, want) << "capacity n";
+    for (size_t j = 0; j < m; ++j) ASSERT_TRUE(same_bits(big_value[j], value[j])) << "capacity n, value " << j;
   }
 };
 

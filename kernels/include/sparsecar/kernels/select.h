@@ -56,8 +56,13 @@ size_t topk_scratch_bytes(size_t n);
 // 10 + 10 bit refinement of the k-th element's bin. Both paths give the identical answer.
 // Errors: scratch smaller than topk_scratch_bytes(n), null outputs with k > 0, or more than
 // 2^32 - 1 elements -> kInvalidArgument (nothing written).
+// capacity (optional): entries out_index/out_value hold, when more than min(k, n). With about
+// 3n/8 + 16 or more (the daemon passes n), a single-threaded call keeps its candidates in the
+// outputs themselves and compacts them in place, saving a write-allocate of the result; entries
+// past the returned count may then be overwritten.
 Expected<size_t> topk_exact(std::span<const float> x, size_t k, std::span<std::byte> scratch,
-                            uint32_t* out_index, float* out_value, ThreadPool* pool = nullptr);
+                            uint32_t* out_index, float* out_value, ThreadPool* pool = nullptr,
+                            size_t capacity = 0);
 
 // Approximate top-k (DGC's sampled threshold): lambda = the magnitude of rank k estimated from a
 // sample of x, then one threshold pass. If the count c lands within k * (1 +- tolerance) the
