@@ -30,10 +30,15 @@ constexpr size_t kPrefetchAhead = SPARSECAR_COO_PREFETCH;
 // so far fewer than the streaming kernels' elements pay for waking a worker.
 constexpr size_t kDecodeMinEntries = 16384;
 
+// Dense selections (more than 1 in kPrefetchMaxDensity elements) touch nearly every line in
+// order: the hardware prefetcher follows them and a software prefetch per entry only costs
+// (measured: 10 % at 64M 2.2 -> 2.8 GB/s without it, 1 % 4.3 -> 2.7 GB/s).
+constexpr size_t kPrefetchMaxDensity = 32;
+
 template <typename Reader>
-void coo_scatter(const std::byte* idx, size_t n, Reader value, float* out) {
+void coo_scatter(const std::byte* idx, size_t n, Reader value, float* out, bool prefetch) {
   size_t i = 0;
-  if (n > kPrefetchAhead) {
+  if (prefetch && n > kPrefetchAhead) {
     for (; i < n - kPrefetchAhead; ++i) {
       __builtin_prefetch(out + load_u32(idx + 4 * (i + kPrefetchAhead)), 1, 0);
       out[load_u32(idx + 4 * i)] += value(i);
@@ -76,12 +81,13 @@ Status coo_decode(ValueType vt, std::span<const std::byte> payload, uint64_t nnz
   SC_RETURN_IF_ERROR(check_values(vt, values, n, "coo"));
   // Indices are strictly increasing, so chunks of entries scatter into disjoint elements.
   const unsigned chunks = chunk_count(pool, n, kDecodeMinEntries);
+  const bool prefetch = n * kPrefetchMaxDensity < dense_len;
   with_reader(vt, values, [&](auto reader) {
     run_chunks(pool, chunks, [&](unsigned c) {
       const size_t begin = chunk_begin(n, chunks, c);
       const size_t end = chunk_begin(n, chunks, c + 1);
       coo_scatter(idx + 4 * begin, end - begin, [&reader, begin](size_t j) { return reader(begin + j); },
-                  dense_out.data());
+                  dense_out.data(), prefetch);
     });
   });
   return Status::Ok();
