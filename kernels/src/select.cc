@@ -138,9 +138,10 @@ uint32_t kth_largest_key(const ForEachKey& for_each_key, size_t need, uint32_t l
 
 // Keeps, in place and in order, the `need` largest of the (index, value) pairs [0, count)
 // (pairs in increasing index order, so ties go to the lower index; every key in [lo, hi]).
-// need <= count.
-void keep_largest_pairs(uint32_t* index, float* value, size_t count, size_t need, uint32_t* hist,
-                        uint32_t lo = 0, uint32_t hi = detail::kNanKey) {
+// need <= count. The compaction is the top-k kernel's (vector, in place: it writes at or below
+// where it reads); a branchy scalar filter mispredicted on every other pair.
+void keep_largest_pairs(detail::Isa isa, uint32_t* index, float* value, size_t count, size_t need,
+                        uint32_t* hist, uint32_t lo = 0, uint32_t hi = detail::kNanKey) {
   if (need >= count) return;
   if (need == 0) return;
   size_t ties = 0;
@@ -148,16 +149,9 @@ void keep_largest_pairs(uint32_t* index, float* value, size_t count, size_t need
     for (size_t j = 0; j < count; ++j) f(detail::magnitude_key(value[j]));
   };
   const uint32_t kth = kth_largest_key(keys, need, lo, hi, hist, &ties);
-  size_t kept = 0;
-  for (size_t j = 0; j < count; ++j) {
-    const uint32_t key = detail::magnitude_key(value[j]);
-    if (key > kth || (key == kth && ties > 0)) {
-      if (key == kth) --ties;
-      index[kept] = index[j];
-      value[kept] = value[j];
-      ++kept;
-    }
-  }
+  const size_t kept = isa == detail::Isa::kAvx512
+                          ? detail::topk_compact_avx512(index, value, count, kth, ties, index, value, need)
+                          : detail::topk_compact_portable(index, value, count, kth, ties, index, value, need);
   SC_CHECK(kept == need, "top-k pair refinement kept %zu of %zu", kept, need);
 }
 
@@ -565,9 +559,17 @@ Expected<size_t> topk_approx_isa(Isa isa, std::span<const float> x, size_t k, do
   const ScratchLayout mem = layout_of(scratch);
   const size_t s = sample_size(n);
   sample_keys(x.data(), nullptr, n, s, mem.sample);
-  // 0-based sample position of the k-th largest: k s / n - 1 (exactly k - 1 when s == n).
-  const double pos = std::round(static_cast<double>(k) * static_cast<double>(s) /
-                                static_cast<double>(n)) - 1.0;
+  // 0-based sample position of the k-th largest: k s / n - 1 (exactly k - 1 when s == n). When
+  // the sample is a subset its rank r is binomial (sigma ~ sqrt(r)), and a count below k is the
+  // expensive miss (a full exact pass) while one above is cheap (the top k of the selection):
+  // aim above k, by tolerance/2 or by 2 sigma where the sample is too coarse for the tolerance.
+  const double r = static_cast<double>(k) * static_cast<double>(s) / static_cast<double>(n);
+  double aim = r;
+  if (s < n) {
+    const double two_sigma = 2.0 * std::sqrt(r);
+    aim = two_sigma > r * tolerance ? r + two_sigma : r * (1.0 + tolerance / 2.0);
+  }
+  const double pos = std::round(aim) - 1.0;
   const size_t at = static_cast<size_t>(std::clamp(pos, 0.0, static_cast<double>(s - 1)));
   const uint32_t lambda = key_at_rank(mem.sample, 0, s, at);
   const size_t count = threshold_keys(isa, x, lambda, out_index, out_value, capacity, pool);
@@ -578,7 +580,7 @@ Expected<size_t> topk_approx_isa(Isa isa, std::span<const float> x, size_t k, do
   if (count <= capacity && c > high) {
     // Every unselected |x_i| is below lambda <= every selected one: the top k of the selection
     // is the exact top k.
-    keep_largest_pairs(out_index, out_value, count, k, mem.hist);
+    keep_largest_pairs(isa, out_index, out_value, count, k, mem.hist, lambda);  // every key >= lambda
     return k;
   }
   return topk_exact_isa(isa, x, k, scratch, out_index, out_value, pool, capacity);

@@ -65,7 +65,9 @@ Expected<size_t> topk_exact(std::span<const float> x, size_t k, std::span<std::b
                             size_t capacity = 0);
 
 // Approximate top-k (DGC's sampled threshold): lambda = the magnitude of rank k estimated from a
-// sample of x, then one threshold pass. If the count c lands within k * (1 +- tolerance) the
+// sample of x (aimed slightly above k: at k (1 + tolerance/2), or 2 sigma of the sample rank
+// above it when the sample is too small for the tolerance, so that a miss is usually the cheap
+// overshoot), then one threshold pass. If the count c lands within k * (1 +- tolerance) the
 // c pairs are the answer (every |x_i| >= lambda, i.e. a hard threshold); if c overshoots, the
 // exact top k of those c are kept (then the result equals topk_exact); if c undershoots or does
 // not fit `capacity`, exact top-k runs. Returns the number of pairs written (the nnz actually
