@@ -1,7 +1,8 @@
 // Storage for the large per-tensor buffers (residuals, sums, selections, scratch).
 //
 // HugePageAllocator backs every allocation of 2 MiB or more with 2 MiB-aligned memory and asks
-// the kernel for transparent huge pages on it (madvise(MADV_HUGEPAGE); Debian's default THP mode
+// the kernel for transparent huge pages on its whole 2 MiB pages (the tail below 2 MiB stays on
+// 4 KiB pages, so nothing is resident beyond the buffer) (madvise(MADV_HUGEPAGE); Debian's default THP mode
 // is `madvise`, so without the call such buffers stay on 4 KiB pages). The kernels stream over
 // these buffers and scatter into them: on 4 KiB pages a pass over a 256 MiB tensor walks 65,536
 // pages and a scatter misses the TLB on almost every element (docs/benchmarks.md has the
