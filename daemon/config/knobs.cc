@@ -77,9 +77,9 @@ const std::vector<Knob>& knobs() {
         ""},
        &Config::ucx_net_devices},
       {{"kernel_threads", K::kUint,
-        "threads one kernel call may use: selection (top-k, threshold, EF + threshold) on tensors of "
-        "256 Ki+ elements per thread, decoding (dense, COO, bitmap) of 16 Ki+ entries per thread; "
-        "results are identical for every count",
+        "threads one kernel call may use: selection (top-k, threshold, EF + threshold) and decoding "
+        "(dense, COO, bitmap) of large tensors and messages (256 Ki elements, 16 Ki COO entries or "
+        "1 Mi bitmap elements per thread); results are identical for every count",
         1, 64, "", false, false, "SPARSECAR_KERNEL_THREADS"},
        &Config::kernel_threads},
       {{"mailbox_max_bytes", K::kUint,
