@@ -104,16 +104,26 @@ void ef_threshold_case(benchmark::State& s, sk::ThreadPool* pool) {
   set_bytes(s, 12.0 * static_cast<double>(n) + 8.0 * static_cast<double>(selected));
 }
 
+// The input and buffers of a top-k case: outputs of n entries, as the daemon's (a
+// single-threaded exact top-k then compacts in place).
+struct TopkCase {
+  explicit TopkCase(const benchmark::State& s)
+      : x(data(elements(s))), n(x.size()), k(sk::topk_count(n, density(s))),
+        scratch(sk::topk_scratch_bytes(n)), index(n), value(n) {}
+  const sparsecar::LargeVector<float>& x;
+  const size_t n;
+  const size_t k;
+  sparsecar::LargeVector<std::byte> scratch;
+  sparsecar::LargeVector<uint32_t> index;
+  sparsecar::LargeVector<float> value;
+};
+
 void topk_exact_case(benchmark::State& s, sk::ThreadPool* pool) {
-  const auto& x = data(elements(s));
-  const size_t n = x.size();
-  const size_t k = sk::topk_count(n, density(s));
-  sparsecar::LargeVector<std::byte> scratch(sk::topk_scratch_bytes(n));
-  // Outputs of n entries, as the daemon's (a single-threaded call then compacts in place).
-  sparsecar::LargeVector<uint32_t> index(n);
-  sparsecar::LargeVector<float> value(n);
+  TopkCase c(s);
+  const size_t n = c.n;
+  const size_t k = c.k;
   for (auto _ : s) {
-    auto got = sk::topk_exact(x, k, scratch, index.data(), value.data(), pool, n);
+    auto got = sk::topk_exact(c.x, k, c.scratch, c.index.data(), c.value.data(), pool, n);
     if (!got.ok()) {
       s.SkipWithError(got.status().to_string().c_str());
       break;
@@ -136,15 +146,12 @@ void BM_topk_exact_threads(benchmark::State& s) {
 }
 
 void BM_topk_approx(benchmark::State& s) {
-  const auto& x = data(elements(s));
-  const size_t n = x.size();
-  const size_t k = sk::topk_count(n, density(s));
-  sparsecar::LargeVector<std::byte> scratch(sk::topk_scratch_bytes(n));
-  sparsecar::LargeVector<uint32_t> index(n);
-  sparsecar::LargeVector<float> value(n);
+  TopkCase c(s);
+  const size_t n = c.n;
+  const size_t k = c.k;
   size_t selected = 0;
   for (auto _ : s) {
-    auto got = sk::topk_approx(x, k, 0.1, scratch, index.data(), value.data(), n);
+    auto got = sk::topk_approx(c.x, k, 0.1, c.scratch, c.index.data(), c.value.data(), n);
     if (!got.ok()) {
       s.SkipWithError(got.status().to_string().c_str());
       break;
@@ -152,7 +159,7 @@ void BM_topk_approx(benchmark::State& s) {
     selected = *got;
     // Not DoNotOptimize(selected): GCC 13 with Google Benchmark 1.8's "+m,r" constraint handed
     // back a garbage count on the lent machine (google/benchmark#903 is the same family).
-    benchmark::DoNotOptimize(index.data());
+    benchmark::DoNotOptimize(c.index.data());
     benchmark::ClobberMemory();
   }
   s.counters["selected"] = static_cast<double>(selected);

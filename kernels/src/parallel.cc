@@ -75,14 +75,6 @@ unsigned chunk_count(const ThreadPool* pool, size_t n, size_t min_per_chunk) {
   return static_cast<unsigned>(std::min<size_t>(pool->size(), by_size));
 }
 
-void run_chunks(ThreadPool* pool, unsigned chunks, const std::function<void(unsigned)>& task) {
-  if (chunks <= 1 || pool == nullptr) {
-    for (unsigned c = 0; c < chunks; ++c) task(c);
-    return;
-  }
-  pool->run(chunks, task);
-}
-
 size_t chunk_begin(size_t n, unsigned chunks, unsigned c) {
   if (c >= chunks) return n;
   const size_t raw = static_cast<size_t>((static_cast<unsigned __int128>(n) * c) / chunks);

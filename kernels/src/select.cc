@@ -402,11 +402,7 @@ bool topk_sampled(Isa isa, std::span<const float> x, size_t k, const ScratchLayo
                                                          ch.band_keys, band_cap, &ch.band,
                                                          &ch.above);
   };
-  if (chunks == 1) {
-    candidates_pass(0);
-  } else {
-    pool->run(chunks, candidates_pass);
-  }
+  run_chunks(pool, chunks, candidates_pass);
   size_t count = 0;
   size_t above = 0;
   for (unsigned c = 0; c < chunks; ++c) {
@@ -461,11 +457,7 @@ bool topk_sampled(Isa isa, std::span<const float> x, size_t k, const ScratchLayo
                                                         kth, chunk_ties[c], out_index + offset[c],
                                                         out_value + offset[c], keep[c]);
   };
-  if (chunks == 1) {
-    compact(0);
-  } else {
-    pool->run(chunks, compact);
-  }
+  run_chunks(pool, chunks, compact);
   for (unsigned c = 0; c < chunks; ++c) {
     SC_CHECK(written[c] == keep[c], "top-k compaction of chunk %u wrote %zu of %zu", c,
              written[c], keep[c]);
@@ -483,7 +475,7 @@ size_t chunked_select(ThreadPool* pool, size_t n, uint32_t* out_index, float* ou
   const unsigned chunks = capacity >= n ? chunk_count(pool, n) : 1;
   if (chunks == 1) return pass(0, n, out_index, out_value, capacity);
   std::array<size_t, kMaxKernelThreads> counts{};
-  pool->run(chunks, [&](unsigned c) {
+  run_chunks(pool, chunks, [&](unsigned c) {
     const size_t begin = chunk_begin(n, chunks, c);
     const size_t end = chunk_begin(n, chunks, c + 1);
     counts[c] = pass(begin, end, out_index + begin, out_value + begin, end - begin);

@@ -60,8 +60,16 @@ class ThreadPool {
 // at least min_per_chunk each (elements of a streaming pass by default; the decoders pass a
 // smaller number of scattered entries, each a cache miss).
 unsigned chunk_count(const ThreadPool* pool, size_t n, size_t min_per_chunk = kParallelMinElements);
-// Runs task(c) for c in [0, chunks): on the pool, or inline when chunks == 1 or there is none.
-void run_chunks(ThreadPool* pool, unsigned chunks, const std::function<void(unsigned)>& task);
+// Runs task(c) for c in [0, chunks): on the pool, or inline when chunks == 1 or there is none
+// (then without wrapping the task in a std::function: no allocation on the one-thread path).
+template <class Task>
+void run_chunks(ThreadPool* pool, unsigned chunks, const Task& task) {
+  if (chunks <= 1 || pool == nullptr) {
+    for (unsigned c = 0; c < chunks; ++c) task(c);
+    return;
+  }
+  pool->run(chunks, task);
+}
 // [begin, end) of chunk c of `chunks` over n elements, boundaries rounded to multiples of 16
 // elements (whole cache lines and vectors).
 size_t chunk_begin(size_t n, unsigned chunks, unsigned c);
