@@ -8,6 +8,7 @@
 
 #include "daemon/metrics/metrics.h"
 #include "daemon/transport/wire.h"
+#include "sparsecar/common/log.h"
 #include "sparsecar/kernels/codec.h"
 #include "sparsecar/kernels/select.h"
 
@@ -128,6 +129,7 @@ wire::WireHeader make_header(const ExchangeContext& ctx, wire::Kind kind, uint32
   h.tensor_id = tensor_id;
   h.step = step;
   h.epoch = ctx.epoch;
+  h.incarnation = ctx.incarnation;
   return h;
 }
 
@@ -138,13 +140,23 @@ std::pair<size_t, size_t> chunk_range(size_t n, uint32_t world, uint32_t c) {
   return {n * c / world, n * (c + 1) / world};
 }
 
-}  // namespace
+// Waits for every send of `group` (bounded by the step deadline) whatever `body` returned: a
+// zero-copy send owns its buffers until it completes, on error paths too.
+Status finish_sends(const ExchangeContext& ctx, SendGroup& group, Status body, ExchangeStats* stats) {
+  StageTimer timer(&stats->send_seconds);
+  Status sent = group.wait(ctx.deadline);
+  group.add_link(stats);
+  if (body.ok()) return sent;
+  if (sent.code() == Code::kDeadlineExceeded) {
+    SC_LOG_ERROR("a failed step left sends in flight past its deadline: %s", sent.message().c_str());
+    return body.with_context(sent.message());
+  }
+  return body;
+}
 
-Status sparse_allgather(const ExchangeContext& ctx, uint32_t tensor_id, uint64_t step, kernels::Format format,
-                        kernels::ValueType value_type, uint64_t nnz, std::span<const std::byte> payload,
-                        std::span<float> out, ExchangeStats* stats) {
-  std::fill(out.begin(), out.end(), 0.0f);
-  auto group = std::make_shared<SendGroup>(ctx.keepalive);
+Status sparse_allgather_body(const ExchangeContext& ctx, const std::shared_ptr<SendGroup>& group, uint32_t tensor_id,
+                             uint64_t step, kernels::Format format, kernels::ValueType value_type, uint64_t nnz,
+                             std::span<const std::byte> payload, std::span<float> out, ExchangeStats* stats) {
   wire::WireHeader h = make_header(ctx, wire::Kind::kData, tensor_id, step);
   h.format = static_cast<uint16_t>(format);
   h.value_type = static_cast<uint16_t>(value_type);
@@ -168,7 +180,7 @@ Status sparse_allgather(const ExchangeContext& ctx, uint32_t tensor_id, uint64_t
     }
     std::string name = ctx.transport->peer_name(r);
     auto waited = SteadyClock::now();
-    auto taken = ctx.mailbox->take(wire::Kind::kData, r, tensor_id, step, 0, ctx.deadline, name);
+    auto taken = ctx.mailbox->take(wire::Kind::kData, r, tensor_id, step, 0, ctx.incarnation, ctx.deadline, name);
     stats->wait_seconds += seconds_since(waited);
     SC_ASSIGN_OR_RETURN(Envelope e, std::move(taken));
     if (e.header.dense_len != out.size()) {
@@ -186,21 +198,16 @@ Status sparse_allgather(const ExchangeContext& ctx, uint32_t tensor_id, uint64_t
                                                   e.header.nnz, out, ctx.kernel_pool)
                            .with_context("decoding from " + name));
   }
-  StageTimer timer(&stats->send_seconds);
-  Status sent = group->wait(ctx.deadline);
-  group->add_link(stats);
-  return sent;
+  return Status::Ok();
 }
 
-Status ring_allreduce(const ExchangeContext& ctx, uint32_t tensor_id, uint64_t step, std::span<float> data,
-                      ExchangeStats* stats) {
+Status ring_allreduce_body(const ExchangeContext& ctx, const std::shared_ptr<SendGroup>& group, uint32_t tensor_id,
+                           uint64_t step, std::span<float> data, ExchangeStats* stats) {
   const uint32_t w = ctx.world_size;
-  if (w == 1) return Status::Ok();
   const uint32_t right = (ctx.rank + 1) % w;
   const uint32_t left = (ctx.rank + w - 1) % w;
   const std::string left_name = ctx.transport->peer_name(left);
   const size_t n = data.size();
-  auto group = std::make_shared<SendGroup>(ctx.keepalive);
 
   // Phases 0 .. w-2 reduce-scatter, w-1 .. 2w-3 all-gather. In phase p this rank sends chunk
   // `send_c` to the right and receives chunk `recv_c` from the left.
@@ -223,7 +230,8 @@ Status ring_allreduce(const ExchangeContext& ctx, uint32_t tensor_id, uint64_t s
       SC_RETURN_IF_ERROR(SendGroup::send(group, ctx, right, h, send_span, stats));
     }
     auto waited = SteadyClock::now();
-    auto taken = ctx.mailbox->take(wire::Kind::kData, left, tensor_id, step, phase, ctx.deadline, left_name);
+    auto taken = ctx.mailbox->take(wire::Kind::kData, left, tensor_id, step, phase, ctx.incarnation, ctx.deadline,
+                                     left_name);
     stats->wait_seconds += seconds_since(waited);
     SC_ASSIGN_OR_RETURN(Envelope e, std::move(taken));
     auto [rb, re] = chunk_range(n, w, recv_c);
@@ -253,10 +261,26 @@ Status ring_allreduce(const ExchangeContext& ctx, uint32_t tensor_id, uint64_t s
       std::memcpy(target.data(), e.payload.data(), target.size_bytes());
     }
   }
-  StageTimer timer(&stats->send_seconds);
-  Status sent = group->wait(ctx.deadline);
-  group->add_link(stats);
-  return sent;
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status sparse_allgather(const ExchangeContext& ctx, uint32_t tensor_id, uint64_t step, kernels::Format format,
+                        kernels::ValueType value_type, uint64_t nnz, std::span<const std::byte> payload,
+                        std::span<float> out, ExchangeStats* stats) {
+  std::fill(out.begin(), out.end(), 0.0f);
+  auto group = std::make_shared<SendGroup>(ctx.keepalive);
+  Status body = sparse_allgather_body(ctx, group, tensor_id, step, format, value_type, nnz, payload, out, stats);
+  return finish_sends(ctx, *group, std::move(body), stats);
+}
+
+Status ring_allreduce(const ExchangeContext& ctx, uint32_t tensor_id, uint64_t step, std::span<float> data,
+                      ExchangeStats* stats) {
+  if (ctx.world_size == 1) return Status::Ok();
+  auto group = std::make_shared<SendGroup>(ctx.keepalive);
+  Status body = ring_allreduce_body(ctx, group, tensor_id, step, data, stats);
+  return finish_sends(ctx, *group, std::move(body), stats);
 }
 
 uint64_t ring_allreduce_bytes(uint64_t n, uint32_t world, uint32_t rank) {

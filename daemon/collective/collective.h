@@ -2,14 +2,16 @@
 //
 //   sparse_allgather: every node sends its encoded selection to every other node, then decodes
 //     all W selections (its own included) into the output in rank order — so every node computes
-//     bit-identical sums. Costs (W-1)(72 + payload) bytes sent per node.
+//     bit-identical sums. Costs (W-1)(80 + payload) bytes sent per node.
 //   ring_allreduce: dense reduce-scatter then all-gather around the ring r -> r+1; every chunk is
 //     reduced once in a fixed order and then copied, so all nodes hold identical bits. Costs
 //     2(W-1) messages of about n/W elements per node.
 //
 // Both run on the pipeline thread, send through the Transport (zero-copy: `keepalive` holds the
 // buffers until UCX is done with them) and take peer messages from the Mailbox with one deadline
-// for the whole step. Errors name the peer and the step.
+// for the whole step. Errors name the peer and the step. Neither returns, on any path, before
+// every send it queued has completed or failed (or the step deadline passed, which the error
+// then says): the caller may rewrite the payload and the data as soon as they return.
 #pragma once
 
 #include <chrono>
@@ -36,6 +38,7 @@ struct ExchangeContext {
   uint32_t rank = 0;
   uint32_t world_size = 1;
   uint32_t epoch = 0;
+  uint64_t incarnation = 0;  // the job's incarnation (mailbox.h): carried by every message
   std::chrono::steady_clock::time_point deadline;
   std::shared_ptr<const void> keepalive;  // owner of every buffer handed to send()
   Metrics* metrics = nullptr;  // optional: bytes per peer and link bandwidth estimates

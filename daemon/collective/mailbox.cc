@@ -32,9 +32,11 @@ void Mailbox::reject(uint32_t peer, const Status& why, const wire::WireHeader* t
   SC_LOG_WARN("rejected message from rank %u: %s", peer, why.to_string().c_str());
   if (trusted_header == nullptr) return;
   std::lock_guard<std::mutex> lock(mu_);
+  // A message of another job must not fail a step of this one.
+  if (incarnation_ != 0 && trusted_header->incarnation != incarnation_) return;
   // The step fails with the reason's code: kDataLoss for a corrupt message, kResourceExhausted
   // for one over the peer's byte limit.
-  step_failures_[{peer, trusted_header->tensor_id, trusted_header->step}] =
+  step_failures_[{peer, trusted_header->tensor_id, trusted_header->step, trusted_header->incarnation}] =
       Status(why.code(), "rank " + std::to_string(peer) + " sent a message for tensor " +
                              std::to_string(trusted_header->tensor_id) + " step " +
                              std::to_string(trusted_header->step) + " that was rejected: " + why.message());
@@ -86,10 +88,19 @@ void Mailbox::on_message(uint32_t peer, std::span<const std::byte> header_bytes,
     reject(peer, data_loss("message from rank " + std::to_string(peer) + " outside the job"), nullptr);
     return;
   }
+  const bool job_scoped = kind == wire::Kind::kData || kind == wire::Kind::kAbort;
   std::unique_lock<std::mutex> lock(mu_);
+  if (job_scoped && incarnation_ != 0 && h.incarnation != incarnation_) {
+    lock.unlock();
+    count_stale(1, "a message of another job incarnation arrived");
+    return;
+  }
+  // Job-scoped messages are kept under their incarnation; the formation-level kinds under 0, so
+  // a peer's newest manifest (always step 0) replaces its older one, whatever attempt it was for.
+  const uint64_t key_incarnation = job_scoped ? h.incarnation : 0;
   if (kind != wire::Kind::kAbort) {
     // A repeated key replaces the stored message: only the difference counts.
-    const Key key{h.kind, peer, h.tensor_id, h.step, h.chunk};
+    const Key key{h.kind, peer, h.tensor_id, h.step, h.chunk, key_incarnation};
     auto old = messages_.find(key);
     const uint64_t replaced = old != messages_.end() ? old->second.payload.size() : 0;
     if (buffered_[peer] - replaced + payload.size() > max_bytes_per_peer_) {
@@ -105,11 +116,11 @@ void Mailbox::on_message(uint32_t peer, std::span<const std::byte> header_bytes,
   }
   if (kind == wire::Kind::kAbort) {
     std::string reason(reinterpret_cast<const char*>(payload.data()), payload.size());
-    step_failures_[{peer, h.tensor_id, h.step}] =
+    step_failures_[{peer, h.tensor_id, h.step, h.incarnation}] =
         aborted("rank " + std::to_string(peer) + " aborted tensor " + std::to_string(h.tensor_id) + " step " +
                 std::to_string(h.step) + ": " + reason);
   } else {
-    Envelope& e = messages_[{h.kind, peer, h.tensor_id, h.step, h.chunk}];
+    Envelope& e = messages_[{h.kind, peer, h.tensor_id, h.step, h.chunk, key_incarnation}];
     buffered_[peer] -= e.payload.size();
     e.header = h;
     e.payload.assign(payload.begin(), payload.end());
@@ -132,9 +143,10 @@ void Mailbox::on_peer_failed(uint32_t peer, const Status& why) {
 }
 
 Expected<Envelope> Mailbox::take(wire::Kind kind, uint32_t peer, uint32_t tensor, uint64_t step,
-                                 uint32_t chunk, Clock::time_point deadline, const std::string& peer_name) {
+                                 uint32_t chunk, uint64_t incarnation, Clock::time_point deadline,
+                                 const std::string& peer_name) {
   std::unique_lock<std::mutex> lock(mu_);
-  Key key{static_cast<uint16_t>(kind), peer, tensor, step, chunk};
+  Key key{static_cast<uint16_t>(kind), peer, tensor, step, chunk, incarnation};
   for (;;) {
     auto it = messages_.find(key);
     if (it != messages_.end()) {
@@ -148,7 +160,7 @@ Expected<Envelope> Mailbox::take(wire::Kind kind, uint32_t peer, uint32_t tensor
     if (peer < peer_failures_.size() && !peer_failures_[peer].ok()) {
       return Status(Code::kUnavailable, peer_name + " is down: " + peer_failures_[peer].message());
     }
-    auto failed = step_failures_.find({peer, tensor, step});
+    auto failed = step_failures_.find({peer, tensor, step, incarnation});
     if (failed != step_failures_.end()) return failed->second;
     if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
       // One last look: the message may have arrived with the timeout.
@@ -178,11 +190,68 @@ void Mailbox::drop_before(uint32_t tensor, uint64_t step) {
   }
 }
 
-void Mailbox::clear() {
+uint64_t Mailbox::drop_other_incarnations(uint64_t keep) {
+  uint64_t dropped = 0;
+  for (auto it = messages_.begin(); it != messages_.end();) {
+    const auto kind = static_cast<wire::Kind>(std::get<0>(it->first));
+    const bool job_scoped = kind == wire::Kind::kData || kind == wire::Kind::kAbort;
+    if (job_scoped && std::get<5>(it->first) != keep) {
+      it = erase_message(it);
+      ++dropped;
+    } else {
+      ++it;
+    }
+  }
+  std::erase_if(step_failures_, [&](const auto& f) { return std::get<3>(f.first) != keep; });
+  return dropped;
+}
+
+void Mailbox::begin_job() {
+  uint64_t dropped = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    incarnation_ = 0;
+    // Nothing of the next job can be here yet (it needs this node's manifest first), so every
+    // data message, abort and ack belongs to a job that is over. Manifests stay.
+    for (auto it = messages_.begin(); it != messages_.end();) {
+      const auto kind = static_cast<wire::Kind>(std::get<0>(it->first));
+      if (kind == wire::Kind::kManifest) {
+        ++it;
+        continue;
+      }
+      dropped += kind == wire::Kind::kManifestAck ? 0 : 1;
+      it = erase_message(it);
+    }
+    step_failures_.clear();
+  }
+  count_stale(dropped, "messages of the finished job were still waiting at its reset");
+}
+
+void Mailbox::set_incarnation(uint64_t incarnation) {
+  uint64_t dropped;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    incarnation_ = incarnation;
+    dropped = drop_other_incarnations(incarnation);
+    cv_.notify_all();
+  }
+  count_stale(dropped, "messages of another job incarnation were waiting when this one was agreed");
+}
+
+uint64_t Mailbox::incarnation() const {
   std::lock_guard<std::mutex> lock(mu_);
-  messages_.clear();
-  step_failures_.clear();
-  std::fill(buffered_.begin(), buffered_.end(), 0);
+  return incarnation_;
+}
+
+void Mailbox::count_stale(uint64_t n, const char* why) {
+  if (n == 0) return;
+  const uint64_t before = stale_.fetch_add(n);
+  if (metrics_) metrics_->count_error(ErrorKind::kWireStale, static_cast<double>(n));
+  // The first few, then every 1000th: a flood of stale messages must not flood the log.
+  if (before < 10 || (before + n) / 1000 != before / 1000) {
+    SC_LOG_WARN("dropped %llu stale message(s) (%llu in all): %s", static_cast<unsigned long long>(n),
+                static_cast<unsigned long long>(before + n), why);
+  }
 }
 
 void Mailbox::cancel() {

@@ -10,6 +10,16 @@
 // The pipeline thread takes messages with take(): it blocks until the message is there, the
 // peer has failed, the peer aborted that step, the deadline passes, or cancel() is called.
 //
+// Job incarnations: every job formation on long-lived daemons draws a random 64-bit incarnation
+// (rank 0, at the first-step agreement) that every data and abort message carries. Between jobs
+// (begin_job() .. set_incarnation()) such messages are kept under the incarnation they carry;
+// set_incarnation(I) then drops every one of another incarnation, and while I is in force a
+// data or abort message of another incarnation is dropped on arrival. Each drop is counted
+// (stale(), errors_total{kind="wire_stale"}): nothing of an earlier job is ever summed into a
+// later one, even when both use the same steps. Manifests and their acks are formation-level:
+// a manifest is kept across begin_job() (a peer may start its next job before this node has
+// reset) and the newest one from a peer replaces an older one.
+//
 // Memory is bounded per peer: the payload bytes a peer has waiting here may not exceed
 // max_bytes_per_peer (the `mailbox_max_bytes` knob). A message that would go over is rejected
 // like a corrupt one (counted, logged, its step failed at once with kResourceExhausted): a peer
@@ -62,16 +72,22 @@ class Mailbox final : public MessageSink {
                                             std::span<const std::byte> payload)>;
   void set_control_handler(ControlHandler handler);
 
-  // Waits for the message of `kind` from `peer` for (tensor, step, chunk). Errors:
-  // kUnavailable (peer failed), kAborted (peer aborted the step, or cancel()), kDataLoss (its
-  // message was corrupt), kDeadlineExceeded. `peer_name` is used in messages.
+  // Waits for the message of `kind` from `peer` for (tensor, step, chunk) of job `incarnation`
+  // (0 for the formation-level kinds kManifest and kManifestAck). Errors: kUnavailable (peer
+  // failed), kAborted (peer aborted the step, or cancel()), kDataLoss (its message was corrupt),
+  // kDeadlineExceeded. `peer_name` is used in messages.
   Expected<Envelope> take(wire::Kind kind, uint32_t peer, uint32_t tensor, uint64_t step, uint32_t chunk,
-                          Clock::time_point deadline, const std::string& peer_name);
+                          uint64_t incarnation, Clock::time_point deadline, const std::string& peer_name);
 
   // Drops messages for `tensor` with step < `step` (late arrivals of failed steps).
   void drop_before(uint32_t tensor, uint64_t step);
-  // Forgets all messages and step failures (job reset). Peer failures stay: a dead peer stays dead.
-  void clear();
+  // A job ended on this node (every trainer left): forgets every data and abort message, step
+  // failure and manifest ack, and accepts messages of any incarnation until set_incarnation().
+  // Manifests stay (see above). Peer failures stay: a dead peer stays dead.
+  void begin_job();
+  // The job agreed on incarnation `incarnation` (non-zero): drops what is kept of any other.
+  void set_incarnation(uint64_t incarnation);
+  uint64_t incarnation() const;
   // Makes every current and future take() return kAborted until resume().
   void cancel();
   void resume();
@@ -79,14 +95,22 @@ class Mailbox final : public MessageSink {
   // Why `peer` failed, or OK while it is alive.
   Status peer_status(uint32_t peer) const;
   uint64_t rejected() const { return rejected_.load(); }
+  // Data and abort messages dropped because they belong to another job incarnation.
+  uint64_t stale() const { return stale_.load(); }
   // Payload bytes waiting from `peer` (for tests and status).
   uint64_t buffered_bytes(uint32_t peer) const;
 
  private:
-  using Key = std::tuple<uint16_t, uint32_t, uint32_t, uint64_t, uint32_t>;  // kind, peer, tensor, step, chunk
-  using StepKey = std::tuple<uint32_t, uint32_t, uint64_t>;                   // peer, tensor, step
+  // kind, peer, tensor, step, chunk, incarnation (0 for the formation-level kinds)
+  using Key = std::tuple<uint16_t, uint32_t, uint32_t, uint64_t, uint32_t, uint64_t>;
+  using StepKey = std::tuple<uint32_t, uint32_t, uint64_t, uint64_t>;  // peer, tensor, step, incarnation
 
   void reject(uint32_t peer, const Status& why, const wire::WireHeader* trusted_header);
+  // Counts (and logs, rate-limited) `n` messages dropped as stale. mu_ not held.
+  void count_stale(uint64_t n, const char* why);
+  // Drops kept data/abort messages and step failures whose incarnation is not `keep` (mu_
+  // held); returns how many messages went.
+  uint64_t drop_other_incarnations(uint64_t keep);
   // Removes a stored message and its bytes from the peer's account (mu_ held).
   std::map<Key, Envelope>::iterator erase_message(std::map<Key, Envelope>::iterator it);
 
@@ -95,6 +119,7 @@ class Mailbox final : public MessageSink {
   Metrics* const metrics_;
   const uint64_t max_bytes_per_peer_;
   std::atomic<uint64_t> rejected_{0};
+  std::atomic<uint64_t> stale_{0};
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -103,6 +128,7 @@ class Mailbox final : public MessageSink {
   std::vector<Status> peer_failures_;           // guarded by mu_: OK while alive
   std::vector<uint64_t> buffered_;              // guarded by mu_: payload bytes waiting per peer
   bool cancelled_ = false;                      // guarded by mu_
+  uint64_t incarnation_ = 0;                    // guarded by mu_: 0 between jobs
   ControlHandler control_;                      // guarded by mu_ (copied out before the call)
 };
 

@@ -70,11 +70,9 @@ Expected<Decision> DecisionBoard::decide_locked(const KnobChanges& changes, cons
 Expected<Decision> DecisionBoard::propose(const KnobChanges& changes, const std::string& reason,
                                           Clock::time_point deadline) {
   if (rank_ == 0) {
-    Expected<Decision> d = [&] {
-      std::lock_guard<std::mutex> lock(mu_);
-      return decide_locked(changes, reason);
-    }();
-    if (d.ok()) broadcast(*d);
+    std::lock_guard<std::mutex> lock(mu_);
+    Expected<Decision> d = decide_locked(changes, reason);
+    if (d.ok()) broadcast(*d);  // under the lock: see the header
     return d;
   }
   // Validate here first so obvious mistakes fail without a round trip.
@@ -154,17 +152,27 @@ void DecisionBoard::on_message(uint32_t peer, const wire::WireHeader& h, std::sp
       auto changes = parse_changes(text);
       std::lock_guard<std::mutex> lock(mu_);
       const uint32_t expected = decisions_.back().epoch + 1;
-      if (h.epoch != expected || !changes.ok()) {
-        SC_LOG_ERROR("decision epoch %u from rank 0 does not follow epoch %u here (%s); steps under it will fail",
-                     h.epoch, decisions_.back().epoch, changes.ok() ? "out of order" : changes.status().message().c_str());
+      if (h.epoch != expected) {
+        SC_LOG_ERROR("decision epoch %u from rank 0 does not follow epoch %u here (out of order); steps under it "
+                     "will fail", h.epoch, decisions_.back().epoch);
         return;
       }
       auto next = std::make_shared<Config>(*decisions_.back().config);
-      for (const auto& [name, value] : *changes) {
-        Status s = set_knob(*next, name, value);
-        if (!s.ok()) SC_LOG_ERROR("decision epoch %u: %s", h.epoch, s.to_string().c_str());
+      Status applied = changes.status();
+      for (const auto& [name, value] : changes.ok() ? *changes : KnobChanges{}) {
+        const KnobSpec* spec = find_knob(name);
+        applied = spec == nullptr ? not_found("unknown knob '" + name + "'") : set_knob(*next, name, value);
+        if (!applied.ok()) break;
       }
+      if (applied.ok()) applied = validate(*next);
       Decision d;
+      if (!applied.ok()) {
+        // Keep the epoch sequence (later epochs must still follow) but never run half of it.
+        d.error = failed_precondition("this node cannot apply decision epoch " + std::to_string(h.epoch) +
+                                      " from rank 0: " + applied.message());
+        SC_LOG_ERROR("%s; steps under it fail here", d.error.message().c_str());
+        next = std::make_shared<Config>(*decisions_.back().config);
+      }
       d.epoch = h.epoch;
       d.effective_step = h.step;
       d.config = std::move(next);
@@ -183,8 +191,10 @@ void DecisionBoard::on_message(uint32_t peer, const wire::WireHeader& h, std::sp
       if (changes.ok()) {
         std::lock_guard<std::mutex> lock(mu_);
         d = decide_locked(*changes, "request from rank " + std::to_string(peer));
+        // Under the lock (see the header), and before the reply: the requester must know the
+        // decision when the reply lands.
+        if (d.ok()) broadcast(*d);
       }
-      if (d.ok()) broadcast(*d);  // before the reply: the requester must know it when the reply lands
       send_text(peer, wire::Kind::kKnobReply, h.step, 0,
                 d.ok() ? "ok " + std::to_string(d->epoch) + " " + std::to_string(d->effective_step)
                        : "error " + d.status().message());

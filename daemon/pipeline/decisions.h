@@ -16,7 +16,10 @@
 // turns it into a loud step error, never a silent mix.
 //
 // Threads: propose() from any thread (control, pipeline); at_step() from the pipeline thread;
-// on_message() from the transport thread. One mutex guards the state.
+// on_message() from the transport thread. One mutex guards the state, and rank 0 sends a
+// decision while still holding it: epochs decided e+1, e+2 are queued on every endpoint in that
+// order (deciding under the lock and sending after it could send e+2 first, and the peers would
+// then refuse every later epoch).
 #pragma once
 
 #include <chrono>
@@ -42,6 +45,10 @@ struct Decision {
   std::shared_ptr<const Config> config;
   std::string changes;  // "knob=value" lines relative to the previous epoch ("" for epoch 0)
   std::string reason;   // who asked: "control: set", "controller bandwidth", ...
+  // Not OK when this node could not apply the epoch rank 0 announced (a knob it does not know or
+  // a value it refuses: mixed versions). Steps under such an epoch fail with this status on
+  // this node instead of running with half of the change.
+  Status error;
 };
 
 using KnobChanges = std::vector<std::pair<std::string, std::string>>;

@@ -1,6 +1,7 @@
 #include "daemon/pipeline/pipeline.h"
 
 #include <fcntl.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -38,6 +39,16 @@ struct Pipeline::TensorState {
 namespace {
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// A job incarnation or attempt nonce: 64 random bits from the kernel, never 0 (0 means "none").
+uint64_t random_nonzero_u64() {
+  uint64_t v = 0;
+  while (v == 0) {
+    ssize_t got = ::getrandom(&v, sizeof v, 0);
+    SC_CHECK(got == static_cast<ssize_t>(sizeof v), "getrandom failed");
+  }
+  return v;
+}
 
 PipelineSnapshot empty_snapshot() {
   PipelineSnapshot s;
@@ -152,6 +163,9 @@ void Pipeline::report_metric(const std::string& name, double value, uint64_t ste
 }
 
 void Pipeline::reset() {
+  // Cancel before the Reset is queued: the pipeline thread resumes the mailbox when it runs the
+  // Reset, and a cancel() after that would leave every step of the next job cancelled.
+  mailbox_->cancel();  // the step in flight (if any) ends now instead of at its deadline
   std::deque<Command> leftover;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -164,7 +178,6 @@ void Pipeline::reset() {
     job_started_ = false;
     cv_.notify_all();
   }
-  mailbox_->cancel();  // the step in flight (if any) ends now instead of at its deadline
   fail_queued(leftover, "every trainer on this node disconnected");
 }
 
@@ -201,8 +214,9 @@ void Pipeline::run() {
       if (decisions_) decisions_->reset();
       if (observer_) observer_->on_reset();
       agreed_ = false;
+      incarnation_ = 0;
       total_trainers_ = 0;
-      mailbox_->clear();
+      mailbox_->begin_job();
       mailbox_->resume();
       SC_LOG_INFO("job reset: every trainer disconnected; waiting for the next job");
     } else if (auto* call = std::get_if<Call>(&cmd)) {
@@ -252,6 +266,20 @@ StepResult Pipeline::process(const StepJob& job) {
   }
   // Before anything else: from here on rank 0 never decides a change effective before step+2.
   const Decision decision = decisions_ ? decisions_->at_step(job.step) : Decision{};
+  if (!decision.error.ok()) {
+    // This node could not apply the epoch in force: fail the step everywhere rather than run it
+    // with other knobs than the peers.
+    r.status = decision.error.with_context("tensor '" + spec.name + "' step " + std::to_string(job.step));
+    ExchangeContext ctx;
+    ctx.transport = transport_;
+    ctx.rank = options_.rank;
+    ctx.world_size = options_.world_size;
+    ctx.job_id = options_.job_id;
+    ctx.epoch = decision.epoch;
+    ctx.incarnation = incarnation_;
+    broadcast_abort(ctx, job.tensor_id, job.step, r.status.message());
+    return r;
+  }
   if (!agreed_) {
     Status agreed = agree_on_job(Clock::now() + options_.join_timeout);
     if (!agreed.ok()) {
@@ -301,6 +329,7 @@ Status Pipeline::run_step(TensorState& t, const StepJob& job, const Decision& de
   ctx.rank = options_.rank;
   ctx.world_size = options_.world_size;
   ctx.epoch = decision.epoch;
+  ctx.incarnation = incarnation_;
   ctx.deadline = Clock::now() + options_.step_timeout;
   ctx.keepalive = tensors_[id];
   ctx.metrics = metrics_;
@@ -327,7 +356,15 @@ Status Pipeline::run_step(TensorState& t, const StepJob& job, const Decision& de
     const auto compress_started = Clock::now();
     // Hybrid: the first hybrid tensor of a new step closes the last step's pool into lambda.
     if (plan.selector == kernels::Selector::kHybrid) pooled_.begin_step(job.step, plan.hybrid_density);
-    SC_ASSIGN_OR_RETURN(TensorCompressor::Encoded e, c.compress(plan, job.local_sum, job.lr));
+    Expected<TensorCompressor::Encoded> compressed = c.compress(plan, job.local_sum, job.lr);
+    if (!compressed.ok()) {
+      // Nothing is pending (the gradient stays in the residual); the peers must not wait out
+      // their deadline for a message this node will never send.
+      s = compressed.status().with_context("compressing on rank " + std::to_string(options_.rank));
+      broadcast_abort(ctx, id, job.step, s.message());
+      return s;
+    }
+    const TensorCompressor::Encoded& e = *compressed;
     exchange_started = Clock::now();
     // compress() folds, selects and encodes; it reports the encoding part.
     if (metrics_) {
@@ -677,10 +714,15 @@ Status Pipeline::agree_on_job(Clock::time_point deadline) {
   const std::string mine = manifest();
   if (options_.world_size == 1) {
     total_trainers_ = options_.local_clients;
+    incarnation_ = random_nonzero_u64();
+    mailbox_->set_incarnation(incarnation_);
     agreed_ = true;
     return Status::Ok();
   }
-  auto send_text = [&](uint32_t peer, wire::Kind kind, const std::string& text) -> Status {
+  // `nonce` is the attempt's (manifest) or the sender's echo of it (ack, in `step`); `incarnation`
+  // is the agreed job's (ack).
+  auto send_text = [&](uint32_t peer, wire::Kind kind, uint64_t step, uint64_t incarnation,
+                       const std::string& text) -> Status {
     auto shared = std::make_shared<std::string>(text);
     wire::WireHeader h{};
     h.magic = wire::kMagic;
@@ -688,6 +730,8 @@ Status Pipeline::agree_on_job(Clock::time_point deadline) {
     h.kind = static_cast<uint16_t>(kind);
     h.job_id = options_.job_id;
     h.sender_rank = options_.rank;
+    h.step = step;
+    h.incarnation = incarnation;
     auto payload = std::as_bytes(std::span<const char>(shared->data(), shared->size()));
     h.payload_bytes = payload.size();
     auto header = std::make_shared<std::array<std::byte, wire::kHeaderBytes>>();
@@ -698,15 +742,21 @@ Status Pipeline::agree_on_job(Clock::time_point deadline) {
   };
 
   if (options_.rank != 0) {
-    SC_RETURN_IF_ERROR(send_text(0, wire::Kind::kManifest, mine).with_context("sending the job manifest to rank 0"));
-    SC_ASSIGN_OR_RETURN(Envelope ack, mailbox_->take(wire::Kind::kManifestAck, 0, 0, 0, 0, deadline,
-                                                     transport_->peer_name(0)));
+    const uint64_t attempt = random_nonzero_u64();
+    SC_RETURN_IF_ERROR(send_text(0, wire::Kind::kManifest, 0, attempt, mine)
+                           .with_context("sending the job manifest to rank 0"));
+    SC_ASSIGN_OR_RETURN(Envelope ack, mailbox_->take(wire::Kind::kManifestAck, 0, 0, attempt, 0, /*incarnation=*/0,
+                                                     deadline, transport_->peer_name(0)));
     std::string text(reinterpret_cast<const char*>(ack.payload.data()), ack.payload.size());
     if (text.rfind("ok ", 0) == 0) {
       total_trainers_ = static_cast<uint32_t>(std::strtoul(text.c_str() + 3, nullptr, 10));
       if (total_trainers_ == 0) return data_loss("rank 0 sent a job agreement without a trainer count");
+      if (ack.header.incarnation == 0) return data_loss("rank 0 sent a job agreement without an incarnation");
+      incarnation_ = ack.header.incarnation;
+      mailbox_->set_incarnation(incarnation_);
       agreed_ = true;
-      SC_LOG_INFO("job agreed: %u trainers across %u nodes", total_trainers_, options_.world_size);
+      SC_LOG_INFO("job agreed: %u trainers across %u nodes (incarnation %016llx)", total_trainers_,
+                  options_.world_size, static_cast<unsigned long long>(incarnation_));
       return Status::Ok();
     }
     return failed_precondition("nodes disagree: " + (text.rfind("error ", 0) == 0 ? text.substr(6) : text));
@@ -715,25 +765,42 @@ Status Pipeline::agree_on_job(Clock::time_point deadline) {
   // Rank 0: gather every manifest, compare, answer everyone.
   uint32_t total = options_.local_clients;
   std::string error;
+  std::vector<uint64_t> attempts(options_.world_size, 0);
   for (uint32_t peer = 1; peer < options_.world_size; ++peer) {
-    auto got = mailbox_->take(wire::Kind::kManifest, peer, 0, 0, 0, deadline, transport_->peer_name(peer));
+    auto got = mailbox_->take(wire::Kind::kManifest, peer, 0, 0, 0, /*incarnation=*/0, deadline,
+                              transport_->peer_name(peer));
     if (!got.ok()) {
       error = "no job manifest from " + transport_->peer_name(peer) + ": " + got.status().message();
       break;
     }
+    attempts[peer] = got->header.incarnation;
     std::string theirs(reinterpret_cast<const char*>(got->payload.data()), got->payload.size());
     std::string diff = manifest_difference(mine, theirs, peer);
     if (!diff.empty() && error.empty()) error = diff;
     total += local_clients_of(theirs);
   }
+  if (!error.empty()) {
+    // Answer the peers whose manifest is already here too, so they fail now, not at their deadline.
+    for (uint32_t peer = 1; peer < options_.world_size; ++peer) {
+      if (attempts[peer] != 0) continue;
+      auto got = mailbox_->take(wire::Kind::kManifest, peer, 0, 0, 0, 0, Clock::now(), transport_->peer_name(peer));
+      if (got.ok()) attempts[peer] = got->header.incarnation;
+    }
+  }
+  // The incarnation is in force here before any peer can learn it and send under it.
+  const uint64_t incarnation = error.empty() ? random_nonzero_u64() : 0;
+  if (error.empty()) mailbox_->set_incarnation(incarnation);
   const std::string verdict = error.empty() ? "ok " + std::to_string(total) : "error " + error;
   for (uint32_t peer = 1; peer < options_.world_size; ++peer) {
-    send_text(peer, wire::Kind::kManifestAck, verdict).ignore();
+    if (attempts[peer] == 0) continue;  // no manifest taken: nothing to answer
+    send_text(peer, wire::Kind::kManifestAck, attempts[peer], incarnation, verdict).ignore();
   }
   if (!error.empty()) return failed_precondition("nodes disagree: " + error);
   total_trainers_ = total;
+  incarnation_ = incarnation;
   agreed_ = true;
-  SC_LOG_INFO("job agreed: %u trainers across %u nodes", total_trainers_, options_.world_size);
+  SC_LOG_INFO("job agreed: %u trainers across %u nodes (incarnation %016llx)", total_trainers_, options_.world_size,
+              static_cast<unsigned long long>(incarnation_));
   return Status::Ok();
 }
 

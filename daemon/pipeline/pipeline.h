@@ -6,9 +6,12 @@
 //             -> scale 1/(trainers in the job) -> StepResult
 //
 // Before the first step of a job, the nodes agree: every node sends rank 0 a manifest (its
-// tensors in registration order, its local trainer count and its `agreed` knobs); rank 0
-// compares them and answers every node with "ok <total trainers>" or the first difference. A
-// disagreement fails the step on every node with that message.
+// tensors in registration order, its local trainer count and its `agreed` knobs) under a fresh
+// random attempt nonce; rank 0 compares them, draws the job's random incarnation and answers
+// every node with "ok <total trainers>" (the ack carries the incarnation and echoes the node's
+// nonce, so an ack meant for an earlier attempt is never taken) or the first difference. A
+// disagreement fails the step on every node with that message. Every data and abort message of
+// the job carries the incarnation; the mailbox drops those of any other (mailbox.h).
 //
 // Nothing is lost: if a step fails, what this node selected goes back into its residual.
 //
@@ -188,6 +191,7 @@ class Pipeline final : public StepSink {
   policies::PlanSettings plan_settings_;       // options.settings until a decision config arrives
   OverridesCache overrides_cache_;             // tensor_overrides parsed once per distinct text
   bool agreed_ = false;
+  uint64_t incarnation_ = 0;  // the agreed job's incarnation (mailbox.h); 0 until agreed
   uint32_t total_trainers_ = 0;
   std::thread thread_;
 };

@@ -34,7 +34,7 @@ constexpr unsigned kAmId = 1;
 constexpr unsigned kByeAmId = 2;
 constexpr uint32_t kRouteMagic = 0x31544353;  // "SCT1"
 constexpr size_t kRouteBytes = 8;
-// Largest caller header the transport carries (the wire header is 72 bytes).
+// Largest caller header the transport carries (the wire header is 80 bytes).
 constexpr size_t kMaxHeaderBytes = 256;
 constexpr uint64_t kMaxPayloadBytes = uint64_t{1} << 30;
 // Receive buffers kept for reuse by rendezvous receives (large messages).

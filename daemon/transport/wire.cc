@@ -41,7 +41,8 @@ constexpr size_t kOffNnz = 48;
 constexpr size_t kOffPayloadBytes = 56;
 constexpr size_t kOffChunk = 64;
 constexpr size_t kOffChecksum = 68;
-static_assert(kOffChecksum + 4 == kHeaderBytes);
+constexpr size_t kOffIncarnation = 72;
+static_assert(kOffIncarnation + 8 == kHeaderBytes);
 
 bool known_kind(uint16_t kind) {
   return kind >= static_cast<uint16_t>(Kind::kData) && kind <= kMaxKind;
@@ -86,6 +87,7 @@ void encode_header(const WireHeader& h, std::span<std::byte, kHeaderBytes> out) 
   store_le(p + kOffPayloadBytes, h.payload_bytes);
   store_le(p + kOffChunk, h.chunk);
   store_le(p + kOffChecksum, h.checksum);
+  store_le(p + kOffIncarnation, h.incarnation);
 }
 
 WireHeader decode_header(std::span<const std::byte, kHeaderBytes> in) {
@@ -106,6 +108,7 @@ WireHeader decode_header(std::span<const std::byte, kHeaderBytes> in) {
   h.payload_bytes = load_le<uint64_t>(p + kOffPayloadBytes);
   h.chunk = load_le<uint32_t>(p + kOffChunk);
   h.checksum = load_le<uint32_t>(p + kOffChecksum);
+  h.incarnation = load_le<uint64_t>(p + kOffIncarnation);
   return h;
 }
 
@@ -125,7 +128,7 @@ Status validate_header(const WireHeader& h, const Expectations& expect, size_t a
   }
   if (!known_kind(h.kind)) return bad("kind", std::to_string(h.kind) + " is unknown");
   if (expect.job_id != 0 && h.job_id != expect.job_id) {
-    return bad("job_id", std::to_string(h.job_id) + " is not this job (" + std::to_string(expect.job_id) + ")");
+    return bad("job_id", std::to_string(h.job_id) + " is not this job's");
   }
   if (expect.world_size != 0 && h.sender_rank >= expect.world_size) {
     return bad("sender_rank", std::to_string(h.sender_rank) + " >= world size " + std::to_string(expect.world_size));

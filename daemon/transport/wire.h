@@ -1,6 +1,6 @@
-// The daemon-to-daemon message header (wire format v1). Spec: daemon/transport/WIRE.md.
+// The daemon-to-daemon message header (wire format v2). Spec: daemon/transport/WIRE.md.
 //
-// Every message between daemons is one WireHeader (72 bytes, little-endian, no padding) followed
+// Every message between daemons is one WireHeader (80 bytes, little-endian, no padding) followed
 // by `payload_bytes` of payload. The receiver validates every field with validate_header()
 // before it touches the payload, and the checksum (CRC-32C over the header with the checksum
 // field zeroed, then the payload) with verify_checksum(). This layout is frozen: new versions
@@ -17,8 +17,8 @@
 namespace sparsecar::wire {
 
 inline constexpr uint32_t kMagic = 0x52435053;  // "SPCR" read as little-endian bytes
-inline constexpr uint16_t kVersion = 1;
-inline constexpr size_t kHeaderBytes = 72;
+inline constexpr uint16_t kVersion = 2;
+inline constexpr size_t kHeaderBytes = 80;
 // Hard cap on one message's payload (1 GiB); anything larger is rejected unread.
 inline constexpr uint64_t kMaxPayloadBytes = uint64_t{1} << 30;
 // Hard cap on a tensor's element count on the wire (2^32 - 1: COO indices are uint32).
@@ -55,8 +55,9 @@ struct WireHeader {
   uint64_t payload_bytes;  // 56
   uint32_t chunk;          // 64  collective phase / chunk index; 0 for all-gather
   uint32_t checksum;       // 68  CRC-32C, see above
+  uint64_t incarnation;    // 72  the job formation this message belongs to (0: none yet)
 };
-static_assert(sizeof(WireHeader) == kHeaderBytes, "wire header must be 72 bytes");
+static_assert(sizeof(WireHeader) == kHeaderBytes, "wire header must be 80 bytes");
 
 // Serialises `h` (checksum field as given) to exactly kHeaderBytes little-endian bytes.
 void encode_header(const WireHeader& h, std::span<std::byte, kHeaderBytes> out);

@@ -188,7 +188,7 @@ TEST_P(ExchangeTest, TopkEqualsTheMeanOfEachNodesSelection) {
     }
   }
   // Sparse all-gather: (W-1) messages of 72 + 8k bytes per node per step.
-  EXPECT_EQ(results[0].bytes_sent, steps * (spec.world - 1) * (72 + 8 * k));
+  EXPECT_EQ(results[0].bytes_sent, steps * (spec.world - 1) * (80 + 8 * k));
 }
 
 INSTANTIATE_TEST_SUITE_P(Loopback, ExchangeTest,

@@ -2,6 +2,7 @@
 // step, and a node that runs a step under another epoch fails it loudly.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -175,6 +176,70 @@ TEST(DecisionsTest, ADataMessageUnderAnotherEpochFailsTheStepLoudly) {
   auto res = job.step(1);
   EXPECT_FALSE(res[0].status.ok());
   EXPECT_NE(res[0].status.message().find("epoch"), std::string::npos) << res[0].status.to_string();
+}
+
+// Proposals from the control socket, the controllers and peers' knob requests race on rank 0.
+// Every node must end with the same epochs in the same order: rank 0 used to decide under its
+// lock but send after releasing it, so epoch e+2 could leave before e+1 and a peer then refused
+// every later epoch.
+TEST(DecisionsTest, ConcurrentProposalsKeepEpochsInOrderOnEveryNode) {
+  Job job(3, 0.01);
+  ASSERT_TRUE(job.step(0)[0].status.ok());
+  std::vector<std::thread> proposers;
+  std::atomic<int> accepted{0};
+  for (uint32_t t = 0; t < 6; ++t) {
+    const uint32_t rank = t < 3 ? 0 : 1 + (t - 3) % 2;  // three on rank 0, then ranks 1, 2 and 1 again
+    proposers.emplace_back([&, t, rank] {
+      for (int i = 0; i < 40; ++i) {
+        const std::string density = std::to_string(0.001 * (1 + (t * 40 + i) % 200));
+        auto d = job.nodes[rank]->board->propose({{"density", density}}, "test", DecisionBoard::Clock::now() + 5s);
+        if (d.ok()) ++accepted;
+      }
+    });
+  }
+  for (auto& p : proposers) p.join();
+  EXPECT_EQ(accepted.load(), 240);
+  const auto want = job.nodes[0]->board->history();
+  ASSERT_EQ(want.size(), 241u);
+  for (uint32_t r = 1; r < 3; ++r) {
+    // Decisions reach the peers asynchronously: wait (bounded) for the last one.
+    const auto deadline = DecisionBoard::Clock::now() + 10s;
+    while (job.nodes[r]->board->latest().epoch < want.back().epoch && DecisionBoard::Clock::now() < deadline) {
+      std::this_thread::yield();
+    }
+    const auto got = job.nodes[r]->board->history();
+    ASSERT_EQ(got.size(), want.size()) << "rank " << r << " missed epochs";
+    for (size_t e = 0; e < want.size(); ++e) {
+      EXPECT_EQ(got[e].epoch, e);
+      EXPECT_EQ(got[e].changes, want[e].changes) << "rank " << r << " epoch " << e;
+      EXPECT_EQ(got[e].effective_step, want[e].effective_step);
+      EXPECT_TRUE(got[e].error.ok());
+    }
+  }
+  // And the job still runs in step.
+  for (const auto& r : job.step(1)) EXPECT_TRUE(r.status.ok()) << r.status.to_string();
+}
+
+// A peer that cannot apply all of a decision (a knob it does not know: mixed versions) must not
+// run with half of it: the epoch is recorded as failed and its steps fail loudly.
+TEST(DecisionsTest, ADecisionAPeerCannotApplyWhollyFailsItsStepsInsteadOfHalfApplying) {
+  Job job(2, 0.01);
+  ASSERT_TRUE(job.step(0)[0].status.ok());
+  wire::WireHeader h{};
+  h.kind = static_cast<uint16_t>(wire::Kind::kDecision);
+  h.epoch = 1;
+  h.step = 1;
+  std::string text = "density=0.05\nno_such_knob=1\n";
+  job.nodes[1]->board->on_message(0, h, std::as_bytes(std::span<const char>(text.data(), text.size())));
+  const Decision d = job.nodes[1]->board->latest();
+  EXPECT_EQ(d.epoch, 1u);
+  EXPECT_EQ(d.error.code(), Code::kFailedPrecondition);
+  EXPECT_NE(d.error.message().find("no_such_knob"), std::string::npos) << d.error.to_string();
+  EXPECT_EQ(d.config->density, 0.01) << "the first line was applied anyway";
+  auto res = job.step(1);
+  ASSERT_FALSE(res[1].status.ok());
+  EXPECT_NE(res[1].status.message().find("no_such_knob"), std::string::npos) << res[1].status.to_string();
+  EXPECT_FALSE(res[0].status.ok()) << "rank 0 must learn of it through the abort";
 }
 
 TEST(DecisionsTest, ChangeLinesRoundTrip) {

@@ -2,9 +2,16 @@
 // sent message to the receiver's MessageSink (like a transport's progress thread would) and then
 // runs the sender's completion. Fault injection: kill a rank, corrupt the next message from a
 // rank, or hold back every message from a rank.
+//
+// Zero-copy like UCX: send() keeps only the caller's spans and the bytes are read at delivery
+// time, so a sender that rewrites or frees a buffer before its completion ran is caught (the
+// receiver sees the rewritten bytes, or ASan the freed ones). hold() keeps a sender's messages
+// queued until release(), to widen that window in tests.
 #pragma once
 
+#include <algorithm>
 #include <condition_variable>
+#include <cstdint>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -68,6 +75,22 @@ class FakeNetwork {
     std::lock_guard<std::mutex> lock(mu_);
     tap_ = std::move(tap);
   }
+  // Messages from `rank` stay queued (not delivered, not completed) until release(); the others
+  // keep flowing, each sender's in order.
+  void hold(uint32_t rank) {
+    std::lock_guard<std::mutex> lock(mu_);
+    held_.insert(rank);
+  }
+  void release() {
+    std::lock_guard<std::mutex> lock(mu_);
+    held_.clear();
+    cv_.notify_all();
+  }
+  // Messages sent and not yet delivered (held ones included).
+  size_t queued() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return queue_.size();
+  }
   uint64_t delivered() const {
     std::lock_guard<std::mutex> lock(mu_);
     return delivered_;
@@ -76,8 +99,9 @@ class FakeNetwork {
  private:
   struct Message {
     uint32_t from, to;
-    std::vector<std::byte> header, payload;
+    std::span<const std::byte> header, payload;  // the sender's buffers, read at delivery
     SendCallback done;
+    size_t corrupt_at = SIZE_MAX;  // byte of header + payload to flip at delivery
   };
 
   class Endpoint final : public Transport {
@@ -89,17 +113,12 @@ class FakeNetwork {
     Status send(uint32_t peer, std::span<const std::byte> header, std::span<const std::byte> payload,
                 SendCallback done) override {
       if (peer >= net_->world() || peer == rank_) return invalid_argument("bad peer");
-      Message m{rank_, peer, {header.begin(), header.end()}, {payload.begin(), payload.end()}, std::move(done)};
+      Message m{rank_, peer, header, payload, std::move(done)};
       std::lock_guard<std::mutex> lock(net_->mu_);
       if (net_->dead_.count(rank_)) return unavailable("this rank is dead");
       auto c = net_->corrupt_.find(rank_);
       if (c != net_->corrupt_.end()) {
-        size_t off = c->second;
-        if (off < m.header.size()) {
-          m.header[off] ^= std::byte{0x40};
-        } else if (off - m.header.size() < m.payload.size()) {
-          m.payload[off - m.header.size()] ^= std::byte{0x40};
-        }
+        m.corrupt_at = c->second;
         net_->corrupt_.erase(c);
       }
       net_->queue_.push_back(std::move(m));
@@ -121,17 +140,29 @@ class FakeNetwork {
       Tap tap;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-        if (stopping_ && queue_.empty()) return;
-        m = std::move(queue_.front());
-        queue_.pop_front();
+        auto next = queue_.end();
+        cv_.wait(lock, [&] {
+          next = std::find_if(queue_.begin(), queue_.end(), [&](const Message& q) { return !held_.count(q.from); });
+          return stopping_ || next != queue_.end();
+        });
+        if (next == queue_.end()) return;  // stopping, and nothing deliverable is left
+        m = std::move(*next);
+        queue_.erase(next);
         to_dead = dead_.count(m.to) > 0;
         drop = dead_.count(m.from) || to_dead || silenced_.count(m.from);
         if (!drop) ++delivered_;
         if (!drop) tap = tap_;
       }
-      if (tap) tap(m.from, m.to, m.header, m.payload);
-      if (!drop && sinks_[m.to]) sinks_[m.to]->on_message(m.from, m.header, m.payload);
+      // Read the sender's buffers now, as a zero-copy transport would.
+      std::vector<std::byte> header(m.header.begin(), m.header.end());
+      std::vector<std::byte> payload(m.payload.begin(), m.payload.end());
+      if (m.corrupt_at < header.size()) {
+        header[m.corrupt_at] ^= std::byte{0x40};
+      } else if (m.corrupt_at != SIZE_MAX && m.corrupt_at - header.size() < payload.size()) {
+        payload[m.corrupt_at - header.size()] ^= std::byte{0x40};
+      }
+      if (tap) tap(m.from, m.to, header, payload);
+      if (!drop && sinks_[m.to]) sinks_[m.to]->on_message(m.from, header, payload);
       if (m.done) m.done(to_dead ? unavailable("peer dead") : Status::Ok());
     }
   }
@@ -143,6 +174,7 @@ class FakeNetwork {
   std::deque<Message> queue_;
   std::set<uint32_t> dead_, silenced_;
   std::map<uint32_t, size_t> corrupt_;
+  std::set<uint32_t> held_;
   uint64_t delivered_ = 0;
   Tap tap_;
   bool stopping_ = false;

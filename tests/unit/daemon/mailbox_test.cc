@@ -2,12 +2,16 @@
 // bytes waiting; the message that would go over is rejected, counted and fails its step at once
 // (kResourceExhausted) instead of the daemon buffering without bound; taking, dropping and
 // replacing messages give their bytes back.
+// Job incarnations: a message of another job is never handed out for this one, whether it
+// arrived before or after the job was agreed, and each one dropped is counted.
 #include "daemon/collective/mailbox.h"
 
 #include <gtest/gtest.h>
 
 #include <array>
 #include <chrono>
+#include <cstring>
+#include <string>
 #include <vector>
 
 #include "sparsecar/kernels/types.h"
@@ -22,9 +26,11 @@ struct Message {
   std::array<std::byte, wire::kHeaderBytes> header{};
   std::vector<std::byte> payload;
 };
-Message data_message(uint32_t rank, uint32_t tensor, uint64_t step, size_t floats) {
+Message data_message(uint32_t rank, uint32_t tensor, uint64_t step, size_t floats, uint64_t incarnation = 0,
+                     float fill = 0.0f) {
   Message m;
-  m.payload.assign(4 * floats, std::byte{0});
+  m.payload.resize(4 * floats);
+  for (size_t i = 0; i < floats; ++i) std::memcpy(m.payload.data() + 4 * i, &fill, 4);
   wire::WireHeader h{};
   h.magic = wire::kMagic;
   h.version = wire::kVersion;
@@ -38,8 +44,33 @@ Message data_message(uint32_t rank, uint32_t tensor, uint64_t step, size_t float
   h.dense_len = floats;
   h.nnz = floats;
   h.payload_bytes = m.payload.size();
+  h.incarnation = incarnation;
   wire::seal(h, m.payload, m.header);
   return m;
+}
+
+Message abort_message(uint32_t rank, uint32_t tensor, uint64_t step, uint64_t incarnation) {
+  Message m;
+  const std::string reason = "trainer died";
+  for (char c : reason) m.payload.push_back(static_cast<std::byte>(c));
+  wire::WireHeader h{};
+  h.magic = wire::kMagic;
+  h.version = wire::kVersion;
+  h.kind = static_cast<uint16_t>(wire::Kind::kAbort);
+  h.job_id = kJob;
+  h.sender_rank = rank;
+  h.tensor_id = tensor;
+  h.step = step;
+  h.payload_bytes = m.payload.size();
+  h.incarnation = incarnation;
+  wire::seal(h, m.payload, m.header);
+  return m;
+}
+
+float first_value(const Envelope& e) {
+  float v;
+  std::memcpy(&v, e.payload.data(), 4);
+  return v;
 }
 
 void deliver(Mailbox& box, uint32_t rank, const Message& m) { box.on_message(rank, m.header, m.payload); }
@@ -56,7 +87,7 @@ TEST(MailboxLimit, APeerMayFillItsLimitButNotGoOver) {
   EXPECT_EQ(box.rejected(), 1u);
   EXPECT_EQ(box.buffered_bytes(1), 4000u);
   // The rejected message's step fails at once, naming the limit.
-  auto failed = box.take(wire::Kind::kData, 1, 2, 0, 0, soon(), "rank 1");
+  auto failed = box.take(wire::Kind::kData, 1, 2, 0, 0, 0, soon(), "rank 1");
   ASSERT_FALSE(failed.ok());
   EXPECT_EQ(failed.status().code(), Code::kResourceExhausted);
   EXPECT_NE(failed.status().message().find("mailbox_max_bytes"), std::string::npos) << failed.status().to_string();
@@ -70,7 +101,7 @@ TEST(MailboxLimit, TakingDroppingAndReplacingGiveBytesBack) {
   Mailbox box(kJob, 2, nullptr, 4000);
   deliver(box, 1, data_message(1, 0, 0, 500));
   deliver(box, 1, data_message(1, 0, 1, 500));
-  auto got = box.take(wire::Kind::kData, 1, 0, 0, 0, soon(), "rank 1");
+  auto got = box.take(wire::Kind::kData, 1, 0, 0, 0, 0, soon(), "rank 1");
   ASSERT_TRUE(got.ok()) << got.status().to_string();
   EXPECT_EQ(got->payload.size(), 2000u);
   EXPECT_EQ(box.buffered_bytes(1), 2000u);
@@ -82,10 +113,93 @@ TEST(MailboxLimit, TakingDroppingAndReplacingGiveBytesBack) {
   EXPECT_EQ(box.buffered_bytes(1), 0u);
   deliver(box, 1, data_message(1, 3, 5, 1000));
   EXPECT_EQ(box.buffered_bytes(1), 4000u);
-  box.clear();
+  box.begin_job();
   EXPECT_EQ(box.buffered_bytes(1), 0u);
-  deliver(box, 1, data_message(1, 3, 6, 1000));  // fits again after clear()
+  deliver(box, 1, data_message(1, 3, 6, 1000));  // fits again after begin_job()
   EXPECT_EQ(box.rejected(), 0u);
+}
+
+std::chrono::steady_clock::time_point now() { return std::chrono::steady_clock::now(); }
+
+// The bug this guards against: job 1's step-5 message from rank 1 arrived after this node reset,
+// stayed in the mailbox, and was summed into job 2's step 5 (500.5 instead of 1.5).
+TEST(MailboxIncarnation, AMessageOfAFinishedJobIsNeverTakenByTheNext) {
+  constexpr uint64_t kJob1 = 0x1111, kJob2 = 0x2222;
+  Mailbox box(kJob, 2, nullptr);
+  box.set_incarnation(kJob1);
+  box.begin_job();                                          // job 1 ends here...
+  deliver(box, 1, data_message(1, 0, 5, 4, kJob1, 500.0f));  // ...and its late message arrives
+  box.set_incarnation(kJob2);
+  EXPECT_EQ(box.stale(), 1u);
+  EXPECT_EQ(box.buffered_bytes(1), 0u);
+  // Job 2's own message for the same (tensor, step) is the one taken.
+  deliver(box, 1, data_message(1, 0, 5, 4, kJob2, 1.0f));
+  auto got = box.take(wire::Kind::kData, 1, 0, 5, 0, kJob2, soon(), "rank 1");
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  EXPECT_EQ(first_value(*got), 1.0f);
+}
+
+TEST(MailboxIncarnation, OnceAgreedAMessageOfAnotherIncarnationIsDroppedOnArrival) {
+  Mailbox box(kJob, 2, nullptr);
+  box.set_incarnation(7);
+  deliver(box, 1, data_message(1, 0, 5, 4, 6, 500.0f));
+  EXPECT_EQ(box.stale(), 1u);
+  EXPECT_EQ(box.buffered_bytes(1), 0u);
+  EXPECT_EQ(box.rejected(), 0u);  // stale is not corrupt: counted apart
+  // An abort of another job does not fail this job's step either.
+  deliver(box, 1, abort_message(1, 0, 5, 6));
+  EXPECT_EQ(box.stale(), 2u);
+  auto got = box.take(wire::Kind::kData, 1, 0, 5, 0, 7, now() + std::chrono::milliseconds(50), "rank 1");
+  EXPECT_EQ(got.status().code(), Code::kDeadlineExceeded) << got.status().to_string();
+  // This job's abort does.
+  deliver(box, 1, abort_message(1, 0, 5, 7));
+  got = box.take(wire::Kind::kData, 1, 0, 5, 0, 7, soon(), "rank 1");
+  EXPECT_EQ(got.status().code(), Code::kAborted) << got.status().to_string();
+}
+
+// Before this node has learnt the new incarnation, a fast peer's message of the new job and a
+// late one of the old job can both be waiting, in either order; the agreement keeps the right one.
+TEST(MailboxIncarnation, BetweenJobsBothAreKeptAndTheAgreementPicks) {
+  for (bool new_first : {true, false}) {
+    Mailbox box(kJob, 2, nullptr);
+    box.begin_job();
+    Message old_job = data_message(1, 0, 0, 4, 0xAAAA, 500.0f);
+    Message new_job = data_message(1, 0, 0, 4, 0xBBBB, 1.0f);
+    deliver(box, 1, new_first ? new_job : old_job);
+    deliver(box, 1, new_first ? old_job : new_job);
+    box.set_incarnation(0xBBBB);
+    EXPECT_EQ(box.stale(), 1u);
+    auto got = box.take(wire::Kind::kData, 1, 0, 0, 0, 0xBBBB, soon(), "rank 1");
+    ASSERT_TRUE(got.ok()) << got.status().to_string();
+    EXPECT_EQ(first_value(*got), 1.0f) << "new_first " << new_first;
+  }
+}
+
+// A peer may start its next job (and send its manifest) before this node has reset.
+TEST(MailboxIncarnation, AManifestSurvivesTheResetAndTheNewestWins) {
+  auto manifest = [](uint64_t nonce, const std::string& text) {
+    Message m;
+    for (char c : text) m.payload.push_back(static_cast<std::byte>(c));
+    wire::WireHeader h{};
+    h.magic = wire::kMagic;
+    h.version = wire::kVersion;
+    h.kind = static_cast<uint16_t>(wire::Kind::kManifest);
+    h.job_id = kJob;
+    h.sender_rank = 1;
+    h.payload_bytes = m.payload.size();
+    h.incarnation = nonce;
+    wire::seal(h, m.payload, m.header);
+    return m;
+  };
+  Mailbox box(kJob, 2, nullptr);
+  box.set_incarnation(5);
+  deliver(box, 1, manifest(0x10, "first"));
+  deliver(box, 1, manifest(0x11, "second"));
+  box.begin_job();
+  auto got = box.take(wire::Kind::kManifest, 1, 0, 0, 0, 0, soon(), "rank 1");
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  EXPECT_EQ(got->header.incarnation, 0x11u);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(got->payload.data()), got->payload.size()), "second");
 }
 
 }  // namespace

@@ -130,10 +130,10 @@ TEST(LinkGoodputTest, LargeSendsAreTimedFromPostToCompletionSmallOnesAreLeftOut)
 
 TEST(RingBytes, MatchesTheRingFormula) {
   // 2(W-1) messages per rank, each about n/W elements: total payload 2(W-1)/W * n * 4 when W | n.
-  EXPECT_EQ(ring_allreduce_bytes(4000, 4, 0), 6 * (72 + 1000 * 4));
+  EXPECT_EQ(ring_allreduce_bytes(4000, 4, 0), 6 * (80 + 1000 * 4));
   EXPECT_EQ(ring_allreduce_bytes(4000, 1, 0), 0u);
   uint64_t all = 0;
-  for (uint32_t r = 0; r < 3; ++r) all += ring_allreduce_bytes(10, 3, r) - 4 * 72;
+  for (uint32_t r = 0; r < 3; ++r) all += ring_allreduce_bytes(10, 3, r) - 4 * 80;
   EXPECT_EQ(all, 2u * (3 - 1) * 10 * 4);  // each chunk is sent W-1 times per half
 }
 
@@ -173,7 +173,7 @@ TEST(SparseTest, TopkResultIsTheMeanOfEveryNodesIndependentlySelectedValues) {
     for (uint32_t r = 0; r < w; ++r) {
       ASSERT_TRUE(results[r].status.ok()) << results[r].status.to_string();
       EXPECT_EQ(results[r].nnz, k);
-      EXPECT_EQ(results[r].bytes_sent, (w - 1) * (72 + 8 * k));
+      EXPECT_EQ(results[r].bytes_sent, (w - 1) * (80 + 8 * k));
       EXPECT_EQ(out[r], out[0]);
     }
     for (size_t i = 0; i < n; ++i) {
@@ -446,7 +446,7 @@ TEST_P(FormatTest, EveryNodeDecodesWhateverArrivesAndKeepsTheQuantisationErrorIn
       EXPECT_EQ(results[r].nnz, k);
       EXPECT_EQ(out[r], out[0]) << "rank " << r << " differs from rank 0";
       if (o.settings.auto_format) {
-        EXPECT_LE(results[r].bytes_sent, (w - 1) * (72 + coo_bytes));
+        EXPECT_LE(results[r].bytes_sent, (w - 1) * (80 + coo_bytes));
       }
     }
     for (size_t i = 0; i < n; ++i) {

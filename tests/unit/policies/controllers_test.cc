@@ -349,10 +349,10 @@ TEST(FrequencyControllerTest, OftenReselectedTensorsGetMoreDensityBounded) {
 }
 
 TEST(CostControllerTest, DenseRingAboveOneOverWSparseBelowExactSizes) {
-  // Sparse all-gather costs (W-1)(72 + 8k); the ring 2(W-1)(72 + 4n/W): break-even k/n ~ 1/W.
+  // Sparse all-gather costs (W-1)(80 + 8k); the ring 2(W-1)(80 + 4n/W): break-even k/n ~ 1/W.
   const auto tensors = model({1 << 20});
-  EXPECT_EQ(sparse_allgather_bytes(1 << 20, 1000, 8, nullptr), 7u * (72 + 8000));
-  EXPECT_EQ(ring_allreduce_bytes(1 << 20, 8), 14u * (72 + 4 * (1 << 17)));
+  EXPECT_EQ(sparse_allgather_bytes(1 << 20, 1000, 8, nullptr), 7u * (80 + 8000));
+  EXPECT_EQ(ring_allreduce_bytes(1 << 20, 8), 14u * (80 + 4 * (1 << 17)));
   for (double d : {0.001, 0.05, 0.3}) {
     ControlKnobs base;
     base.density = d;

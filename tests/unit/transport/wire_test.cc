@@ -41,12 +41,13 @@ WireHeader example_header() {
   h.payload_bytes = 80;
   h.chunk = 0;
   h.checksum = 0xDEADBEEF;
+  h.incarnation = 0xF1E2D3C4B5A69788ull;
   return h;
 }
 
 // The example of WIRE.md, byte by byte.
 const Bytes kGolden = from_hex({
-    0x53, 0x50, 0x43, 0x52, 0x01, 0x00, 0x01, 0x00,  // magic "SPCR", version 1, kind 1
+    0x53, 0x50, 0x43, 0x52, 0x02, 0x00, 0x01, 0x00,  // magic "SPCR", version 2, kind 1
     0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01,  // job_id
     0x03, 0x00, 0x00, 0x00, 0x05, 0x00, 0x00, 0x00,  // sender_rank 3, tensor_id 5
     0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11,  // step
@@ -55,6 +56,7 @@ const Bytes kGolden = from_hex({
     0x0a, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,  // nnz 10
     0x50, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,  // payload_bytes 80
     0x00, 0x00, 0x00, 0x00, 0xef, 0xbe, 0xad, 0xde,  // chunk 0, checksum 0xDEADBEEF
+    0x88, 0x97, 0xa6, 0xb5, 0xc4, 0xd3, 0xe2, 0xf1,  // incarnation 0xF1E2D3C4B5A69788
 });
 
 // Bitwise CRC-32C, independent of the kernels' implementation.
@@ -96,6 +98,7 @@ TEST(WireTest, RoundTripExtremes) {
   h.payload_bytes = 0xFEDCBA9876543210ull;
   h.chunk = 0xA5A5A5A5u;
   h.checksum = 0x5A5A5A5Au;
+  h.incarnation = 0x8000000000000002ull;
   Bytes out{};
   encode_header(h, out);
   EXPECT_TRUE(decode_header(out) == h);
@@ -119,7 +122,11 @@ TEST(WireTest, SealWritesCrcOfHeaderWithZeroedChecksumAndPayload) {
   const uint32_t expected = reference_crc32c(covered);
   EXPECT_EQ(h.checksum, expected);
   // Every byte but the checksum equals the golden header; the checksum is little-endian.
-  for (size_t i = 0; i < 68; ++i) EXPECT_EQ(out[i], kGolden[i]) << "byte " << i;
+  for (size_t i = 0; i < kHeaderBytes; ++i) {
+    if (i < 68 || i >= 72) {
+      EXPECT_EQ(out[i], kGolden[i]) << "byte " << i;
+    }
+  }
   EXPECT_EQ(std::to_integer<uint32_t>(out[68]) | std::to_integer<uint32_t>(out[69]) << 8 |
                 std::to_integer<uint32_t>(out[70]) << 16 | std::to_integer<uint32_t>(out[71]) << 24,
             expected);
@@ -226,7 +233,7 @@ INSTANTIATE_TEST_SUITE_P(
     EachField, WireValidateTest,
     ::testing::Values(
         Corruption{"magic", [](WireHeader& h) { h.magic = 0x52435054; }, 80},
-        Corruption{"version", [](WireHeader& h) { h.version = 2; }, 80},
+        Corruption{"version", [](WireHeader& h) { h.version = 1; }, 80},  // v1 (72-byte header) is not spoken
         Corruption{"kind", [](WireHeader& h) { h.kind = 0; }, 80},
         Corruption{"kind", [](WireHeader& h) { h.kind = kMaxKind + 1; }, 80},
         Corruption{"job_id", [](WireHeader& h) { h.job_id = 42; }, 80},

@@ -189,7 +189,7 @@ class Controller {
 std::unique_ptr<Controller> make_controller(ControllerKind kind);
 
 // ---- cost model ---------------------------------------------------------------------------------
-inline constexpr uint64_t kWireHeaderBytes = 72;
+inline constexpr uint64_t kWireHeaderBytes = 80;
 // Bytes one node sends for a sparse all-gather of a tensor with nnz kept, in the smallest format
 // kernels::encoded_bytes knows (fp32 values); *format gets that format.
 uint64_t sparse_allgather_bytes(uint64_t elements, uint64_t nnz, uint32_t world, kernels::Format* format);
