@@ -17,6 +17,16 @@
 namespace sparsecar {
 
 struct Daemon::Parts {
+  // Takes the parts down in the reverse of start's order, stopping every thread that could call
+  // into another part before any part is freed: also when start() fails half-way (the mailbox's
+  // control handler and the scrape hook hold raw pointers to later parts).
+  ~Parts() {
+    if (control) control->stop();
+    if (metrics) metrics->set_scrape_hook(nullptr);
+    if (sessions) sessions->stop();
+    if (pipeline) pipeline->stop();
+    if (transport) transport->stop();
+  }
   std::unique_ptr<Metrics> metrics;
   std::unique_ptr<Mailbox> mailbox;
   std::unique_ptr<UcxTransport> transport;
@@ -28,6 +38,7 @@ struct Daemon::Parts {
   std::unique_ptr<control::DaemonBackend> backend;
   std::unique_ptr<control::Dispatcher> dispatcher;
   std::unique_ptr<control::ControlServer> control;
+  std::chrono::milliseconds peer_down_grace{0};
 };
 
 // "auto" -> ipc://<trainer socket minus ".sock">-control.sock
@@ -43,6 +54,7 @@ Daemon::~Daemon() { stop(); }
 
 Expected<std::unique_ptr<Daemon>> Daemon::start(const Config& config) {
   auto parts = std::make_unique<Parts>();
+  parts->peer_down_grace = std::chrono::milliseconds(config.peer_down_grace_ms);
   MetricsOptions mo;
   mo.rank = config.rank;
   mo.world_size = config.world_size;
@@ -153,13 +165,8 @@ Expected<std::unique_ptr<Daemon>> Daemon::start(const Config& config) {
 }
 
 void Daemon::stop() {
-  if (!parts_) return;
-  // Reverse of start: stop taking new work, finish or fail what is in flight, then the network.
-  if (parts_->control) parts_->control->stop();
-  if (parts_->metrics) parts_->metrics->set_scrape_hook(nullptr);
-  if (parts_->sessions) parts_->sessions->stop();
-  if (parts_->pipeline) parts_->pipeline->stop();
-  if (parts_->transport) parts_->transport->stop();
+  // Reverse of start (Parts::~Parts): stop taking new work, finish or fail what is in flight,
+  // then the network.
   parts_.reset();
 }
 
@@ -201,6 +208,14 @@ Status Daemon::reload(const Config& before, const Config& after) {
   SC_LOG_INFO("reload: epoch %u from step %llu: %s", d->epoch, static_cast<unsigned long long>(d->effective_step),
               format_changes(changes).c_str());
   return Status::Ok();
+}
+
+Status Daemon::fatal() const {
+  if (!parts_ || !parts_->mailbox || parts_->peer_down_grace.count() == 0) return Status::Ok();
+  auto down = parts_->mailbox->first_peer_down();
+  if (!down || std::chrono::steady_clock::now() - down->since < parts_->peer_down_grace) return Status::Ok();
+  return unavailable("rank " + std::to_string(down->peer) + " has been down for more than peer_down_grace_ms = " +
+                     std::to_string(parts_->peer_down_grace.count()) + " (" + down->why.message() + ")");
 }
 
 std::vector<uint16_t> Daemon::metrics_ports() const {

@@ -27,6 +27,10 @@ class Daemon {
   // Live knobs that changed are proposed job-wide (one decision); structural ones that changed
   // are refused with a log line each and keep their running value. Returns the proposal's error.
   Status reload(const Config& before, const Config& after);
+  // OK while the daemon can serve its job. Once a peer has been down for peer_down_grace_ms
+  // (when that is not 0), an error naming the peer: main then stops and exits with status 3 so
+  // that the service manager restarts the job (a lost rank cannot rejoin the running daemons).
+  Status fatal() const;
   // Ports of the metrics exposer and the bound control endpoint (for logs and tests).
   std::vector<uint16_t> metrics_ports() const;
   std::string control_endpoint() const;

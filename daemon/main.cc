@@ -3,6 +3,7 @@
 //   SIGTERM/SIGINT  drain (new steps refused, queued ones finish within drain_timeout_ms), stop
 //   SIGHUP          re-read flags + config file; live knobs that changed become one job-wide
 //                   decision, structural ones are refused with a log line
+// A peer down for longer than peer_down_grace_ms makes it stop and exit with status 3.
 // and tells systemd (Type=notify) READY / RELOADING / STOPPING through $NOTIFY_SOCKET.
 #include <csignal>
 #include <cstdio>
@@ -46,9 +47,19 @@ int main(int argc, char** argv) {
   }
   sd_notify_state("READY=1\nSTATUS=serving");
   Config loaded = config;  // what the flags and the file said at the last (re)load
+  int exit_code = 0;
   for (;;) {
-    int sig = 0;
-    sigwait(&signals, &sig);
+    // Wake every 200 ms to notice a peer that has been down too long (Daemon::fatal).
+    const timespec tick{0, 200 * 1000 * 1000};
+    const int sig = sigtimedwait(&signals, nullptr, &tick);
+    if (sig < 0) {
+      Status fatal = (*daemon)->fatal();
+      if (fatal.ok()) continue;
+      SC_LOG_ERROR("%s; exiting with status 3 so that the job can be restarted", fatal.message().c_str());
+      sd_notify_state("STOPPING=1\nSTATUS=" + fatal.message());
+      exit_code = 3;
+      break;
+    }
     if (sig != SIGHUP) {
       SC_LOG_INFO("signal %d: draining (up to %u ms), then shutting down", sig, config.drain_timeout_ms);
       sd_notify_state("STOPPING=1");
@@ -73,5 +84,5 @@ int main(int argc, char** argv) {
     sd_notify_state("READY=1\nSTATUS=serving");
   }
   (*daemon)->stop();
-  return 0;
+  return exit_code;
 }

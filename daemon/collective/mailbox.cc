@@ -138,6 +138,7 @@ void Mailbox::on_peer_failed(uint32_t peer, const Status& why) {
   std::lock_guard<std::mutex> lock(mu_);
   if (peer < peer_failures_.size() && peer_failures_[peer].ok()) {
     peer_failures_[peer] = unavailable("rank " + std::to_string(peer) + " failed: " + why.message());
+    if (!first_down_) first_down_ = PeerDown{peer, peer_failures_[peer], Clock::now()};
   }
   cv_.notify_all();
 }
@@ -263,6 +264,11 @@ void Mailbox::cancel() {
 void Mailbox::resume() {
   std::lock_guard<std::mutex> lock(mu_);
   cancelled_ = false;
+}
+
+std::optional<Mailbox::PeerDown> Mailbox::first_peer_down() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return first_down_;
 }
 
 Status Mailbox::peer_status(uint32_t peer) const {

@@ -37,6 +37,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -94,6 +95,13 @@ class Mailbox final : public MessageSink {
 
   // Why `peer` failed, or OK while it is alive.
   Status peer_status(uint32_t peer) const;
+  // The first peer failure and when it was seen; nullopt while every peer is alive.
+  struct PeerDown {
+    uint32_t peer = 0;
+    Status why;
+    Clock::time_point since;
+  };
+  std::optional<PeerDown> first_peer_down() const;
   uint64_t rejected() const { return rejected_.load(); }
   // Data and abort messages dropped because they belong to another job incarnation.
   uint64_t stale() const { return stale_.load(); }
@@ -126,6 +134,7 @@ class Mailbox final : public MessageSink {
   std::map<Key, Envelope> messages_;            // guarded by mu_
   std::map<StepKey, Status> step_failures_;     // guarded by mu_: aborts and corrupt messages
   std::vector<Status> peer_failures_;           // guarded by mu_: OK while alive
+  std::optional<PeerDown> first_down_;          // guarded by mu_
   std::vector<uint64_t> buffered_;              // guarded by mu_: payload bytes waiting per peer
   bool cancelled_ = false;                      // guarded by mu_
   uint64_t incarnation_ = 0;                    // guarded by mu_: 0 between jobs

@@ -285,6 +285,11 @@ const std::vector<Knob>& knobs() {
       {{"join_timeout_ms", K::kUint, "deadline for the rendezvous and the first-step agreement check", 100,
         3.6e6, "", false, false, ""},
        &Config::join_timeout_ms},
+      {{"peer_down_grace_ms", K::kUint,
+        "after a peer is lost (killed, unreachable) the daemon keeps failing steps loudly for this long, then "
+        "exits with status 3 so the service manager restarts the job (0: never exit)",
+        0, 3.6e6, "", false, false, ""},
+       &Config::peer_down_grace_ms},
   };
   return table;
 }

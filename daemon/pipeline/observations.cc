@@ -70,32 +70,49 @@ Expected<policies::NodeObservation> parse_observation(std::string_view text) {
   while (is >> key) {
     if (key == "tensor") {
       policies::TensorStepObservation t;
-      if (!(is >> t.tensor_id >> t.elements >> t.nnz >> t.repeat_fraction) || ++tensors > kMaxTensorLines) {
+      // Read as signed so that "-1" is refused rather than wrapped.
+      int64_t id = 0, elements = 0, nnz = 0;
+      if (!(is >> id >> elements >> nnz >> t.repeat_fraction) || ++tensors > kMaxTensorLines || id < 0 ||
+          id > INT32_MAX || elements < 0 || nnz < 0 || nnz > elements || !(t.repeat_fraction >= -1.0) ||
+          !(t.repeat_fraction <= 1.0)) {  // -1: unknown
         return data_loss("observation: bad tensor line");
       }
+      t.tensor_id = static_cast<uint32_t>(id);
+      t.elements = static_cast<uint64_t>(elements);
+      t.nnz = static_cast<uint64_t>(nnz);
       o.tensors.push_back(t);
       continue;
     }
     double v = 0;
     if (!(is >> v) || !std::isfinite(v)) return data_loss("observation: bad value for '" + key + "'");
+    // Counts and times come from a peer: a negative or out-of-range value (a cast of it would be
+    // undefined) is refused, not converted.
+    const bool signed_value = key == "loss" || key == "loss_target" || key == "compute_s";  // compute_s < 0: unknown
+    if (!signed_value && v < 0) return data_loss("observation: negative value for '" + key + "'");
+    auto count = [&](uint64_t max) -> Expected<uint64_t> {
+      if (v > static_cast<double>(max)) return data_loss("observation: value for '" + key + "' out of range");
+      return static_cast<uint64_t>(v);
+    };
+    constexpr uint64_t kMaxCount = uint64_t{1} << 53;  // exact in a double
     if (key == "rank") {
-      o.rank = static_cast<uint32_t>(v);
+      SC_ASSIGN_OR_RETURN(uint64_t rank, count(UINT32_MAX));
+      o.rank = static_cast<uint32_t>(rank);
     } else if (key == "step") {
-      o.step = static_cast<uint64_t>(v);
+      SC_ASSIGN_OR_RETURN(o.step, count(kMaxCount));
     } else if (key == "elements") {
-      o.elements = static_cast<uint64_t>(v);
+      SC_ASSIGN_OR_RETURN(o.elements, count(kMaxCount));
     } else if (key == "nnz") {
-      o.nnz = static_cast<uint64_t>(v);
+      SC_ASSIGN_OR_RETURN(o.nnz, count(kMaxCount));
     } else if (key == "bytes_sent") {
-      o.bytes_sent = static_cast<uint64_t>(v);
+      SC_ASSIGN_OR_RETURN(o.bytes_sent, count(kMaxCount));
     } else if (key == "dense_bytes") {
-      o.dense_bytes = static_cast<uint64_t>(v);
+      SC_ASSIGN_OR_RETURN(o.dense_bytes, count(kMaxCount));
     } else if (key == "exchange_s") {
       o.exchange_s = v;
     } else if (key == "encode_s") {
       o.encode_s = v;
     } else if (key == "link_bytes") {
-      o.link_bytes = static_cast<uint64_t>(v);
+      SC_ASSIGN_OR_RETURN(o.link_bytes, count(kMaxCount));
     } else if (key == "link_s") {
       o.link_s = v;
     } else if (key == "grad_norm2") {

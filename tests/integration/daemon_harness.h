@@ -71,7 +71,19 @@ class DaemonProcess {
   bool running() {
     if (pid_ <= 0) return false;
     int status = 0;
-    return ::waitpid(pid_, &status, WNOHANG) == 0;
+    if (::waitpid(pid_, &status, WNOHANG) == 0) return true;
+    reaped(status);
+    return false;
+  }
+  // Waits (bounded) for the process to exit by itself; its exit code (128 + signal when killed),
+  // or -1 if it still runs at the deadline.
+  int wait_exit(std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (running()) {
+      if (std::chrono::steady_clock::now() > deadline) return -1;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return exit_code_;
   }
   void kill9() {
     if (pid_ > 0) {
@@ -84,12 +96,12 @@ class DaemonProcess {
   int stop() {
     if (pid_ <= 0) return exit_code_;
     ::kill(pid_, SIGTERM);
+    ::kill(pid_, SIGCONT);  // a stopped (SIGSTOP) daemon must see it too
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     int status = 0;
     while (std::chrono::steady_clock::now() < deadline) {
       if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        reaped(status);
         return exit_code_;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -100,6 +112,9 @@ class DaemonProcess {
     exit_code_ = 137;
     return exit_code_;
   }
+  void signal(int sig) {
+    if (pid_ > 0) ::kill(pid_, sig);
+  }
   std::string log() const {
     std::ifstream in(log_path_);
     std::stringstream ss;
@@ -108,6 +123,10 @@ class DaemonProcess {
   }
 
  private:
+  void reaped(int status) {
+    pid_ = -1;
+    exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
   pid_t pid_ = -1;
   int exit_code_ = -1;
   std::string log_path_;

@@ -1,0 +1,187 @@
+// Chaos: real sparsecard daemons on loopback (UCX over tcp), real trainers through the client
+// library, under failures. Every result that comes back OK is checked against the float64 mean
+// computed here from the same seeded gradients; every failure must name its cause and arrive
+// within a bound. Nothing may hang: every wait is bounded, and so is each test (ctest timeout).
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <cmath>
+#include <random>
+#include <thread>
+
+#include "sparsecar/client.h"
+#include "tests/integration/daemon_harness.h"
+
+namespace sparsecar {
+namespace {
+
+using namespace std::chrono_literals;
+using itest::JobSpec;
+using itest::LocalJob;
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t kN = 1000;
+
+// Trainer `node`'s gradient for `step` of job `job`: seeded, so the reference can recompute it.
+std::vector<float> gradient(uint32_t job, uint32_t node, uint64_t step) {
+  std::mt19937 rng(1000003u * static_cast<uint32_t>(step) + 1009u * node + 7919u * job);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v(kN);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+// Asserts `got` is the float64 mean over the world's nodes of gradient(job, *, step).
+void expect_mean(const float* got, uint32_t world, uint32_t job, uint64_t step, const std::string& who) {
+  std::vector<double> sum(kN, 0.0), abs_sum(kN, 0.0);
+  for (uint32_t node = 0; node < world; ++node) {
+    auto g = gradient(job, node, step);
+    for (size_t i = 0; i < kN; ++i) {
+      sum[i] += g[i];
+      abs_sum[i] += std::fabs(g[i]);
+    }
+  }
+  for (size_t i = 0; i < kN; ++i) {
+    ASSERT_NEAR(got[i], sum[i] / world, 1e-6 * abs_sum[i] / world + 1e-30)
+        << who << " job " << job << " step " << step << " element " << i << ": not the mean of this job's gradients";
+  }
+}
+
+// A trainer connected to one daemon with one registered tensor.
+struct Trainer {
+  std::unique_ptr<Client> client;
+  Tensor* tensor = nullptr;
+
+  static Trainer connect(const std::string& socket) {
+    Trainer t;
+    auto c = Client::connect(socket);
+    EXPECT_TRUE(c.ok()) << c.status().to_string();
+    if (!c.ok()) return t;
+    t.client = std::move(*c);
+    auto reg = t.client->register_tensor("w", kN);
+    EXPECT_TRUE(reg.ok()) << reg.status().to_string();
+    if (reg.ok()) t.tensor = *reg;
+    return t;
+  }
+  Status submit(uint32_t job, uint32_t node, uint64_t step) {
+    if (tensor == nullptr) return failed_precondition("not connected");
+    auto g = gradient(job, node, step);
+    std::copy(g.begin(), g.end(), tensor->data());
+    return client->submit(*tensor, step);
+  }
+  Status wait(uint64_t step, std::chrono::milliseconds timeout = 20s) {
+    auto done = client->wait(*tensor, step, timeout);
+    return done.ok() ? Status::Ok() : done.status();
+  }
+};
+
+std::vector<Trainer> connect_all(LocalJob& job, uint32_t world) {
+  std::vector<Trainer> out;
+  for (uint32_t r = 0; r < world; ++r) out.push_back(Trainer::connect(job.sockets()[r]));
+  return out;
+}
+
+// Runs `steps` (in order) on every node at once; checks each result against the mean.
+void run_checked_steps(LocalJob& job, uint32_t world, uint32_t job_no, std::vector<Trainer>& trainers,
+                       const std::vector<uint64_t>& steps) {
+  for (uint64_t step : steps) {
+    for (uint32_t r = 0; r < world; ++r) ASSERT_TRUE(trainers[r].submit(job_no, r, step).ok());
+    for (uint32_t r = 0; r < world; ++r) {
+      Status s = trainers[r].wait(step);
+      ASSERT_TRUE(s.ok()) << "rank " << r << " job " << job_no << " step " << step << ": " << s.to_string() << "\n"
+                          << job.logs();
+      expect_mean(trainers[r].tensor->data(), world, job_no, step, "rank " + std::to_string(r));
+    }
+  }
+}
+
+bool wait_for_log(LocalJob& job, uint32_t rank, const std::string& text, std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  while (job.daemon(rank).log().find(text) == std::string::npos) {
+    if (Clock::now() > deadline) return false;
+    std::this_thread::sleep_for(20ms);
+  }
+  return true;
+}
+
+// The reproduction: rank 0's trainer leaves while rank 1's trainer submits step 5, so
+// rank 1's step-5 message reaches rank 0 after its reset. The next job on the same daemons runs
+// steps 0..5 again; its step 5 must be that job's mean (it was 500.5 instead of 1.5 once).
+class StaleAcrossJobs : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(StaleAcrossJobs, ALateMessageOfTheLastJobIsNeverSummedIntoTheNext) {
+  JobSpec spec{2, 1, "tcp", {"--compression", GetParam(), "--density", "1", "--step-timeout-ms", "3000"}, {}};
+  LocalJob job(spec);
+  ASSERT_TRUE(job.wait_ready()) << job.logs();
+  {
+    std::vector<Trainer> trainers = connect_all(job, 2);
+    run_checked_steps(job, 2, 1, trainers, {0, 1, 2, 3, 4});
+    trainers[0] = Trainer{};  // rank 0's trainer leaves; its daemon resets
+    ASSERT_TRUE(wait_for_log(job, 0, "job reset", 10s)) << job.logs();
+    ASSERT_TRUE(trainers[1].submit(1, 1, 5).ok());
+    Status late = trainers[1].wait(5);
+    EXPECT_FALSE(late.ok()) << "rank 1's step 5 cannot complete without rank 0";
+  }
+  std::vector<Trainer> trainers = connect_all(job, 2);
+  run_checked_steps(job, 2, 2, trainers, {0, 5});
+  EXPECT_NE(job.daemon(0).log().find("stale"), std::string::npos) << "the late message was not counted as stale\n"
+                                                                    << job.logs();
+}
+
+INSTANTIATE_TEST_SUITE_P(SparseAndDense, StaleAcrossJobs, ::testing::Values("on", "off"),
+                         [](const auto& p) { return std::string(p.param) == "on" ? "sparse" : "dense_ring"; });
+
+// Long-lived daemons serve one job after another; every job's every step is its own mean.
+TEST(BackToBackJobs, TwentyJobsOnTheSameDaemonsAllSucceed) {
+  JobSpec spec{2, 1, "tcp", {"--compression", "on", "--density", "1", "--step-timeout-ms", "5000"}, {}};
+  LocalJob job(spec);
+  ASSERT_TRUE(job.wait_ready()) << job.logs();
+  for (uint32_t j = 0; j < 20; ++j) {
+    std::vector<Trainer> trainers = connect_all(job, 2);
+    run_checked_steps(job, 2, 100 + j, trainers, {0, 1, 2});
+    if (HasFatalFailure()) return;
+  }
+}
+
+// kill -9 of a peer daemon: the survivor's trainer learns within a moment, naming the peer (UCX
+// sees the connection break); after peer_down_grace_ms the survivor exits with status 3 so that
+// the service manager restarts the job.
+TEST(PeerFailure, KilledPeerFailsStepsAtOnceAndTheSurvivorExitsAfterTheGrace) {
+  JobSpec spec{2, 1, "tcp", {"--compression", "on", "--density", "1", "--step-timeout-ms", "10000", "--peer-down-grace-ms", "1500"}, {}};
+  LocalJob job(spec);
+  ASSERT_TRUE(job.wait_ready()) << job.logs();
+  std::vector<Trainer> trainers = connect_all(job, 2);
+  run_checked_steps(job, 2, 1, trainers, {0});
+  job.daemon(1).kill9();
+  const auto killed = Clock::now();
+  ASSERT_TRUE(trainers[0].submit(1, 0, 1).ok());
+  Status s = trainers[0].wait(1);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("rank 1"), std::string::npos) << s.to_string();
+  EXPECT_LT(Clock::now() - killed, 5s) << "the survivor waited for its step deadline instead";
+  const int code = job.daemon(0).wait_exit(10s);
+  EXPECT_EQ(code, 3) << job.logs();
+  EXPECT_NE(job.daemon(0).log().find("peer_down_grace_ms"), std::string::npos) << job.logs();
+}
+
+// SIGSTOP of a peer: no connection breaks, so only the daemon's own deadline can notice. The
+// survivor's step fails at step_timeout naming the silent peer; nothing hangs, nothing exits.
+TEST(PeerFailure, StoppedPeerFailsTheStepAtTheDeadlineNamingIt) {
+  JobSpec spec{2, 1, "tcp", {"--compression", "on", "--density", "1", "--step-timeout-ms", "2000", "--peer-down-grace-ms", "0"}, {}};
+  LocalJob job(spec);
+  ASSERT_TRUE(job.wait_ready()) << job.logs();
+  std::vector<Trainer> trainers = connect_all(job, 2);
+  run_checked_steps(job, 2, 1, trainers, {0});
+  job.daemon(1).signal(SIGSTOP);
+  const auto stopped = Clock::now();
+  ASSERT_TRUE(trainers[0].submit(1, 0, 1).ok());
+  Status s = trainers[0].wait(1);
+  EXPECT_EQ(s.code(), Code::kDeadlineExceeded) << s.to_string();
+  EXPECT_NE(s.message().find("rank 1"), std::string::npos) << s.to_string();
+  EXPECT_LT(Clock::now() - stopped, 6s);
+  EXPECT_TRUE(job.daemon(0).running());
+  job.daemon(1).signal(SIGCONT);
+}
+
+}  // namespace
+}  // namespace sparsecar
