@@ -1,5 +1,7 @@
 #include "daemon/daemon.h"
 
+#include <cstdlib>
+
 #include "daemon/collective/mailbox.h"
 #include "daemon/control/control_server.h"
 #include "daemon/control/daemon_backend.h"
@@ -10,6 +12,7 @@
 #include "daemon/pipeline/pipeline.h"
 #include "daemon/pipeline/settings.h"
 #include "daemon/session/session_server.h"
+#include "daemon/transport/fault_injection.h"
 #include "daemon/transport/ucx_transport.h"
 #include "sparsecar/common/log.h"
 #include "sparsecar/policies/plan.h"
@@ -25,11 +28,14 @@ struct Daemon::Parts {
     if (metrics) metrics->set_scrape_hook(nullptr);
     if (sessions) sessions->stop();
     if (pipeline) pipeline->stop();
+    if (faults) faults->stop();
     if (transport) transport->stop();
   }
   std::unique_ptr<Metrics> metrics;
   std::unique_ptr<Mailbox> mailbox;
   std::unique_ptr<UcxTransport> transport;
+  std::unique_ptr<FaultyTransport> faults;  // tests only: SPARSECAR_TEST_FAULTS
+  Transport* net = nullptr;                 // what the parts send through: faults or transport
   std::unique_ptr<DecisionBoard> decisions;
   std::unique_ptr<ControllerRunner> controllers;  // rank 0 only
   std::unique_ptr<ObservationCollector> observations;
@@ -76,9 +82,18 @@ Expected<std::unique_ptr<Daemon>> Daemon::start(const Config& config) {
     auto transport = UcxTransport::start(t, parts->mailbox.get());
     if (!transport.ok()) return transport.status().with_context("joining the job");
     parts->transport = std::move(transport).value();
+    parts->net = parts->transport.get();
+    if (const char* spec = std::getenv("SPARSECAR_TEST_FAULTS"); spec != nullptr && *spec != '\0') {
+      auto faults = parse_fault_spec(spec);
+      if (!faults.ok()) return faults.status();
+      SC_LOG_WARN("SPARSECAR_TEST_FAULTS is set: this daemon drops, corrupts, duplicates, delays and reorders "
+                  "its messages on purpose (%s); never use it outside tests", spec);
+      parts->faults = std::make_unique<FaultyTransport>(parts->transport.get(), *faults);
+      parts->net = parts->faults.get();
+    }
   }
 
-  parts->decisions = std::make_unique<DecisionBoard>(config, parts->transport.get());
+  parts->decisions = std::make_unique<DecisionBoard>(config, parts->net);
   // Controllers run on rank 0; every node measures its steps and sends them there.
   if (config.rank == 0) {
     parts->controllers = std::make_unique<ControllerRunner>(config, parts->decisions.get());
@@ -87,7 +102,7 @@ Expected<std::unique_ptr<Daemon>> Daemon::start(const Config& config) {
           metrics->count_decision(controllers, outcome);
         });
   }
-  parts->observations = std::make_unique<ObservationCollector>(config.rank, config.job_id, parts->transport.get(),
+  parts->observations = std::make_unique<ObservationCollector>(config.rank, config.job_id, parts->net,
                                                                parts->controllers.get());
   parts->mailbox->set_control_handler([board = parts->decisions.get(), runner = parts->controllers.get()](
                                           uint32_t peer, const wire::WireHeader& h, std::span<const std::byte> payload) {
@@ -115,7 +130,7 @@ Expected<std::unique_ptr<Daemon>> Daemon::start(const Config& config) {
   p.step_timeout = std::chrono::milliseconds(config.step_timeout_ms);
   p.join_timeout = std::chrono::milliseconds(config.join_timeout_ms);
   p.kernel_threads = config.kernel_threads;
-  parts->pipeline = std::make_unique<Pipeline>(p, parts->transport.get(), parts->mailbox.get(), parts->metrics.get(),
+  parts->pipeline = std::make_unique<Pipeline>(p, parts->net, parts->mailbox.get(), parts->metrics.get(),
                                                parts->decisions.get());
 
   SessionServerOptions s;
@@ -132,7 +147,7 @@ Expected<std::unique_ptr<Daemon>> Daemon::start(const Config& config) {
   dp.config = config;
   dp.metrics = parts->metrics.get();
   dp.mailbox = parts->mailbox.get();
-  dp.transport = parts->transport.get();
+  dp.transport = parts->net;
   dp.decisions = parts->decisions.get();
   dp.pipeline = parts->pipeline.get();
   dp.sessions = parts->sessions.get();

@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include <cmath>
+#include <numeric>
 #include <random>
 #include <thread>
 
@@ -110,7 +111,7 @@ bool wait_for_log(LocalJob& job, uint32_t rank, const std::string& text, std::ch
 class StaleAcrossJobs : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(StaleAcrossJobs, ALateMessageOfTheLastJobIsNeverSummedIntoTheNext) {
-  JobSpec spec{2, 1, "tcp", {"--compression", GetParam(), "--density", "1", "--step-timeout-ms", "3000"}, {}};
+  JobSpec spec{2, 1, "tcp", {"--compression", GetParam(), "--density", "1", "--step-timeout-ms", "3000"}, {}, {}};
   LocalJob job(spec);
   ASSERT_TRUE(job.wait_ready()) << job.logs();
   {
@@ -133,7 +134,7 @@ INSTANTIATE_TEST_SUITE_P(SparseAndDense, StaleAcrossJobs, ::testing::Values("on"
 
 // Long-lived daemons serve one job after another; every job's every step is its own mean.
 TEST(BackToBackJobs, TwentyJobsOnTheSameDaemonsAllSucceed) {
-  JobSpec spec{2, 1, "tcp", {"--compression", "on", "--density", "1", "--step-timeout-ms", "5000"}, {}};
+  JobSpec spec{2, 1, "tcp", {"--compression", "on", "--density", "1", "--step-timeout-ms", "5000"}, {}, {}};
   LocalJob job(spec);
   ASSERT_TRUE(job.wait_ready()) << job.logs();
   for (uint32_t j = 0; j < 20; ++j) {
@@ -147,7 +148,7 @@ TEST(BackToBackJobs, TwentyJobsOnTheSameDaemonsAllSucceed) {
 // sees the connection break); after peer_down_grace_ms the survivor exits with status 3 so that
 // the service manager restarts the job.
 TEST(PeerFailure, KilledPeerFailsStepsAtOnceAndTheSurvivorExitsAfterTheGrace) {
-  JobSpec spec{2, 1, "tcp", {"--compression", "on", "--density", "1", "--step-timeout-ms", "10000", "--peer-down-grace-ms", "1500"}, {}};
+  JobSpec spec{2, 1, "tcp", {"--compression", "on", "--density", "1", "--step-timeout-ms", "10000", "--peer-down-grace-ms", "1500"}, {}, {}};
   LocalJob job(spec);
   ASSERT_TRUE(job.wait_ready()) << job.logs();
   std::vector<Trainer> trainers = connect_all(job, 2);
@@ -167,7 +168,7 @@ TEST(PeerFailure, KilledPeerFailsStepsAtOnceAndTheSurvivorExitsAfterTheGrace) {
 // SIGSTOP of a peer: no connection breaks, so only the daemon's own deadline can notice. The
 // survivor's step fails at step_timeout naming the silent peer; nothing hangs, nothing exits.
 TEST(PeerFailure, StoppedPeerFailsTheStepAtTheDeadlineNamingIt) {
-  JobSpec spec{2, 1, "tcp", {"--compression", "on", "--density", "1", "--step-timeout-ms", "2000", "--peer-down-grace-ms", "0"}, {}};
+  JobSpec spec{2, 1, "tcp", {"--compression", "on", "--density", "1", "--step-timeout-ms", "2000", "--peer-down-grace-ms", "0"}, {}, {}};
   LocalJob job(spec);
   ASSERT_TRUE(job.wait_ready()) << job.logs();
   std::vector<Trainer> trainers = connect_all(job, 2);
@@ -181,6 +182,54 @@ TEST(PeerFailure, StoppedPeerFailsTheStepAtTheDeadlineNamingIt) {
   EXPECT_LT(Clock::now() - stopped, 6s);
   EXPECT_TRUE(job.daemon(0).running());
   job.daemon(1).signal(SIGCONT);
+}
+
+// The transport's fault switch on every daemon, for data messages: duplicated, delayed and
+// reordered messages must change nothing — every step succeeds with exactly this job's mean.
+TEST(FaultMix, DuplicatedDelayedAndReorderedMessagesChangeNothing) {
+  JobSpec spec{2, 1, "tcp", {"--compression", "on", "--density", "1", "--step-timeout-ms", "5000"}, {},
+               {"SPARSECAR_TEST_FAULTS=duplicate=0.2,delay=0.2,reorder=0.2,delay_ms=20,seed=11,kinds=1"}};
+  LocalJob job(spec);
+  ASSERT_TRUE(job.wait_ready()) << job.logs();
+  std::vector<Trainer> trainers = connect_all(job, 2);
+  std::vector<uint64_t> steps(30);
+  std::iota(steps.begin(), steps.end(), 0);
+  run_checked_steps(job, 2, 1, trainers, steps);
+  EXPECT_NE(job.daemon(0).log().find("SPARSECAR_TEST_FAULTS is set"), std::string::npos);
+}
+
+// Lost and corrupted data messages: a step either returns exactly this job's mean or fails
+// with an error naming a peer — never OK with anything else — and each failure comes within
+// the step deadline. Seeded: which messages are hit is the same every run. Error feedback is
+// off so that an OK step's result is exactly this step's mean: with it on, what a failed step
+// did not deliver goes out with the next one (nothing lost), and the reference would have to
+// know which node failed which step.
+TEST(FaultMix, LostAndCorruptedMessagesFailStepsLoudlyAndNothingElse) {
+  JobSpec spec{2, 1, "tcp",
+               {"--compression", "on", "--density", "1", "--error-feedback", "off", "--step-timeout-ms", "1500"}, {},
+               {"SPARSECAR_TEST_FAULTS=drop=0.1,corrupt=0.1,seed=5,kinds=1"}};
+  LocalJob job(spec);
+  ASSERT_TRUE(job.wait_ready()) << job.logs();
+  std::vector<Trainer> trainers = connect_all(job, 2);
+  int ok = 0, failed = 0;
+  for (uint64_t step = 0; step < 20; ++step) {
+    for (uint32_t r = 0; r < 2; ++r) ASSERT_TRUE(trainers[r].submit(1, r, step).ok());
+    for (uint32_t r = 0; r < 2; ++r) {
+      const auto started = Clock::now();
+      Status s = trainers[r].wait(step);
+      EXPECT_LT(Clock::now() - started, 5s) << "rank " << r << " step " << step;
+      if (s.ok()) {
+        ++ok;
+        expect_mean(trainers[r].tensor->data(), 2, 1, step, "rank " + std::to_string(r));
+        if (HasFatalFailure()) return;
+      } else {
+        ++failed;
+        EXPECT_NE(s.message().find("rank"), std::string::npos) << s.to_string();
+      }
+    }
+  }
+  EXPECT_GT(failed, 0) << "the faults never hit: the test tested nothing";
+  EXPECT_GT(ok, 0);
 }
 
 }  // namespace

@@ -41,6 +41,7 @@ struct JobSpec {
   std::string tls = "tcp";  // or "shm"
   std::vector<std::string> extra;  // extra flags for every daemon
   std::vector<std::vector<std::string>> per_rank_extra;  // extra flags for rank r
+  std::vector<std::string> env;  // "NAME=value" for every daemon (e.g. SPARSECAR_TEST_FAULTS)
 };
 
 class DaemonProcess {
@@ -139,7 +140,7 @@ class LocalJob {
     char tmpl[] = "/tmp/sparsecar-itest-XXXXXX";
     dir_ = ::mkdtemp(tmpl);
     const std::string coordinator = "127.0.0.1:" + std::to_string(free_tcp_port());
-    std::vector<std::string> env;  // UCX picks transports from the daemon's knobs, not the environment
+    std::vector<std::string> env = spec.env;  // UCX picks transports from the daemon's knobs, not the environment
     std::vector<std::string> tls = spec.tls == "shm"
                                        ? std::vector<std::string>{"--ucx-tls", "posix,self"}
                                        : std::vector<std::string>{"--ucx-tls", "tcp", "--ucx-net-devices", "lo"};

@@ -119,7 +119,7 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
 class ExchangeTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(ExchangeTest, CompressionOffEqualsTheFloat64Mean) {
-  JobSpec spec{GetParam().world, GetParam().local_clients, GetParam().tls, {"--compression", "off"}, {}};
+  JobSpec spec{GetParam().world, GetParam().local_clients, GetParam().tls, {"--compression", "off"}, {}, {}};
   LocalJob job(spec);
   ASSERT_TRUE(job.wait_ready()) << job.logs();
   const std::vector<size_t> sizes{1000, 3};
@@ -154,7 +154,7 @@ TEST_P(ExchangeTest, CompressionOffEqualsTheFloat64Mean) {
 TEST_P(ExchangeTest, TopkEqualsTheMeanOfEachNodesSelection) {
   const double density = 0.01;
   JobSpec spec{GetParam().world, GetParam().local_clients, GetParam().tls,
-               {"--compression", "on", "--selector", "topk", "--density", "0.01"}, {}};
+               {"--compression", "on", "--selector", "topk", "--density", "0.01"}, {}, {}};
   LocalJob job(spec);
   ASSERT_TRUE(job.wait_ready()) << job.logs();
   const size_t n = 4000;
@@ -197,7 +197,7 @@ INSTANTIATE_TEST_SUITE_P(Loopback, ExchangeTest,
                          case_name);
 
 TEST(FailureTest, WrongSizeRegistrationFailsTheFirstStepOnEveryNode) {
-  JobSpec spec{2, 1, "tcp", {"--step-timeout-ms", "5000"}, {}};
+  JobSpec spec{2, 1, "tcp", {"--step-timeout-ms", "5000"}, {}, {}};
   LocalJob job(spec);
   ASSERT_TRUE(job.wait_ready()) << job.logs();
   TrainerResult a, b;
@@ -214,7 +214,7 @@ TEST(FailureTest, WrongSizeRegistrationFailsTheFirstStepOnEveryNode) {
 }
 
 TEST(FailureTest, KilledPeerDaemonFailsTheStepNamingItWithinTheDeadline) {
-  JobSpec spec{2, 1, "tcp", {"--step-timeout-ms", "4000"}, {}};
+  JobSpec spec{2, 1, "tcp", {"--step-timeout-ms", "4000"}, {}, {}};
   LocalJob job(spec);
   ASSERT_TRUE(job.wait_ready()) << job.logs();
   // One good step, then rank 1's daemon is killed while rank 0's trainer goes on.
@@ -242,7 +242,7 @@ TEST(FailureTest, KilledPeerDaemonFailsTheStepNamingItWithinTheDeadline) {
 
 TEST(FailureTest, KilledTrainerIsNoticedAndEveryoneElseGetsAnErrorWithinTheDeadline) {
   // Node 0 has two trainers: A (a child process, killed after step 0) and B (a thread).
-  JobSpec spec{2, 1, "tcp", {"--step-timeout-ms", "3000"}, {{"--local-clients", "2"}}};
+  JobSpec spec{2, 1, "tcp", {"--step-timeout-ms", "3000"}, {{"--local-clients", "2"}}, {}};
   LocalJob job(spec);
   ASSERT_TRUE(job.wait_ready()) << job.logs();
   int ready[2];
