@@ -309,6 +309,7 @@ class UcxTransport::Impl {
     uint64_t send_seq = 0;
     uint64_t recv_max = 0;
     std::bitset<kReplayWindow> recv_seen;
+    std::array<std::byte, kRouteBytes> bye_header{};  // the sealed bye of stop()
   };
 
   Impl(const UcxTransportOptions& o, MessageSink* sink) : options_(o), sink_(sink) {}
@@ -1052,10 +1053,11 @@ class UcxTransport::Impl {
       ucp_request_param_t bye{};
       bye.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
       bye.flags = UCP_AM_SEND_FLAG_EAGER;
-      // UCX copies an eager header before ucp_am_send_nbx returns, so one buffer serves every peer.
-      seal(p, bye_header_.data(), kRouteBytes, kByeAmId);
-      if (options_.observe_sent_for_test) options_.observe_sent_for_test(p.rank, kByeAmId, bye_header_);
-      ucs_status_ptr_t r = ucp_am_send_nbx(p.ep, kByeAmId, bye_header_.data(), kRouteBytes, nullptr, 0, &bye);
+      // UCX may read the header until the send completes (UCX 1.13 has no COPY_HEADER flag), so
+      // each peer's bye has its own buffer, alive until the worker is destroyed.
+      seal(p, p.bye_header.data(), kRouteBytes, kByeAmId);
+      if (options_.observe_sent_for_test) options_.observe_sent_for_test(p.rank, kByeAmId, p.bye_header);
+      ucs_status_ptr_t r = ucp_am_send_nbx(p.ep, kByeAmId, p.bye_header.data(), kRouteBytes, nullptr, 0, &bye);
       if (UCS_PTR_IS_PTR(r)) ucp_request_free(r);  // released by UCX once sent
     }
     for (Peer& p : peers_) {
@@ -1131,7 +1133,6 @@ class UcxTransport::Impl {
   std::vector<RecvOp*> active_recvs_;
   std::vector<Buffer> buffers_;
   uint64_t dropped_ = 0;
-  std::array<std::byte, kRouteBytes> bye_header_{};
   std::vector<pollfd> poll_fds_;
 };
 
