@@ -759,6 +759,13 @@ class Joiner {
 
 }  // namespace
 
+Status check_hello(std::span<const uint8_t> bytes, const auth::JobKey& key, const auth::Nonce& challenge) {
+  const std::string buf(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  SC_ASSIGN_OR_RETURN(std::optional<size_t> size, hello_size(buf));
+  if (!size.has_value() || buf.size() != *size) return invalid_argument("incomplete hello");
+  return open_hello(buf, auth::rendezvous_key(key), challenge).status();
+}
+
 bool split_host_port(const std::string& text, std::string* host, std::string* port) {
   size_t colon;
   if (!text.empty() && text.front() == '[') {

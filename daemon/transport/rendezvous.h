@@ -92,6 +92,11 @@ struct Formation {
 // (authentication failed in either direction), UNAVAILABLE (sockets).
 Expected<Formation> run(const Options& options, const std::string& my_address);
 
+// Rank 0's checks of one complete hello received on a connection whose challenge was `challenge`
+// (framing, then the MAC, then the body), exactly as run() makes them; for fuzz targets and tests.
+// OK, PERMISSION_DENIED ("authentication failed") or INVALID_ARGUMENT (malformed / incomplete).
+Status check_hello(std::span<const uint8_t> bytes, const auth::JobKey& key, const auth::Nonce& challenge);
+
 // Splits "HOST:PORT" / "[HOST]:PORT"; false on malformed input.
 bool split_host_port(const std::string& text, std::string* host, std::string* port);
 

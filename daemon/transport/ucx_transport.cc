@@ -403,6 +403,7 @@ class UcxTransport::Impl {
   UcxTransportStats stats() const {
     UcxTransportStats s;
     s.messages_rejected = rejected_.load(std::memory_order_relaxed);
+    s.messages_out_of_order = out_of_order_.load(std::memory_order_relaxed);
     s.rendezvous_auth_failures = rendezvous_stats_.auth_failures.load(std::memory_order_relaxed);
     s.rendezvous_refused = rendezvous_stats_.refused.load(std::memory_order_relaxed) +
                            rendezvous_stats_.malformed.load(std::memory_order_relaxed);
@@ -785,6 +786,7 @@ class UcxTransport::Impl {
     if (behind >= kReplayWindow) return reject("sequence number too old to tell from a replay");
     if (p.recv_seen.test(static_cast<size_t>(behind))) return reject("replayed sequence number");
     p.recv_seen.set(static_cast<size_t>(behind));
+    out_of_order_.fetch_add(1, std::memory_order_relaxed);
     return sender;
   }
 
@@ -1121,6 +1123,7 @@ class UcxTransport::Impl {
   auth::Nonce formation_id_{};
   auth::Key mac_key_{};  // transport key: written by init() before the progress thread starts
   std::atomic<uint64_t> rejected_{0};
+  std::atomic<uint64_t> out_of_order_{0};  // authentic messages that arrived below the highest seq
   rendezvous::Stats rendezvous_stats_;
   RateLimitedLog reject_log_;  // progress thread only
 

@@ -97,6 +97,7 @@ struct UcxTransportOptions {
 // Counters of a running transport (monotonic).
 struct UcxTransportStats {
   uint64_t messages_rejected = 0;       // bad prefix or MAC, replayed sequence number, forged bye
+  uint64_t messages_out_of_order = 0;   // authentic, accepted, but below the highest sequence seen
   uint64_t rendezvous_auth_failures = 0;  // rank 0: hellos whose MAC did not verify
   uint64_t rendezvous_refused = 0;      // rank 0: authenticated hellos refused, or malformed ones
   uint64_t rendezvous_shed = 0;         // rank 0: connections closed (cap, hello deadline, no fds)

@@ -567,6 +567,29 @@ TEST(RendezvousChild, LeaderWithFewDescriptors) {
   std::_Exit(::testing::Test::HasFailure() ? 1 : 0);
 }
 
+// The hello checks as a function (the seam for fuzz targets) agree with the bytes of the spec.
+TEST(RendezvousTest, CheckHelloVerifiesTheMacBeforeTheBody) {
+  const std::string challenge(32, 'c');
+  auth::Nonce c{};
+  std::memcpy(c.data(), challenge.data(), c.size());
+  auto check = [&](const std::string& bytes, const char* secret = kSecret) {
+    return check_hello(u8(bytes), key_of(secret), c);
+  };
+  const std::string good = make_hello(challenge, kSecret, 9, 2, 1);
+  EXPECT_TRUE(check(good).ok()) << check(good).to_string();
+  EXPECT_EQ(check(good, kOtherSecret).code(), Code::kPermissionDenied);
+  EXPECT_EQ(check(good, nullptr).code(), Code::kPermissionDenied);
+  EXPECT_EQ(check(good.substr(0, good.size() - 1)).code(), Code::kInvalidArgument);
+  EXPECT_EQ(check(good + "x").code(), Code::kInvalidArgument);
+  // A body whose lengths do not add up, correctly MACed: malformed, found after the MAC.
+  std::string body = le(9, 8) + le(2, 4) + le(1, 4) + le(100, 4) + le(1, 4) + "ab";
+  std::string head = le(0x5A524353, 4) + le(2, 2) + le(0, 2) + le(body.size(), 4) + std::string(32, 'n');
+  auth::Mac256 mac = auth::mac256(auth::rendezvous_key(key_of(kSecret)),
+                                  {u8(std::string("sparsecar rendezvous hello v2")), u8(challenge), u8(head), u8(body)});
+  EXPECT_EQ(check(head + text(mac) + body).code(), Code::kInvalidArgument);
+  EXPECT_EQ(check(head + std::string(32, 'm') + body).code(), Code::kPermissionDenied);
+}
+
 // A port nobody listens on: bound (so nobody else takes it) but not listening.
 struct DeadPort {
   int fd = -1;

@@ -4,7 +4,11 @@
 #include "daemon/transport/ucx_transport.h"
 
 #include <gtest/gtest.h>
+#include <net/if.h>
 #include <poll.h>
+#include <sched.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -289,6 +293,8 @@ void exchange_all(const TransportParam& p, uint32_t world, const std::vector<siz
     EXPECT_TRUE(job.sinks[r]->failures().empty());
     // Large (rendezvous-protocol) and small messages interleave: none may look like a replay.
     EXPECT_EQ(job.transports[r]->stats().messages_rejected, 0u);
+    std::printf("[ info     ] %s rank %u: %llu of %zu messages arrived out of sequence order\n", p.name, r,
+                static_cast<unsigned long long>(job.transports[r]->stats().messages_out_of_order), per_rank);
     EXPECT_TRUE(job.sinks[r]->rejected().empty());
   }
 }
@@ -684,6 +690,61 @@ TEST(UcxTransportStartTest, RetriesWhileTheNetworkDeviceIsMissing) {
   EXPECT_NE(t.status().message().find("no usable network device"), std::string::npos) << t.status().to_string();
   EXPECT_GE(took, 500ms);
   EXPECT_LT(took, 10s);
+}
+
+// The device comes up while start() retries: in a fresh network namespace (a child process, so
+// nothing outside the test is touched) `lo` is down and UCX finds no tcp device; a thread brings
+// it up after 1 s and start() must then succeed. Skipped where namespaces are not allowed.
+TEST(UcxTransportStartTest, StartsOnceTheNetworkDeviceComesUp) {
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::setenv("SPARSECAR_UCX_LATE_DEVICE_CHILD", "1", 1);
+    ::execl("/proc/self/exe", "ucx_transport_test", "--gtest_filter=UcxTransportChild.LateDevice",
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  int status = 0;
+  pid_t done = 0;
+  for (const auto until = Clock::now() + kWait; done == 0 && Clock::now() < until;) {
+    done = ::waitpid(child, &status, WNOHANG);
+    if (done == 0) std::this_thread::sleep_for(20ms);  // waiting for a child process; bounded
+  }
+  if (done == 0) {
+    ::kill(child, SIGKILL);
+    ::waitpid(child, &status, 0);
+    FAIL() << "the child did not finish";
+  }
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  if (WEXITSTATUS(status) == 77) GTEST_SKIP() << "no permission for a network namespace here";
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+TEST(UcxTransportChild, LateDevice) {
+  if (std::getenv("SPARSECAR_UCX_LATE_DEVICE_CHILD") == nullptr) GTEST_SKIP() << "run by StartsOnceTheNetworkDeviceComesUp";
+  if (::unshare(CLONE_NEWNET) != 0) std::_Exit(77);
+  std::thread up([] {
+    std::this_thread::sleep_for(1s);  // the "device comes up later" of the scenario
+    int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
+    ifreq ifr{};
+    std::strncpy(ifr.ifr_name, "lo", IFNAMSIZ - 1);
+    if (::ioctl(fd, SIOCGIFFLAGS, &ifr) == 0) {
+      ifr.ifr_flags = static_cast<short>(ifr.ifr_flags | IFF_UP);
+      ::ioctl(fd, SIOCSIFFLAGS, &ifr);
+    }
+    ::close(fd);
+  });
+  RecordingSink sink;
+  UcxTransportOptions o = base_options(TransportParam{"tcp", "tcp", "lo"}, 0, 1, 1);
+  o.device_wait = 20s;
+  const auto begin = Clock::now();
+  auto t = UcxTransport::start(o, &sink);
+  const auto took = Clock::now() - begin;
+  up.join();
+  EXPECT_TRUE(t.ok()) << t.status().to_string();
+  EXPECT_GE(took, 900ms) << "lo was up before the thread raised it?";
+  if (t.ok()) (*t)->stop();
+  std::_Exit(::testing::Test::HasFailure() ? 1 : 0);
 }
 
 }  // namespace
