@@ -8,6 +8,7 @@
 #include <fstream>
 #include <thread>
 
+#include "daemon/control/client.h"
 #include "tests/integration/daemon_harness.h"
 
 namespace sparsecar {
@@ -23,6 +24,25 @@ std::string secret_file(const std::string& dir, const std::string& name, const s
   std::ofstream(path) << secret << "\n";
   EXPECT_EQ(::chmod(path.c_str(), 0600), 0);
   return path;
+}
+
+// `status` of the daemon whose control socket is `endpoint` (its "result" object, or null).
+nlohmann::json status_of(const std::string& endpoint) {
+  // The control socket opens just after the trainer socket.
+  const std::string path = endpoint.substr(6);
+  for (const auto until = std::chrono::steady_clock::now() + 20s; std::chrono::steady_clock::now() < until;) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0) break;
+    std::this_thread::sleep_for(20ms);  // bounded poll for a file another process creates
+  }
+  control::ClientOptions options;
+  options.endpoint = endpoint;
+  auto client = control::ControlClient::connect(options);
+  EXPECT_TRUE(client.ok()) << client.status().to_string();
+  if (!client.ok()) return nullptr;
+  auto reply = (*client)->call("status", nlohmann::json::object());
+  EXPECT_TRUE(reply.ok()) << reply.status().to_string();
+  return reply.ok() ? (*reply)["result"] : nlohmann::json();
 }
 
 bool wait_exit(DaemonProcess& d, std::chrono::milliseconds bound) {
@@ -77,6 +97,9 @@ TEST(AuthDaemonTest, OutsiderWithoutTheSecretCannotTakeARankAndTheRealRankJoins)
   EXPECT_TRUE(wait_file(socket1, 30s)) << real.log() << job.logs();
   EXPECT_TRUE(wait_file(job.sockets()[0], 30s)) << job.logs();
   EXPECT_TRUE(real.running()) << real.log();
+  nlohmann::json st = status_of("ipc://" + job.dir() + "/rank-0-control.sock");
+  EXPECT_EQ(st["job_open"], false) << st.dump();
+  EXPECT_EQ(st["peers"][0]["state"], "up") << st.dump();
   EXPECT_EQ(real.stop(), 0) << real.log();
   std::filesystem::remove_all(dir);
 }
@@ -90,6 +113,8 @@ TEST(AuthDaemonTest, JobWithoutSecretRunsButWarnsThatItIsOpen) {
     EXPECT_NE(job.daemon(r).log().find("the job is open: any host that reaches the coordinator port"),
               std::string::npos)
         << job.daemon(r).log();
+    nlohmann::json st = status_of("ipc://" + job.dir() + "/rank-" + std::to_string(r) + "-control.sock");
+    EXPECT_EQ(st["job_open"], true) << st.dump();
   }
 }
 
