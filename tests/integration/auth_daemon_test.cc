@@ -87,6 +87,24 @@ TEST(AuthDaemonTest, OutsiderWithoutTheSecretCannotTakeARankAndTheRealRankJoins)
       << job.daemon(0).log();
   EXPECT_EQ(job.daemon(0).log().find("the job is open"), std::string::npos);
 
+  // A forged 60-byte join and an idle connection do not end rank 0 either.
+  {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(std::stoi(coordinator.substr(coordinator.rfind(':') + 1))));
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    const std::string forged = "SCRZ" + std::string("\x02\x00\x00\x00\x18\x00\x00\x00", 8) + std::string(48, 'x');
+    ASSERT_EQ(::write(fd, forged.data(), forged.size()), static_cast<ssize_t>(forged.size()));
+    int idle = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_EQ(::connect(idle, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    std::this_thread::sleep_for(1500ms);  // give a broken rank 0 the time to fall over (it took 1 s)
+    EXPECT_TRUE(job.daemon(0).running()) << job.daemon(0).log();
+    ::close(fd);
+    ::close(idle);
+  }
+
   // The real rank 1, with the real secret.
   const std::string socket1 = dir + "/real-rank-1.sock";
   DaemonProcess real(SPARSECARD_PATH,
