@@ -16,6 +16,7 @@
 // MessageSink callbacks and SendCallbacks run on the progress thread; they must not block and
 // must not call stop() (stop() from the progress thread only requests the stop; the destructor
 // then joins — never destroy the transport from its own callback).
+// stats(), formation_id() and incarnation() may be called from any thread.
 //
 // Framing: one message = one UCP active message whose header is a 32-byte route prefix {sender
 // rank, magic "SCT2", per-(sender -> receiver) sequence number, 16-byte MAC} + the caller's header,
