@@ -19,6 +19,26 @@
 
 namespace sparsecar {
 
+namespace {
+// What the transport delivers goes to the mailbox; what it rejects (bad MAC, replay, forged bye)
+// is counted as errors_total{kind="transport_rejected"}.
+class CountingSink final : public MessageSink {
+ public:
+  CountingSink(MessageSink* next, Metrics* metrics) : next_(next), metrics_(metrics) {}
+  void on_message(uint32_t peer, std::span<const std::byte> header, std::span<const std::byte> payload) override {
+    next_->on_message(peer, header, payload);
+  }
+  void on_peer_failed(uint32_t peer, const Status& why) override { next_->on_peer_failed(peer, why); }
+  void on_rejected(uint32_t /*peer*/, const Status& /*why*/) override {
+    metrics_->count_error(ErrorKind::kTransportRejected);
+  }
+
+ private:
+  MessageSink* next_;
+  Metrics* metrics_;
+};
+}  // namespace
+
 struct Daemon::Parts {
   // Takes the parts down in the reverse of start's order, stopping every thread that could call
   // into another part before any part is freed: also when start() fails half-way (the mailbox's
@@ -33,6 +53,7 @@ struct Daemon::Parts {
   }
   std::unique_ptr<Metrics> metrics;
   std::unique_ptr<Mailbox> mailbox;
+  std::unique_ptr<CountingSink> transport_sink;  // outlives the transport
   std::unique_ptr<UcxTransport> transport;
   std::unique_ptr<FaultyTransport> faults;  // tests only: SPARSECAR_TEST_FAULTS
   Transport* net = nullptr;                 // what the parts send through: faults or transport
@@ -68,6 +89,14 @@ Expected<std::unique_ptr<Daemon>> Daemon::start(const Config& config) {
   parts->mailbox = std::make_unique<Mailbox>(config.job_id, config.world_size, parts->metrics.get(),
                                              config.mailbox_max_bytes);
 
+  // The job secret is read once, here, and only its derived key is kept (never logged).
+  auto key = auth::load_job_key(config.job_secret_file);
+  if (!key.ok()) return key.status().with_context("reading job_secret_file");
+  if (key->open && config.world_size > 1) {
+    SC_LOG_WARN("the job is open: any host that reaches the coordinator port (%s) can join; set job_secret_file",
+                config.coordinator.c_str());
+  }
+
   if (config.world_size > 1) {
     UcxTransportOptions t;
     t.rank = config.rank;
@@ -77,11 +106,17 @@ Expected<std::unique_ptr<Daemon>> Daemon::start(const Config& config) {
     t.tls = config.ucx_tls;
     t.net_devices = config.ucx_net_devices;
     t.rendezvous_timeout = std::chrono::milliseconds(config.join_timeout_ms);
+    t.key = *key;
     SC_LOG_INFO("rank %u of %u: joining the job through %s", config.rank, config.world_size,
                 config.coordinator.c_str());
-    auto transport = UcxTransport::start(t, parts->mailbox.get());
+    parts->transport_sink = std::make_unique<CountingSink>(parts->mailbox.get(), parts->metrics.get());
+    auto transport = UcxTransport::start(t, parts->transport_sink.get());
     if (!transport.ok()) return transport.status().with_context("joining the job");
     parts->transport = std::move(transport).value();
+    const UcxTransportStats joined = parts->transport->stats();
+    if (const uint64_t refused = joined.rendezvous_auth_failures + joined.rendezvous_refused; refused > 0) {
+      parts->metrics->count_error(ErrorKind::kJoinRefused, static_cast<double>(refused));
+    }
     parts->net = parts->transport.get();
     if (const char* spec = std::getenv("SPARSECAR_TEST_FAULTS"); spec != nullptr && *spec != '\0') {
       auto faults = parse_fault_spec(spec);

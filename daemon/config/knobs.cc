@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <variant>
 
+#include "daemon/transport/auth.h"
 #include "sparsecar/common/log.h"
 #include "sparsecar/policies/compression_knobs.h"
 #include "sparsecar/policies/overrides.h"
@@ -38,6 +39,12 @@ const std::vector<Knob>& knobs() {
       {{"job_id", K::kUint, "job identifier; daemons of different jobs refuse each other", 0, 1.8e19, "",
         false, true, "SPARSECAR_JOB_ID"},
        &Config::job_id},
+      {{"job_secret_file", K::kString,
+        "file holding the job's shared secret (16 bytes to 4 KiB; owned by the daemon's uid, mode 0600): peers "
+        "prove they hold it at rendezvous and MAC every message with it; empty = an open job that any host "
+        "reaching the coordinator port can join",
+        0, 0, "", false, false, "SPARSECAR_JOB_SECRET_FILE"},
+       &Config::job_secret_file},
       {{"local_clients", K::kUint, "trainer processes per node whose gradients are summed each step", 1,
         1024, "", false, false, "LOCAL_WORLD_SIZE"},
        &Config::local_clients},
@@ -494,6 +501,10 @@ Status validate(const Config& config) {
   }
   if (config.density_min > config.density_max) {
     return invalid_argument("density_min is above density_max");
+  }
+  if (!config.job_secret_file.empty()) {
+    // The same check start makes; the secret itself is read and dropped at once.
+    if (auto secret = auth::read_job_secret_file(config.job_secret_file); !secret.ok()) return secret.status();
   }
   LogLevel level;
   if (!parse_log_level(config.log_level, &level)) {

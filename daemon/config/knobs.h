@@ -26,6 +26,7 @@ struct Config {
   uint32_t world_size = 1;
   std::string coordinator = "127.0.0.1:29600";
   uint64_t job_id = 0;
+  std::string job_secret_file;  // empty: the job is open (anyone reaching the coordinator may join)
   uint32_t local_clients = 1;
   std::string socket = "/run/sparsecar/sparsecard.sock";
   std::string control = "auto";  // auto: ipc://<socket without .sock>-control.sock

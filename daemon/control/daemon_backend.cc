@@ -50,6 +50,7 @@ json DaemonBackend::status() {
            {"rank", c.rank},
            {"world_size", c.world_size},
            {"leader", c.rank == 0},
+           {"job_open", c.job_secret_file.empty()},
            {"peers", peers},
            {"step", snap.has_step ? json(snap.last_step) : json(nullptr)},
            {"epoch", d.epoch},

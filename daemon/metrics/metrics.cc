@@ -74,7 +74,8 @@ std::string_view error_kind_name(ErrorKind k) {
       "step_invalid_argument", "step_not_found",   "step_out_of_range", "step_deadline",
       "step_peer_down",        "step_data_loss",   "step_disagreement", "step_aborted",
       "step_other",            "wire_rejected",    "session_protocol",  "client_rejected",
-      "registration_rejected", "submission_rejected", "control_rejected", "wire_stale"};
+      "registration_rejected", "submission_rejected", "control_rejected", "transport_rejected", "join_refused",
+      "wire_stale"};
   static_assert(sizeof names / sizeof names[0] == static_cast<size_t>(ErrorKind::kCount));
   return names[static_cast<int>(k)];
 }

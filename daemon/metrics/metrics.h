@@ -62,7 +62,7 @@ enum class ErrorKind {
   kStepInvalidArgument, kStepNotFound, kStepOutOfRange, kStepDeadline, kStepPeerDown, kStepDataLoss,
   kStepDisagreement, kStepAborted, kStepOther,
   kWireRejected, kSessionProtocol, kClientRejected, kRegistrationRejected, kSubmissionRejected,
-  kControlRejected, kWireStale, kCount
+  kControlRejected, kTransportRejected, kJoinRefused, kWireStale, kCount
 };
 std::string_view error_kind_name(ErrorKind k);
 ErrorKind step_error_kind(Code code);

@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <memory>
+#include <deque>
 #include <optional>
 #include <thread>
 
@@ -23,13 +25,22 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr uint32_t kMagic = 0x5A524353;  // "SCRZ"
-constexpr uint16_t kVersion = 1;
-constexpr size_t kHelloFixedBytes = 32;
+constexpr uint16_t kVersion = 2;
+constexpr size_t kChallengeBytes = 8 + auth::kNonceBytes;                           // 40
+constexpr size_t kHelloHeadBytes = 12 + auth::kNonceBytes + auth::kMac256Bytes;     // 76
+constexpr size_t kHelloMacOffset = 12 + auth::kNonceBytes;                          // 44
+constexpr size_t kHelloBodyFixedBytes = 24;
 constexpr uint32_t kMaxLabel = 256;
 constexpr uint32_t kMaxAddress = 64 * 1024;
+constexpr uint32_t kMaxHelloBody = kHelloBodyFixedBytes + kMaxLabel + kMaxAddress;
 constexpr uint32_t kMaxReason = 4096;
-constexpr uint32_t kVerdictAccepted = 0;
-constexpr uint32_t kVerdictRefused = 1;
+constexpr uint64_t kMaxWelcomeBody = uint64_t{256} << 20;
+constexpr uint16_t kVerdictAccepted = 0;
+constexpr uint16_t kVerdictRefused = 1;
+constexpr char kHelloDomain[] = "sparsecar rendezvous hello v2";
+constexpr char kWelcomeDomain[] = "sparsecar rendezvous welcome v2";
+constexpr char kRefusalDomain[] = "sparsecar rendezvous refusal v2";
+constexpr char kAuthFailed[] = "authentication failed";
 
 // Owns a file descriptor.
 class Fd {
@@ -151,58 +162,122 @@ std::string sockaddr_text(const sockaddr* sa) {
   return host;
 }
 
+std::span<const uint8_t> u8(const std::string& s) { return auth::bytes_of(std::string_view(s)); }
+std::span<const uint8_t> u8(const char* p, size_t n) { return {reinterpret_cast<const uint8_t*>(p), n}; }
+template <size_t N>
+std::span<const uint8_t> domain(const char (&text)[N]) {
+  return {reinterpret_cast<const uint8_t*>(text), N - 1};
+}
+
+// Logs at most a few lines per second per kind; says how many it left out.
+class RateLimitedLog {
+ public:
+  template <typename... Args>
+  void warn(const char* fmt, Args... args) {
+    const auto now = Clock::now();
+    if (now - window_start_ >= std::chrono::seconds(1)) {
+      if (suppressed_ > 0) SC_LOG_WARN("rendezvous: %llu similar lines suppressed", static_cast<unsigned long long>(suppressed_));
+      window_start_ = now;
+      in_window_ = 0;
+      suppressed_ = 0;
+    }
+    if (in_window_++ < 5) {
+      SC_LOG_WARN(fmt, args...);
+    } else {
+      ++suppressed_;
+    }
+  }
+
+ private:
+  Clock::time_point window_start_{};
+  uint64_t in_window_ = 0;
+  uint64_t suppressed_ = 0;
+};
+
+// "refused" message: header, reason, MAC over both nonces, the header and the reason.
+std::string refusal_bytes(const auth::Key& key, const auth::Nonce& challenge, const auth::Nonce& nonce,
+                          const std::string& reason) {
+  std::string r = reason.substr(0, kMaxReason);
+  std::string out;
+  put32(out, kMagic);
+  put16(out, kVersion);
+  put16(out, kVerdictRefused);
+  put32(out, static_cast<uint32_t>(r.size()));
+  out += r;
+  auth::Mac256 mac = auth::mac256(key, {domain(kRefusalDomain), challenge, nonce, u8(out)});
+  out.append(reinterpret_cast<const char*>(mac.data()), mac.size());
+  return out;
+}
+
 // ---- rank 0 ---------------------------------------------------------------------------------
 
 struct Pending {
   Fd fd;
   std::string from;  // remote IP, for messages
+  auth::Nonce challenge{};
+  Clock::time_point accepted_at;
   std::string buf;
 };
 
 struct Hello {
-  uint64_t job_id;
-  uint32_t world_size;
-  uint32_t rank;
+  auth::Nonce nonce{};
+  uint64_t job_id = 0;
+  uint32_t world_size = 0;
+  uint32_t rank = 0;
   std::string label;
   std::string address;
 };
 
-// Parses a complete hello from `buf`; nullopt = need more bytes; error = malformed.
-Expected<std::optional<Hello>> parse_hello(const std::string& buf) {
-  if (buf.size() < kHelloFixedBytes) return std::optional<Hello>{};
+// The total size of the hello in `buf` once its framing is known: nullopt = need more bytes;
+// error = not a v2 hello or a body out of bounds. Interprets nothing but the framing.
+Expected<std::optional<size_t>> hello_size(const std::string& buf) {
+  if (buf.size() < 12) return std::optional<size_t>{};
   const char* p = buf.data();
-  if (get_le(p, 4) != kMagic) return invalid_argument("not a sparsecar rendezvous hello (bad magic)");
-  if (get_le(p + 4, 2) != kVersion) {
-    return invalid_argument("rendezvous protocol version " + std::to_string(get_le(p + 4, 2)) +
-                            ", rank 0 speaks " + std::to_string(kVersion));
+  if (get_le(p, 4) != kMagic || get_le(p + 4, 2) != kVersion) {
+    return invalid_argument("not a sparsecar rendezvous v2 hello");
   }
-  Hello h;
-  h.job_id = get_le(p + 8, 8);
-  h.world_size = static_cast<uint32_t>(get_le(p + 16, 4));
-  h.rank = static_cast<uint32_t>(get_le(p + 20, 4));
-  uint32_t label_len = static_cast<uint32_t>(get_le(p + 24, 4));
-  uint32_t address_len = static_cast<uint32_t>(get_le(p + 28, 4));
-  if (label_len > kMaxLabel || address_len > kMaxAddress || address_len == 0) {
-    return invalid_argument("hello has label_len " + std::to_string(label_len) + " / address_len " +
-                            std::to_string(address_len) + " outside the limits");
-  }
-  if (buf.size() < kHelloFixedBytes + label_len + address_len) return std::optional<Hello>{};
-  h.label.assign(p + kHelloFixedBytes, label_len);
-  h.address.assign(p + kHelloFixedBytes + label_len, address_len);
-  return std::optional<Hello>{std::move(h)};
+  const uint64_t body = get_le(p + 8, 4);
+  if (body < kHelloBodyFixedBytes || body > kMaxHelloBody) return invalid_argument("malformed hello");
+  return std::optional<size_t>{kHelloHeadBytes + body};
 }
 
-void refuse(Pending& conn, const std::string& reason, Clock::time_point deadline) {
-  SC_LOG_WARN("rendezvous: refusing %s: %s", conn.from.c_str(), reason.c_str());
-  std::string out;
-  put32(out, kMagic);
-  put32(out, kVerdictRefused);
-  std::string r = reason.substr(0, kMaxReason);
-  put32(out, static_cast<uint32_t>(r.size()));
-  out += r;
-  // Best effort and short: the refused peer is not worth holding up the job for.
-  auto bound = std::min(deadline, Clock::now() + std::chrono::seconds(1));
-  write_all(conn.fd.get(), out, bound, conn.from).ignore();
+// Verifies the MAC of a complete hello, then parses it. Nothing is interpreted before the MAC
+// has been checked.
+Expected<Hello> open_hello(const std::string& buf, const auth::Key& key, const auth::Nonce& challenge) {
+  const char* p = buf.data();
+  const size_t body_len = static_cast<size_t>(get_le(p + 8, 4));
+  std::span<const uint8_t> body = u8(p + kHelloHeadBytes, body_len);
+  auth::Mac256 expect = auth::mac256(key, {domain(kHelloDomain), challenge, u8(p, kHelloMacOffset), body});
+  if (!auth::equal(expect, u8(p + kHelloMacOffset, auth::kMac256Bytes))) return permission_denied(kAuthFailed);
+  Hello h;
+  std::memcpy(h.nonce.data(), p + 12, h.nonce.size());
+  const char* b = p + kHelloHeadBytes;
+  h.job_id = get_le(b, 8);
+  h.world_size = static_cast<uint32_t>(get_le(b + 8, 4));
+  h.rank = static_cast<uint32_t>(get_le(b + 12, 4));
+  const uint64_t label_len = get_le(b + 16, 4);
+  const uint64_t address_len = get_le(b + 20, 4);
+  if (label_len > kMaxLabel || address_len > kMaxAddress || address_len == 0 ||
+      kHelloBodyFixedBytes + label_len + address_len != body_len) {
+    return invalid_argument("malformed hello");
+  }
+  h.label.assign(b + kHelloBodyFixedBytes, label_len);
+  h.address.assign(b + kHelloBodyFixedBytes + label_len, address_len);
+  return h;
+}
+
+// Best effort, never blocks: whoever is refused is not worth holding up the job for. Unread input
+// is drained first (bounded) so that closing does not reset the connection before the peer has
+// read the refusal.
+void send_and_close(Pending& conn, const std::string& bytes) {
+  const int fd = conn.fd.get();
+  if (fd >= 0) {
+    [[maybe_unused]] ssize_t n = ::send(fd, bytes.data(), bytes.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    ::shutdown(fd, SHUT_WR);
+    char sink[4096];
+    for (int i = 0; i < 16 && ::recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; ++i) {
+    }
+  }
   conn.fd.reset();
 }
 
@@ -239,107 +314,270 @@ uint16_t bound_port(int fd) {
   return ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port);
 }
 
-Expected<std::vector<Peer>> serve(const Options& o, const std::string& my_address, Clock::time_point deadline) {
-  SC_ASSIGN_OR_RETURN(Fd listener, listen_on(o));
-  if (o.on_listening) o.on_listening(bound_port(listener.get()));
-
-  std::vector<Peer> table(o.world_size);
-  std::vector<Pending> joined(o.world_size);  // joined[r].fd valid once rank r is accepted
-  table[0] = Peer{o.label, my_address};
-  uint32_t count = 1;
-  std::vector<Pending> pending;
-
-  while (count < o.world_size) {
-    int left = remaining_ms(deadline);
-    if (left == 0) {
-      std::string missing;
-      for (uint32_t r = 1; r < o.world_size; ++r) {
-        if (joined[r].fd.get() < 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-      }
-      return deadline_exceeded("rendezvous: only " + std::to_string(count) + " of " + std::to_string(o.world_size) +
-                               " ranks joined at " + o.coordinator + " within " +
-                               std::to_string(o.timeout.count()) + " ms; missing rank(s) " + missing);
-    }
-    std::vector<pollfd> fds;
-    fds.push_back({listener.get(), POLLIN, 0});
-    for (auto& p : pending) fds.push_back({p.fd.get(), POLLIN, 0});
-    int r = ::poll(fds.data(), fds.size(), left);
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return errno_status("rendezvous: poll", errno);
-    }
-    if (fds[0].revents & POLLIN) {
-      for (;;) {
-        sockaddr_storage ss{};
-        socklen_t len = sizeof ss;
-        int c = ::accept4(listener.get(), reinterpret_cast<sockaddr*>(&ss), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (c < 0) break;  // EAGAIN (or a transient error): poll again
-        pending.push_back(Pending{Fd(c), sockaddr_text(reinterpret_cast<sockaddr*>(&ss)), {}});
-      }
-    }
-    for (size_t i = 1; i < fds.size(); ++i) {
-      if (fds[i].revents == 0) continue;
-      Pending& conn = pending[i - 1];
-      char chunk[4096];
-      ssize_t n = ::recv(conn.fd.get(), chunk, sizeof chunk, 0);
-      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR && errno != EWOULDBLOCK)) {
-        SC_LOG_WARN("rendezvous: connection from %s closed before its hello arrived", conn.from.c_str());
-        conn.fd.reset();
-        continue;
-      }
-      if (n < 0) continue;
-      conn.buf.append(chunk, static_cast<size_t>(n));
-      auto parsed = parse_hello(conn.buf);
-      if (!parsed.ok()) {
-        refuse(conn, parsed.status().message(), deadline);
-        continue;
-      }
-      if (!parsed->has_value()) continue;
-      Hello& h = **parsed;
-      std::string who = "rank " + std::to_string(h.rank) + " (" + h.label + " from " + conn.from + ")";
-      if (h.job_id != o.job_id) {
-        refuse(conn, who + " has job id " + std::to_string(h.job_id) + " but rank 0 runs job " + std::to_string(o.job_id),
-               deadline);
-      } else if (h.world_size != o.world_size) {
-        refuse(conn, who + " has world size " + std::to_string(h.world_size) + " but rank 0 has " +
-                         std::to_string(o.world_size), deadline);
-      } else if (h.rank == 0 || h.rank >= o.world_size) {
-        refuse(conn, who + ": rank must be in 1.." + std::to_string(o.world_size - 1), deadline);
-      } else if (joined[h.rank].fd.get() >= 0) {
-        refuse(conn, who + ": rank " + std::to_string(h.rank) + " already joined as " + table[h.rank].label, deadline);
-      } else {
-        table[h.rank] = Peer{h.label + " via " + conn.from, std::move(h.address)};
-        joined[h.rank] = std::move(conn);
-        ++count;
-        SC_LOG_DEBUG("rendezvous: %s joined (%u of %u)", who.c_str(), count, o.world_size);
-      }
-    }
-    std::erase_if(pending, [](const Pending& p) { return p.fd.get() < 0; });
-  }
-  listener.reset();
-  // Anyone still half-way through a hello is late: the job is complete.
-  for (auto& p : pending) refuse(p, "the job is already complete (all ranks joined)", deadline);
-
-  std::string reply;
-  put32(reply, kMagic);
-  put32(reply, kVerdictAccepted);
-  put32(reply, o.world_size);
-  for (const Peer& p : table) {
-    put32(reply, static_cast<uint32_t>(p.label.size()));
-    put32(reply, static_cast<uint32_t>(p.address.size()));
-    reply += p.label;
-    reply += p.address;
-  }
-  for (uint32_t r = 1; r < o.world_size; ++r) {
-    Status s = write_all(joined[r].fd.get(), reply, deadline, "rank " + std::to_string(r));
-    if (!s.ok()) {
-      SC_LOG_ERROR("rendezvous: cannot send the address table to rank %u (%s): %s", r, table[r].label.c_str(),
-                   s.message().c_str());
-      return s.with_context("rendezvous");
-    }
-  }
-  return table;
+void bump(std::atomic<uint64_t> Stats::*counter, const Options& o) {
+  if (o.stats != nullptr) (o.stats->*counter).fetch_add(1, std::memory_order_relaxed);
 }
+
+class Server {
+ public:
+  Server(const Options& o, const std::string& my_address, Clock::time_point deadline)
+      : o_(o), key_(auth::rendezvous_key(o.key)), deadline_(deadline), table_(o.world_size), joined_(o.world_size) {
+    table_[0] = Peer{o.label, my_address};
+  }
+
+  Expected<Formation> run() {
+    SC_ASSIGN_OR_RETURN(listener_, listen_on(o_));
+    reserve_ = Fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    if (o_.on_listening) o_.on_listening(bound_port(listener_.get()));
+
+    while (count_ < o_.world_size) {
+      const auto now = Clock::now();
+      if (now >= deadline_) return timed_out();
+      expire(now);
+      std::vector<pollfd> fds;
+      const bool listening = now >= listener_paused_until_;
+      fds.push_back({listening ? listener_.get() : -1, POLLIN, 0});
+      for (auto& p : pending_) fds.push_back({p.fd.get(), POLLIN, 0});
+      for (uint32_t r = 1; r < o_.world_size; ++r) fds.push_back({joined_[r].fd.get(), POLLIN, 0});
+      // Wake for the next hello deadline, a paused listener or the job's deadline.
+      auto wake = deadline_;
+      if (!pending_.empty()) wake = std::min(wake, pending_.front().accepted_at + o_.hello_timeout);
+      if (!listening) wake = std::min(wake, listener_paused_until_);
+      int r = ::poll(fds.data(), fds.size(), std::max(1, remaining_ms(wake)));
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        return errno_status("rendezvous: poll", errno);
+      }
+      // Joined ranks send nothing more: readable means they hung up (or misbehave). Free the slot
+      // so a restarted rank can take it.
+      for (uint32_t rank = 1; rank < o_.world_size; ++rank) {
+        const pollfd& f = fds[1 + pending_.size() + rank - 1];
+        if (f.revents == 0 || joined_[rank].fd.get() < 0) continue;
+        SC_LOG_WARN("rendezvous: rank %u (%s) hung up before the job was complete; its slot is free again", rank,
+                    table_[rank].label.c_str());
+        joined_[rank].fd.reset();
+        table_[rank] = Peer{};
+        --count_;
+      }
+      for (size_t i = 0; i < pending_.size(); ++i) {
+        if (fds[1 + i].revents != 0) read_from(pending_[i]);
+      }
+      std::erase_if(pending_, [](const Pending& p) { return p.fd.get() < 0; });
+      if (fds[0].revents & POLLIN) accept_all();
+    }
+    listener_.reset();
+    // Anyone still half-way through a hello is late: the job is complete.
+    for (auto& p : pending_) send_and_close(p, refusal_bytes(key_, p.challenge, auth::Nonce{}, "the job is already complete"));
+    pending_.clear();
+    return welcome();
+  }
+
+ private:
+  Status timed_out() const {
+    std::string missing;
+    for (uint32_t r = 1; r < o_.world_size; ++r) {
+      if (joined_[r].fd.get() < 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    }
+    return deadline_exceeded("rendezvous: only " + std::to_string(count_) + " of " + std::to_string(o_.world_size) +
+                             " ranks joined at " + o_.coordinator + " within " + std::to_string(o_.timeout.count()) +
+                             " ms; missing rank(s) " + missing);
+  }
+
+  // Closes connections whose hello is overdue.
+  void expire(Clock::time_point now) {
+    while (!pending_.empty() && now - pending_.front().accepted_at >= o_.hello_timeout) {
+      shed_log_.warn("rendezvous: closing the connection from %s: no hello within %lld ms",
+                     pending_.front().from.c_str(), static_cast<long long>(o_.hello_timeout.count()));
+      bump(&Stats::shed, o_);
+      pending_.pop_front();
+    }
+  }
+
+  void accept_all() {
+    for (;;) {
+      sockaddr_storage ss{};
+      socklen_t len = sizeof ss;
+      int c = ::accept4(listener_.get(), reinterpret_cast<sockaddr*>(&ss), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (c < 0) {
+        if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
+        if (errno == EMFILE || errno == ENFILE) {
+          out_of_fds();
+          return;
+        }
+        if (errno != EAGAIN && errno != EWOULDBLOCK) {
+          // ENOBUFS/ENOMEM and the like: back off briefly instead of spinning on a readable listener.
+          SC_LOG_WARN("rendezvous: accept: %s", std::strerror(errno));
+          listener_paused_until_ = Clock::now() + std::chrono::milliseconds(10);
+        }
+        return;
+      }
+      Pending p;
+      p.fd = Fd(c);
+      p.from = sockaddr_text(reinterpret_cast<sockaddr*>(&ss));
+      p.accepted_at = Clock::now();
+      p.challenge = auth::random_array<auth::kNonceBytes>();
+      std::string challenge;
+      put32(challenge, kMagic);
+      put16(challenge, kVersion);
+      put16(challenge, 0);
+      challenge.append(reinterpret_cast<const char*>(p.challenge.data()), p.challenge.size());
+      // A fresh socket's send buffer always takes 40 bytes; if not, the peer is not worth waiting for.
+      ssize_t n = ::send(c, challenge.data(), challenge.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (n != static_cast<ssize_t>(challenge.size())) continue;
+      if (pending_.size() >= o_.max_pending) {
+        shed_log_.warn("rendezvous: %zu connections are waiting for their hello; closing the oldest (from %s)",
+                       pending_.size(), pending_.front().from.c_str());
+        bump(&Stats::shed, o_);
+        pending_.pop_front();
+      }
+      pending_.push_back(std::move(p));
+    }
+  }
+
+  // accept() failed for lack of file descriptors: the connection would stay in the backlog and
+  // keep the listener readable forever. Use the reserve descriptor to accept and close it, and
+  // close the oldest waiting connection so the next one (maybe a real rank) finds room.
+  void out_of_fds() {
+    bump(&Stats::shed, o_);
+    if (!pending_.empty()) {
+      shed_log_.warn("rendezvous: out of file descriptors; closing the oldest waiting connection (from %s)",
+                     pending_.front().from.c_str());
+      pending_.pop_front();
+      return;  // that freed one: the next accept() succeeds
+    }
+    if (reserve_.get() >= 0) {
+      reserve_.reset();
+      int c = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+      if (c >= 0) ::close(c);
+      reserve_ = Fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+      shed_log_.warn("rendezvous: out of file descriptors; refused a connection");
+      if (c >= 0) return;
+    }
+    // Nothing to free: do not spin on the readable listener; look again shortly.
+    listener_paused_until_ = Clock::now() + std::chrono::milliseconds(50);
+  }
+
+  void read_from(Pending& conn) {
+    char chunk[4096];
+    size_t want = chunk_want(conn);
+    ssize_t n = ::recv(conn.fd.get(), chunk, std::min(want, sizeof chunk), 0);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR && errno != EWOULDBLOCK)) {
+      SC_LOG_DEBUG("rendezvous: connection from %s closed before its hello arrived", conn.from.c_str());
+      conn.fd.reset();
+      return;
+    }
+    if (n < 0) return;
+    conn.buf.append(chunk, static_cast<size_t>(n));
+    auto size = hello_size(conn.buf);
+    if (!size.ok()) {
+      bump(&Stats::malformed, o_);
+      refuse_log_.warn("rendezvous: refusing %s: %s", conn.from.c_str(), size.status().message().c_str());
+      send_and_close(conn, refusal_bytes(key_, conn.challenge, auth::Nonce{}, size.status().message()));
+      return;
+    }
+    if (!size->has_value() || conn.buf.size() < **size) return;
+    auto hello = open_hello(conn.buf, key_, conn.challenge);
+    if (!hello.ok()) {
+      auth::Nonce nonce{};
+      std::memcpy(nonce.data(), conn.buf.data() + 12, nonce.size());
+      if (hello.status().code() == Code::kPermissionDenied) {
+        bump(&Stats::auth_failures, o_);
+        refuse_log_.warn("rendezvous: authentication failed for a hello from %s (wrong or missing job secret)",
+                         conn.from.c_str());
+      } else {
+        bump(&Stats::malformed, o_);
+        refuse_log_.warn("rendezvous: refusing %s: %s", conn.from.c_str(), hello.status().message().c_str());
+      }
+      send_and_close(conn, refusal_bytes(key_, conn.challenge, nonce, hello.status().message()));
+      return;
+    }
+    admit(conn, std::move(*hello));
+  }
+
+  // Bytes still missing from conn's hello (at most the largest hello), so nothing beyond it is read.
+  static size_t chunk_want(const Pending& conn) {
+    auto size = hello_size(conn.buf);
+    size_t total = size.ok() && size->has_value() ? **size : 12;
+    return total > conn.buf.size() ? total - conn.buf.size() : 1;
+  }
+
+  void admit(Pending& conn, Hello h) {
+    // The hello is authentic: say what is wrong, but never rank 0's own values.
+    const std::string who = "rank " + std::to_string(h.rank) + " (" + h.label + " from " + conn.from + ")";
+    std::string reason;
+    if (h.job_id != o_.job_id) {
+      reason = "this rank's job id differs from rank 0's";
+    } else if (h.world_size != o_.world_size) {
+      reason = "this rank's world size differs from rank 0's";
+    } else if (h.rank == 0 || h.rank >= o_.world_size) {
+      reason = "rank " + std::to_string(h.rank) + " is out of range for this job";
+    } else if (joined_[h.rank].fd.get() >= 0) {
+      reason = "rank " + std::to_string(h.rank) + " has already joined";
+    }
+    if (!reason.empty()) {
+      bump(&Stats::refused, o_);
+      refuse_log_.warn("rendezvous: refusing %s: %s", who.c_str(), reason.c_str());
+      send_and_close(conn, refusal_bytes(key_, conn.challenge, h.nonce, reason));
+      return;
+    }
+    table_[h.rank] = Peer{h.label + " via " + conn.from, std::move(h.address)};
+    joined_[h.rank].fd = std::move(conn.fd);
+    joined_[h.rank].challenge = conn.challenge;
+    joined_[h.rank].nonce = h.nonce;
+    ++count_;
+    SC_LOG_DEBUG("rendezvous: %s joined (%u of %u)", who.c_str(), count_, o_.world_size);
+  }
+
+  Expected<Formation> welcome() {
+    Formation f;
+    f.formation_id = auth::random_array<auth::kNonceBytes>();
+    std::string body(reinterpret_cast<const char*>(f.formation_id.data()), f.formation_id.size());
+    put32(body, o_.world_size);
+    for (const Peer& p : table_) {
+      put32(body, static_cast<uint32_t>(p.label.size()));
+      put32(body, static_cast<uint32_t>(p.address.size()));
+      body += p.label;
+      body += p.address;
+    }
+    std::string head;
+    put32(head, kMagic);
+    put16(head, kVersion);
+    put16(head, kVerdictAccepted);
+    put32(head, static_cast<uint32_t>(body.size()));
+    for (uint32_t r = 1; r < o_.world_size; ++r) {
+      Joined& j = joined_[r];
+      auth::Mac256 mac = auth::mac256(key_, {domain(kWelcomeDomain), j.challenge, j.nonce, u8(head), u8(body)});
+      std::string out = head + body + std::string(reinterpret_cast<const char*>(mac.data()), mac.size());
+      Status s = write_all(j.fd.get(), out, deadline_, "rank " + std::to_string(r));
+      if (!s.ok()) {
+        SC_LOG_ERROR("rendezvous: cannot send the address table to rank %u (%s): %s", r, table_[r].label.c_str(),
+                     s.message().c_str());
+        return s.with_context("rendezvous");
+      }
+    }
+    f.peers = std::move(table_);
+    return f;
+  }
+
+  struct Joined {
+    Fd fd;
+    auth::Nonce challenge{};
+    auth::Nonce nonce{};
+  };
+
+  const Options& o_;
+  const auth::Key key_;
+  const Clock::time_point deadline_;
+  std::vector<Peer> table_;
+  std::vector<Joined> joined_;  // joined_[r].fd valid once rank r is accepted
+  uint32_t count_ = 1;
+  std::deque<Pending> pending_;  // oldest first
+  Fd listener_;
+  Fd reserve_;  // a spare descriptor, given up to accept-and-close when none is left
+  Clock::time_point listener_paused_until_{};
+  RateLimitedLog refuse_log_;
+  RateLimitedLog shed_log_;
+};
 
 // ---- ranks 1..W-1 ---------------------------------------------------------------------------
 
@@ -361,84 +599,172 @@ Expected<Fd> try_connect(const addrinfo* a, Clock::time_point deadline) {
   return fd;
 }
 
-Expected<std::vector<Peer>> join(const Options& o, const std::string& my_address, Clock::time_point deadline) {
-  SC_ASSIGN_OR_RETURN(addrinfo * ai, resolve(o.coordinator, /*passive=*/false));
-  std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard(ai, &::freeaddrinfo);
-  const std::string who = "rank 0 at " + o.coordinator;
+// The connection went away before a verdict (rank 0 shedding load, or restarting): try again.
+bool retryable(const Status& s) { return s.code() == Code::kUnavailable; }
 
-  Fd fd;
-  Status last = unavailable("no address");
-  auto backoff = std::chrono::milliseconds(10);
-  while (fd.get() < 0) {
-    for (const addrinfo* a = ai; a != nullptr && fd.get() < 0; a = a->ai_next) {
-      auto attempt = try_connect(a, deadline);
-      if (attempt.ok()) {
-        fd = std::move(*attempt);
-      } else {
-        last = attempt.status();
+class Joiner {
+ public:
+  Joiner(const Options& o, const std::string& my_address, Clock::time_point deadline)
+      : o_(o), my_address_(my_address), key_(auth::rendezvous_key(o.key)), deadline_(deadline),
+        who_("rank 0 at " + o.coordinator) {}
+
+  Expected<Formation> run() {
+    SC_ASSIGN_OR_RETURN(addrinfo * ai, resolve(o_.coordinator, /*passive=*/false));
+    std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard(ai, &::freeaddrinfo);
+    auto backoff = std::chrono::milliseconds(10);
+    Status last = unavailable("no address");
+    for (;;) {
+      Fd fd;
+      for (const addrinfo* a = ai; a != nullptr && fd.get() < 0; a = a->ai_next) {
+        auto attempt = try_connect(a, deadline_);
+        if (attempt.ok()) {
+          fd = std::move(*attempt);
+        } else {
+          last = attempt.status();
+        }
       }
+      if (fd.get() >= 0) {
+        auto result = exchange(fd.get());
+        if (result.ok() || !retryable(result.status())) return result;
+        last = result.status();
+        SC_LOG_DEBUG("rendezvous: %s; reconnecting", last.message().c_str());
+      }
+      int left = remaining_ms(deadline_);
+      if (left == 0) {
+        return deadline_exceeded("rendezvous: rank " + std::to_string(o_.rank) + " could not reach " + who_ +
+                                 " within " + std::to_string(o_.timeout.count()) + " ms (last error: " +
+                                 last.message() + ")");
+      }
+      // Rank 0 may simply not be up yet (or be shedding load): back off and retry.
+      std::this_thread::sleep_for(std::min(backoff, std::chrono::milliseconds(left)));
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(250));
     }
-    if (fd.get() >= 0) break;
-    int left = remaining_ms(deadline);
-    if (left == 0) {
-      return deadline_exceeded("rendezvous: rank " + std::to_string(o.rank) + " could not reach " + who + " within " +
-                               std::to_string(o.timeout.count()) + " ms (last error: " + last.message() + ")");
-    }
-    // Rank 0 may simply not be up yet: back off and retry.
-    std::this_thread::sleep_for(std::min(backoff, std::chrono::milliseconds(left)));
-    backoff = std::min(backoff * 2, std::chrono::milliseconds(250));
   }
-  int one = 1;
-  ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 
-  std::string hello;
-  put32(hello, kMagic);
-  put16(hello, kVersion);
-  put16(hello, 0);
-  put64(hello, o.job_id);
-  put32(hello, o.world_size);
-  put32(hello, o.rank);
-  std::string label = o.label.substr(0, kMaxLabel);
-  put32(hello, static_cast<uint32_t>(label.size()));
-  put32(hello, static_cast<uint32_t>(my_address.size()));
-  hello += label;
-  hello += my_address;
-  SC_RETURN_IF_ERROR(write_all(fd.get(), hello, deadline, who));
-
-  char head[8];
-  SC_RETURN_IF_ERROR(read_exact(fd.get(), head, sizeof head, deadline, who));
-  if (get_le(head, 4) != kMagic) return data_loss("rendezvous: " + who + " answered with a bad magic");
-  uint32_t verdict = static_cast<uint32_t>(get_le(head + 4, 4));
-  char word[8];
-  if (verdict == kVerdictRefused) {
-    SC_RETURN_IF_ERROR(read_exact(fd.get(), word, 4, deadline, who));
-    uint32_t len = static_cast<uint32_t>(get_le(word, 4));
-    if (len > kMaxReason) return data_loss("rendezvous: " + who + " sent an oversized refusal");
-    std::string reason(len, '\0');
-    SC_RETURN_IF_ERROR(read_exact(fd.get(), reason.data(), len, deadline, who));
-    SC_LOG_ERROR("rendezvous: refused by %s: %s", who.c_str(), reason.c_str());
-    return failed_precondition("rendezvous refused by " + who + ": " + reason);
-  }
-  if (verdict != kVerdictAccepted) return data_loss("rendezvous: " + who + " sent unknown verdict " + std::to_string(verdict));
-  SC_RETURN_IF_ERROR(read_exact(fd.get(), word, 4, deadline, who));
-  if (get_le(word, 4) != o.world_size) return data_loss("rendezvous: " + who + " sent a table of the wrong size");
-  std::vector<Peer> table(o.world_size);
-  for (uint32_t r = 0; r < o.world_size; ++r) {
-    SC_RETURN_IF_ERROR(read_exact(fd.get(), word, 8, deadline, who));
-    uint32_t label_len = static_cast<uint32_t>(get_le(word, 4));
-    uint32_t address_len = static_cast<uint32_t>(get_le(word + 4, 4));
-    if (label_len > 2 * kMaxLabel || address_len > kMaxAddress) {
-      return data_loss("rendezvous: " + who + " sent an oversized table entry");
+ private:
+  // One exchange on a connected socket. UNAVAILABLE = the connection went away (retry).
+  Expected<Formation> exchange(int fd) {
+    int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    char challenge_bytes[kChallengeBytes];
+    Status s = read_exact(fd, challenge_bytes, sizeof challenge_bytes, deadline_, who_);
+    if (s.code() == Code::kDeadlineExceeded) {
+      return deadline_exceeded("rendezvous: " + who_ + " sent no challenge within " + std::to_string(o_.timeout.count()) +
+                               " ms (an older sparsecar speaking rendezvous v1, or not sparsecar?)");
     }
-    table[r].label.resize(label_len);
-    table[r].address.resize(address_len);
-    SC_RETURN_IF_ERROR(read_exact(fd.get(), table[r].label.data(), label_len, deadline, who));
-    SC_RETURN_IF_ERROR(read_exact(fd.get(), table[r].address.data(), address_len, deadline, who));
+    SC_RETURN_IF_ERROR(s);
+    if (get_le(challenge_bytes, 4) != kMagic || get_le(challenge_bytes + 4, 2) != kVersion) {
+      return failed_precondition("rendezvous: " + who_ + " does not speak sparsecar rendezvous v2");
+    }
+    auth::Nonce challenge{};
+    std::memcpy(challenge.data(), challenge_bytes + 8, challenge.size());
+    const auth::Nonce nonce = auth::random_array<auth::kNonceBytes>();
+
+    std::string body;
+    put64(body, o_.job_id);
+    put32(body, o_.world_size);
+    put32(body, o_.rank);
+    std::string label = o_.label.substr(0, kMaxLabel);
+    put32(body, static_cast<uint32_t>(label.size()));
+    put32(body, static_cast<uint32_t>(my_address_.size()));
+    body += label;
+    body += my_address_;
+    std::string hello;
+    put32(hello, kMagic);
+    put16(hello, kVersion);
+    put16(hello, 0);
+    put32(hello, static_cast<uint32_t>(body.size()));
+    hello.append(reinterpret_cast<const char*>(nonce.data()), nonce.size());
+    auth::Mac256 mac = auth::mac256(key_, {domain(kHelloDomain), challenge, u8(hello), u8(body)});
+    hello.append(reinterpret_cast<const char*>(mac.data()), mac.size());
+    hello += body;
+    SC_RETURN_IF_ERROR(write_all(fd, hello, deadline_, who_));
+
+    char head[12];
+    SC_RETURN_IF_ERROR(read_exact(fd, head, sizeof head, deadline_, who_));
+    if (get_le(head, 4) != kMagic || get_le(head + 4, 2) != kVersion) {
+      return data_loss("rendezvous: " + who_ + " answered with a bad magic or version");
+    }
+    const uint16_t verdict = static_cast<uint16_t>(get_le(head + 6, 2));
+    const uint64_t len = get_le(head + 8, 4);
+    if (verdict == kVerdictRefused) {
+      if (len > kMaxReason) return data_loss("rendezvous: " + who_ + " sent an oversized refusal");
+      std::string reason(len, '\0');
+      char their_mac[auth::kMac256Bytes];
+      SC_RETURN_IF_ERROR(read_exact(fd, reason.data(), len, deadline_, who_));
+      SC_RETURN_IF_ERROR(read_exact(fd, their_mac, sizeof their_mac, deadline_, who_));
+      auth::Mac256 expect = auth::mac256(key_, {domain(kRefusalDomain), challenge, nonce, u8(head, sizeof head), u8(reason)});
+      for (char& c : reason) {
+        if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) == 0x7f) c = '?';
+      }
+      if (!auth::equal(expect, u8(their_mac, sizeof their_mac))) {
+        Status st = permission_denied("rendezvous: " + who_ + " refused rank " + std::to_string(o_.rank) +
+                                      " without proving it holds the job secret (\"" + reason +
+                                      "\"): authentication failed; is job_secret_file the same on every node?");
+        SC_LOG_ERROR("%s", st.message().c_str());
+        return st;
+      }
+      SC_LOG_ERROR("rendezvous: refused by %s: %s", who_.c_str(), reason.c_str());
+      return failed_precondition("rendezvous refused by " + who_ + ": " + reason);
+    }
+    if (verdict != kVerdictAccepted) return data_loss("rendezvous: " + who_ + " sent unknown verdict " + std::to_string(verdict));
+    const uint64_t limit = std::min<uint64_t>(
+        kMaxWelcomeBody, 36 + uint64_t{o_.world_size} * (8 + 2 * kMaxLabel + 64 + kMaxAddress));
+    if (len < 36 || len > limit) return data_loss("rendezvous: " + who_ + " sent a table of impossible size");
+    std::string body_in(len, '\0');
+    char their_mac[auth::kMac256Bytes];
+    SC_RETURN_IF_ERROR(read_exact(fd, body_in.data(), len, deadline_, who_));
+    SC_RETURN_IF_ERROR(read_exact(fd, their_mac, sizeof their_mac, deadline_, who_));
+    auth::Mac256 expect = auth::mac256(key_, {domain(kWelcomeDomain), challenge, nonce, u8(head, sizeof head), u8(body_in)});
+    if (!auth::equal(expect, u8(their_mac, sizeof their_mac))) {
+      Status st = permission_denied("rendezvous: " + who_ +
+                                    " could not prove it holds the job secret (authentication failed); its table "
+                                    "is ignored. Is job_secret_file the same on every node?");
+      SC_LOG_ERROR("%s", st.message().c_str());
+      return st;
+    }
+    return parse_welcome(body_in);
   }
-  return table;
-}
+
+  Expected<Formation> parse_welcome(const std::string& body) const {
+    Formation f;
+    std::memcpy(f.formation_id.data(), body.data(), f.formation_id.size());
+    size_t pos = f.formation_id.size();
+    auto bad = [&] { return data_loss("rendezvous: " + who_ + " sent a malformed table"); };
+    if (get_le(body.data() + pos, 4) != o_.world_size) return bad();
+    pos += 4;
+    f.peers.resize(o_.world_size);
+    for (uint32_t r = 0; r < o_.world_size; ++r) {
+      if (body.size() - pos < 8) return bad();
+      const uint64_t label_len = get_le(body.data() + pos, 4);
+      const uint64_t address_len = get_le(body.data() + pos + 4, 4);
+      pos += 8;
+      if (label_len > 2 * kMaxLabel + 64 || address_len > kMaxAddress || body.size() - pos < label_len + address_len) {
+        return bad();
+      }
+      f.peers[r].label = body.substr(pos, label_len);
+      f.peers[r].address = body.substr(pos + label_len, address_len);
+      pos += label_len + address_len;
+    }
+    if (pos != body.size() || f.peers[o_.rank].address != my_address_) return bad();
+    return f;
+  }
+
+  const Options& o_;
+  const std::string& my_address_;
+  const auth::Key key_;
+  const Clock::time_point deadline_;
+  const std::string who_;
+};
 
 }  // namespace
+
+Status check_hello(std::span<const uint8_t> bytes, const auth::JobKey& key, const auth::Nonce& challenge) {
+  const std::string buf(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  SC_ASSIGN_OR_RETURN(std::optional<size_t> size, hello_size(buf));
+  if (!size.has_value() || buf.size() != *size) return invalid_argument("incomplete hello");
+  return open_hello(buf, auth::rendezvous_key(key), challenge).status();
+}
 
 bool split_host_port(const std::string& text, std::string* host, std::string* port) {
   size_t colon;
@@ -460,13 +786,19 @@ bool split_host_port(const std::string& text, std::string* host, std::string* po
   return std::stoul(*port) <= 65535;
 }
 
-Expected<std::vector<Peer>> run(const Options& o, const std::string& my_address) {
+Expected<Formation> run(const Options& o, const std::string& my_address) {
   if (o.world_size == 0 || o.rank >= o.world_size) {
     return invalid_argument("rank " + std::to_string(o.rank) + " is not below world size " + std::to_string(o.world_size));
   }
   const auto deadline = Clock::now() + o.timeout;
-  if (o.world_size == 1) return std::vector<Peer>{Peer{o.label, my_address}};
-  return o.rank == 0 ? serve(o, my_address, deadline) : join(o, my_address, deadline);
+  if (o.world_size == 1) {
+    Formation f;
+    f.peers.push_back(Peer{o.label, my_address});
+    f.formation_id = auth::random_array<auth::kNonceBytes>();
+    return f;
+  }
+  if (o.rank == 0) return Server(o, my_address, deadline).run();
+  return Joiner(o, my_address, deadline).run();
 }
 
 }  // namespace sparsecar::rendezvous

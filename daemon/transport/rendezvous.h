@@ -1,36 +1,60 @@
-// Job rendezvous over plain TCP through rank 0: every rank learns every other rank's UCX worker
-// address before any UCX traffic flows. Used by UcxTransport::start(); separate so it can be
-// tested (and reasoned about) without UCX.
+// Job rendezvous over plain TCP through rank 0, authenticated both ways with the job secret:
+// every rank learns every other rank's UCX worker address and the job's random formation id
+// before any UCX traffic flows. Used by UcxTransport::start(); separate so it can be tested (and
+// reasoned about) without UCX. The byte-level spec is RENDEZVOUS.md beside this file.
 //
-// Rank 0 binds the coordinator HOST:PORT (SO_REUSEADDR) and waits for world_size - 1 hellos;
-// every other rank connects (retrying until the deadline) and sends a hello. Rank 0 refuses a
-// hello with a reason when the job id or world size differ, the rank is out of range or already
-// taken; the refused rank's call fails with FAILED_PRECONDITION and that reason, while rank 0 keeps
-// waiting for the right one. When all ranks have joined, rank 0 answers each with the full table
-// and every socket is closed. Every connect, read and write is bounded by the one deadline.
+// Protocol v2 in short (all integers little-endian, K = auth::rendezvous_key(job key)):
+//   1. rank 0 accepts a connection and speaks first: challenge {magic "SCRZ", u16 2, u16 0,
+//      c0[32]} with c0 fresh random bytes per connection.
+//   2. the joiner answers with hello {magic, u16 2, u16 0, u32 body_len, nonce[32], mac[32], body}
+//      where body = {u64 job_id, u32 world_size, u32 rank, u32 label_len, u32 address_len, label,
+//      address} and mac = BLAKE2b-256_K("sparsecar rendezvous hello v2" || c0 || the 44 bytes
+//      before mac || body).
+//   3. rank 0 checks magic/version/body_len (framing only), then the MAC, before it interprets
+//      anything else. A bad MAC is refused with the generic "authentication failed" (counted,
+//      logged with the remote IP); a valid hello with another job id / world size / a rank out of
+//      range or taken is refused with a reason that never states rank 0's values.
+//   4. when every rank has joined, rank 0 draws a random formation id F[32] and sends each rank
+//      welcome {magic, u16 2, u16 0 (accepted), u32 body_len, body, mac[32]}, body = {F,
+//      u32 world_size, per rank: u32 label_len, u32 address_len, label, address}, mac =
+//      BLAKE2b-256_K("sparsecar rendezvous welcome v2" || c0 || nonce || the 12 header bytes ||
+//      body). The joiner verifies it before reading the body: rank 0 proves the secret too.
+//      A refusal is {magic, u16 2, u16 1 (refused), u32 reason_len, reason, mac[32]} with the
+//      MAC over ("sparsecar rendezvous refusal v2" || c0 || nonce || header || reason); a
+//      refusal whose MAC does not verify is reported to the caller as unauthenticated.
+// A job without a secret runs the same protocol with the public open-job key: nothing but the
+// authentication is lost. A replayed hello fails (the challenge differs); a replayed welcome
+// fails (the joiner's nonce differs).
 //
-// Protocol v1 (all integers little-endian):
-//   hello  (rank r -> rank 0): u32 magic 0x5A524353 ("SCRZ"), u16 version 1, u16 0, u64 job_id,
-//                              u32 world_size, u32 rank, u32 label_len, u32 address_len,
-//                              label bytes, address bytes
-//   reply  (rank 0 -> rank r): u32 magic, u32 verdict (0 accepted, 1 refused), then
-//                              refused:  u32 reason_len, reason bytes (UTF-8)
-//                              accepted: u32 world_size, then per rank 0..W-1:
-//                                        u32 label_len, u32 address_len, label, address
-//   Limits: label <= 256 bytes, address <= 64 KiB, reason <= 4 KiB.
+// Rank 0 is robust against outsiders: at most `max_pending` connections may wait for their
+// hello (the oldest is closed first), each for at most `hello_timeout`; accept() running out of
+// file descriptors frees a reserve descriptor to accept-and-close instead of spinning; malformed,
+// oversized and unauthenticated hellos are refused without touching the job. A joiner whose
+// connection is closed before its verdict (rank 0 shedding load) reconnects until its deadline.
 //
 // Threads: a blocking call on the caller's thread; no shared state.
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "daemon/transport/auth.h"
 #include "sparsecar/common/status.h"
 
 namespace sparsecar::rendezvous {
+
+// What rank 0 refused or shed, for counters (filled while run() is in progress).
+struct Stats {
+  std::atomic<uint64_t> auth_failures{0};   // hellos whose MAC did not verify
+  std::atomic<uint64_t> refused{0};         // authenticated hellos refused (job id, world size, rank)
+  std::atomic<uint64_t> malformed{0};       // bad magic/version/length or a body that does not parse
+  std::atomic<uint64_t> shed{0};            // connections closed: over the cap, hello deadline, no fds
+};
 
 struct Options {
   uint32_t rank = 0;
@@ -38,10 +62,17 @@ struct Options {
   uint64_t job_id = 0;
   std::string coordinator;  // "HOST:PORT" ("[v6addr]:PORT" for IPv6); rank 0 may use port 0
   std::chrono::milliseconds timeout{60000};
+  // The job key (auth::load_job_key); default: the open-job key.
+  auth::JobKey key = auth::open_job_key();
   // Human label of this rank for error messages (e.g. "host:pid").
   std::string label;
   // Rank 0 only: called with the bound port once listening (useful with port 0 in tests).
   std::function<void(uint16_t port)> on_listening;
+  // Rank 0 only: connections that may wait for their hello at once, and how long each may take.
+  size_t max_pending = 64;
+  std::chrono::milliseconds hello_timeout{5000};
+  // Rank 0 only: optional counters (owned by the caller, outlives run()).
+  Stats* stats = nullptr;
 };
 
 struct Peer {
@@ -49,8 +80,22 @@ struct Peer {
   std::string address;  // opaque (the UCX worker address)
 };
 
-// Returns the table indexed by rank (including this rank's own entry).
-Expected<std::vector<Peer>> run(const Options& options, const std::string& my_address);
+// The outcome of a rendezvous: the table indexed by rank (including this rank's own entry) and
+// the formation id rank 0 drew for this formation of the job.
+struct Formation {
+  std::vector<Peer> peers;
+  auth::Nonce formation_id{};
+};
+
+// Errors: INVALID_ARGUMENT (options), DEADLINE_EXCEEDED (the job did not gather in time),
+// FAILED_PRECONDITION (rank 0 refused this rank with an authenticated reason), PERMISSION_DENIED
+// (authentication failed in either direction), UNAVAILABLE (sockets).
+Expected<Formation> run(const Options& options, const std::string& my_address);
+
+// Rank 0's checks of one complete hello received on a connection whose challenge was `challenge`
+// (framing, then the MAC, then the body), exactly as run() makes them; for fuzz targets and tests.
+// OK, PERMISSION_DENIED ("authentication failed") or INVALID_ARGUMENT (malformed / incomplete).
+Status check_hello(std::span<const uint8_t> bytes, const auth::JobKey& key, const auth::Nonce& challenge);
 
 // Splits "HOST:PORT" / "[HOST]:PORT"; false on malformed input.
 bool split_host_port(const std::string& text, std::string* host, std::string* port);

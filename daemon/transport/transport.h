@@ -35,6 +35,11 @@ class MessageSink {
                           std::span<const std::byte> payload) = 0;
   // `peer` is gone (killed, connection reset, endpoint timeout). Called once per peer.
   virtual void on_peer_failed(uint32_t peer, const Status& why) = 0;
+  // The transport dropped a message before delivering it (bad route prefix or MAC, replayed
+  // sequence number, forged bye). `peer` is the rank the message claims to come from, which is
+  // not authenticated (kUnknownPeer when the claim is not a rank of the job). For counting only.
+  static constexpr uint32_t kUnknownPeer = 0xFFFFFFFFu;
+  virtual void on_rejected(uint32_t /*peer*/, const Status& /*why*/) {}
 };
 
 // Called once when a send has completed (buffers may be reused) or failed.

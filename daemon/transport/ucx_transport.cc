@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <bitset>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -28,12 +29,18 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // Active-message id of sparsecar messages and the route prefix in front of the caller's header.
-constexpr unsigned kAmId = 1;
+constexpr unsigned kAmId = kUcxDataAmId;
 // Sent to every live peer by an orderly stop(), so peers report "left the job" instead of a
 // connection error. Header = the route prefix; no payload.
-constexpr unsigned kByeAmId = 2;
-constexpr uint32_t kRouteMagic = 0x31544353;  // "SCT1"
-constexpr size_t kRouteBytes = 8;
+constexpr unsigned kByeAmId = kUcxByeAmId;
+// Route prefix v2: {u32 sender, u32 magic, u64 sequence, u8 mac[16]} (WIRE.md).
+constexpr uint32_t kRouteMagic = 0x32544353;  // "SCT2"
+constexpr size_t kRouteBytes = kUcxRouteBytes;
+constexpr size_t kRouteMacOffset = 16;
+// Sequence numbers accepted out of order: UCX does not promise AM order across lanes (a large
+// message may travel on another lane than a small one), so a receiver accepts any sequence number
+// it has not seen within this many below the highest it has accepted; older ones are rejected.
+constexpr size_t kReplayWindow = 4096;
 // Largest caller header the transport carries (the wire header is 80 bytes).
 constexpr size_t kMaxHeaderBytes = 256;
 constexpr uint64_t kMaxPayloadBytes = uint64_t{1} << 30;
@@ -80,6 +87,42 @@ uint32_t get_le32(const std::byte* in) {
   for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(std::to_integer<uint8_t>(in[i])) << (8 * i);
   return v;
 }
+void put_le64(std::byte* out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<std::byte>((v >> (8 * i)) & 0xFFu);
+}
+uint64_t get_le64(const std::byte* in) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(std::to_integer<uint8_t>(in[i])) << (8 * i);
+  return v;
+}
+std::span<const uint8_t> u8(const std::byte* p, size_t n) { return {reinterpret_cast<const uint8_t*>(p), n}; }
+
+// Logs at most a few lines per second; says how many it left out.
+class RateLimitedLog {
+ public:
+  template <typename... Args>
+  void error(const char* fmt, Args... args) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - window_start_ >= std::chrono::seconds(1)) {
+      if (suppressed_ > 0) {
+        SC_LOG_ERROR("transport: %llu more rejected messages not logged", static_cast<unsigned long long>(suppressed_));
+      }
+      window_start_ = now;
+      in_window_ = 0;
+      suppressed_ = 0;
+    }
+    if (in_window_++ < 5) {
+      SC_LOG_ERROR(fmt, args...);
+    } else {
+      ++suppressed_;
+    }
+  }
+
+ private:
+  std::chrono::steady_clock::time_point window_start_{};
+  uint64_t in_window_ = 0;
+  uint64_t suppressed_ = 0;
+};
 
 bool mentions_shared_memory(const std::string& tls) {
   if (tls.empty()) return true;  // UCX's default ("all") includes shared memory
@@ -214,6 +257,8 @@ class UcxTransport::Impl {
   // What send() hands to the progress thread.
   struct SendRequest {
     uint32_t peer = 0;
+    unsigned am_id = kAmId;
+    bool raw = false;  // send_raw_for_test: send am_header as given, unsealed
     uint32_t am_header_len = 0;
     std::array<std::byte, kRouteBytes + kMaxHeaderBytes> am_header{};
     const void* payload = nullptr;
@@ -259,6 +304,12 @@ class UcxTransport::Impl {
     int pidfd = -1;              // watches a peer process on this machine (see watch_process)
     void* close_request = nullptr;
     SendOp* inflight = nullptr;  // head of the in-flight list
+    // Progress thread only: the last sequence number sent to this peer, and the replay window of
+    // what was accepted from it (bit i = sequence number recv_max - i).
+    uint64_t send_seq = 0;
+    uint64_t recv_max = 0;
+    std::bitset<kReplayWindow> recv_seen;
+    std::array<std::byte, kRouteBytes> bye_header{};  // the sealed bye of stop()
   };
 
   Impl(const UcxTransportOptions& o, MessageSink* sink) : options_(o), sink_(sink) {}
@@ -301,9 +352,16 @@ class UcxTransport::Impl {
     ro.job_id = options_.job_id;
     ro.coordinator = options_.coordinator;
     ro.timeout = options_.rendezvous_timeout;
+    ro.key = options_.key;
     ro.label = options_.label;
     ro.on_listening = options_.on_listening;
-    SC_ASSIGN_OR_RETURN(std::vector<rendezvous::Peer> table, rendezvous::run(ro, my_address));
+    ro.max_pending = options_.rendezvous_max_pending;
+    ro.hello_timeout = options_.rendezvous_hello_timeout;
+    ro.stats = &rendezvous_stats_;
+    SC_ASSIGN_OR_RETURN(rendezvous::Formation formation, rendezvous::run(ro, my_address));
+    const std::vector<rendezvous::Peer>& table = formation.peers;
+    formation_id_ = formation.formation_id;
+    mac_key_ = auth::transport_key(options_.key, options_.job_id, formation_id_);
 
     peers_ = std::vector<Peer>(options_.world_size);
     for (uint32_t r = 0; r < options_.world_size; ++r) {
@@ -340,6 +398,32 @@ class UcxTransport::Impl {
 
   const std::string& peer_name(uint32_t peer) const { return peers_[peer].name; }
   const UcxTransportOptions& options() const { return options_; }
+  const auth::Nonce& formation_id() const { return formation_id_; }
+
+  UcxTransportStats stats() const {
+    UcxTransportStats s;
+    s.messages_rejected = rejected_.load(std::memory_order_relaxed);
+    s.messages_out_of_order = out_of_order_.load(std::memory_order_relaxed);
+    s.rendezvous_auth_failures = rendezvous_stats_.auth_failures.load(std::memory_order_relaxed);
+    s.rendezvous_refused = rendezvous_stats_.refused.load(std::memory_order_relaxed) +
+                           rendezvous_stats_.malformed.load(std::memory_order_relaxed);
+    s.rendezvous_shed = rendezvous_stats_.shed.load(std::memory_order_relaxed);
+    return s;
+  }
+
+  Status send_raw_for_test(uint32_t peer, unsigned am_id, std::span<const std::byte> am_header) {
+    if (peer >= options_.world_size || peer == options_.rank || am_header.size() > kRouteBytes + kMaxHeaderBytes) {
+      return invalid_argument("send_raw_for_test: bad peer or header");
+    }
+    SendRequest req;
+    req.peer = peer;
+    req.am_id = am_id;
+    req.raw = true;
+    std::memcpy(req.am_header.data(), am_header.data(), am_header.size());
+    req.am_header_len = static_cast<uint32_t>(am_header.size());
+    req.done = [](const Status&) {};
+    return enqueue(std::move(req));
+  }
 
   Status send(uint32_t peer, std::span<const std::byte> header, std::span<const std::byte> payload,
               SendCallback done) {
@@ -362,15 +446,22 @@ class UcxTransport::Impl {
     }
     SendRequest req;
     req.peer = peer;
-    put_le32(req.am_header.data(), options_.rank);
-    put_le32(req.am_header.data() + 4, kRouteMagic);
+    // The route prefix (sequence number, MAC) is written by the progress thread when it posts.
     std::memcpy(req.am_header.data() + kRouteBytes, header.data(), header.size());
     req.am_header_len = static_cast<uint32_t>(kRouteBytes + header.size());
     req.payload = payload.data();
     req.payload_len = payload.size();
     req.done = std::move(done);
+    if (options_.before_enqueue_for_test) options_.before_enqueue_for_test();
+    return enqueue(std::move(req));
+  }
+
+  // Queues a request for the progress thread, unless shutdown() has taken the queue for the last
+  // time: checked under the queue lock, so no request can be left behind (its callback never run).
+  Status enqueue(SendRequest&& req) {
     {
       std::lock_guard<std::mutex> lock(queue_mu_);
+      if (queue_closed_) return unavailable("transport stopped");
       queue_.push_back(std::move(req));
     }
     if (sleeping_.exchange(false, std::memory_order_seq_cst)) wake();
@@ -390,7 +481,47 @@ class UcxTransport::Impl {
   }
 
  private:
+  // A daemon started just before its network interface is up finds no usable device: UCX
+  // refuses to create the context (or worker). Retry for up to device_wait, then give up.
   Status init_ucx() {
+    const auto begin = Clock::now();
+    const auto give_up = begin + std::min(options_.device_wait, options_.rendezvous_timeout);
+    auto backoff = std::chrono::milliseconds(50);
+    int attempts = 0;
+    for (;;) {
+      ++attempts;
+      bool retryable = false;
+      Status s = init_ucx_once(&retryable);
+      if (s.ok()) {
+        if (attempts > 1) {
+          SC_LOG_INFO("transport: UCX came up after %d attempts (%lld ms)", attempts,
+                      static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - begin).count()));
+        }
+        return s;
+      }
+      destroy_ucx();
+      if (!retryable || Clock::now() >= give_up) {
+        if (retryable) s = s.with_context("no usable network device after " + std::to_string(attempts) + " attempts in " +
+                                          std::to_string(options_.device_wait.count()) + " ms");
+        SC_LOG_ERROR("transport: %s", s.message().c_str());
+        return s;
+      }
+      if (attempts == 1) {
+        SC_LOG_WARN("transport: %s; retrying for up to %lld ms (network device not up yet?)", s.message().c_str(),
+                    static_cast<long long>(options_.device_wait.count()));
+      }
+      std::this_thread::sleep_for(std::min<Clock::duration>(backoff, give_up - Clock::now()));
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+    }
+  }
+
+  // UCX statuses that a network device coming up can cure.
+  static bool device_may_appear(ucs_status_t s) {
+    return s == UCS_ERR_NO_DEVICE || s == UCS_ERR_NO_ELEM || s == UCS_ERR_UNREACHABLE || s == UCS_ERR_IO_ERROR ||
+           s == UCS_ERR_NO_RESOURCE || s == UCS_ERR_UNSUPPORTED;
+  }
+
+  Status init_ucx_once(bool* retryable) {
     ucp_config_t* config = nullptr;
     SC_UCX_CHECK(ucp_config_read(nullptr, nullptr, &config), "");
     std::unique_ptr<ucp_config_t, decltype(&ucp_config_release)> config_guard(config, &ucp_config_release);
@@ -419,14 +550,22 @@ class UcxTransport::Impl {
     params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
     params.mt_workers_shared = 0;
     params.name = "sparsecar";
-    SC_UCX_CHECK(ucp_init(&params, config, &context_), "");
+    if (ucs_status_t st = ucp_init(&params, config, &context_); st != UCS_OK) {
+      context_ = nullptr;
+      *retryable = device_may_appear(st);
+      return ucx_status("ucp_init", st, "");
+    }
 
     ucp_worker_params_t wparams{};
     wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
     // The worker is only ever touched by one thread at a time: start() builds it, then the
     // progress thread owns it until stop() has joined that thread.
     wparams.thread_mode = UCS_THREAD_MODE_SINGLE;
-    SC_UCX_CHECK(ucp_worker_create(context_, &wparams, &worker_), "");
+    if (ucs_status_t st = ucp_worker_create(context_, &wparams, &worker_); st != UCS_OK) {
+      worker_ = nullptr;
+      *retryable = device_may_appear(st);
+      return ucx_status("ucp_worker_create", st, "");
+    }
     SC_UCX_CHECK(ucp_worker_get_efd(worker_, &worker_fd_), "");
 
     ucp_am_handler_param_t am{};
@@ -440,8 +579,6 @@ class UcxTransport::Impl {
     am.id = kByeAmId;
     am.cb = &Impl::on_bye;
     SC_UCX_CHECK(ucp_worker_set_am_recv_handler(worker_, &am), "");
-    put_le32(bye_header_.data(), options_.rank);
-    put_le32(bye_header_.data() + 4, kRouteMagic);
     return Status::Ok();
   }
 
@@ -561,12 +698,17 @@ class UcxTransport::Impl {
     SendOp* op = acquire_op();
     op->req = std::move(req);
     op->orphaned = false;
+    if (!op->req.raw) seal(p, op->req.am_header.data(), op->req.am_header_len, op->req.am_id);
+    if (options_.observe_sent_for_test) {
+      options_.observe_sent_for_test(p.rank, op->req.am_id,
+                                     std::span<const std::byte>(op->req.am_header.data(), op->req.am_header_len));
+    }
     ucp_request_param_t param{};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
     param.cb.send = &Impl::on_send_done;
     param.user_data = op;
     param.datatype = ucp_dt_make_contig(1);
-    ucs_status_ptr_t r = ucp_am_send_nbx(p.ep, kAmId, op->req.am_header.data(), op->req.am_header_len,
+    ucs_status_ptr_t r = ucp_am_send_nbx(p.ep, op->req.am_id, op->req.am_header.data(), op->req.am_header_len,
                                          op->req.payload, op->req.payload_len, &param);
     if (r == nullptr) {
       finish_send(op, Status::Ok());
@@ -578,6 +720,74 @@ class UcxTransport::Impl {
       op->ucx_request = r;
       link(p, op);
     }
+  }
+
+  // Writes the route prefix of a message to `p` into am_header[0, kRouteBytes): this rank, the
+  // magic, the next sequence number to `p` and the MAC over the prefix's first 16 bytes, the
+  // receiver, the AM id and the caller's header (am_header[kRouteBytes, am_header_len)).
+  void seal(Peer& p, std::byte* am_header, size_t am_header_len, unsigned am_id) {
+    put_le32(am_header, options_.rank);
+    put_le32(am_header + 4, kRouteMagic);
+    put_le64(am_header + 8, ++p.send_seq);
+    const auth::Mac128 mac = route_mac(am_header, am_header_len, p.rank, am_id);
+    std::memcpy(am_header + kRouteMacOffset, mac.data(), mac.size());
+  }
+
+  auth::Mac128 route_mac(const std::byte* am_header, size_t am_header_len, uint32_t receiver, unsigned am_id) const {
+    std::byte ids[8];
+    put_le32(ids, receiver);
+    put_le32(ids + 4, am_id);
+    return auth::mac128(mac_key_, {u8(am_header, kRouteMacOffset), u8(ids, sizeof ids),
+                                   u8(am_header + kRouteBytes, am_header_len - kRouteBytes)});
+  }
+
+  // Checks a received AM header's route prefix: framing, sender, MAC, then the replay window.
+  // On success returns the sender; a failure is counted, logged (rate limited) and reported to the
+  // sink. Only an authentic message moves the window, so forgeries cannot push it ahead.
+  Expected<uint32_t> open_route(const void* header, size_t header_length, unsigned am_id) {
+    const auto* h = static_cast<const std::byte*>(header);
+    uint32_t claimed = MessageSink::kUnknownPeer;
+    auto reject = [&](const char* why) -> Status {
+      rejected_.fetch_add(1, std::memory_order_relaxed);
+      Status s = data_loss(std::string("transport: rejected a message (AM ") + std::to_string(am_id) + ", " +
+                           std::to_string(header_length) + " header bytes" +
+                           (claimed != MessageSink::kUnknownPeer ? ", claiming " + peers_[claimed].name : std::string()) +
+                           "): " + why);
+      reject_log_.error("%s", s.message().c_str());
+      if (!stop_requested_.load(std::memory_order_acquire)) sink_->on_rejected(claimed, s);
+      return s;
+    };
+    if (header_length < kRouteBytes || header_length > kRouteBytes + kMaxHeaderBytes) {
+      return reject("bad route header length");
+    }
+    if (get_le32(h + 4) != kRouteMagic) return reject("bad route magic (not sparsecar transport v2)");
+    const uint32_t sender = get_le32(h);
+    if (sender >= options_.world_size || sender == options_.rank) return reject("bad sender rank");
+    claimed = sender;
+    const auth::Mac128 expect = route_mac(h, header_length, options_.rank, am_id);
+    if (!auth::equal(expect, u8(h + kRouteMacOffset, expect.size()))) {
+      return reject("MAC does not verify (forged, corrupted, or another job's secret or formation)");
+    }
+    Peer& p = peers_[sender];
+    const uint64_t seq = get_le64(h + 8);
+    if (seq == 0) return reject("sequence number 0");
+    if (seq > p.recv_max) {
+      const uint64_t ahead = seq - p.recv_max;
+      if (ahead >= kReplayWindow) {
+        p.recv_seen.reset();
+      } else {
+        p.recv_seen <<= static_cast<size_t>(ahead);
+      }
+      p.recv_seen.set(0);
+      p.recv_max = seq;
+      return sender;
+    }
+    const uint64_t behind = p.recv_max - seq;
+    if (behind >= kReplayWindow) return reject("sequence number too old to tell from a replay");
+    if (p.recv_seen.test(static_cast<size_t>(behind))) return reject("replayed sequence number");
+    p.recv_seen.set(static_cast<size_t>(behind));
+    out_of_order_.fetch_add(1, std::memory_order_relaxed);
+    return sender;
   }
 
   static void link(Peer& p, SendOp* op) {
@@ -633,11 +843,10 @@ class UcxTransport::Impl {
                              const ucp_am_recv_param_t* param) {
     auto* self = static_cast<Impl*>(arg);
     if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) ucp_am_data_release(self->worker_, data);
-    const auto* h = static_cast<const std::byte*>(header);
-    if (header_length != kRouteBytes || get_le32(h + 4) != kRouteMagic) return UCS_OK;
-    const uint32_t sender = get_le32(h);
-    if (sender >= self->options_.world_size || sender == self->options_.rank) return UCS_OK;
-    Peer& p = self->peers_[sender];
+    if (self->stop_requested_.load(std::memory_order_acquire)) return UCS_OK;
+    auto sender = self->open_route(header, header_length, kByeAmId);
+    if (!sender.ok()) return UCS_OK;
+    Peer& p = self->peers_[*sender];
     self->peer_gone(p, unavailable(p.name + " stopped its transport (left the job)"), /*orderly=*/true);
     return UCS_OK;
   }
@@ -715,13 +924,14 @@ class UcxTransport::Impl {
       if (rndv) ucp_am_data_release(self->worker_, data);
       return UCS_OK;
     }
-    if (header_length < kRouteBytes || header_length > kRouteBytes + kMaxHeaderBytes) {
-      return drop("bad route header length");
+    // Authenticated before anything else: a forged rendezvous-protocol message is never fetched.
+    auto route = self->open_route(header, header_length, kAmId);
+    if (!route.ok()) {
+      if (rndv) ucp_am_data_release(self->worker_, data);
+      return UCS_OK;
     }
     const auto* h = static_cast<const std::byte*>(header);
-    const uint32_t sender = get_le32(h);
-    if (get_le32(h + 4) != kRouteMagic) return drop("bad route magic");
-    if (sender >= self->options_.world_size || sender == self->options_.rank) return drop("bad sender rank");
+    const uint32_t sender = *route;
     if (length > kMaxPayloadBytes) return drop("payload larger than 1 GiB");
     std::span<const std::byte> user_header(h + kRouteBytes, header_length - kRouteBytes);
     if (!rndv) {
@@ -832,6 +1042,7 @@ class UcxTransport::Impl {
   void shutdown() {
     {
       std::lock_guard<std::mutex> lock(queue_mu_);
+      queue_closed_ = true;  // send() refuses from now on: nothing can be queued behind this swap
       posting_.swap(queue_);
     }
     for (SendRequest& req : posting_) req.done(aborted("transport stopped before the send to " + peers_[req.peer].name + " was posted"));
@@ -844,7 +1055,11 @@ class UcxTransport::Impl {
       ucp_request_param_t bye{};
       bye.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
       bye.flags = UCP_AM_SEND_FLAG_EAGER;
-      ucs_status_ptr_t r = ucp_am_send_nbx(p.ep, kByeAmId, bye_header_.data(), kRouteBytes, nullptr, 0, &bye);
+      // UCX may read the header until the send completes (UCX 1.13 has no COPY_HEADER flag), so
+      // each peer's bye has its own buffer, alive until the worker is destroyed.
+      seal(p, p.bye_header.data(), kRouteBytes, kByeAmId);
+      if (options_.observe_sent_for_test) options_.observe_sent_for_test(p.rank, kByeAmId, p.bye_header);
+      ucs_status_ptr_t r = ucp_am_send_nbx(p.ep, kByeAmId, p.bye_header.data(), kRouteBytes, nullptr, 0, &bye);
       if (UCS_PTR_IS_PTR(r)) ucp_request_free(r);  // released by UCX once sent
     }
     for (Peer& p : peers_) {
@@ -903,6 +1118,14 @@ class UcxTransport::Impl {
 
   std::mutex queue_mu_;
   std::vector<SendRequest> queue_;  // guarded by queue_mu_
+  bool queue_closed_ = false;       // guarded by queue_mu_; set by shutdown()'s final swap
+
+  auth::Nonce formation_id_{};
+  auth::Key mac_key_{};  // transport key: written by init() before the progress thread starts
+  std::atomic<uint64_t> rejected_{0};
+  std::atomic<uint64_t> out_of_order_{0};  // authentic messages that arrived below the highest seq
+  rendezvous::Stats rendezvous_stats_;
+  RateLimitedLog reject_log_;  // progress thread only
 
   // Progress thread only.
   std::vector<SendRequest> posting_;
@@ -913,7 +1136,6 @@ class UcxTransport::Impl {
   std::vector<RecvOp*> active_recvs_;
   std::vector<Buffer> buffers_;
   uint64_t dropped_ = 0;
-  std::array<std::byte, kRouteBytes> bye_header_{};
   std::vector<pollfd> poll_fds_;
 };
 
@@ -938,5 +1160,16 @@ Status UcxTransport::send(uint32_t peer, std::span<const std::byte> header, std:
   return impl_->send(peer, header, payload, std::move(done));
 }
 void UcxTransport::stop() { impl_->stop(); }
+UcxTransportStats UcxTransport::stats() const { return impl_->stats(); }
+const auth::Nonce& UcxTransport::formation_id() const { return impl_->formation_id(); }
+uint64_t UcxTransport::incarnation() const {
+  uint64_t v = 0;
+  const auth::Nonce& f = impl_->formation_id();
+  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(f[static_cast<size_t>(i)]) << (8 * i);
+  return v;
+}
+Status UcxTransport::send_raw_for_test(uint32_t peer, unsigned am_id, std::span<const std::byte> am_header) {
+  return impl_->send_raw_for_test(peer, am_id, am_header);
+}
 
 }  // namespace sparsecar

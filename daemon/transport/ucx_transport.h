@@ -1,11 +1,12 @@
 // UcxTransport: the Transport over UCX (UCP active messages), with a TCP rendezvous.
 //
-// start() performs the job rendezvous: rank 0 listens on the coordinator address (plain TCP),
-// every other rank connects (retrying until the deadline) and sends {job id, world size, rank,
-// UCX worker address}; rank 0 checks them (duplicate rank, wrong world size or job id are
-// refused with a reason) and answers every rank with the full address table. Every rank then
-// creates a UCP endpoint to every peer with peer error handling, and the rendezvous sockets are
-// closed. Afterwards all traffic is UCX active messages.
+// start() performs the job rendezvous (rendezvous.h, RENDEZVOUS.md): rank 0 listens on the
+// coordinator address (plain TCP) and challenges every connection; every other rank connects
+// (retrying until the deadline) and answers with {job id, world size, rank, UCX worker address}
+// under a MAC keyed with the job secret; rank 0 verifies it first, checks the fields and, once
+// everyone has joined, sends each rank the address table and a random formation id under its
+// own MAC (mutual authentication). Every rank then creates a UCP endpoint to every peer with peer
+// error handling. Afterwards all traffic is UCX active messages.
 //
 // Threads: one progress thread owns the UCP worker. It sleeps on the worker's event fd (no busy
 // spin when idle) plus an eventfd that send() uses to wake it; it also wakes every
@@ -15,10 +16,18 @@
 // MessageSink callbacks and SendCallbacks run on the progress thread; they must not block and
 // must not call stop() (stop() from the progress thread only requests the stop; the destructor
 // then joins — never destroy the transport from its own callback).
+// stats(), formation_id() and incarnation() may be called from any thread.
 //
-// Framing: one message = one UCP active message whose header is an 8-byte route prefix (sender
-// rank) + the caller's header, and whose data is the payload (eager or rendezvous, <= 1 GiB).
-// See WIRE.md, "Transport framing".
+// Framing: one message = one UCP active message whose header is a 32-byte route prefix {sender
+// rank, magic "SCT2", per-(sender -> receiver) sequence number, 16-byte MAC} + the caller's header,
+// and whose data is the payload (eager or rendezvous, <= 1 GiB). The MAC (keyed BLAKE2b-128, the
+// key derived from the job secret, the job id and the formation id) covers the prefix, the
+// receiver, the AM id and the caller's header; the receiver verifies it and rejects a sequence
+// number it has already accepted (or one too old to tell) before the sink sees anything. A
+// rejected message is dropped, counted (stats(), MessageSink::on_rejected) and logged, rate
+// limited. The "bye" of an orderly stop() carries the same prefix, so a forged bye is dropped too.
+// The payload is covered only through the CRC-32C in the wire header (WIRE.md, "Transport
+// framing").
 //
 // UCX configuration: `tls`/`net_devices` go to ucp_config_modify, as do the shared-memory error
 // handling switch and the keepalive interval. UCX's memory hooks (which fight AddressSanitizer)
@@ -31,9 +40,16 @@
 #include <memory>
 #include <string>
 
+#include "daemon/transport/auth.h"
 #include "daemon/transport/transport.h"
 
 namespace sparsecar {
+
+// Bytes of the route prefix in front of the caller's header (WIRE.md, "Transport framing").
+inline constexpr size_t kUcxRouteBytes = 32;
+// Active-message ids: sparsecar messages and the "bye" of an orderly stop().
+inline constexpr unsigned kUcxDataAmId = 1;
+inline constexpr unsigned kUcxByeAmId = 2;
 
 struct UcxTransportOptions {
   uint32_t rank = 0;
@@ -61,6 +77,31 @@ struct UcxTransportOptions {
   std::string label;
   // Rank 0 only: called with the bound rendezvous port once listening (tests use port 0).
   std::function<void(uint16_t port)> on_listening;
+  // The job key (auth::load_job_key(job_secret_file)); default: the public open-job key, which
+  // authenticates nobody.
+  auth::JobKey key = auth::open_job_key();
+  // How long start() keeps retrying to create the UCX context and worker when no usable network
+  // device is there yet (a daemon started just before its interface comes up). Bounded by
+  // rendezvous_timeout too.
+  std::chrono::milliseconds device_wait{10000};
+  // Rank 0's rendezvous limits (rendezvous::Options): connections waiting for a hello, and how
+  // long each may take.
+  size_t rendezvous_max_pending = 64;
+  std::chrono::milliseconds rendezvous_hello_timeout{5000};
+
+  // Tests only. Called on the progress thread with every sealed AM header the transport sends.
+  std::function<void(uint32_t peer, unsigned am_id, std::span<const std::byte> am_header)> observe_sent_for_test;
+  // Tests only. Called by send() after its checks, just before it queues the request.
+  std::function<void()> before_enqueue_for_test;
+};
+
+// Counters of a running transport (monotonic).
+struct UcxTransportStats {
+  uint64_t messages_rejected = 0;       // bad prefix or MAC, replayed sequence number, forged bye
+  uint64_t messages_out_of_order = 0;   // authentic, accepted, but below the highest sequence seen
+  uint64_t rendezvous_auth_failures = 0;  // rank 0: hellos whose MAC did not verify
+  uint64_t rendezvous_refused = 0;      // rank 0: authenticated hellos refused, or malformed ones
+  uint64_t rendezvous_shed = 0;         // rank 0: connections closed (cap, hello deadline, no fds)
 };
 
 class UcxTransport final : public Transport {
@@ -80,6 +121,16 @@ class UcxTransport final : public Transport {
   Status send(uint32_t peer, std::span<const std::byte> header, std::span<const std::byte> payload,
               SendCallback done) override;
   void stop() override;
+
+  UcxTransportStats stats() const;
+  // The random id rank 0 drew for this formation of the job (the same on every rank), and its
+  // first 8 bytes as a little-endian number: a per-formation job incarnation.
+  const auth::Nonce& formation_id() const;
+  uint64_t incarnation() const;
+
+  // Tests only: sends `am_header` exactly as given (no prefix, no MAC) as AM `am_id` with no
+  // payload, from the progress thread. Lets tests forge and replay messages.
+  Status send_raw_for_test(uint32_t peer, unsigned am_id, std::span<const std::byte> am_header);
 
   class Impl;
 

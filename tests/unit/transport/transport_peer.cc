@@ -1,6 +1,7 @@
 // A one-rank transport in its own process, for tests that kill a peer (ucx_transport_test).
 //
-//   transport_peer RANK WORLD_SIZE JOB_ID COORDINATOR_HOST TLS NET_DEVICES   ("-" = empty)
+//   transport_peer RANK WORLD_SIZE JOB_ID COORDINATOR_HOST TLS NET_DEVICES [SECRET]   ("-" = empty;
+//                  without SECRET the job is open)
 // Reads the coordinator port as the first line of stdin (the test learns it only once rank 0
 // listens). Writes "ready\n" to fd 3 (UCX logs to stdout, so not there) once the job has gathered, answers every message with a 4-byte
 // "pong" header (empty payload) to its sender, and stops cleanly when stdin closes. Tests
@@ -28,8 +29,8 @@ class Ponger : public sparsecar::MessageSink {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 7) {
-    std::fprintf(stderr, "usage: %s RANK WORLD_SIZE JOB_ID COORDINATOR_HOST TLS NET_DEVICES\n", argv[0]);
+  if (argc != 7 && argc != 8) {
+    std::fprintf(stderr, "usage: %s RANK WORLD_SIZE JOB_ID COORDINATOR_HOST TLS NET_DEVICES [SECRET]\n", argv[0]);
     return 2;
   }
   sparsecar::UcxTransportOptions o;
@@ -43,6 +44,7 @@ int main(int argc, char** argv) {
   o.tls = std::string(argv[5]) == "-" ? "" : argv[5];
   o.net_devices = std::string(argv[6]) == "-" ? "" : argv[6];
   o.rendezvous_timeout = std::chrono::seconds(30);
+  if (argc == 8) o.key = sparsecar::auth::job_key_from_secret(argv[7]);
   Ponger sink;
   auto t = sparsecar::UcxTransport::start(o, &sink);
   if (!t.ok()) {

@@ -4,7 +4,11 @@
 #include "daemon/transport/ucx_transport.h"
 
 #include <gtest/gtest.h>
+#include <net/if.h>
 #include <poll.h>
+#include <sched.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -26,6 +30,7 @@ using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
 constexpr auto kWait = 60s;  // bound on any single wait
+constexpr char kTestSecret[] = "ucx transport test secret, 32+ bytes";
 
 struct TransportParam {
   const char* name;
@@ -105,6 +110,20 @@ class RecordingSink : public MessageSink {
     cv_.notify_all();
   }
 
+  void on_rejected(uint32_t peer, const Status& why) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    rejected_.push_back({peer, why});
+    cv_.notify_all();
+  }
+  bool wait_rejected(size_t count, std::chrono::milliseconds bound = kWait) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, bound, [&] { return rejected_.size() >= count; });
+  }
+  std::vector<std::pair<uint32_t, Status>> rejected() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return rejected_;
+  }
+
   bool wait_messages(size_t count, std::chrono::milliseconds bound = kWait) {
     std::unique_lock<std::mutex> lock(mu_);
     return cv_.wait_for(lock, bound, [&] { return received_.size() >= count; });
@@ -132,6 +151,7 @@ class RecordingSink : public MessageSink {
   std::vector<Received> received_;
   std::map<uint32_t, int> failures_;
   Status last_failure_;
+  std::vector<std::pair<uint32_t, Status>> rejected_;
 };
 
 // Counts send completions.
@@ -173,6 +193,7 @@ UcxTransportOptions base_options(const TransportParam& p, uint32_t rank, uint32_
   o.net_devices = p.net_devices;
   o.rendezvous_timeout = 30s;
   o.label = "test-rank-" + std::to_string(rank);
+  o.key = auth::job_key_from_secret(kTestSecret);
   return o;
 }
 
@@ -189,7 +210,8 @@ struct Job {
 // Starts `world` transports in threads; rank 0 listens on port 0. `external` ranks (at the top of
 // the range) are not started here; `on_port` learns the coordinator port for them.
 void start_job(Job& job, const TransportParam& p, uint32_t world, uint64_t job_id, uint32_t external = 0,
-               std::function<void(uint16_t)> on_port = {}) {
+               std::function<void(uint16_t)> on_port = {},
+               std::function<void(UcxTransportOptions&)> tweak = {}) {
   const uint32_t local = world - external;
   job.sinks.clear();
   job.transports.clear();
@@ -202,6 +224,7 @@ void start_job(Job& job, const TransportParam& p, uint32_t world, uint64_t job_i
   for (uint32_t r = 0; r < local; ++r) {
     results.push_back(std::async(std::launch::async, [&, r]() -> Status {
       UcxTransportOptions o = base_options(p, r, world, job_id);
+      if (tweak) tweak(o);
       if (r == 0) {
         o.coordinator = "127.0.0.1:0";
         o.on_listening = [port, on_port](uint16_t got) {
@@ -268,6 +291,11 @@ void exchange_all(const TransportParam& p, uint32_t world, const std::vector<siz
       EXPECT_TRUE(seqs.insert(m.seq).second) << "duplicate seq " << m.seq;
     }
     EXPECT_TRUE(job.sinks[r]->failures().empty());
+    // Large (rendezvous-protocol) and small messages interleave: none may look like a replay.
+    EXPECT_EQ(job.transports[r]->stats().messages_rejected, 0u);
+    std::printf("[ info     ] %s rank %u: %llu of %zu messages arrived out of sequence order\n", p.name, r,
+                static_cast<unsigned long long>(job.transports[r]->stats().messages_out_of_order), per_rank);
+    EXPECT_TRUE(job.sinks[r]->rejected().empty());
   }
 }
 
@@ -352,7 +380,7 @@ TEST_P(UcxTransportTest, WrongJobIdIsRefusedAtStart) {
   auto t = UcxTransport::start(o, &sink1);
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.status().code(), Code::kFailedPrecondition);
-  EXPECT_NE(t.status().message().find("job id 2 but rank 0 runs job 1"), std::string::npos) << t.status().message();
+  EXPECT_NE(t.status().message().find("job id differs from rank 0's"), std::string::npos) << t.status().message();
   ASSERT_EQ(leader.wait_for(kWait), std::future_status::ready);
   Status s = leader.get();
   EXPECT_EQ(s.code(), Code::kDeadlineExceeded) << s.to_string();
@@ -379,7 +407,7 @@ TEST_P(UcxTransportTest, KilledPeerIsReportedAndSendsToItFail) {
     ::close(to_child[1]);
     ::close(from_child[0]);
     ::execl(SPARSECAR_TRANSPORT_PEER, SPARSECAR_TRANSPORT_PEER, "2", "3", "77", "127.0.0.1", tls.c_str(), dev.c_str(),
-            static_cast<char*>(nullptr));
+            kTestSecret, static_cast<char*>(nullptr));
     ::_exit(127);
   }
   ::close(to_child[0]);
@@ -470,12 +498,254 @@ TEST_P(UcxTransportTest, KilledPeerIsReportedAndSendsToItFail) {
   for (uint32_t r = 0; r < 2; ++r) EXPECT_EQ(job.sinks[r]->failures().at(2), 1) << "reported once";
 }
 
+// Captures the AM headers one transport sends (its progress thread), for forging and replaying.
+class SentHeaders {
+ public:
+  std::function<void(uint32_t, unsigned, std::span<const std::byte>)> observer() {
+    return [this](uint32_t peer, unsigned am_id, std::span<const std::byte> h) {
+      std::lock_guard<std::mutex> lock(mu_);
+      sent_.push_back({peer, am_id, std::vector<std::byte>(h.begin(), h.end())});
+    };
+  }
+  struct Sent {
+    uint32_t peer;
+    unsigned am_id;
+    std::vector<std::byte> header;
+  };
+  std::vector<Sent> all() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return sent_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<Sent> sent_;
+};
+
+void put64(std::vector<std::byte>& h, size_t at, uint64_t v) {
+  for (int i = 0; i < 8; ++i) h[at + static_cast<size_t>(i)] = static_cast<std::byte>((v >> (8 * i)) & 0xFF);
+}
+
+// Sends one test message 0 -> 1 and waits until rank 1 has it (`count` messages in all).
+void send_and_await(Job& job, uint32_t seq, size_t count) {
+  static std::vector<TestHeader> headers(64);
+  headers[seq] = TestHeader{kTestMagic, 0, seq, 0, 0};
+  Completions done;
+  ASSERT_TRUE(job.transports[0]->send(1, std::as_bytes(std::span<const TestHeader>(&headers[seq], 1)), {},
+                                      done.callback()).ok());
+  ASSERT_TRUE(done.wait_all());
+  ASSERT_TRUE(job.sinks[1]->wait_messages(count)) << "rank 1 did not get message " << seq;
+}
+
+// A replayed message, one with a forged sequence number, one with a rewritten header, a forged
+// bye and a data header replayed as a bye: each is dropped and counted by the receiving
+// transport, the sink hears of it, nothing reaches on_message, the peer stays up, and good
+// traffic flows before, between and after.
+TEST_P(UcxTransportTest, ForgedAndReplayedMessagesAreDroppedAndCounted) {
+  SentHeaders sent;  // outlives the job: its stop() reports the byes it sends
+  Job job;
+  start_job(job, GetParam(), 2, 45, 0, {}, [&](UcxTransportOptions& o) {
+    if (o.rank == 0) o.observe_sent_for_test = sent.observer();
+  });
+  if (HasFatalFailure()) return;
+  send_and_await(job, 1, 1);
+  if (HasFatalFailure()) return;
+  auto all = sent.all();
+  ASSERT_EQ(all.size(), 1u);
+  const std::vector<std::byte> captured = all[0].header;
+  ASSERT_EQ(captured.size(), kUcxRouteBytes + sizeof(TestHeader));
+  UcxTransport& t0 = *job.transports[0];
+  size_t expected_rejections = 0;
+  auto expect_rejected = [&](const char* what, const std::string& reason, uint32_t claimed = 0) {
+    ++expected_rejections;
+    ASSERT_TRUE(job.sinks[1]->wait_rejected(expected_rejections, 10s)) << what << " was not rejected";
+    auto rejected = job.sinks[1]->rejected();
+    EXPECT_EQ(rejected.back().first, claimed) << what;
+    EXPECT_NE(rejected.back().second.message().find(reason), std::string::npos)
+        << what << ": " << rejected.back().second.message();
+    EXPECT_EQ(job.transports[1]->stats().messages_rejected, expected_rejections) << what;
+  };
+
+  // 1. The exact bytes again: a replay.
+  ASSERT_TRUE(t0.send_raw_for_test(1, kUcxDataAmId, captured).ok());
+  expect_rejected("a replayed message", "replayed sequence number");
+  // 2. A fresh sequence number without the key to MAC it.
+  std::vector<std::byte> forged_seq = captured;
+  put64(forged_seq, 8, 1000);
+  ASSERT_TRUE(t0.send_raw_for_test(1, kUcxDataAmId, forged_seq).ok());
+  expect_rejected("a forged sequence number", "MAC does not verify");
+  // 3. The caller's header rewritten (seq field of the test header), prefix kept.
+  std::vector<std::byte> rewritten = captured;
+  rewritten[kUcxRouteBytes + 8] ^= std::byte{0x01};
+  ASSERT_TRUE(t0.send_raw_for_test(1, kUcxDataAmId, rewritten).ok());
+  expect_rejected("a rewritten header", "MAC does not verify");
+  send_and_await(job, 2, 2);  // good traffic between the attacks
+  if (HasFatalFailure()) return;
+  // 4. A forged bye: right shape, made-up MAC.
+  std::vector<std::byte> bye(captured.begin(), captured.begin() + kUcxRouteBytes);
+  put64(bye, 8, 5000);
+  ASSERT_TRUE(t0.send_raw_for_test(1, kUcxByeAmId, bye).ok());
+  expect_rejected("a forged bye", "MAC does not verify");
+  // 5. A genuine data prefix replayed as a bye (the AM id is under the MAC).
+  std::vector<std::byte> data_as_bye(captured.begin(), captured.begin() + kUcxRouteBytes);
+  ASSERT_TRUE(t0.send_raw_for_test(1, kUcxByeAmId, data_as_bye).ok());
+  expect_rejected("a data prefix sent as a bye", "MAC does not verify");
+  // 6. Not even a route prefix.
+  std::vector<std::byte> garbage(12, std::byte{0x5A});
+  ASSERT_TRUE(t0.send_raw_for_test(1, kUcxDataAmId, garbage).ok());
+  expect_rejected("a short header", "bad route header length", MessageSink::kUnknownPeer);
+
+  send_and_await(job, 3, 3);
+  if (HasFatalFailure()) return;
+  auto got = job.sinks[1]->received();
+  ASSERT_EQ(got.size(), 3u) << "a forged or replayed message reached the sink";
+  for (uint32_t i = 0; i < 3; ++i) EXPECT_EQ(got[i].seq, i + 1);
+  EXPECT_TRUE(job.sinks[1]->failures().empty()) << "a forged bye took rank 0 down";
+  EXPECT_TRUE(job.sinks[0]->rejected().empty());
+}
+
+// A message of an earlier formation of the same job (same job id, same secret) does not verify
+// in the next one: the transport key includes the formation id.
+TEST_P(UcxTransportTest, MessagesOfAnEarlierFormationAreRejected) {
+  std::vector<std::byte> old_header;
+  {
+    SentHeaders sent;
+    Job first;
+    start_job(first, GetParam(), 2, 46, 0, {}, [&](UcxTransportOptions& o) {
+      if (o.rank == 0) o.observe_sent_for_test = sent.observer();
+    });
+    if (HasFatalFailure()) return;
+    send_and_await(first, 1, 1);
+    if (HasFatalFailure()) return;
+    old_header = sent.all().at(0).header;
+  }
+  Job second;
+  start_job(second, GetParam(), 2, 46);
+  if (HasFatalFailure()) return;
+  ASSERT_TRUE(second.transports[0]->send_raw_for_test(1, kUcxDataAmId, old_header).ok());
+  ASSERT_TRUE(second.sinks[1]->wait_rejected(1, 10s));
+  EXPECT_NE(second.sinks[1]->rejected()[0].second.message().find("MAC does not verify"), std::string::npos);
+  send_and_await(second, 1, 1);
+  if (HasFatalFailure()) return;
+  EXPECT_EQ(second.sinks[1]->received().size(), 1u);
+  EXPECT_EQ(second.transports[1]->stats().messages_rejected, 1u);
+}
+
+// send() racing stop(): a send that passed its checks just before stop() must either be refused
+// or have its callback run; it must never be queued behind shutdown's last look at the queue.
+TEST_P(UcxTransportTest, SendRacingStopIsNeverLost) {
+  std::promise<void> in_send;
+  std::promise<void> stopped;
+  std::shared_future<void> stopped_future = stopped.get_future().share();
+  std::atomic<bool> armed{false};
+  Job job;
+  start_job(job, GetParam(), 2, 47, 0, {}, [&](UcxTransportOptions& o) {
+    if (o.rank != 0) return;
+    o.before_enqueue_for_test = [&, stopped_future] {
+      if (!armed.exchange(false)) return;
+      in_send.set_value();
+      // Hold this send between its checks and the queue until stop() has completed.
+      stopped_future.wait_for(20s);
+    };
+  });
+  if (HasFatalFailure()) return;
+  armed = true;
+  static const TestHeader header{kTestMagic, 0, 9, 0, 0};
+  auto callback_ran = std::make_shared<std::promise<Status>>();
+  auto callback_future = callback_ran->get_future();
+  auto sender = std::async(std::launch::async, [&] {
+    return job.transports[0]->send(1, std::as_bytes(std::span<const TestHeader>(&header, 1)), {},
+                                   [callback_ran](const Status& s) { callback_ran->set_value(s); });
+  });
+  ASSERT_EQ(in_send.get_future().wait_for(kWait), std::future_status::ready);
+  job.transports[0]->stop();
+  stopped.set_value();
+  ASSERT_EQ(sender.wait_for(kWait), std::future_status::ready);
+  Status s = sender.get();
+  if (s.ok()) {
+    ASSERT_EQ(callback_future.wait_for(10s), std::future_status::ready) << "accepted send's callback never ran";
+  } else {
+    EXPECT_EQ(s.code(), Code::kUnavailable) << s.to_string();
+    EXPECT_EQ(callback_future.wait_for(0s), std::future_status::timeout) << "refused send must not call back";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, UcxTransportTest,
                          ::testing::Values(TransportParam{"tcp", "tcp", "lo"},
                                            TransportParam{"shm", "posix,self", ""}),
                          [](const ::testing::TestParamInfo<TransportParam>& param_info) {
                            return std::string(param_info.param.name);
                          });
+
+// A daemon started before its network device is up: start() retries creating UCX for
+// device_wait instead of failing at once (here the device never comes, so it fails after it).
+TEST(UcxTransportStartTest, RetriesWhileTheNetworkDeviceIsMissing) {
+  RecordingSink sink;
+  UcxTransportOptions o = base_options(TransportParam{"tcp", "tcp", "sc-nodev0"}, 0, 1, 1);
+  o.device_wait = 700ms;
+  const auto begin = Clock::now();
+  auto t = UcxTransport::start(o, &sink);
+  const auto took = Clock::now() - begin;
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("no usable network device"), std::string::npos) << t.status().to_string();
+  EXPECT_GE(took, 500ms);
+  EXPECT_LT(took, 10s);
+}
+
+// The device comes up while start() retries: in a fresh network namespace (a child process, so
+// nothing outside the test is touched) `lo` is down and UCX finds no tcp device; a thread brings
+// it up after 1 s and start() must then succeed. Skipped where namespaces are not allowed.
+TEST(UcxTransportStartTest, StartsOnceTheNetworkDeviceComesUp) {
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::setenv("SPARSECAR_UCX_LATE_DEVICE_CHILD", "1", 1);
+    ::execl("/proc/self/exe", "ucx_transport_test", "--gtest_filter=UcxTransportChild.LateDevice",
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  int status = 0;
+  pid_t done = 0;
+  for (const auto until = Clock::now() + kWait; done == 0 && Clock::now() < until;) {
+    done = ::waitpid(child, &status, WNOHANG);
+    if (done == 0) std::this_thread::sleep_for(20ms);  // waiting for a child process; bounded
+  }
+  if (done == 0) {
+    ::kill(child, SIGKILL);
+    ::waitpid(child, &status, 0);
+    FAIL() << "the child did not finish";
+  }
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  if (WEXITSTATUS(status) == 77) GTEST_SKIP() << "no permission for a network namespace here";
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+TEST(UcxTransportChild, LateDevice) {
+  if (std::getenv("SPARSECAR_UCX_LATE_DEVICE_CHILD") == nullptr) GTEST_SKIP() << "run by StartsOnceTheNetworkDeviceComesUp";
+  if (::unshare(CLONE_NEWNET) != 0) std::_Exit(77);
+  std::thread up([] {
+    std::this_thread::sleep_for(1s);  // the "device comes up later" of the scenario
+    int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
+    ifreq ifr{};
+    std::strncpy(ifr.ifr_name, "lo", IFNAMSIZ - 1);
+    if (::ioctl(fd, SIOCGIFFLAGS, &ifr) == 0) {
+      ifr.ifr_flags = static_cast<short>(ifr.ifr_flags | IFF_UP);
+      ::ioctl(fd, SIOCSIFFLAGS, &ifr);
+    }
+    ::close(fd);
+  });
+  RecordingSink sink;
+  UcxTransportOptions o = base_options(TransportParam{"tcp", "tcp", "lo"}, 0, 1, 1);
+  o.device_wait = 20s;
+  const auto begin = Clock::now();
+  auto t = UcxTransport::start(o, &sink);
+  const auto took = Clock::now() - begin;
+  up.join();
+  EXPECT_TRUE(t.ok()) << t.status().to_string();
+  EXPECT_GE(took, 900ms) << "lo was up before the thread raised it?";
+  if (t.ok()) (*t)->stop();
+  std::_Exit(::testing::Test::HasFailure() ? 1 : 0);
+}
 
 }  // namespace
 }  // namespace sparsecar
