@@ -23,6 +23,7 @@ Usage:  ddp_digits.py --sparsecard build/daemon/sparsecard --pythonpath build/py
 """
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -158,7 +159,8 @@ def trainer(args):
         finals[method] = flat
         entry = {"accuracy": acc, "wall_seconds": wall, "losses": losses,
                  "allreduce_calls": calls["n"], "allreduce_elements": calls["elements"],
-                 "param_checksum": float(flat.double().sum())}
+                 "param_checksum": float(flat.double().sum()),
+                 "param_sha256": hashlib.sha256(flat.numpy().tobytes()).hexdigest()}
         if curve:
             entry["curve"] = curve
         if compute:
@@ -204,7 +206,7 @@ class _CountingDist:
 # ---------------------------------------------------------------------------------------------
 def run(args):
     """Starts the daemons and the trainers; returns the summary dict."""
-    from localjob import LocalJob, free_port
+    from localjob import LocalJob
     nodes, L = args.nodes, args.local_clients
     world = nodes * L
     daemon_args = ["--compression", args.compression, "--selector", args.selector,
@@ -214,31 +216,45 @@ def run(args):
                   keep=args.keep_logs) as job:
         if "sparsecar" in args.methods.split(","):
             job.start_daemons()
-        port = free_port()
-        procs, outs = [], []
-        for rank in range(world):
-            node, local = divmod(rank, L)
-            env = job.daemon_env()
-            env.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(local),
-                        "LOCAL_WORLD_SIZE": str(L), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                        "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"})
-            if args.pythonpath:
-                env["PYTHONPATH"] = os.pathsep.join([args.pythonpath] + [p for p in [env.get("PYTHONPATH")] if p])
-            out = os.path.join(job.dir, f"trainer-{rank}.json")
-            outs.append(out)
-            argv = [sys.executable, os.path.abspath(__file__), "--trainer", "--out", out,
-                    "--socket", job.sockets[node]] + _forward(args)
-            procs.append(job.spawn(f"trainer rank {rank}", argv, env=env, log_name=f"trainer-{rank}"))
-        t0 = time.monotonic()
-        job.wait_all(procs, timeout=args.timeout)
-        total_wall = time.monotonic() - t0
-        ranks = []
-        for out in outs:
-            with open(out) as f:
-                ranks.append(json.load(f))
+        # --jobs N: N DDP jobs one after another on the same (long-lived) daemons.
+        runs = [summarize(args, *_run_trainers(args, job, world, L, j)) for j in range(args.jobs)]
         if args.keep_logs:
             print(f"logs kept in {job.dir}", file=sys.stderr)
-    return summarize(args, ranks, total_wall)
+    s = runs[-1]
+    if args.jobs > 1:
+        s["jobs"] = [{m: {k: e.get(k) for k in ("rank_checksum_spread", "ranks_identical", "hook_mode",
+                                                 "hook_failure", "accuracy")} | {"hook": e.get("hook")}
+                      for m, e in r["methods"].items()} for r in runs]
+    return s
+
+
+def _run_trainers(args, job, world, L, job_index):
+    """One DDP job of `world` trainer processes; returns (per-rank results, wall seconds)."""
+    from localjob import free_port
+    port = free_port()
+    procs, outs = [], []
+    for rank in range(world):
+        node, local = divmod(rank, L)
+        env = job.daemon_env()
+        env.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(local),
+                    "LOCAL_WORLD_SIZE": str(L), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                    "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"})
+        if args.pythonpath:
+            env["PYTHONPATH"] = os.pathsep.join([args.pythonpath] + [p for p in [env.get("PYTHONPATH")] if p])
+        out = os.path.join(job.dir, f"trainer-{job_index}-{rank}.json")
+        outs.append(out)
+        argv = [sys.executable, os.path.abspath(__file__), "--trainer", "--out", out,
+                "--socket", job.sockets[node]] + _forward(args)
+        procs.append(job.spawn(f"job {job_index} trainer rank {rank}", argv, env=env,
+                               log_name=f"trainer-{job_index}-{rank}"))
+    t0 = time.monotonic()
+    job.wait_all(procs, timeout=args.timeout)
+    total_wall = time.monotonic() - t0
+    ranks = []
+    for out in outs:
+        with open(out) as f:
+            ranks.append(json.load(f))
+    return ranks, total_wall
 
 
 def _forward(args):
@@ -263,6 +279,7 @@ def summarize(args, ranks, total_wall):
     for m in args.methods.split(","):
         e = r0[m]
         spread = max(abs(r[m]["param_checksum"] - e["param_checksum"]) for r in ranks)
+        identical = all(r[m]["param_sha256"] == e["param_sha256"] for r in ranks)
         if m in ("dense", "powersgd"):
             total = nodes * ring_bytes_per_node(e["allreduce_calls"], e["allreduce_elements"], nodes)
             detail = {"allreduce_calls": e["allreduce_calls"], "allreduce_elements": e["allreduce_elements"]}
@@ -277,7 +294,8 @@ def summarize(args, ranks, total_wall):
                       "density_measured": (hook.get("sparsecar_nnz", 0) / hook["sparsecar_elements"])
                       if hook.get("sparsecar_elements") else None}
         s["methods"][m] = dict(accuracy=e["accuracy"], bytes=int(total), wall_seconds=e["wall_seconds"],
-                               rank_checksum_spread=spread, losses=e["losses"], **detail)
+                               rank_checksum_spread=spread, ranks_identical=identical, losses=e["losses"],
+                               **detail)
         if "max_abs_diff_vs_dense" in e:
             s["methods"][m]["max_abs_diff_vs_dense"] = e["max_abs_diff_vs_dense"]
         for k in ("curve", "compute_seconds"):  # --eval-every / --report-compute-time (rank 0's)
@@ -321,6 +339,8 @@ def parse(argv):
     p.add_argument("--daemon-step-timeout", type=float, default=20.0)
     p.add_argument("--timeout", type=float, default=600.0, help="whole job (s)")
     p.add_argument("--keep-logs", action="store_true")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="run this many DDP jobs one after another on the same daemons")
     p.add_argument("--eval-every", type=int, default=0,
                    help="test accuracy every N steps into a curve (evaluation time kept out of the clock)")
     p.add_argument("--report-compute-time", action="store_true",

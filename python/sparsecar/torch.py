@@ -19,13 +19,16 @@ How it works (torch 1.13 .. 2.x; only public, long-lived hook APIs are used):
   submits it (with the learning rate) and returns a ``torch.futures.Future``; one completion
   thread per process waits for the daemon in bucket order, copies the average back into the
   bucket and completes the future. DDP's ``backward()`` waits for the futures.
-* **Fallback.** If the daemon is unreachable when registering (every rank agrees on this) or a
-  step fails, the hook logs the real cause (torch itself would only say "Unable to cast ..."),
-  warns once, and uses plain all-reduce: for that bucket at once (its gradient is untouched), and
-  for every bucket from the next iteration on. ``on_error="raise"`` fails the step instead.
-  Step failures are job-wide in sparsecar (a failed step fails on every node), so every rank
-  falls back at the same bucket; a failure seen by one rank only (its own wait deadline) would
-  leave the ranks disagreeing, so ``timeout`` should stay above the daemon's step deadline.
+* **Fallback, agreed.** If the daemon is unreachable when registering or a step fails, the hook
+  logs the real cause (torch itself would only say "Unable to cast ..."), warns once, and uses
+  plain all-reduce from then on; ``on_error="raise"`` fails the step instead. A failure may be
+  seen by some ranks only (a node can complete a step just before a peer's abort reaches it, or
+  one rank's wait deadline passes), so the ranks agree before any bucket of an iteration is
+  handed back: the completion thread waits for every bucket of the iteration, then one tiny
+  all-reduce tells every rank whether all of them got every bucket. If so, the daemon's averages
+  are used; if not, every rank all-reduces the original gradients of that whole iteration (they
+  are still in the buckets) and every rank falls back from the next iteration on. So the
+  parameters stay identical on every rank, whatever failed where.
 * **Counting.** ``hook.stats`` has the daemon-reported wire bytes of this node
   (``sparsecar_bytes``), the dense-equivalent bytes it reports, and the elements that went
   through the dense path (warm-up and fallback) so benchmarks can count them too.
@@ -227,22 +230,22 @@ class SparsecarHook:
                 # Cannot happen after a stable layout unless DDP rebuilt its buckets again.
                 self._fail_step(f"bucket {index} has {buf.numel()} elements, registered "
                                 f"{t.size if t is not None else 'none'}")
-                self._jobs.put(("dense", index, buf, fut, step))
+                self._jobs.put(("failed", index, buf, fut, step, last))
             else:
                 try:
                     sparsecar.copy_into(t.array(), buf)
                     self._client.submit(t, step, lr=self._current_lr())
-                    self._jobs.put(("sparse", index, buf, fut, step))
+                    self._jobs.put(("sparse", index, buf, fut, step, last))
                 except sparsecar.Error as e:
                     self._fail_step(f"submitting bucket {index} step {step} failed: {e}")
-                    self._jobs.put(("dense", index, buf, fut, step))
+                    self._jobs.put(("failed", index, buf, fut, step, last))
             if last:
                 self.iteration += 1
             return fut
         # fallback (or sparse after a failure): keep the collectives in one thread, in order
         if self._worker is not None:
             fut = torch.futures.Future()
-            self._jobs.put(("dense", index, buf, fut, step))
+            self._jobs.put(("dense", index, buf, fut, step, last))
             if last:
                 self.iteration += 1
             return fut
@@ -283,39 +286,65 @@ class SparsecarHook:
 
     # ---- completion thread -------------------------------------------------------------------
     def _complete_loop(self):
+        """Completes the futures in bucket order. Sparse iterations are completed as a whole,
+        after every rank agreed that every rank got every bucket (see "Fallback, agreed")."""
+        pending = []  # this iteration's sparse / failed buckets: (kind, index, buf, fut, step, info)
         while True:
             job = self._jobs.get()
             if job is None:
+                for _, _, _, fut, _, _ in pending:
+                    if not fut.done():
+                        fut.set_exception(RuntimeError("sparsecar DDP hook: closed mid-iteration"))
                 return
-            kind, index, buf, fut, step = job
+            kind, index, buf, fut, step, last = job
             try:
-                if kind == "sparse":
-                    t = self._tensors[index]
-                    try:
-                        info = self._client.wait(t, step, timeout=self.timeout)
-                    except sparsecar.Error as e:
-                        self._fail_step(f"bucket {index} step {step} failed: {e}")
-                        if self.on_error == "raise":
-                            fut.set_exception(RuntimeError(f"sparsecar DDP hook: bucket {index} step {step}: {e}"))
-                            continue
-                        fut.set_result(self._allreduce_now(buf))
-                        continue
-                    sparsecar.copy_out(t.array(), buf)
-                    self.stats["sparse_buckets"] += 1
-                    self.stats["sparsecar_bytes"] += info.bytes_sent
-                    self.stats["sparsecar_dense_equivalent_bytes"] += info.dense_bytes
-                    self.stats["sparsecar_nnz"] += info.nnz
-                    self.stats["sparsecar_elements"] += buf.numel()
-                    fut.set_result(buf)
-                else:
+                if kind == "dense":
+                    # fallback mode: plain all-reduce, in order, on this thread
                     if self.on_error == "raise" and self.failure is not None:
                         fut.set_exception(RuntimeError(f"sparsecar DDP hook: {self.failure}"))
-                        continue
-                    fut.set_result(self._allreduce_now(buf))
+                    else:
+                        fut.set_result(self._allreduce_now(buf))
+                    continue
+                info = None
+                if kind == "sparse":
+                    try:
+                        info = self._client.wait(self._tensors[index], step, timeout=self.timeout)
+                    except sparsecar.Error as e:
+                        self._fail_step(f"bucket {index} step {step} failed: {e}")
+                pending.append((kind, index, buf, fut, step, info))
+                if last:
+                    self._finish_iteration(pending)
+                    pending = []
             except Exception as e:  # noqa: BLE001 - must never leave a future unset
                 log.exception("sparsecar DDP hook: completing bucket %d step %d failed", index, step)
-                if not fut.done():
-                    fut.set_exception(RuntimeError(f"sparsecar DDP hook: {e}"))
+                for _, _, _, f, _, _ in pending + [(kind, index, buf, fut, step, None)]:
+                    if not f.done():
+                        f.set_exception(RuntimeError(f"sparsecar DDP hook: {e}"))
+                pending = []
+
+    def _finish_iteration(self, pending):
+        """Every rank learns whether every rank got every bucket of this iteration, then all use
+        the daemon's averages or all all-reduce the original gradients."""
+        mine_ok = all(info is not None for _, _, _, _, _, info in pending)
+        all_ok = self._all_ranks_ok(mine_ok)
+        if not all_ok:
+            if mine_ok:
+                self._fail_step("another rank's sparsecar step failed in this iteration; every rank "
+                                "all-reduces it instead")
+            self._step_failed = True
+        for kind, index, buf, fut, step, info in pending:
+            if all_ok:
+                sparsecar.copy_out(self._tensors[index].array(), buf)
+                self.stats["sparse_buckets"] += 1
+                self.stats["sparsecar_bytes"] += info.bytes_sent
+                self.stats["sparsecar_dense_equivalent_bytes"] += info.dense_bytes
+                self.stats["sparsecar_nnz"] += info.nnz
+                self.stats["sparsecar_elements"] += buf.numel()
+                fut.set_result(buf)
+            elif self.on_error == "raise":
+                fut.set_exception(RuntimeError(f"sparsecar DDP hook: bucket {index} step {step}: {self.failure}"))
+            else:
+                fut.set_result(self._allreduce_now(buf))  # the original gradient: copy_out never ran
 
 
 def register(ddp_model, socket=None, *, optimizer=None, lr=None, dense_iterations=2,

@@ -96,3 +96,44 @@ def test_four_ranks_two_daemons_match_plain_allreduce(sparsecard, tmp_path):
     assert sc["max_abs_diff_vs_dense"] < 1e-5
     assert sc["accuracy"] == pytest.approx(s["methods"]["dense"]["accuracy"], abs=0.003)
     assert sc["rank_checksum_spread"] == 0.0
+
+
+def _ddp_digits(sparsecard, tmp_path, extra, env_extra=None, timeout=600):
+    out = tmp_path / "ddp.json"
+    env = dict(os.environ)
+    env.update(env_extra or {})
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "ddp_digits.py"), "--sparsecard", sparsecard,
+                        "--pythonpath", os.environ.get("PYTHONPATH", ""), "--out", str(out)] + extra,
+                       env=env, capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return json.loads(out.read_text())
+
+
+def test_twenty_ddp_jobs_on_the_same_daemons_all_succeed_identically(sparsecard, tmp_path):
+    """Long-lived daemons: 20 DDP jobs one after another (each a new process group, its step
+    counter starting at 0 again). Every job runs on sparsecar to the end and every rank ends with
+    bit-identical parameters."""
+    s = _ddp_digits(sparsecard, tmp_path, ["--methods", "sparsecar", "--nodes", "2", "--local-clients", "1",
+                                           "--steps", "5", "--jobs", "20", "--compression", "on",
+                                           "--density", "0.05", "--timeout", "120"])
+    assert len(s["jobs"]) == 20
+    for j, job in enumerate(s["jobs"]):
+        sc = job["sparsecar"]
+        assert sc["hook_mode"] == "sparse", (j, sc["hook_failure"])
+        assert sc["hook"]["sparse_buckets"] >= 3, (j, sc["hook"])
+        assert sc["ranks_identical"], j
+
+
+def test_a_failure_seen_by_one_rank_makes_every_rank_fall_back_together(sparsecard, tmp_path):
+    """Lost data messages (the daemons' test-only fault switch) fail a step on one node while its
+    peer may complete it. The ranks agree at the end of the iteration: all of them all-reduce that
+    iteration and fall back, and their parameters stay bit-identical."""
+    s = _ddp_digits(sparsecard, tmp_path,
+                    ["--methods", "sparsecar", "--nodes", "2", "--local-clients", "1", "--steps", "12",
+                     "--compression", "on", "--density", "0.05", "--on-error", "fallback",
+                     "--daemon-step-timeout", "1", "--step-timeout", "20", "--timeout", "240"],
+                    env_extra={"SPARSECAR_TEST_FAULTS": "drop=0.3,seed=3,kinds=1"})
+    sc = s["methods"]["sparsecar"]
+    assert sc["hook_mode"] == "fallback", sc
+    assert sc["hook"]["failed_steps"] >= 1
+    assert sc["ranks_identical"]
