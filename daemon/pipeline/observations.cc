@@ -4,8 +4,10 @@
 #include <bit>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <sstream>
+#include <type_traits>
 
 #include "daemon/pipeline/controller_runner.h"
 #include "daemon/pipeline/settings.h"
@@ -78,24 +80,32 @@ Expected<policies::NodeObservation> parse_observation(std::string_view text) {
     }
     double v = 0;
     if (!(is >> v) || !std::isfinite(v)) return data_loss("observation: bad value for '" + key + "'");
+    // Counts and ids: a peer's negative or too large number is a bad message (casting it would be
+    // undefined behaviour).
+    bool fits = true;
+    auto count = [&](auto& field) {
+      using T = std::decay_t<decltype(field)>;
+      fits = v >= 0 && v < std::ldexp(1.0, std::numeric_limits<T>::digits);
+      if (fits) field = static_cast<T>(v);
+    };
     if (key == "rank") {
-      o.rank = static_cast<uint32_t>(v);
+      count(o.rank);
     } else if (key == "step") {
-      o.step = static_cast<uint64_t>(v);
+      count(o.step);
     } else if (key == "elements") {
-      o.elements = static_cast<uint64_t>(v);
+      count(o.elements);
     } else if (key == "nnz") {
-      o.nnz = static_cast<uint64_t>(v);
+      count(o.nnz);
     } else if (key == "bytes_sent") {
-      o.bytes_sent = static_cast<uint64_t>(v);
+      count(o.bytes_sent);
     } else if (key == "dense_bytes") {
-      o.dense_bytes = static_cast<uint64_t>(v);
+      count(o.dense_bytes);
     } else if (key == "exchange_s") {
       o.exchange_s = v;
     } else if (key == "encode_s") {
       o.encode_s = v;
     } else if (key == "link_bytes") {
-      o.link_bytes = static_cast<uint64_t>(v);
+      count(o.link_bytes);
     } else if (key == "link_s") {
       o.link_s = v;
     } else if (key == "grad_norm2") {
@@ -111,6 +121,7 @@ Expected<policies::NodeObservation> parse_observation(std::string_view text) {
       o.loss_target = v;
       o.has_loss_target = true;
     }  // unknown keys: from a newer peer; ignored
+    if (!fits) return data_loss("observation: '" + key + "' out of range");
   }
   return o;
 }
