@@ -1,11 +1,12 @@
 // Writes the seed corpora of the parser fuzzers (tests/fuzz/corpus/<target>/): valid inputs made
 // by the real encoders (session_protocol.h structs + make_header/set_field, format_observation,
 // format_changes, get_knob) plus a few typical hand-written texts. Run once and check the files
-// in; deterministic.
-//   fuzz_make_parser_seeds <corpus dir> <example config file>
+// in; deterministic. Also writes knobs.dict (libFuzzer dictionary) beside the corpus directory.
+//   fuzz_make_parser_seeds tests/fuzz/corpus packaging/sparsecard.toml.example
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -177,6 +178,38 @@ void config_files(const std::string& example) {
         "[tensor.\"attn.*\"]\nblock_size = 128\nvalue_type = \"fp16\"\n");
 }
 
+// libFuzzer dictionaries (-dict=): the words the text parsers look for, from the knob table and
+// the choice lists, so the fuzzers reach the per-knob code (set_knob, validate's sub-parsers)
+// without guessing names byte by byte.
+void dictionaries() {
+  std::set<std::string> words = {"tensor", "[tensor.\"", "\"]", " = ", "=", ";", ":", ", ", "*", "?", "on",
+                                 "off", "true", "false", "auto"};
+  for (const auto& spec : sparsecar::knob_table()) {
+    words.insert(spec.name);
+    words.insert(std::string(spec.name) + "=");
+    std::string choices = spec.choices;
+    for (size_t bar; (bar = choices.find('|')) != std::string::npos; choices.erase(0, bar + 1)) {
+      words.insert(choices.substr(0, bar));
+    }
+    if (!choices.empty()) words.insert(choices);
+  }
+  for (const char* w : {"static", "schedule", "layerwise", "gradnorm", "frequency", "bandwidth", "accuracy",
+                        "budget", "cost", "dense", "l1", "l2", "fp32", "fp16", "bf16", "int8", "coo", "coo_varint",
+                        "bitmap", "csr", "rle", "residual", "momentum", "randomk", "block_topk", "head_topk"}) {
+    words.insert(w);
+  }
+  std::string dict;
+  for (const std::string& w : words) {
+    dict += '"';
+    for (char c : w) {
+      if (c == '"' || c == '\\') dict += '\\';
+      dict += c;
+    }
+    dict += "\"\n";
+  }
+  write("..", "knobs.dict", dict);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -190,6 +223,7 @@ int main(int argc, char** argv) {
   knob_changes();
   tensor_overrides();
   config_files(argv[2]);
+  dictionaries();
   std::printf("%d seeds\n", g_written);
   return 0;
 }
