@@ -16,6 +16,7 @@
 #include "daemon/pipeline/observations.h"
 #include "sparsecar/common/session_protocol.h"
 #include "sparsecar/common/shm_layout.h"
+#include "sparsecar/policies/tensor_plan.h"
 
 namespace {
 
@@ -152,6 +153,16 @@ void tensor_overrides() {
   write("tensor_overrides", "with_name", "conv*.weight: format=csr, value_type=int8\nconv2.weight");
 }
 
+// Byte 0 picks the parser (policy_lists_fuzz.cc): 0 controllers, 1 sensitivity, 2 tensor scales.
+void policy_lists() {
+  write("policy_lists", "controllers", std::string(1, '\0') + "schedule, bandwidth,frequency");
+  write("policy_lists", "controllers_all",
+        std::string(1, '\0') + sparsecar::policies::format_controllers((1u << sparsecar::policies::kControllerKindCount) - 2));
+  write("policy_lists", "sensitivity", "\x01bias:dense, embed:0.1, fc2:2");
+  sparsecar::policies::TensorScales scales = {{0, 2.0}, {3, 0.5}, {17, 0.125}};
+  write("policy_lists", "scales", "\x02" + sparsecar::policies::format_tensor_scales(scales));
+}
+
 void config_files(const std::string& example) {
   std::ifstream in(example);
   std::stringstream text;
@@ -222,6 +233,7 @@ int main(int argc, char** argv) {
   observations();
   knob_changes();
   tensor_overrides();
+  policy_lists();
   config_files(argv[2]);
   dictionaries();
   std::printf("%d seeds\n", g_written);
