@@ -64,12 +64,26 @@ Status apply_env(Config& config, const std::set<std::string>& already_set, const
 
 }  // namespace
 
+static Expected<std::vector<std::string>> load_config(const std::string& path, const std::string_view* contents,
+                                                      Config& config);
+
 std::string version_string() { return "sparsecar 0.1.0"; }
 
 Expected<std::vector<std::string>> load_config_file(const std::string& path, Config& config) {
+  return load_config(path, nullptr, config);
+}
+
+Expected<std::vector<std::string>> load_config_text(std::string_view text, const std::string& source,
+                                                    Config& config) {
+  return load_config(source, &text, config);
+}
+
+// `contents` null: read the file at `path`; else parse `contents`, naming it `path` in errors.
+static Expected<std::vector<std::string>> load_config(const std::string& path, const std::string_view* contents,
+                                                      Config& config) {
   toml::table table;
   try {
-    table = toml::parse_file(path);
+    table = contents != nullptr ? toml::parse(*contents, path) : toml::parse_file(path);
   } catch (const toml::parse_error& e) {
     std::ostringstream os;
     os << path << ":" << e.source().begin.line << ":" << e.source().begin.column << ": "

@@ -34,6 +34,9 @@ Expected<CommandLine> parse_command_line(int argc, const char* const* argv, std:
 // Applies a TOML config file's top-level `knob = value` entries to `config`; returns the knob
 // names it set. Errors carry the file name and line.
 Expected<std::vector<std::string>> load_config_file(const std::string& path, Config& config);
+// The same for a config file's text already in memory; `source` names it in errors (a path).
+Expected<std::vector<std::string>> load_config_text(std::string_view text, const std::string& source,
+                                                    Config& config);
 
 // Version string "sparsecar 0.1.0".
 std::string version_string();

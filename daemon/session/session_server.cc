@@ -28,6 +28,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "daemon/session/frames.h"
 #include "sparsecar/common/large_vector.h"
 #include "sparsecar/common/log.h"
 #include "sparsecar/common/session_protocol.h"
@@ -205,14 +206,6 @@ class SessionServer::Impl {
   void read_socket(Conn& c);
   void handle_message(Conn& c, const proto::MsgHeader& h, const uint8_t* payload);
   void handle_hello(Conn& c, const proto::Hello& m);
-  // Register and RegisterShaped, decoded into one request.
-  struct RegisterRequest {
-    uint64_t count = 0;
-    uint32_t dtype = 0;
-    const char* name = nullptr;  // the message's kNameBytes field
-    std::vector<uint64_t> shape;  // empty for Register
-    std::string malformed;        // a field rule the message broke (answered before anything else)
-  };
   void handle_register(Conn& c, const RegisterRequest& m);
   void handle_metric(Conn& c, const proto::Metric& m);
   void drain_submissions(Conn& c);
@@ -512,16 +505,15 @@ void SessionServer::Impl::read_socket(Conn& c) {
   }
   c.in_used += static_cast<size_t>(n);
   size_t off = 0;
-  while (!c.drop && c.in_used - off >= sizeof(proto::MsgHeader)) {
-    proto::MsgHeader h;
-    std::memcpy(&h, c.in.data() + off, sizeof h);
-    if (const char* err = proto::header_error(h)) {
-      protocol_error(c, err);
+  while (!c.drop) {
+    FrameScan f = scan_frame(std::span<const uint8_t>(c.in.data() + off, c.in_used - off));
+    if (f.kind == FrameScan::Kind::kMalformed) {
+      protocol_error(c, f.error);
       return;
     }
-    if (c.in_used - off < sizeof h + h.length) break;
-    handle_message(c, h, c.in.data() + off + sizeof h);
-    off += sizeof h + h.length;
+    if (f.kind == FrameScan::Kind::kIncomplete) break;
+    handle_message(c, f.header, f.payload.data());
+    off += f.bytes();
   }
   if (off > 0 && !c.drop) {
     std::memmove(c.in.data(), c.in.data() + off, c.in_used - off);
@@ -543,35 +535,12 @@ void SessionServer::Impl::handle_message(Conn& c, const proto::MsgHeader& h,
     return;
   }
   switch (type) {
-    case proto::MsgType::kRegister: {
-      proto::Register m;
-      std::memcpy(&m, payload, sizeof m);
-      RegisterRequest req;
-      req.count = m.count;
-      req.dtype = m.dtype;
-      req.name = m.name;
-      if (m.reserved != 0) req.malformed = "reserved field of Register is not 0";
-      handle_register(c, req);
+    case proto::MsgType::kRegister:
+      handle_register(c, decode_register(payload));
       return;
-    }
-    case proto::MsgType::kRegisterShaped: {
-      proto::RegisterShaped m;
-      std::memcpy(&m, payload, sizeof m);
-      RegisterRequest req;
-      req.count = m.count;
-      req.dtype = m.dtype;
-      req.name = m.name;
-      if (m.ndim == 0 || m.ndim > proto::kMaxShapeDims) {
-        req.malformed = strfmt("shape has %u dims; 1..%zu are allowed", m.ndim, proto::kMaxShapeDims);
-      } else {
-        req.shape.assign(m.dims, m.dims + m.ndim);
-        for (size_t i = m.ndim; i < proto::kMaxShapeDims; ++i) {
-          if (m.dims[i] != 0) req.malformed = "unused dims of RegisterShaped are not 0";
-        }
-      }
-      handle_register(c, req);
+    case proto::MsgType::kRegisterShaped:
+      handle_register(c, decode_register_shaped(payload));
       return;
-    }
     case proto::MsgType::kMetric: {
       proto::Metric m;
       std::memcpy(&m, payload, sizeof m);

@@ -61,12 +61,13 @@ bool glob_match(std::string_view glob, std::string_view name) {
   // Iterative matcher with one backtrack point for the last '*' (linear for typical globs).
   size_t g = 0, n = 0, star = std::string_view::npos, mark = 0;
   while (n < name.size()) {
-    if (g < glob.size() && (glob[g] == '?' || glob[g] == name[n])) {
-      ++g;
-      ++n;
-    } else if (g < glob.size() && glob[g] == '*') {
+    // '*' first: it is a wildcard even where the name holds a literal '*'.
+    if (g < glob.size() && glob[g] == '*') {
       star = g++;
       mark = n;
+    } else if (g < glob.size() && (glob[g] == '?' || glob[g] == name[n])) {
+      ++g;
+      ++n;
     } else if (star != std::string_view::npos) {
       g = star + 1;
       n = ++mark;

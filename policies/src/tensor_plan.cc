@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 namespace sparsecar::policies {
 namespace {
@@ -164,6 +165,11 @@ std::string format_tensor_scales(const TensorScales& scales) {
   char buf[64];
   for (const auto& [id, scale] : scales) {
     std::snprintf(buf, sizeof buf, "%s%u:%.4g", out.empty() ? "" : ",", id, scale);
+    // Near DBL_MAX four digits round up past it and would not parse back (a round trip
+    // tests/fuzz/policy_lists_fuzz.cc checks); such a scale gets every digit.
+    if (!std::isfinite(std::strtod(std::strchr(buf, ':') + 1, nullptr))) {
+      std::snprintf(buf, sizeof buf, "%s%u:%.17g", out.empty() ? "" : ",", id, scale);
+    }
     out += buf;
   }
   return out;

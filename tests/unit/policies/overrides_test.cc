@@ -290,5 +290,24 @@ TEST(OverridesPlan, ADenseTensorKeepsItsOwnErrorCompensation) {
   EXPECT_EQ(after.error_feedback, ErrorFeedback::kOff);
 }
 
+TEST(GlobMatch, StarAndQuestionMark) {
+  EXPECT_TRUE(glob_match("*", ""));
+  EXPECT_TRUE(glob_match("embed*", "embed.weight"));
+  EXPECT_TRUE(glob_match("*.bias", "layer1.bias"));
+  EXPECT_FALSE(glob_match("*.bias", "layer1.bias2"));
+  EXPECT_TRUE(glob_match("layer?.w*", "layer3.weight"));
+  EXPECT_FALSE(glob_match("layer?.w*", "layer10.weight"));
+  EXPECT_TRUE(glob_match("a*b*c", "aXbYbZc"));
+}
+
+// Found by tests/fuzz (fuzz_tensor_overrides): a '*' in the glob was matched as a literal
+// against a '*' in the name and lost its wildcard meaning.
+TEST(GlobMatch, StarStaysAWildcardAgainstALiteralStar) {
+  EXPECT_TRUE(glob_match("a*", "a*b"));
+  EXPECT_TRUE(glob_match("x*", "x*"));
+  EXPECT_TRUE(glob_match("*", "*b"));
+  EXPECT_TRUE(glob_match("a*c", "a*bc"));
+}
+
 }  // namespace
 }  // namespace sparsecar::policies

@@ -167,5 +167,16 @@ TEST(TensorPlanTest, TensorScalesRoundTrip) {
   EXPECT_FALSE(parse_tensor_scales("3:0").ok());
 }
 
+// Four digits of a scale just below DBL_MAX round up to "1.798e+308", which does not parse
+// back (caught by the round-trip check of tests/fuzz/policy_lists_fuzz.cc).
+TEST(TensorPlanTest, TensorScalesNearDoubleMaxRoundTrip) {
+  TensorScales s{{0, 1.79769e308}, {1, 2.0}};
+  const std::string text = format_tensor_scales(s);
+  EXPECT_EQ(text.substr(text.find(',')), ",1:2");  // the usual four digits elsewhere
+  auto back = parse_tensor_scales(text);
+  ASSERT_TRUE(back.ok()) << text;
+  EXPECT_EQ(*back, s);
+}
+
 }  // namespace
 }  // namespace sparsecar::policies
