@@ -1,7 +1,13 @@
 #include "daemon/config/config.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <cstdlib>
 #include <map>
 #include <set>
@@ -66,10 +72,46 @@ Status apply_env(Config& config, const std::set<std::string>& already_set, const
 
 std::string version_string() { return "sparsecar 0.1.0"; }
 
+Expected<std::string> read_config_text(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return errno_status("config file " + path, errno);
+  struct stat st{};
+  std::string text;
+  Status status = Status::Ok();
+  if (::fstat(fd, &st) != 0) {
+    status = errno_status("config file " + path, errno);
+  } else if (S_ISDIR(st.st_mode)) {
+    status = invalid_argument("config file " + path + " is a directory");
+  } else if (!S_ISREG(st.st_mode)) {
+    status = invalid_argument("config file " + path + " is not a regular file");
+  } else if (st.st_size > static_cast<off_t>(kMaxConfigFileBytes)) {
+    status = invalid_argument("config file " + path + " is " + std::to_string(st.st_size) + " bytes; at most " +
+                              std::to_string(kMaxConfigFileBytes) + " are read");
+  } else {
+    text.resize(static_cast<size_t>(st.st_size));
+    size_t done = 0;
+    while (done < text.size()) {
+      const ssize_t n = ::read(fd, text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        status = errno_status("reading config file " + path, errno);
+        break;
+      }
+      if (n == 0) break;  // shrank meanwhile: parse what is there
+      done += static_cast<size_t>(n);
+    }
+    text.resize(done);
+  }
+  ::close(fd);
+  if (!status.ok()) return status;
+  return text;
+}
+
 Expected<std::vector<std::string>> load_config_file(const std::string& path, Config& config) {
+  SC_ASSIGN_OR_RETURN(std::string content, read_config_text(path));
   toml::table table;
   try {
-    table = toml::parse_file(path);
+    table = toml::parse(content, path);
   } catch (const toml::parse_error& e) {
     std::ostringstream os;
     os << path << ":" << e.source().begin.line << ":" << e.source().begin.column << ": "
