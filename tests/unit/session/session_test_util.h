@@ -92,7 +92,10 @@ class FakePipeline : public StepSink {
         return;
       }
     }
-    if (mode_ == Mode::kFail) {
+    if (fail_with_deadline.load()) {
+      r.status = deadline_exceeded("rank 1 did not deliver tensor " + std::to_string(job.tensor_id) + " step " +
+                                   std::to_string(job.step) + " within 500 ms");
+    } else if (mode_ == Mode::kFail) {
       r.status = aborted("injected pipeline failure for step " + std::to_string(job.step));
     } else {
       for (size_t i = 0; i < job.result.size(); ++i) job.result[i] = job.local_sum[i] * 0.5f;
@@ -180,6 +183,7 @@ class FakePipeline : public StepSink {
   };
   std::vector<FailedStep> failed;                          // guarded by mu_: fail_step() calls
   bool keep_held_on_reset = false;                         // guarded by mu_
+  std::atomic<bool> fail_with_deadline{false};             // answer DEADLINE_EXCEEDED like a silent peer
   uint64_t footprint_per_element = 0;                      // tensor_footprint_bytes per element
   int resets = 0;                                          // guarded by mu_
 
