@@ -455,6 +455,7 @@ void Pipeline::run_call(Call& call) {
   call.state->started = true;
   call.state->cv.notify_all();
   lock.unlock();  // the operation may take a while; the waiter only reads under the lock
+  if (call_started_hook_) call_started_hook_();
   Status s = call.fn();
   lock.lock();
   call.state->done = true;

@@ -135,6 +135,9 @@ class Pipeline final : public StepSink {
   Status drain(std::chrono::steady_clock::time_point deadline);
   void undrain();
   PipelineSnapshot snapshot() const;
+  // Tests: runs on the pipeline thread as each control operation starts (before it runs), e.g. to
+  // make one outlast its waiter's deadline. Set before start().
+  void set_call_started_hook_for_test(std::function<void()> hook) { call_started_hook_ = std::move(hook); }
 
   struct TensorState;
 
@@ -192,6 +195,7 @@ class Pipeline final : public StepSink {
   DecisionBoard* const decisions_;
   StepResultSink* sink_ = nullptr;
   StepObserver* observer_ = nullptr;
+  std::function<void()> call_started_hook_;  // tests only (set_call_started_hook_for_test)
 
   std::mutex mu_;
   std::condition_variable cv_;

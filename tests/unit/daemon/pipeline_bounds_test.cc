@@ -166,6 +166,24 @@ TEST(CallOnThreadTest, AnOperationNotStartedByItsDeadlineIsNeverRun) {
   EXPECT_NE(::access(dir.file("late").c_str(), F_OK), 0) << "the abandoned checkpoint was written later";
 }
 
+// The old waiter gave up at its deadline even while the pipeline thread was running the
+// operation, so the caller got DEADLINE_EXCEEDED for a checkpoint that was then written. Once
+// started, an operation is waited for and its real outcome returned.
+TEST(CallOnThreadTest, AnOperationStartedBeforeItsDeadlineReportsItsRealOutcome) {
+  TempDir dir;
+  Job job(1, sparse_options(), [](Pipeline& p) {
+    p.set_call_started_hook_for_test([] { std::this_thread::sleep_for(400ms); });  // outlasts the deadline
+  });
+  ASSERT_TRUE(job.nodes[0]->pipeline->register_tensor(0, {"w", 100}).ok());
+  std::vector<std::vector<float>> in{random_vector(100, 6)}, out;
+  for (auto& r : run_step(job, 0, 1, in, out)) ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+  const auto t0 = Clock::now();
+  auto written = job.nodes[0]->pipeline->checkpoint(dir.file("ck"), t0 + 100ms);
+  EXPECT_GE(Clock::now() - t0, 400ms);
+  ASSERT_TRUE(written.ok()) << written.status().to_string();
+  EXPECT_EQ(::access(dir.file("ck").c_str(), F_OK), 0);
+}
+
 // A local trainer died on rank 1 before it submitted step 2: rank 0, which submitted, must fail at
 // once naming rank 1 and the cause, not at its 10 s step deadline.
 TEST(FailStepTest, PeersFailTheStepAtOnceNamingTheNodeAndTheCause) {
