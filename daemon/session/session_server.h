@@ -36,9 +36,10 @@
 // A trainer that dies while this node owes its peers a step fails that step job-wide
 // (StepSink::fail_step) so the other nodes' trainers error at once, not at their deadline: a
 // step being collected from the local clients; while the dead trainer was in the middle of step
-// S, every tensor it had not submitted for S; between steps, step S + 1 of every tensor (trainers
-// number steps consecutively). Later submissions of the remaining clients that are refused (a
-// local client is missing) fail their step job-wide too.
+// S (some tensors at S, others not), every tensor it had not submitted for S. Between steps
+// nothing is failed (that is also how a job ends; peers then learn from their own deadline).
+// Later submissions of the remaining clients that are refused (a local client is missing) fail
+// their step job-wide too.
 #pragma once
 
 #include <chrono>
