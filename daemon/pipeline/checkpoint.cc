@@ -91,6 +91,14 @@ Expected<LoadedCheckpoint> load_checkpoint(const std::string& path, std::span<co
     if (n == 0) return data_loss(where + " shrank to " + std::to_string(done) + " bytes while it was read");
     done += static_cast<size_t>(n);
   }
+  return parse_checkpoint(std::move(out.bytes), tensors, rank, world_size, where);
+}
+
+Expected<LoadedCheckpoint> parse_checkpoint(std::string bytes, std::span<const TensorSpec> tensors, uint32_t rank,
+                                            uint32_t world_size, const std::string& where) {
+  LoadedCheckpoint out;
+  out.bytes = std::move(bytes);
+  if (out.bytes.size() < kCheckpointHeaderBytes + 4) return data_loss(where + " is too short to be a checkpoint");
   const std::string& data = out.bytes;
   if (std::memcmp(data.data(), kCheckpointMagic, sizeof kCheckpointMagic) != 0) {
     return data_loss(where + " is not a sparsecar residual checkpoint");

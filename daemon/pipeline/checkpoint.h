@@ -52,4 +52,10 @@ struct LoadedCheckpoint {
 Expected<LoadedCheckpoint> load_checkpoint(const std::string& path, std::span<const TensorSpec> tensors,
                                            uint32_t rank, uint32_t world_size);
 
+// The checks load_checkpoint() makes on the bytes it read (any size; the fuzz target's entry):
+// magic, CRC, version, rank, world size, every tensor's name and count, no trailing bytes.
+// `where` names the source in errors.
+Expected<LoadedCheckpoint> parse_checkpoint(std::string bytes, std::span<const TensorSpec> tensors, uint32_t rank,
+                                            uint32_t world_size, const std::string& where = "checkpoint");
+
 }  // namespace sparsecar

@@ -135,6 +135,29 @@ TEST(RestoreTest, AFileOfAnyOtherSizeIsRefusedBeforeItIsRead) {
   node.expect_step_runs(2);
 }
 
+TEST(CheckpointParseTest, EveryRuleOfTheFormatIsChecked) {
+  TempDir dir;
+  OneNode node;
+  ASSERT_TRUE(node.pipeline().checkpoint(dir.file("ck"), Clock::now() + 5s).ok());
+  std::string good;
+  {
+    FILE* f = std::fopen(dir.file("ck").c_str(), "rb");
+    ASSERT_NE(f, nullptr);
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) good.append(buf, n);
+    std::fclose(f);
+  }
+  const std::vector<TensorSpec> specs{{"w", 100}};
+  ASSERT_TRUE(parse_checkpoint(good, specs, 0, 1).ok());
+  EXPECT_EQ(parse_checkpoint(good.substr(0, 10), specs, 0, 1).status().code(), Code::kDataLoss);
+  EXPECT_EQ(parse_checkpoint(good, specs, 1, 2).status().code(), Code::kFailedPrecondition);  // other rank
+  EXPECT_EQ(parse_checkpoint(good, std::vector<TensorSpec>{{"v", 100}}, 0, 1).status().code(),
+            Code::kFailedPrecondition);
+  std::string flipped = good;
+  flipped[40] ^= 1;
+  EXPECT_EQ(parse_checkpoint(flipped, specs, 0, 1).status().code(), Code::kDataLoss);  // CRC
+}
+
 TEST(RestoreTest, NothingRegisteredIsRefused) {
   TempDir dir;
   Job job(1, sparse_options());
