@@ -1121,7 +1121,8 @@ void SessionServer::Impl::free_conn(Conn& c) {
     if (ready_clients_.fetch_sub(1) > 1) {
       lost_client_ = c.label() + " disconnected (" + c.drop_reason + ")";
     }
-    fail_owed_steps(c, c.drop_reason);
+    // Not while the daemon stops: the trainer did not die, and the peers see this node go.
+    if (!stopping_.load()) fail_owed_steps(c, c.drop_reason);
     for (auto& t : tensors_) {
       if (t->collecting) {
         Status st = aborted(strfmt("local %s disconnected (%s) before step %llu of tensor '%s' "
