@@ -80,6 +80,8 @@ Daemon::Daemon(std::unique_ptr<Parts> parts) : parts_(std::move(parts)) {}
 Daemon::~Daemon() { stop(); }
 
 Expected<std::unique_ptr<Daemon>> Daemon::start(const Config& config) {
+  // The same checks as --check-config (one function), before anything is opened.
+  SC_RETURN_IF_ERROR(validate(config).with_context("configuration"));
   auto parts = std::make_unique<Parts>();
   parts->peer_down_grace = std::chrono::milliseconds(config.peer_down_grace_ms);
   MetricsOptions mo;
@@ -171,6 +173,8 @@ Expected<std::unique_ptr<Daemon>> Daemon::start(const Config& config) {
   SessionServerOptions s;
   s.socket_path = config.socket;
   s.local_clients = config.local_clients;
+  s.handshake_timeout = std::chrono::milliseconds(config.session_handshake_timeout_ms);
+  s.tensor_memory_budget_bytes = config.tensor_memory_budget_bytes;
   auto sessions = SessionServer::start(s, parts->pipeline.get());
   if (!sessions.ok()) return sessions.status().with_context("opening the trainer socket");
   parts->sessions = std::move(sessions).value();

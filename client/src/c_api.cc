@@ -158,6 +158,11 @@ sc_status sc_wait(sc_client* client, sc_tensor* tensor, uint64_t step, int64_t t
   });
 }
 
+int sc_step_in_flight(sc_client* client, sc_tensor* tensor, uint64_t step) {
+  if (client == nullptr || tensor == nullptr || client->client == nullptr) return 0;
+  return client->client->in_flight(*as_tensor(tensor), step) ? 1 : 0;
+}
+
 sc_status sc_report_metric(sc_client* client, const char* name, double value, uint64_t step) {
   if (client == nullptr || name == nullptr) {
     return record(client, sparsecar::invalid_argument("sc_report_metric: NULL argument"));

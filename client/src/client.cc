@@ -89,6 +89,10 @@ class Client::Impl {
                                     const std::vector<uint64_t>& shape);
   Status submit(const Tensor& tensor, uint64_t step, const SubmitOptions& options);
   Expected<StepInfo> wait(const Tensor& tensor, uint64_t step, milliseconds timeout);
+  bool in_flight(const Tensor& tensor, uint64_t step) {
+    Entry* e = find(tensor);
+    return e != nullptr && e->pending && *e->pending == step;
+  }
   Status report_metric(std::string_view name, double value, uint64_t step);
 
  private:
@@ -555,6 +559,8 @@ Status Client::submit(const Tensor& tensor, uint64_t step, const SubmitOptions& 
 Expected<StepInfo> Client::wait(const Tensor& tensor, uint64_t step, std::chrono::milliseconds timeout) {
   return impl_->wait(tensor, step, timeout);
 }
+
+bool Client::in_flight(const Tensor& tensor, uint64_t step) { return impl_->in_flight(tensor, step); }
 Status Client::report_metric(std::string_view name, double value, uint64_t step) {
   return impl_->report_metric(name, value, step);
 }

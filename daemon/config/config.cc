@@ -1,7 +1,13 @@
 #include "daemon/config/config.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <cstdlib>
 #include <map>
 #include <set>
@@ -69,8 +75,45 @@ static Expected<std::vector<std::string>> load_config(const std::string& path, c
 
 std::string version_string() { return "sparsecar 0.1.0"; }
 
+Expected<std::string> read_config_text(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return errno_status("config file " + path, errno);
+  struct stat st{};
+  std::string text;
+  Status status = Status::Ok();
+  if (::fstat(fd, &st) != 0) {
+    status = errno_status("config file " + path, errno);
+  } else if (S_ISDIR(st.st_mode)) {
+    status = invalid_argument("config file " + path + " is a directory");
+  } else if (!S_ISREG(st.st_mode)) {
+    status = invalid_argument("config file " + path + " is not a regular file");
+  } else if (st.st_size > static_cast<off_t>(kMaxConfigFileBytes)) {
+    status = invalid_argument("config file " + path + " is " + std::to_string(st.st_size) + " bytes; at most " +
+                              std::to_string(kMaxConfigFileBytes) + " are read");
+  } else {
+    text.resize(static_cast<size_t>(st.st_size));
+    size_t done = 0;
+    while (done < text.size()) {
+      const ssize_t n = ::read(fd, text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        status = errno_status("reading config file " + path, errno);
+        break;
+      }
+      if (n == 0) break;  // shrank meanwhile: parse what is there
+      done += static_cast<size_t>(n);
+    }
+    text.resize(done);
+  }
+  ::close(fd);
+  if (!status.ok()) return status;
+  return text;
+}
+
 Expected<std::vector<std::string>> load_config_file(const std::string& path, Config& config) {
-  return load_config(path, nullptr, config);
+  SC_ASSIGN_OR_RETURN(std::string content, read_config_text(path));
+  const std::string_view view(content);
+  return load_config(path, &view, config);
 }
 
 Expected<std::vector<std::string>> load_config_text(std::string_view text, const std::string& source,
@@ -78,12 +121,12 @@ Expected<std::vector<std::string>> load_config_text(std::string_view text, const
   return load_config(source, &text, config);
 }
 
-// `contents` null: read the file at `path`; else parse `contents`, naming it `path` in errors.
+// Parses `contents`, naming it `path` in errors.
 static Expected<std::vector<std::string>> load_config(const std::string& path, const std::string_view* contents,
                                                       Config& config) {
   toml::table table;
   try {
-    table = contents != nullptr ? toml::parse(*contents, path) : toml::parse_file(path);
+    table = toml::parse(*contents, path);
   } catch (const toml::parse_error& e) {
     std::ostringstream os;
     os << path << ":" << e.source().begin.line << ":" << e.source().begin.column << ": "

@@ -31,6 +31,13 @@ using EnvLookup = std::function<const char*(const char*)>;
 Expected<CommandLine> parse_command_line(int argc, const char* const* argv, std::string* out,
                                          const EnvLookup& env = ::getenv);
 
+// Config files larger than this are refused (a config file is a few kilobytes).
+inline constexpr size_t kMaxConfigFileBytes = size_t{1} << 20;
+
+// The bytes of a config file. Errors (with the path and errno text): missing, unreadable, a
+// directory or anything but a regular file, larger than kMaxConfigFileBytes.
+Expected<std::string> read_config_text(const std::string& path);
+
 // Applies a TOML config file's top-level `knob = value` entries to `config`; returns the knob
 // names it set. Errors carry the file name and line.
 Expected<std::vector<std::string>> load_config_file(const std::string& path, Config& config);

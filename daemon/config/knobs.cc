@@ -1,5 +1,7 @@
 #include "daemon/config/knobs.h"
 
+#include <arpa/inet.h>
+
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -94,6 +96,17 @@ const std::vector<Knob>& knobs() {
         "messages are needed); a message beyond it is rejected and fails its step",
         65536, 1.1e12, "", false, false, ""},
        &Config::mailbox_max_bytes},
+      {{"tensor_memory_budget_bytes", K::kUint,
+        "memory this node may spend on registered tensors: every trainer's shm slot plus the session's and "
+        "the pipeline's buffers per tensor; a registration beyond it is refused (RESOURCE_EXHAUSTED); "
+        "0 = half the physical memory (or of the cgroup's memory.max)",
+        0, 1.8e19, "", false, false, ""},
+       &Config::tensor_memory_budget_bytes},
+      {{"session_handshake_timeout_ms", K::kUint,
+        "a connection to the trainer socket must complete its handshake within this (silent ones are "
+        "closed; at most 8 of one uid wait at once, a newer one closes the oldest)",
+        100, 60000, "", false, false, ""},
+       &Config::session_handshake_timeout_ms},
       {{"compression", K::kBool, "compress gradients (off = exact dense average)", 0, 0, "", true, true, ""},
        &Config::compression},
       {{"selector", K::kChoice, "how coordinates are chosen when compression is on", 0, 0,
@@ -337,6 +350,29 @@ bool in_choices(const char* choices, std::string_view value) {
   return false;
 }
 
+// metrics_listen: "off", or PORT, IPV4:PORT or [IPV6]:PORT with an address literal (the exposer
+// binds without resolving names) and a port in 0..65535. Empty when fine, else what is wrong.
+std::string listen_address_error(const std::string& listen) {
+  if (listen == "off") return "";
+  std::string host, port = listen;
+  if (const size_t colon = listen.rfind(':'); colon != std::string::npos) {
+    host = listen.substr(0, colon);
+    port = listen.substr(colon + 1);
+  }
+  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos ||
+      std::stoul(port) > 65535) {
+    return "port '" + port + "' is not a number in 0..65535";
+  }
+  if (host.empty() && listen.find(':') == std::string::npos) return "";  // a port alone: every address
+  unsigned char addr[16];
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    if (::inet_pton(AF_INET6, host.substr(1, host.size() - 2).c_str(), addr) == 1) return "";
+    return "'" + host + "' is not an IPv6 address";
+  }
+  if (::inet_pton(AF_INET, host.c_str(), addr) == 1) return "";
+  return "'" + host + "' is not an IPv4 address or a bracketed IPv6 address (names are not resolved)";
+}
+
 }  // namespace
 
 const std::vector<KnobSpec>& knob_table() {
@@ -483,6 +519,22 @@ Status validate(const Config& config) {
   if (config.control != "auto" && config.control != "off" && config.control.rfind("tcp://", 0) != 0 &&
       config.control.rfind("ipc:///", 0) != 0) {
     return invalid_argument("control endpoint '" + config.control + "' is not ipc:///PATH, tcp://HOST:PORT, auto or off");
+  }
+  // The control socket's security settings are checked here, not when it binds, so that
+  // --check-config refuses what start would refuse.
+  if (!config.control_token.empty() && config.control_token.size() < 16) {
+    return invalid_argument("control_token has " + std::to_string(config.control_token.size()) +
+                            " characters; at least 16 are required");
+  }
+  if (!config.control_curve_secret_key.empty() && config.control_curve_secret_key.size() != 40) {
+    return invalid_argument("control_curve_secret_key has " + std::to_string(config.control_curve_secret_key.size()) +
+                            " characters; a Z85 CURVE key has 40");
+  }
+  if (config.control.rfind("ipc://", 0) == 0 && config.control.size() - 6 + 5 >= 108) {
+    return invalid_argument("control endpoint '" + config.control + "': path longer than a Unix socket allows");
+  }
+  if (std::string why = listen_address_error(config.metrics_listen); !why.empty()) {
+    return invalid_argument("metrics_listen '" + config.metrics_listen + "': " + why);
   }
   if (config.compression && config.selector == kernels::Selector::kNone) {
     return invalid_argument("compression is on but selector is none");

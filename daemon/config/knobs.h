@@ -41,6 +41,8 @@ struct Config {
   std::string ucx_net_devices;  // empty: all
   uint32_t kernel_threads = 1;  // threads one selection kernel call may use (kernels/parallel.h)
   uint64_t mailbox_max_bytes = uint64_t{4} << 30;  // payload bytes one peer may have waiting here
+  uint64_t tensor_memory_budget_bytes = 0;  // registered tensors' memory on this node; 0 = half of RAM
+  uint32_t session_handshake_timeout_ms = 2000;  // a trainer connection must say Hello within this
 
   // Compression: every node must agree on these.
   bool compression = true;
@@ -148,7 +150,10 @@ std::string knob_default(const KnobSpec& spec);
 // order. Nodes compare these at the first step.
 std::string agreed_knobs(const Config& config);
 
-// Cross-knob checks (rank < world size, a selector's parameter in range, ...).
+// Everything start-up checks about a configuration, short of binding sockets: cross-knob checks
+// (rank < world size, a selector's parameter in range, ...), the control endpoint and its token
+// or CURVE key, the metrics listen address. `--check-config` and Daemon::start both call this one
+// function, so a file that passes the check does not fail at start for a reason it could have seen.
 Status validate(const Config& config);
 
 }  // namespace sparsecar

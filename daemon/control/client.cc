@@ -66,8 +66,14 @@ Expected<std::string> ControlClient::call_raw(const std::string& bytes, std::chr
     zmq::pollitem_t in[] = {{static_cast<void*>(impl_->socket), 0, ZMQ_POLLIN, 0}};
     zmq::poll(in, 1, timeout);
     if (!(in[0].revents & ZMQ_POLLIN)) {
+      std::string hint;
+      if (bytes.size() > (size_t{16} << 20)) {
+        hint = " (the request is " + std::to_string(bytes.size()) +
+               " bytes: a daemon drops requests above 16 x control_max_message_bytes, at least 16 MiB, "
+               "without a reply)";
+      }
       return deadline_exceeded("no reply from " + impl_->options.endpoint + " within " +
-                               std::to_string(timeout.count()) + " ms");
+                               std::to_string(timeout.count()) + " ms" + hint);
     }
     zmq::message_t reply;
     if (!impl_->socket.recv(reply, zmq::recv_flags::dontwait)) return deadline_exceeded("reply vanished");

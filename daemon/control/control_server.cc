@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
@@ -21,6 +22,10 @@ constexpr std::string_view kTcp = "tcp://";
 bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
 
 }  // namespace
+
+size_t hard_cap_bytes(size_t max_message_bytes) {
+  return std::max<size_t>(max_message_bytes * 16, size_t{16} << 20);
+}
 
 Status check_endpoint(const std::string& endpoint, const std::string& token, const std::string& curve_secret_key) {
   if (starts_with(endpoint, kIpc)) {
@@ -96,7 +101,8 @@ Expected<std::unique_ptr<ControlServer>> ControlServer::start(const ControlServe
   try {
     impl->socket = zmq::socket_t(impl->context, zmq::socket_type::router);
     impl->socket.set(zmq::sockopt::linger, 0);
-    impl->socket.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(options.max_message_bytes * 16));
+    impl->socket.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(hard_cap_bytes(options.max_message_bytes)));
+    impl->socket.set(zmq::sockopt::rcvhwm, kReceiveQueueMessages);
     impl->socket.set(zmq::sockopt::router_mandatory, 1);  // a reply to a vanished client fails, not blocks
     if (!options.curve_secret_key.empty()) {
       impl->socket.set(zmq::sockopt::curve_server, 1);

@@ -12,8 +12,13 @@
 //   tcp://H:P    only with a CURVE server secret key (clients must know its public key) or a
 //                token every request must carry; refused otherwise. Port 0 picks a free port
 //                (endpoint() tells which).
-// Limits: ZMQ_LINGER=0; ZMQ_MAXMSGSIZE = 16 x max_message_bytes (larger frames make libzmq drop
-// the connection); requests over max_message_bytes get a TOO_LARGE reply.
+// Limits: ZMQ_LINGER=0. A request over max_message_bytes is still received and answered with a
+// TOO_LARGE reply that names its size and the limit ("request of N bytes exceeds
+// control_max_message_bytes = M"), so a client learns why. Only above the hard cap,
+// hard_cap_bytes(max_message_bytes) = max(16 x max_message_bytes, 16 MiB), does libzmq drop the
+// frame (ZMQ_MAXMSGSIZE) and close that connection without a reply; the client then times out
+// (ControlClient says a large request may be why). ZMQ_RCVHWM = kReceiveQueueMessages bounds the
+// requests queued per connection, so the memory one connection can pin is bounded too.
 //
 // Thread-safety: start()/stop() from one thread (main); the control thread owns the socket.
 #pragma once
@@ -55,6 +60,10 @@ class ControlServer {
   std::unique_ptr<Impl> impl_;
   std::string endpoint_;
 };
+
+// Largest frame the socket receives at all (ZMQ_MAXMSGSIZE): see "Limits" above.
+size_t hard_cap_bytes(size_t max_message_bytes);
+inline constexpr int kReceiveQueueMessages = 4;
 
 // Checks an endpoint and its security settings without binding (config validation).
 Status check_endpoint(const std::string& endpoint, const std::string& token, const std::string& curve_secret_key);

@@ -61,7 +61,11 @@ json DaemonBackend::status() {
            {"clients", {{"connected", p_.sessions ? p_.sessions->connected_clients() : 0},
                         {"expected", c.local_clients},
                         {"steps_completed", ss.steps_completed},
-                        {"steps_failed", ss.steps_failed}}},
+                        {"steps_failed", ss.steps_failed},
+                        {"steps_failed_job_wide", ss.steps_failed_job_wide}}},
+           {"tensor_memory", {{"in_use_bytes", ss.tensor_bytes_in_use},
+                              {"budget_bytes", ss.tensor_memory_budget},
+                              {"orphaned_tensors", ss.orphaned_tensors}}},
            {"total_trainers", snap.total_trainers},
            {"queued", snap.queued},
            {"draining", snap.draining}};
@@ -115,7 +119,12 @@ Expected<json> DaemonBackend::checkpoint(const std::string& path) {
 }
 
 Expected<json> DaemonBackend::restore(const std::string& path) {
-  SC_ASSIGN_OR_RETURN(CheckpointInfo info, p_.pipeline->restore(path, Clock::now() + std::chrono::seconds(60)));
+  auto restored = p_.pipeline->restore(path, Clock::now() + std::chrono::seconds(60));
+  if (!restored.ok()) {
+    if (p_.metrics) p_.metrics->count_error(ErrorKind::kRestoreRejected);
+    return restored.status();
+  }
+  const CheckpointInfo& info = *restored;
   return checkpoint_json(path, info);
 }
 
@@ -140,6 +149,10 @@ void DaemonBackend::refresh_metrics() {
   add(ErrorKind::kClientRejected, s.clients_rejected, last_.clients);
   add(ErrorKind::kRegistrationRejected, s.registrations_rejected, last_.registrations);
   add(ErrorKind::kSubmissionRejected, s.submissions_rejected, last_.submissions);
+  add(ErrorKind::kRegistrationOverBudget, s.registrations_over_budget, last_.over_budget);
+  add(ErrorKind::kHandshakeEvicted, s.handshakes_evicted, last_.evicted);
+  m->tensor_memory_in_use.Set(static_cast<double>(s.tensor_bytes_in_use));
+  m->tensor_memory_budget.Set(static_cast<double>(s.tensor_memory_budget));
 }
 
 }  // namespace sparsecar::control

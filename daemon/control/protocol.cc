@@ -70,8 +70,8 @@ std::string_view rejection_label(Rejection r) {
 
 ParseResult parse_request(std::string_view bytes, size_t max_bytes) {
   if (bytes.size() > max_bytes) {
-    return fail(Rejection::kTooLarge, "request is " + std::to_string(bytes.size()) + " bytes; the limit is " +
-                                          std::to_string(max_bytes));
+    return fail(Rejection::kTooLarge, "request of " + std::to_string(bytes.size()) +
+                                          " bytes exceeds control_max_message_bytes = " + std::to_string(max_bytes));
   }
   if (nesting_depth(bytes) > kMaxDepth) {
     return fail(Rejection::kMalformed, "request nests deeper than " + std::to_string(kMaxDepth) + " levels");

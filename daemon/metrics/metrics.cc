@@ -75,7 +75,7 @@ std::string_view error_kind_name(ErrorKind k) {
       "step_peer_down",        "step_data_loss",   "step_disagreement", "step_aborted",
       "step_other",            "wire_rejected",    "session_protocol",  "client_rejected",
       "registration_rejected", "submission_rejected", "control_rejected", "transport_rejected", "join_refused",
-      "wire_stale"};
+      "wire_stale", "registration_over_budget", "handshake_evicted", "restore_rejected"};
   static_assert(sizeof names / sizeof names[0] == static_cast<size_t>(ErrorKind::kCount));
   return names[static_cast<int>(k)];
 }
@@ -114,6 +114,7 @@ struct Metrics::Families {
   Family<Gauge>* compression;
   Family<Gauge>* draining;
   Family<Gauge>* clients;
+  Family<Gauge>* tensor_memory;
   Family<Counter>* errors;
   Family<Counter>* control_requests;
   Family<Counter>* control_rejected;
@@ -149,6 +150,8 @@ Metrics::Metrics(std::shared_ptr<prometheus::Registry> registry, std::unique_ptr
       elements_total(f->elements->Add({{"kind", "all"}})),
       messages_rejected(f->errors->Add({{"kind", std::string(error_kind_name(ErrorKind::kWireRejected))}})),
       connected_clients(f->clients->Add({})),
+      tensor_memory_in_use(f->tensor_memory->Add({{"kind", "in_use"}})),
+      tensor_memory_budget(f->tensor_memory->Add({{"kind", "budget"}})),
       decision_epoch(f->epoch->Add({})),
       compression_enabled(f->compression->Add({})),
       draining(f->draining->Add({})),
@@ -272,6 +275,11 @@ Expected<std::unique_ptr<Metrics>> Metrics::create(const std::string& listen, co
                         .Register(r);
   f->draining = &BuildGauge().Name("sparsecar_draining").Help("1 while the daemon drains (new steps refused)").Register(r);
   f->clients = &BuildGauge().Name("sparsecar_connected_clients").Help("Trainer sessions connected now").Register(r);
+  f->tensor_memory = &BuildGauge()
+                          .Name("sparsecar_tensor_memory_bytes")
+                          .Help("Registered tensors' memory on this node: charged now (in_use) and the budget "
+                                "(tensor_memory_budget_bytes)")
+                          .Register(r);
   f->errors = &BuildCounter().Name("sparsecar_errors_total").Help("Errors, by kind").Register(r);
   f->control_requests = &BuildCounter()
                              .Name("sparsecar_control_requests_total")
@@ -289,7 +297,12 @@ Expected<std::unique_ptr<Metrics>> Metrics::create(const std::string& listen, co
   std::unique_ptr<Metrics> metrics(new Metrics(registry, std::move(f), options));
   if (listen != "off" && !listen.empty()) {
     try {
-      metrics->exposer_ = std::make_unique<prometheus::Exposer>(listen);
+      // civetweb serves each connection on one of num_threads workers and waits up to
+      // request_timeout_ms for its request: with its defaults (2 threads, 30 s) two idle
+      // connections held every scrape for 30 s.
+      metrics->exposer_ = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+          "listening_ports", listen, "num_threads", std::to_string(kExposerThreads), "request_timeout_ms",
+          std::to_string(kExposerRequestTimeoutMs)});
       auto hooked = std::make_shared<HookedCollectable>(metrics->registry_, &metrics->impl_->hook_mu,
                                                         &metrics->impl_->hook);
       metrics->exposer_->RegisterCollectable(hooked);

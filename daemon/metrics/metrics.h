@@ -15,6 +15,10 @@
 // that mirror another part's state (connected clients, peers up, session counters) are refreshed
 // by the scrape hook just before each scrape.
 //
+// The exposer serves scrapes on kExposerThreads threads and closes a connection that has not sent
+// its request within kExposerRequestTimeoutMs, so idle or slow connections cannot hold scrapes
+// up: fewer than kExposerThreads of them cost nothing, more delay a scrape by at most the timeout.
+//
 // Thread-safety: every method may be called from any thread.
 #pragma once
 
@@ -47,6 +51,9 @@ namespace sparsecar {
 
 // Pipeline stages timed by sparsecar_stage_duration_seconds{stage}.
 enum class Stage { kSelect, kEncode, kSend, kWait, kDecode, kReduce };
+inline constexpr int kExposerThreads = 8;
+inline constexpr int kExposerRequestTimeoutMs = 2000;
+
 inline constexpr int kStageCount = 6;
 std::string_view stage_name(Stage s);
 
@@ -62,7 +69,8 @@ enum class ErrorKind {
   kStepInvalidArgument, kStepNotFound, kStepOutOfRange, kStepDeadline, kStepPeerDown, kStepDataLoss,
   kStepDisagreement, kStepAborted, kStepOther,
   kWireRejected, kSessionProtocol, kClientRejected, kRegistrationRejected, kSubmissionRejected,
-  kControlRejected, kTransportRejected, kJoinRefused, kWireStale, kCount
+  kControlRejected, kTransportRejected, kJoinRefused, kWireStale, kRegistrationOverBudget, kHandshakeEvicted,
+  kRestoreRejected, kCount
 };
 std::string_view error_kind_name(ErrorKind k);
 ErrorKind step_error_kind(Code code);
@@ -96,6 +104,8 @@ class Metrics {
   prometheus::Counter& elements_total;
   prometheus::Counter& messages_rejected;  // = errors_total{kind="wire_rejected"}
   prometheus::Gauge& connected_clients;
+  prometheus::Gauge& tensor_memory_in_use;  // sparsecar_tensor_memory_bytes{kind="in_use"}
+  prometheus::Gauge& tensor_memory_budget;  // sparsecar_tensor_memory_bytes{kind="budget"}
   prometheus::Gauge& decision_epoch;
   prometheus::Gauge& compression_enabled;
   prometheus::Gauge& draining;

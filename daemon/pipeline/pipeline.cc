@@ -2,22 +2,24 @@
 
 #include <fcntl.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <sstream>
 
 #include "daemon/collective/collective.h"
 #include "daemon/metrics/metrics.h"
+#include "daemon/pipeline/checkpoint.h"
 #include "daemon/pipeline/settings.h"
 #include "sparsecar/common/log.h"
 #include "sparsecar/kernels/codec.h"
 #include "sparsecar/kernels/parallel.h"
 #include "sparsecar/kernels/select.h"
+#include "sparsecar/kernels/structured.h"
 
 namespace sparsecar {
 
@@ -133,6 +135,8 @@ Status Pipeline::register_tensor(uint32_t tensor_id, const TensorSpec& spec) {
     }
   }
   ++registered_;
+  if (tensor_id == 0) registered_specs_.clear();  // the first tensor of a new job
+  registered_specs_.push_back(spec);
   queue_.push_back(Register{tensor_id, spec});
   cv_.notify_all();
   return Status::Ok();
@@ -220,14 +224,9 @@ void Pipeline::run() {
       mailbox_->resume();
       SC_LOG_INFO("job reset: every trainer disconnected; waiting for the next job");
     } else if (auto* call = std::get_if<Call>(&cmd)) {
-      std::unique_lock<std::mutex> lock(call->state->mu);
-      if (call->state->abandoned) continue;
-      lock.unlock();  // the operation may take a while; the waiter only reads under the lock
-      Status s = call->fn();
-      lock.lock();
-      call->state->done = true;
-      call->state->status = std::move(s);
-      call->state->cv.notify_all();
+      run_call(*call);
+    } else if (auto* fail = std::get_if<FailStep>(&cmd)) {
+      run_fail_step(*fail);
     } else {
       const auto started = Clock::now();
       StepResult r = process(std::get<StepJob>(cmd));
@@ -476,11 +475,29 @@ Status Pipeline::call_on_thread(std::function<Status()> fn, Clock::time_point de
     cv_.notify_all();
   }
   std::unique_lock<std::mutex> lock(state->mu);
-  if (!state->cv.wait_until(lock, deadline, [&] { return state->done; })) {
-    state->abandoned = true;
-    return deadline_exceeded("the pipeline did not get to the request in time (a step is still running)");
+  if (!state->cv.wait_until(lock, deadline, [&] { return state->done || state->started; })) {
+    state->abandoned = true;  // not started: it never will be
+    return deadline_exceeded("the pipeline did not get to the request in time (a step is still running); "
+                             "it was not run");
   }
+  // Started before the deadline: it runs to the end and its outcome is the answer, even if that
+  // is after the deadline (see the header: operations are short and not abandonable once started).
+  state->cv.wait(lock, [&] { return state->done; });
   return state->status;
+}
+
+void Pipeline::run_call(Call& call) {
+  std::unique_lock<std::mutex> lock(call.state->mu);
+  if (call.state->abandoned) return;
+  call.state->started = true;
+  call.state->cv.notify_all();
+  lock.unlock();  // the operation may take a while; the waiter only reads under the lock
+  if (call_started_hook_) call_started_hook_();
+  Status s = call.fn();
+  lock.lock();
+  call.state->done = true;
+  call.state->status = std::move(s);
+  call.state->cv.notify_all();
 }
 
 Status Pipeline::drain(Clock::time_point deadline) {
@@ -502,43 +519,28 @@ Expected<CheckpointInfo> Pipeline::checkpoint(const std::string& path, Clock::ti
 }
 
 Expected<CheckpointInfo> Pipeline::restore(const std::string& path, Clock::time_point deadline) {
+  std::vector<TensorSpec> specs;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    specs = registered_specs_;
+    if (registered_ == 0) specs.clear();  // reset since: nothing is registered in this job yet
+  }
+  // Open, size-check, read and validate here, on the caller's thread; only the copy is queued.
+  SC_ASSIGN_OR_RETURN(LoadedCheckpoint loaded, load_checkpoint(path, specs, options_.rank, options_.world_size));
+  auto file = std::make_shared<LoadedCheckpoint>(std::move(loaded));
   auto info = std::make_shared<CheckpointInfo>();
-  SC_RETURN_IF_ERROR(call_on_thread([this, path, info] { return read_checkpoint(path, info.get()); }, deadline));
+  SC_RETURN_IF_ERROR(call_on_thread(
+      [this, path, file, specs = std::move(specs), info] { return read_checkpoint(path, specs, *file, info.get()); },
+      deadline));
   return *info;
 }
 
 namespace {
 
-constexpr char kCheckpointMagic[8] = {'S', 'C', 'R', 'E', 'S', 'I', 'D', '1'};
-constexpr uint32_t kCheckpointVersion = 1;
-
 template <typename T>
 void put(std::string& out, T v) {
   out.append(reinterpret_cast<const char*>(&v), sizeof v);
 }
-
-class Reader {
- public:
-  explicit Reader(std::string_view data) : data_(data) {}
-  template <typename T>
-  bool get(T* v) {
-    if (data_.size() - pos_ < sizeof(T)) return false;
-    std::memcpy(v, data_.data() + pos_, sizeof(T));
-    pos_ += sizeof(T);
-    return true;
-  }
-  bool bytes(size_t n, std::string_view* out) {
-    if (data_.size() - pos_ < n) return false;
-    *out = data_.substr(pos_, n);
-    pos_ += n;
-    return true;
-  }
-  size_t pos() const { return pos_; }
-
- private:
-  std::string_view data_;
-  size_t pos_ = 0;
-};
 
 }  // namespace
 
@@ -566,8 +568,15 @@ Status Pipeline::write_checkpoint(const std::string& path, CheckpointInfo* info)
   }
   put<uint32_t>(out, kernels::crc32c(0, out.data(), out.size()));
   const std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  // O_NONBLOCK|O_NOFOLLOW: a FIFO or symlink planted at PATH.tmp must not stall the pipeline
+  // thread or redirect the write; only a regular file is written.
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW, 0600);
   if (fd < 0) return errno_status("creating checkpoint " + tmp, errno);
+  struct stat tmp_stat{};
+  if (::fstat(fd, &tmp_stat) != 0 || !S_ISREG(tmp_stat.st_mode)) {
+    ::close(fd);
+    return failed_precondition("checkpoint " + tmp + " exists and is not a regular file; remove it");
+  }
   size_t done = 0;
   while (done < out.size()) {
     ssize_t w = ::write(fd, out.data() + done, out.size() - done);
@@ -597,69 +606,34 @@ Status Pipeline::write_checkpoint(const std::string& path, CheckpointInfo* info)
   return Status::Ok();
 }
 
-Status Pipeline::read_checkpoint(const std::string& path, CheckpointInfo* info) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return errno_status("opening checkpoint " + path, errno);
-  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const std::string where = "checkpoint " + path;
-  if (data.size() < sizeof kCheckpointMagic + 28 || std::memcmp(data.data(), kCheckpointMagic, 8) != 0) {
-    return data_loss(where + " is not a sparsecar residual checkpoint");
-  }
-  uint32_t crc;
-  std::memcpy(&crc, data.data() + data.size() - 4, 4);
-  if (kernels::crc32c(0, data.data(), data.size() - 4) != crc) return data_loss(where + ": checksum mismatch");
-  Reader r(std::string_view(data).substr(8, data.size() - 12));
-  uint32_t version = 0, count = 0, rank = 0, world = 0;
-  uint64_t job = 0;
-  if (!r.get(&version) || !r.get(&count) || !r.get(&job) || !r.get(&rank) || !r.get(&world)) {
-    return data_loss(where + ": truncated header");
-  }
-  if (version != kCheckpointVersion) return failed_precondition(where + ": version " + std::to_string(version) + " (want 1)");
-  if (rank != options_.rank || world != options_.world_size) {
-    return failed_precondition(where + " was written by rank " + std::to_string(rank) + " of " + std::to_string(world) +
-                               "; this is rank " + std::to_string(options_.rank) + " of " +
-                               std::to_string(options_.world_size));
-  }
+Status Pipeline::read_checkpoint(const std::string& path, const std::vector<TensorSpec>& specs,
+                                 const LoadedCheckpoint& file, CheckpointInfo* info) {
+  // Pipeline thread, between steps: the file was validated against `specs`; check that they are
+  // still the tensors registered (a job reset may have come in between), then copy.
   std::vector<std::shared_ptr<TensorState>> live;
   for (const auto& t : tensors_) {
     if (t) live.push_back(t);
   }
-  if (live.empty()) return failed_precondition("no tensors are registered yet; restore after the trainers registered");
-  if (count != live.size()) {
-    return failed_precondition(where + " holds " + std::to_string(count) + " tensors; " + std::to_string(live.size()) +
-                               " are registered");
+  bool same = live.size() == specs.size() && file.offsets.size() == specs.size();
+  for (size_t i = 0; same && i < live.size(); ++i) {
+    same = live[i]->compressor.spec().name == specs[i].name && live[i]->compressor.spec().count == specs[i].count;
   }
-  // Validate everything before touching any residual.
-  std::vector<std::string_view> values;
-  for (uint32_t i = 0; i < count; ++i) {
-    uint32_t len = 0;
-    uint64_t n = 0;
-    std::string_view name, bytes;
-    if (!r.get(&len) || !r.bytes(len, &name) || !r.get(&n)) return data_loss(where + ": truncated tensor entry");
-    const auto& spec = live[i]->compressor.spec();
-    if (name != spec.name || n != spec.count) {
-      return failed_precondition(where + ": tensor " + std::to_string(i) + " is '" + std::string(name) + "' (" +
-                                 std::to_string(n) + " elements); registered is '" + spec.name + "' (" +
-                                 std::to_string(spec.count) + ")");
-    }
-    if (n > (data.size() / sizeof(float)) || !r.bytes(n * sizeof(float), &bytes)) {
-      return data_loss(where + ": truncated residual of '" + spec.name + "'");
-    }
-    values.push_back(bytes);
+  if (!same) {
+    return failed_precondition("the registered tensors changed while checkpoint " + path +
+                               " was read (job reset?); nothing was restored");
   }
   double norm2 = 0;
-  for (uint32_t i = 0; i < count; ++i) {
+  for (size_t i = 0; i < live.size(); ++i) {
     // The pipeline thread owns the compressor and no step is pending: overwrite its residual.
     auto current = live[i]->compressor.residual();
-    std::span<float> dst(const_cast<float*>(current.data()), current.size());
-    std::memcpy(dst.data(), values[i].data(), dst.size_bytes());
+    std::memcpy(const_cast<float*>(current.data()), file.bytes.data() + file.offsets[i], current.size_bytes());
     norm2 += live[i]->compressor.residual_norm2();
-    info->elements += dst.size();
+    info->elements += current.size();
   }
-  info->tensors = count;
-  info->bytes = data.size();
+  info->tensors = static_cast<uint32_t>(live.size());
+  info->bytes = file.bytes.size();
   info->residual_norm = std::sqrt(norm2);
-  SC_LOG_INFO("restore: %u tensors' residuals loaded from %s", count, path.c_str());
+  SC_LOG_INFO("restore: %zu tensors' residuals loaded from %s", live.size(), path.c_str());
   return Status::Ok();
 }
 
@@ -802,6 +776,51 @@ Status Pipeline::agree_on_job(Clock::time_point deadline) {
   SC_LOG_INFO("job agreed: %u trainers across %u nodes (incarnation %016llx)", total_trainers_, options_.world_size,
               static_cast<unsigned long long>(incarnation_));
   return Status::Ok();
+}
+
+}  // namespace sparsecar
+
+namespace sparsecar {
+
+uint64_t Pipeline::tensor_footprint_bytes(const TensorSpec& spec) const {
+  // What TensorCompressor's constructor allocates (residual, work, index, value, top-k scratch,
+  // payload; structured selection scratch) plus what it may allocate later for the tensor
+  // (momentum velocity; periodic mask: importance, mask, mask values): a registration is charged
+  // its worst case, so no later plan change can take the node over its budget.
+  const uint64_t n = spec.count;
+  uint64_t groups = (n + kernels::kMinBlock - 1) / kernels::kMinBlock;
+  for (uint64_t d : spec.shape) groups = std::max(groups, d);
+  if (spec.shape.size() == 2) groups = std::max(groups, n / spec.shape[0]);
+  const uint64_t topk = kernels::topk_scratch_bytes(n);
+  const uint64_t at_registration = 4 * n * sizeof(float) + topk + kernels::max_encoded_bytes(n) +
+                                   std::max<uint64_t>(kernels::group_scratch_bytes(groups), topk);
+  const uint64_t later = n * sizeof(float) + 3 * n * sizeof(float);
+  return at_registration + later;
+}
+
+void Pipeline::fail_step(uint32_t tensor_id, uint64_t step, const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_) return;
+  queue_.push_back(FailStep{tensor_id, step, reason});
+  cv_.notify_all();
+}
+
+void Pipeline::run_fail_step(const FailStep& fail) {
+  SC_LOG_WARN("tensor %u step %llu fails job-wide: %s", fail.tensor_id, static_cast<unsigned long long>(fail.step),
+              fail.reason.c_str());
+  if (metrics_) metrics_->count_step_failure(Code::kAborted);
+  if (options_.world_size == 1 || transport_ == nullptr) return;
+  ExchangeContext ctx;
+  ctx.transport = transport_;
+  ctx.mailbox = mailbox_;
+  ctx.job_id = options_.job_id;
+  ctx.rank = options_.rank;
+  ctx.world_size = options_.world_size;
+  ctx.epoch = decisions_ ? decisions_->latest().epoch : 0;  // receivers do not check an abort's epoch
+  ctx.incarnation = incarnation_;  // queued before any Reset: still this job's
+  ctx.deadline = Clock::now() + options_.step_timeout;
+  ctx.metrics = metrics_;
+  broadcast_abort(ctx, fail.tensor_id, fail.step, fail.reason);
 }
 
 }  // namespace sparsecar

@@ -15,14 +15,24 @@
 //
 // Nothing is lost: if a step fails, what this node selected goes back into its residual.
 //
-// Operations (control socket): checkpoint()/restore() of every tensor's residual run on the
-// pipeline thread between steps, queued like steps; drain() makes submit() refuse new steps
-// (kUnavailable) and waits until the steps queued before it are answered.
+// Operations (control socket): checkpoint() of every tensor's residual runs on the pipeline
+// thread between steps, queued like steps. restore() reads and validates the file on the calling
+// thread (regular files of exactly the size the registered tensors imply: checkpoint.h) and only
+// the copy into the residuals runs on the pipeline thread. drain() makes submit() refuse new
+// steps (kUnavailable) and waits until the steps queued before it are answered.
 //
-// Checkpoint file (little-endian): "SCRESID1", u32 version (1), u32 tensor count, u64 job id,
-// u32 rank, u32 world size; per tensor: u32 name length, name, u64 element count, count x f32
-// residual; then u32 CRC-32C of every byte before it. Written to PATH.tmp, fsync'ed, renamed.
-// restore() requires the same rank and the same tensors (names, sizes, order) as registered now.
+// Operations queued for the pipeline thread (call_on_thread) wait at most until their deadline
+// for the thread to *start* them: one not started by then is never run (kDeadlineExceeded, "not
+// run"). Once started it is not abandonable: the waiter waits for it to finish and returns its
+// real outcome, so a caller never sees a failure for an operation that took effect. Operations
+// are short (a residual copy, a checkpoint write) for that reason.
+//
+// Checkpoint file format: checkpoint.h. restore() requires the same rank and the same tensors
+// (names, sizes, order) as registered now.
+//
+// Steps failed job-wide: fail_step() (session thread, a local trainer died) queues an abort that
+// the pipeline thread broadcasts to every peer in queue order, so peers waiting for this node's
+// part of (tensor, step) fail at once with this node's reason.
 //
 // Threads: one pipeline thread (start()) runs every step in submission order. The StepSink
 // methods are called from the session thread and only queue work. checkpoint(), restore(),
@@ -44,6 +54,7 @@
 #include <vector>
 
 #include "daemon/collective/mailbox.h"
+#include "daemon/pipeline/checkpoint.h"
 #include "daemon/pipeline/compressor.h"
 #include "daemon/pipeline/decisions.h"
 #include "daemon/pipeline/observations.h"
@@ -112,6 +123,8 @@ class Pipeline final : public StepSink {
 
   // StepSink (session thread).
   Status register_tensor(uint32_t tensor_id, const TensorSpec& spec) override;
+  uint64_t tensor_footprint_bytes(const TensorSpec& spec) const override;
+  void fail_step(uint32_t tensor_id, uint64_t step, const std::string& reason) override;
   void submit(const StepJob& job) override;
   void report_metric(const std::string& name, double value, uint64_t step) override;
   void reset() override;
@@ -125,6 +138,9 @@ class Pipeline final : public StepSink {
   Status drain(std::chrono::steady_clock::time_point deadline);
   void undrain();
   PipelineSnapshot snapshot() const;
+  // Tests: runs on the pipeline thread as each control operation starts (before it runs), e.g. to
+  // make one outlast its waiter's deadline. Set before start().
+  void set_call_started_hook_for_test(std::function<void()> hook) { call_started_hook_ = std::move(hook); }
 
   struct TensorState;
 
@@ -139,18 +155,30 @@ class Pipeline final : public StepSink {
     struct State {
       std::mutex mu;
       std::condition_variable cv;
+      bool started = false;    // guarded by mu: the pipeline thread runs it; no abandoning now
       bool done = false;       // guarded by mu
-      bool abandoned = false;  // guarded by mu: the waiter gave up, do not run
+      bool abandoned = false;  // guarded by mu: the waiter gave up before it started, do not run
       Status status;           // guarded by mu
     };
     std::shared_ptr<State> state;
     std::function<Status()> fn;
   };
-  using Command = std::variant<Register, StepJob, Reset, Call>;
+  // A step this node will never hand over: broadcast an abort for it (fail_step()).
+  struct FailStep {
+    uint32_t tensor_id;
+    uint64_t step;
+    std::string reason;
+  };
+  using Command = std::variant<Register, StepJob, Reset, Call, FailStep>;
 
   Status call_on_thread(std::function<Status()> fn, std::chrono::steady_clock::time_point deadline);
+  // Pipeline thread: the Call and FailStep commands.
+  void run_call(Call& call);
+  void run_fail_step(const FailStep& fail);
   Status write_checkpoint(const std::string& path, CheckpointInfo* info);
-  Status read_checkpoint(const std::string& path, CheckpointInfo* info);
+  // Pipeline thread: copies a checkpoint read by restore() into the residuals.
+  Status read_checkpoint(const std::string& path, const std::vector<TensorSpec>& specs,
+                         const LoadedCheckpoint& file, CheckpointInfo* info);
   void record_step_metrics(TensorState& t, const policies::Plan& plan, const StepResult& r, bool sparse);
 
   void run();
@@ -170,6 +198,7 @@ class Pipeline final : public StepSink {
   DecisionBoard* const decisions_;
   StepResultSink* sink_ = nullptr;
   StepObserver* observer_ = nullptr;
+  std::function<void()> call_started_hook_;  // tests only (set_call_started_hook_for_test)
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -177,6 +206,9 @@ class Pipeline final : public StepSink {
   bool stopping_ = false;      // guarded by mu_
   uint32_t registered_ = 0;    // guarded by mu_: tensors announced since the last reset
   bool job_started_ = false;   // guarded by mu_: a step was submitted since the last reset
+  // Specs of the tensors registered in this job, by id (a registration of id 0 starts a new
+  // list): what restore() validates a checkpoint against off the pipeline thread.
+  std::vector<TensorSpec> registered_specs_;  // guarded by mu_
 
   std::atomic<bool> draining_{false};
 

@@ -92,6 +92,24 @@ class StepSink {
   // Every local client has gone: forget tensors, residuals and job state (the next clients start
   // a new job). Jobs still queued are answered with kAborted first.
   virtual void reset() = 0;
+
+  // Bytes the pipeline allocates for a tensor of `spec` when it is registered (its residual,
+  // selection, scratch and payload buffers) plus what it may allocate for it later (momentum
+  // velocity, masks): the session charges them to the node's tensor memory budget before it
+  // registers the tensor. A sink that keeps no per-tensor buffers answers 0.
+  virtual uint64_t tensor_footprint_bytes(const TensorSpec& spec) const {
+    (void)spec;
+    return 0;
+  }
+  // This node will never hand over (tensor, step): a local trainer died before it submitted.
+  // The pipeline fails the step job-wide (every peer is told, so their trainers error at once
+  // instead of at their step deadline), after every command queued before it. `reason` says who
+  // died and why. A sink without peers has nobody to tell.
+  virtual void fail_step(uint32_t tensor_id, uint64_t step, const std::string& reason) {
+    (void)tensor_id;
+    (void)step;
+    (void)reason;
+  }
 };
 
 // The session as the pipeline sees it. complete() may be called from any thread; it only queues.

@@ -17,6 +17,7 @@
 #include <cerrno>
 #include <climits>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -39,7 +40,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr int kPollTimeoutMs = 100;
-constexpr size_t kMaxPendingConnections = 64;  // not yet handshaken, beyond local_clients
 
 
 // A shared mapping of a sealed memfd. The fd is kept only until it has been sent.
@@ -175,14 +175,29 @@ struct TensorState {
   bool in_flight = false;
   uint64_t flight_step = 0;
   std::vector<uint32_t> participants;
+  uint64_t flight_generation = 0;  // generation_ when it was handed over (orphans are matched by it)
+  // Charged to the tensor memory budget: local_sum + result + the pipeline's buffers.
+  uint64_t bytes = 0;
+  // Newest step failed job-wide through StepSink::fail_step (no duplicates).
+  bool failed_job_wide = false;
+  uint64_t failed_step = 0;
 };
 
 struct Counters {
   std::atomic<uint64_t> clients_accepted{0}, clients_rejected{0}, clients_disconnected{0},
       protocol_errors{0}, registrations{0}, registrations_rejected{0}, submissions{0},
       submissions_rejected{0}, steps_dispatched{0}, steps_completed{0}, steps_failed{0},
-      stale_results{0}, metrics{0};
+      stale_results{0}, metrics{0}, registrations_over_budget{0}, handshakes_evicted{0},
+      steps_failed_job_wide{0}, tensor_bytes_in_use{0}, orphaned_tensors{0};
 };
+
+// A shm slot as the kernel allocates it (whole pages).
+uint64_t slot_footprint(uint64_t count) {
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  return (count * sizeof(float) + page - 1) / page * page;
+}
+
+std::string mib(uint64_t bytes) { return strfmt("%.1f MiB", static_cast<double>(bytes) / (1 << 20)); }
 
 void bump(std::atomic<uint64_t>& c) { c.fetch_add(1, std::memory_order_relaxed); }
 
@@ -223,6 +238,17 @@ class SessionServer::Impl {
   void free_conn(Conn& c);
   void reset_job();
   Conn* find_conn(uint32_t id);
+  // Budget accounting (session thread; the atomic is for stats()).
+  void charge(uint64_t bytes) { bytes_in_use_ += bytes; counters_.tensor_bytes_in_use.store(bytes_in_use_); }
+  void release(uint64_t bytes) {
+    bytes_in_use_ -= std::min(bytes, bytes_in_use_);
+    counters_.tensor_bytes_in_use.store(bytes_in_use_);
+  }
+  // Tells the pipeline this node will never hand over (t, step); once per (tensor, step).
+  void fail_job_wide(TensorState& t, uint64_t step, const std::string& reason);
+  // A ready client died: fail job-wide what this node now owes its peers (see the header).
+  void fail_owed_steps(const Conn& dead, const std::string& why);
+  void free_orphan(size_t index);
 
   SessionServerOptions options_;
   StepSink* pipeline_;
@@ -242,6 +268,8 @@ class SessionServer::Impl {
   std::vector<std::unique_ptr<TensorState>> tensors_;  // by tensor id
   std::unordered_map<std::string, uint32_t> tensor_ids_;
   std::vector<std::unique_ptr<TensorState>> orphans_;  // in flight when the job was reset
+  uint64_t budget_ = 0;        // tensor_memory_budget_bytes resolved
+  uint64_t bytes_in_use_ = 0;  // charged to the budget
   uint64_t generation_ = 0;  // bumped by every job reset; stamped on StepJobs
   // Set when a local client left while others stay: steps fail at once until L are back.
   std::string lost_client_;
@@ -265,6 +293,9 @@ Status SessionServer::Impl::start() {
   }
   if (options_.local_clients == 0) return invalid_argument("local_clients must be at least 1");
   if (pipeline_ == nullptr) return invalid_argument("no pipeline given to the session server");
+  if (options_.max_handshakes_per_uid == 0) return invalid_argument("max_handshakes_per_uid must be at least 1");
+  budget_ = options_.tensor_memory_budget_bytes != 0 ? options_.tensor_memory_budget_bytes
+                                                     : default_tensor_memory_budget();
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.data(), path.size());
   auto* sa = reinterpret_cast<sockaddr*>(&addr);
@@ -362,6 +393,12 @@ SessionStats SessionServer::Impl::stats() const {
   s.steps_failed = r(counters_.steps_failed);
   s.stale_results = r(counters_.stale_results);
   s.metrics = r(counters_.metrics);
+  s.registrations_over_budget = r(counters_.registrations_over_budget);
+  s.handshakes_evicted = r(counters_.handshakes_evicted);
+  s.steps_failed_job_wide = r(counters_.steps_failed_job_wide);
+  s.tensor_bytes_in_use = r(counters_.tensor_bytes_in_use);
+  s.orphaned_tensors = r(counters_.orphaned_tensors);
+  s.tensor_memory_budget = budget_;
   return s;
 }
 
@@ -441,16 +478,37 @@ void SessionServer::Impl::accept_clients() {
       return;
     }
     Fd sock(fd);
-    if (conns_.size() >= options_.local_clients + kMaxPendingConnections) {
-      bump(counters_.clients_rejected);
-      SC_LOG_WARN("refusing a connection: %zu connections open already", conns_.size());
-      continue;
-    }
     ucred cred{};
     socklen_t len = sizeof cred;
     if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
       SC_LOG_WARN("SO_PEERCRED: %s; closing the connection", std::strerror(errno));
       bump(counters_.clients_rejected);
+      continue;
+    }
+    // Silent connections of this uid may not pile up: the oldest one waiting for its handshake
+    // gives way to the new one (a real trainer says Hello at once).
+    Conn* oldest = nullptr;
+    uint32_t waiting = 0;
+    for (auto& [cid, other] : conns_) {
+      if (other->drop || other->state != Conn::State::kAwaitHello || other->peer_uid != cred.uid) continue;
+      ++waiting;
+      if (oldest == nullptr) oldest = other.get();  // ids grow with accept order
+    }
+    if (waiting >= options_.max_handshakes_per_uid && oldest != nullptr) {
+      bump(counters_.clients_rejected);
+      bump(counters_.handshakes_evicted);
+      SC_LOG_WARN("connection %u (pid %d, uid %u) closed: %u connections of uid %u wait for their handshake "
+                  "(at most %u)", oldest->id, static_cast<int>(oldest->peer_pid), static_cast<unsigned>(cred.uid),
+                  waiting, static_cast<unsigned>(cred.uid), options_.max_handshakes_per_uid);
+      mark_drop(*oldest, "no Hello while newer connections of its uid arrived");
+      ::shutdown(oldest->sock.get(), SHUT_RDWR);
+    }
+    size_t open = 0;
+    for (auto& [cid, other] : conns_) open += other->drop ? 0 : 1;
+    if (open >= options_.local_clients + kMaxPendingConnections) {
+      bump(counters_.clients_rejected);
+      SC_LOG_WARN("refusing a connection of uid %u: %zu connections open already",
+                  static_cast<unsigned>(cred.uid), open);
       continue;
     }
     auto c = std::make_unique<Conn>();
@@ -702,6 +760,23 @@ void SessionServer::Impl::handle_register(Conn& c, const RegisterRequest& m) {
   if (Status st = check_shape(m.count, m.shape); !st.ok()) {
     return reject(st.with_context(strfmt("tensor '%s'", name.c_str())));
   }
+  // Charged before anything is allocated; over the budget is kResourceExhausted, not an OOM kill.
+  const uint64_t slot_bytes = slot_footprint(m.count);
+  auto over_budget = [&](uint64_t tensor_bytes, uint64_t pipeline_bytes) -> Status {
+    const uint64_t need = slot_bytes + tensor_bytes + pipeline_bytes;
+    if (need <= budget_ && bytes_in_use_ <= budget_ - need) return Status::Ok();
+    bump(counters_.registrations_over_budget);
+    size_t slots = 0;
+    for (const auto& [cid, other] : conns_) slots += other->slots.size();
+    // Most telling first: the client's message field is short (the log line has all of it).
+    return resource_exhausted(strfmt(
+        "tensor_memory_budget_bytes = %llu exceeded: tensor '%s' (%llu elements) needs %llu bytes, %llu are in "
+        "use (%zu tensors, %zu slots); needs = shm slot %s + session %s + pipeline %s",
+        static_cast<unsigned long long>(budget_), name.c_str(), static_cast<unsigned long long>(m.count),
+        static_cast<unsigned long long>(need), static_cast<unsigned long long>(bytes_in_use_),
+        tensors_.size() + orphans_.size(), slots, mib(slot_bytes).c_str(), mib(tensor_bytes).c_str(),
+        mib(pipeline_bytes).c_str()));
+  };
   TensorState* t = nullptr;
   if (auto it = tensor_ids_.find(name); it != tensor_ids_.end()) {
     t = tensors_[it->second].get();
@@ -720,16 +795,22 @@ void SessionServer::Impl::handle_register(Conn& c, const RegisterRequest& m) {
       return reject(Status(Code::kAlreadyExists,
                            strfmt("tensor '%s' is already registered by this client", name.c_str())));
     }
+    if (Status budget = over_budget(0, 0); !budget.ok()) return reject(budget);
   } else {
     if (tensors_.size() >= options_.max_tensors) {
       return reject(resource_exhausted(strfmt("tensor '%s': the daemon allows at most %u tensors",
                                            name.c_str(), options_.max_tensors)));
     }
+    const TensorSpec spec{name, m.count, m.shape};
+    const uint64_t session_bytes = 2 * m.count * sizeof(float);  // local_sum + result
+    const uint64_t pipeline_bytes = pipeline_->tensor_footprint_bytes(spec);
+    if (Status budget = over_budget(session_bytes, pipeline_bytes); !budget.ok()) return reject(budget);
     auto fresh = std::make_unique<TensorState>();
     fresh->id = static_cast<uint32_t>(tensors_.size());
     fresh->name = name;
     fresh->count = m.count;
     fresh->shape = m.shape;
+    fresh->bytes = session_bytes + pipeline_bytes;
     try {
       fresh->local_sum.resize(m.count);
       fresh->result.resize(m.count);
@@ -737,8 +818,9 @@ void SessionServer::Impl::handle_register(Conn& c, const RegisterRequest& m) {
       return reject(resource_exhausted(strfmt("tensor '%s': cannot allocate 2 x %llu floats",
                                            name.c_str(), static_cast<unsigned long long>(m.count))));
     }
-    Status st = pipeline_->register_tensor(fresh->id, TensorSpec{name, m.count, m.shape});
+    Status st = pipeline_->register_tensor(fresh->id, spec);
     if (!st.ok()) return reject(st.with_context(strfmt("tensor '%s'", name.c_str())));
+    charge(fresh->bytes);
     t = fresh.get();
     tensor_ids_.emplace(name, fresh->id);
     tensors_.push_back(std::move(fresh));
@@ -752,7 +834,11 @@ void SessionServer::Impl::handle_register(Conn& c, const RegisterRequest& m) {
   ack.slot_bytes = bytes;
   proto::set_field(ack.message, sizeof ack.message, "");
   int fd = slot->fd;
-  if (!send_msg(c, proto::MsgType::kRegisterAck, &ack, &fd, 1)) return;
+  charge(slot_bytes);  // before the ack: a client that reads its ack sees it charged
+  if (!send_msg(c, proto::MsgType::kRegisterAck, &ack, &fd, 1)) {
+    release(slot_bytes);
+    return;
+  }
   slot->close_fd();
   c.slots.emplace(t->id, std::move(slot).value());
   bump(counters_.registrations);
@@ -812,9 +898,11 @@ void SessionServer::Impl::handle_submission(Conn& c, const shm::Submission& s) {
   TensorState& t = *tensors_[s.tensor_id];
   auto step = static_cast<unsigned long long>(s.step);
   if (!lost_client_.empty() && ready_clients_.load() < options_.local_clients) {
-    return reject(aborted(strfmt("tensor '%s' step %llu: local %s; this node cannot complete steps "
-                              "until %u local clients are connected again",
-                              t.name.c_str(), step, lost_client_.c_str(), options_.local_clients)));
+    Status st = aborted(strfmt("tensor '%s' step %llu: local %s; this node cannot complete steps "
+                               "until %u local clients are connected again",
+                               t.name.c_str(), step, lost_client_.c_str(), options_.local_clients));
+    if (!t.in_flight && !(t.has_last && s.step <= t.last_step)) fail_job_wide(t, s.step, st.message());
+    return reject(st);
   }
   if (t.in_flight) {
     return reject(failed_precondition(
@@ -892,6 +980,7 @@ void SessionServer::Impl::dispatch(TensorState& t) {
   job.result = std::span<float>(t.result.data(), count);
   t.in_flight = true;
   t.flight_step = t.collect_step;
+  t.flight_generation = generation_;
   t.participants.clear();
   for (const auto& sub : t.submitters) t.participants.push_back(sub.first);
   t.has_last = true;
@@ -908,6 +997,16 @@ void SessionServer::Impl::process_results() {
     taken_.swap(results_);
   }
   for (const StepResult& r : taken_) {
+    if (r.generation != generation_) {
+      // The pipeline is done with the buffers of that step: free the orphan that lent them.
+      auto orphan = std::find_if(orphans_.begin(), orphans_.end(), [&](const auto& o) {
+        return o->id == r.tensor_id && o->flight_step == r.step && o->flight_generation == r.generation;
+      });
+      if (orphan != orphans_.end()) {
+        free_orphan(static_cast<size_t>(orphan - orphans_.begin()));
+        continue;
+      }
+    }
     TensorState* t = r.tensor_id < tensors_.size() ? tensors_[r.tensor_id].get() : nullptr;
     if (r.generation != generation_ || t == nullptr || !t->in_flight || t->flight_step != r.step) {
       bump(counters_.stale_results);
@@ -991,6 +1090,8 @@ void SessionServer::Impl::free_conn(Conn& c) {
     if (ready_clients_.fetch_sub(1) > 1) {
       lost_client_ = c.label() + " disconnected (" + c.drop_reason + ")";
     }
+    // Not while the daemon stops: the trainer did not die, and the peers see this node go.
+    if (!stopping_.load()) fail_owed_steps(c, c.drop_reason);
     for (auto& t : tensors_) {
       if (t->collecting) {
         Status st = aborted(strfmt("local %s disconnected (%s) before step %llu of tensor '%s' "
@@ -1003,9 +1104,62 @@ void SessionServer::Impl::free_conn(Conn& c) {
   } else {
     SC_LOG_DEBUG("connection %u closed before its handshake: %s", c.id, c.drop_reason.c_str());
   }
+  for (const auto& [tid, slot] : c.slots) release(slot_footprint(slot.bytes / sizeof(float)));
   c.slots.clear();  // unmaps
   c.ctl = nullptr;
   c.control.reset();
+}
+
+void SessionServer::Impl::fail_job_wide(TensorState& t, uint64_t step, const std::string& reason) {
+  if (t.failed_job_wide && t.failed_step >= step) return;
+  t.failed_job_wide = true;
+  t.failed_step = step;
+  bump(counters_.steps_failed_job_wide);
+  SC_LOG_WARN("failing tensor '%s' step %llu job-wide: %s", t.name.c_str(), static_cast<unsigned long long>(step),
+              reason.c_str());
+  pipeline_->fail_step(t.id, step, reason);
+}
+
+void SessionServer::Impl::fail_owed_steps(const Conn& dead, const std::string& why) {
+  // The step the dead trainer was in: the newest one any tensor of this node reached.
+  bool any = false;
+  uint64_t current = 0;
+  auto reached = [&](uint64_t step) {
+    current = any ? std::max(current, step) : step;
+    any = true;
+  };
+  for (const auto& t : tensors_) {
+    if (t->collecting) reached(t->collect_step);
+    if (t->has_last) reached(t->last_step);
+  }
+  if (!any) return;  // no step yet: the peers wait for nothing of ours
+  bool mid_step = false;
+  for (const auto& t : tensors_) {
+    const bool at_current = (t->collecting && t->collect_step == current) || (t->has_last && t->last_step == current);
+    mid_step = mid_step || !at_current;
+  }
+  const std::string who = strfmt("local trainer %s disconnected (%s)", dead.label().c_str(), why.c_str());
+  for (auto& t : tensors_) {
+    if (t->collecting) {
+      fail_job_wide(*t, t->collect_step, strfmt("%s before every local trainer submitted step %llu of tensor '%s'",
+                                                who.c_str(), static_cast<unsigned long long>(t->collect_step),
+                                                t->name.c_str()));
+    } else if (mid_step && !(t->has_last && t->last_step >= current)) {
+      fail_job_wide(*t, current, strfmt("%s in step %llu before it submitted tensor '%s'", who.c_str(),
+                                        static_cast<unsigned long long>(current), t->name.c_str()));
+    }
+    // Between steps (every tensor reached `current`) nothing is failed: that is also how every
+    // job ends, and the next step number is only a guess.
+  }
+}
+
+void SessionServer::Impl::free_orphan(size_t index) {
+  std::unique_ptr<TensorState> t = std::move(orphans_[index]);
+  orphans_.erase(orphans_.begin() + static_cast<std::ptrdiff_t>(index));
+  counters_.orphaned_tensors.store(orphans_.size());
+  release(t->bytes);
+  SC_LOG_DEBUG("freed tensor '%s' of a reset job: the pipeline answered its step %llu", t->name.c_str(),
+               static_cast<unsigned long long>(t->flight_step));
 }
 
 void SessionServer::Impl::reset_job() {
@@ -1013,14 +1167,34 @@ void SessionServer::Impl::reset_job() {
   pipeline_->reset();
   process_results();  // answers of the aborted jobs
   for (auto& t : tensors_) {
-    if (t->in_flight) orphans_.push_back(std::move(t));  // the pipeline may still hold its buffers
+    if (t->in_flight) {
+      orphans_.push_back(std::move(t));  // the pipeline still holds its buffers until it answers
+    } else {
+      release(t->bytes);
+    }
   }
+  counters_.orphaned_tensors.store(orphans_.size());
+  ++generation_;  // a late answer of this job never matches a step of the next one
   tensors_.clear();
   tensor_ids_.clear();
   lost_client_.clear();
 }
 
 // ---- public face ---------------------------------------------------------------------------------
+
+uint64_t default_tensor_memory_budget() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page = ::sysconf(_SC_PAGESIZE);
+  uint64_t physical = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page)
+                                            : uint64_t{8} << 30;
+  // A cgroup (container, systemd MemoryMax=) may allow less than the machine has.
+  if (FILE* f = std::fopen("/sys/fs/cgroup/memory.max", "re")) {
+    unsigned long long limit = 0;
+    if (std::fscanf(f, "%llu", &limit) == 1 && limit > 0 && limit < physical) physical = limit;
+    std::fclose(f);
+  }
+  return physical / 2;
+}
 
 Expected<std::unique_ptr<SessionServer>> SessionServer::start(const SessionServerOptions& options,
                                                               StepSink* pipeline) {

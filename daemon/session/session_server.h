@@ -32,6 +32,14 @@
 // Threads: one session thread (started by start()) does all of the above; complete(), stats()
 // and connected_clients() may be called from any thread; stop() from any thread but the session
 // thread and not concurrently with itself.
+//
+// A trainer that dies while this node owes its peers a step fails that step job-wide
+// (StepSink::fail_step) so the other nodes' trainers error at once, not at their deadline: a
+// step being collected from the local clients; while the dead trainer was in the middle of step
+// S (some tensors at S, others not), every tensor it had not submitted for S. Between steps
+// nothing is failed (that is also how a job ends; peers then learn from their own deadline).
+// Later submissions of the remaining clients that are refused (a local client is missing) fail
+// their step job-wide too.
 #pragma once
 
 #include <chrono>
@@ -44,12 +52,31 @@
 
 namespace sparsecar {
 
+// Memory budget (tensor_memory_budget_bytes): every registration is charged what it really
+// costs this node before anything is allocated — a new tensor its local_sum and result buffers
+// (2 x 4n bytes) plus the pipeline's buffers for it (StepSink::tensor_footprint_bytes), every
+// client's registration its shm slot (4n bytes, page-rounded). One over the budget is refused with
+// kResourceExhausted naming the budget, the request and what is in use. Slots are released when
+// their client goes, tensors at the job reset; a tensor whose step was still in the pipeline at
+// the reset stays charged (and allocated) until the pipeline answers that step.
+//
+// Handshakes: a connection must send Hello within handshake_timeout; at most
+// max_handshakes_per_uid connections of one uid may wait for their handshake at once — a new one
+// of that uid closes its oldest (counted in handshakes_evicted), so silent connections cannot
+// lock a real trainer out; at most kMaxPendingConnections wait in all.
+inline constexpr size_t kMaxPendingConnections = 64;
+
+// Default of tensor_memory_budget_bytes (0): half of the machine's physical memory.
+uint64_t default_tensor_memory_budget();
+
 struct SessionServerOptions {
   std::string socket_path;         // created 0660; an existing stale socket file is replaced
   uint32_t local_clients = 1;      // trainers per node whose gradients are summed per step
   uint64_t max_tensor_elements = uint64_t{1} << 31;  // larger registrations: kResourceExhausted
   uint32_t max_tensors = 4096;                       // distinct tensor names per job
-  std::chrono::milliseconds handshake_timeout{5000}; // a connection must send Hello within this
+  std::chrono::milliseconds handshake_timeout{2000}; // a connection must send Hello within this
+  uint32_t max_handshakes_per_uid = 8;               // connections of one uid awaiting Hello
+  uint64_t tensor_memory_budget_bytes = 0;           // 0: default_tensor_memory_budget()
 };
 
 // Counters of what the session thread saw (monotonic, relaxed snapshots).
@@ -67,6 +94,12 @@ struct SessionStats {
   uint64_t steps_failed = 0;            // failed StepResults + steps aborted by a disconnect
   uint64_t stale_results = 0;           // StepResults that matched no job in flight
   uint64_t metrics = 0;                 // Metric messages forwarded to the pipeline
+  uint64_t registrations_over_budget = 0;  // of registrations_rejected: tensor memory budget
+  uint64_t handshakes_evicted = 0;      // of clients_rejected: closed for a newer one of its uid
+  uint64_t steps_failed_job_wide = 0;   // (tensor, step)s handed to StepSink::fail_step
+  uint64_t tensor_bytes_in_use = 0;     // charged to the tensor memory budget now
+  uint64_t tensor_memory_budget = 0;    // the budget in force (bytes)
+  uint64_t orphaned_tensors = 0;        // tensors of a reset job still waiting for the pipeline
 };
 
 class SessionServer final : public StepResultSink {

@@ -130,20 +130,31 @@ class PyClient {
     const auto deadline = std::chrono::steady_clock::now() +
                           std::chrono::microseconds(static_cast<int64_t>(timeout_s * 1e6));
     sparsecar::Expected<sparsecar::StepInfo> r = sparsecar::Status::Ok();
+    bool timed_out_here = true;  // until a wait returns anything but its own timeout
     {
       py::gil_scoped_release nogil;
       for (;;) {
         auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
         auto slice = std::clamp(left, 0ms, 2ms);
+        bool still_waiting = false;
         {
           std::lock_guard lock(s.mu);
           r = s.client->wait(*t.tensor, step, slice);
+          // A DEADLINE_EXCEEDED of the daemon's (a peer did not deliver) ends the step: only
+          // this slice's own timeout leaves it in flight. Waiting again would ask for a step
+          // that is over ("not submitted") and hide the daemon's error.
+          still_waiting = !r.ok() && r.status().code() == sparsecar::Code::kDeadlineExceeded &&
+                          s.client->in_flight(*t.tensor, step);
         }
-        if (r.ok() || r.status().code() != sparsecar::Code::kDeadlineExceeded || left <= slice) break;
+        if (!still_waiting) {
+          timed_out_here = false;
+          break;
+        }
+        if (left <= slice) break;
       }
     }
     if (!r.ok()) {
-      if (r.status().code() == sparsecar::Code::kDeadlineExceeded) {
+      if (timed_out_here) {
         raise_status(sparsecar::deadline_exceeded(sparsecar::strfmt(
             "tensor '%s': step %llu not completed within %.3f s", t.tensor->name().c_str(),
             static_cast<unsigned long long>(step), timeout_s)));

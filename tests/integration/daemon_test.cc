@@ -240,6 +240,72 @@ TEST(FailureTest, KilledPeerDaemonFailsTheStepNamingItWithinTheDeadline) {
   EXPECT_TRUE(job.daemon(0).running());
 }
 
+// Node 0's only trainer dies in the middle of step 1 (tensor0 done, tensor1 not submitted). Node
+// 1's trainer waits for tensor1 step 1: it used to wait the full step timeout (30 s, no abort was
+// sent); node 0 now fails that step job-wide and node 1's trainer errors at once, naming rank 0
+// and the cause.
+TEST(FailureTest, TrainerDyingMidStepAbortsThePeersStepAtOnce) {
+  JobSpec spec{2, 1, "tcp", {"--step-timeout-ms", "30000"}, {}, {}};
+  LocalJob job(spec);
+  ASSERT_TRUE(job.wait_ready()) << job.logs();
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  pid_t child = fork();
+  if (child == 0) {
+    auto c = Client::connect(job.sockets()[0]);
+    char ok = 0;
+    if (c.ok()) {
+      auto t0 = (*c)->register_tensor("tensor0", 64);
+      auto t1 = (*c)->register_tensor("tensor1", 64);
+      ok = t0.ok() && t1.ok() && (*c)->submit(**t0, 0).ok() && (*c)->submit(**t1, 0).ok() &&
+           (*c)->wait(**t0, 0, 20s).ok() && (*c)->wait(**t1, 0, 20s).ok() && (*c)->submit(**t0, 1).ok() &&
+           (*c)->wait(**t0, 1, 20s).ok();
+    }
+    (void)!write(ready[1], &ok, 1);
+    pause();
+    _exit(0);
+  }
+  struct KillOnExit {
+    pid_t pid;
+    ~KillOnExit() {
+      if (pid > 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, nullptr, 0);
+      }
+    }
+  } guard{child};
+  auto other = Client::connect(job.sockets()[1]);
+  ASSERT_TRUE(other.ok());
+  auto t0 = (*other)->register_tensor("tensor0", 64);
+  auto t1 = (*other)->register_tensor("tensor1", 64);
+  ASSERT_TRUE(t0.ok() && t1.ok());
+  ASSERT_TRUE((*other)->submit(**t0, 0).ok());
+  ASSERT_TRUE((*other)->submit(**t1, 0).ok());
+  ASSERT_TRUE((*other)->wait(**t0, 0, 20s).ok()) << job.logs();
+  ASSERT_TRUE((*other)->wait(**t1, 0, 20s).ok()) << job.logs();
+  ASSERT_TRUE((*other)->submit(**t0, 1).ok());
+  ASSERT_TRUE((*other)->submit(**t1, 1).ok());
+  ASSERT_TRUE((*other)->wait(**t0, 1, 20s).ok()) << job.logs();
+  char ok = 0;
+  ASSERT_EQ(read(ready[0], &ok, 1), 1);
+  ASSERT_EQ(ok, 1) << job.logs();
+  const auto start = std::chrono::steady_clock::now();
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  guard.pid = -1;
+  auto done = (*other)->wait(**t1, 1, 20s);
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  ASSERT_FALSE(done.ok());
+  EXPECT_EQ(done.status().code(), Code::kAborted) << done.status().to_string();
+  EXPECT_NE(done.status().message().find("rank 0"), std::string::npos) << done.status().to_string();
+  EXPECT_NE(done.status().message().find("disconnected"), std::string::npos) << done.status().to_string();
+  EXPECT_LT(elapsed, 3s) << job.logs();
+  EXPECT_TRUE(job.daemon(0).running());
+  EXPECT_TRUE(job.daemon(1).running());
+  close(ready[0]);
+  close(ready[1]);
+}
+
 TEST(FailureTest, KilledTrainerIsNoticedAndEveryoneElseGetsAnErrorWithinTheDeadline) {
   // Node 0 has two trainers: A (a child process, killed after step 0) and B (a thread).
   JobSpec spec{2, 1, "tcp", {"--step-timeout-ms", "3000"}, {{"--local-clients", "2"}}, {}};

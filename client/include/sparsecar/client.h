@@ -102,8 +102,15 @@ class Client {
 
   // Waits until the daemon completed (tensor, step) or `timeout` passes (kDeadlineExceeded).
   // On OK the tensor's memory holds the averaged gradient. Completions for other tensors that
-  // arrive meanwhile are kept for their own wait().
+  // arrive meanwhile are kept for their own wait(). A failed completion from the daemon comes
+  // back with the daemon's code and message unchanged — which may be kDeadlineExceeded too (a
+  // peer did not deliver in time): in_flight() tells the two apart.
   Expected<StepInfo> wait(const Tensor& tensor, uint64_t step, std::chrono::milliseconds timeout);
+
+  // True while (tensor, step) was submitted and wait() has not returned its completion yet: after
+  // a kDeadlineExceeded from wait(), true means only this wait timed out (wait again); false
+  // means the daemon failed the step with that code (the step is over).
+  bool in_flight(const Tensor& tensor, uint64_t step);
 
   // Reports a named scalar (e.g. "loss") for a step; the daemon's controllers and metrics use it.
   Status report_metric(std::string_view name, double value, uint64_t step);

@@ -104,9 +104,13 @@ uint64_t sc_tensor_dim(const sc_tensor* tensor, uint32_t i);
  * Non-blocking. The slot belongs to the daemon until the matching sc_wait succeeds or fails. */
 sc_status sc_submit(sc_client* client, sc_tensor* tensor, uint64_t step, float lr);
 /* Waits up to timeout_ms for (tensor, step). SC_OK: the slot holds the averaged gradient and
- * *info (may be NULL) describes the step. SC_DEADLINE_EXCEEDED: call again to keep waiting. */
+ * *info (may be NULL) describes the step. Any other status is the daemon's for the step, with its
+ * message, or this wait's own SC_DEADLINE_EXCEEDED: then sc_step_in_flight() is 1 and calling
+ * again keeps waiting (0: the daemon failed the step with DEADLINE_EXCEEDED; it is over). */
 sc_status sc_wait(sc_client* client, sc_tensor* tensor, uint64_t step, int64_t timeout_ms,
                   sc_step_info* info);
+/* 1 while (tensor, step) was submitted and sc_wait has not returned its completion, else 0. */
+int sc_step_in_flight(sc_client* client, sc_tensor* tensor, uint64_t step);
 /* Reports a named scalar (e.g. "loss") for a step. */
 sc_status sc_report_metric(sc_client* client, const char* name, double value, uint64_t step);
 

@@ -3,6 +3,7 @@
 // drain; SIGHUP reload of live knobs (structural ones refused); sparsecarctl's output and exit
 // codes; SIGTERM drains and exits 0.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <array>
 #include <cstdio>
@@ -182,6 +183,17 @@ TEST_F(ControlJob, CheckpointRestoreAndDrain) {
   EXPECT_EQ(r["error"]["code"], "DATA_LOSS") << r.dump();
   r = call(*job_, 0, "restore", {{"path", job_->dir() + "/none"}});
   EXPECT_FALSE(r["ok"].get<bool>());
+  // A FIFO stalled training and the control socket; /dev/zero exhausted memory. Both are refused
+  // at once, and the daemon steps on.
+  const std::string fifo = job_->dir() + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const std::string& path : {fifo, std::string("/dev/zero")}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    r = call(*job_, 0, "restore", {{"path", path}});
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s) << path;
+    EXPECT_EQ(r["error"]["code"], "FAILED_PRECONDITION") << r.dump();
+    EXPECT_NE(r["error"]["message"].get<std::string>().find("regular files only"), std::string::npos) << r.dump();
+  }
   EXPECT_EQ(trainers_->step(4), (std::vector<int64_t>{10, 10}));
 
   // drain: new steps fail at once with a clear error; cancel accepts them again.

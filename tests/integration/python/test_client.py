@@ -78,3 +78,30 @@ def test_errors_are_exceptions(make_job, tmp_path):
     c.close()
     with pytest.raises(ValueError):
         c.register("x", 4)
+
+
+def test_daemon_deadline_comes_through_wait_unchanged(make_job):
+    """The daemon's DEADLINE_EXCEEDED ("rank 1 did not deliver ...") used to be retried by wait()'s
+    slices and turned into FAILED_PRECONDITION "step was not submitted"."""
+    job = make_job(nodes=2, daemon_args=["--compression", "off", "--step-timeout-ms", "500"])
+    clients = [sparsecar.Client(s, timeout=10) for s in job.sockets]
+    tensors = [c.register("w", 8) for c in clients]
+    for r in range(2):  # the first step agrees on the job (join timeout); it must succeed
+        clients[r].submit(tensors[r], 1, data=np.ones(8, dtype=np.float32))
+    for r in range(2):
+        clients[r].wait(tensors[r], 1, timeout=30)
+    clients[0].submit(tensors[0], 2, data=np.ones(8, dtype=np.float32))  # rank 1 never submits 2
+    with pytest.raises(sparsecar.DeadlineExceeded) as e:
+        clients[0].wait(tensors[0], 2, timeout=20)
+    assert e.value.code_name == "DEADLINE_EXCEEDED"
+    assert "did not deliver" in str(e.value) and "rank 1" in str(e.value), str(e.value)
+    # A wait that itself runs out still says so, and the step stays waitable.
+    clients[0].submit(tensors[0], 3, data=np.ones(8, dtype=np.float32))
+    with pytest.raises(sparsecar.DeadlineExceeded) as e:
+        clients[0].wait(tensors[0], 3, timeout=0.05)
+    assert "not completed within" in str(e.value), str(e.value)
+    with pytest.raises(sparsecar.DeadlineExceeded) as e:
+        clients[0].wait(tensors[0], 3, timeout=20)
+    assert "did not deliver" in str(e.value), str(e.value)
+    for c in clients:
+        c.close()

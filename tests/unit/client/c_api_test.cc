@@ -41,6 +41,24 @@ TEST_F(CApiTest, RoundTripFromC) {
   EXPECT_FLOAT_EQ(pipeline_.jobs[0].lr, 0.5f);
 }
 
+// The daemon's DEADLINE_EXCEEDED (a peer did not deliver) ends the step and keeps its message;
+// the wait's own timeout leaves the step in flight. sc_step_in_flight tells them apart.
+TEST_F(CApiTest, TheDaemonsDeadlineIsNotTheWaitsOwn) {
+  sc_client* client = nullptr;
+  ASSERT_EQ(sc_connect(sock_.path().c_str(), 2000, &client), SC_OK);
+  sc_tensor* w = nullptr;
+  ASSERT_EQ(sc_register_tensor(client, "w", 8, SC_DTYPE_F32, &w), SC_OK);
+  pipeline_.fail_with_deadline.store(true);
+  ASSERT_EQ(sc_submit(client, w, 1, 0.0f), SC_OK);
+  EXPECT_EQ(sc_step_in_flight(client, w, 1), 1);
+  EXPECT_EQ(sc_wait(client, w, 1, 5000, nullptr), SC_DEADLINE_EXCEEDED);
+  EXPECT_NE(std::string(sc_client_last_error(client)).find("rank 1 did not deliver"), std::string::npos)
+      << sc_client_last_error(client);
+  EXPECT_EQ(sc_step_in_flight(client, w, 1), 0);  // over: do not wait again
+  EXPECT_EQ(sc_step_in_flight(nullptr, w, 1), 0);
+  sc_client_close(client);
+}
+
 TEST_F(CApiTest, ErrorsCarryCodesAndMessages) {
   EXPECT_EQ(sc_abi_version(), SPARSECAR_C_ABI_VERSION);
   EXPECT_STREQ(sc_status_name(SC_DEADLINE_EXCEEDED), "DEADLINE_EXCEEDED");

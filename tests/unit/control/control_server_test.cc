@@ -126,6 +126,35 @@ TEST_F(ControlServerTest, ReqClientsAndOversizedRequests) {
   EXPECT_TRUE((*client)->call("status").ok());
 }
 
+// Requests of a megabyte and more used to exceed ZMQ_MAXMSGSIZE (16 x the default limit = 1 MiB)
+// and were dropped without a reply; below the hard cap they are answered TOO_LARGE now.
+TEST_F(ControlServerTest, MegabyteRequestsGetATooLargeReplyNamingTheLimit) {
+  ControlServerOptions o;
+  o.endpoint = endpoint_;  // default max_message_bytes (control_max_message_bytes' default)
+  Dispatcher dispatcher(&backend_, nullptr, DispatcherOptions{});
+  auto server = ControlServer::start(o, &dispatcher);
+  ASSERT_TRUE(server.ok());
+  auto client = ControlClient::connect(at(endpoint_));
+  ASSERT_TRUE(client.ok());
+  for (size_t bytes : {size_t{1} << 20, (size_t{1} << 20) + 1, size_t{4} << 20, hard_cap_bytes(o.max_message_bytes)}) {
+    auto big = (*client)->call_raw(std::string(bytes, ' '), std::chrono::milliseconds(5000));
+    ASSERT_TRUE(big.ok()) << bytes << ": " << big.status().to_string();
+    json r = json::parse(*big);
+    EXPECT_EQ(r["error"]["code"], "TOO_LARGE");
+    EXPECT_EQ(r["error"]["message"], "request of " + std::to_string(bytes) +
+                                         " bytes exceeds control_max_message_bytes = " +
+                                         std::to_string(kDefaultMaxMessageBytes));
+  }
+  EXPECT_TRUE((*client)->call("status").ok());
+  // Above the hard cap libzmq drops the frame: the client times out and says why that may be.
+  auto huge = ControlClient::connect(at(endpoint_));
+  ASSERT_TRUE(huge.ok());
+  auto dropped = (*huge)->call_raw(std::string(hard_cap_bytes(o.max_message_bytes) + 1, ' '),
+                                   std::chrono::milliseconds(500));
+  ASSERT_FALSE(dropped.ok());
+  EXPECT_NE(dropped.status().message().find("without a reply"), std::string::npos) << dropped.status().message();
+}
+
 TEST_F(ControlServerTest, ClientErrorsAreValuesNotHangs) {
   auto missing = ControlClient::connect(at("ipc://" + dir_ + "/nobody.sock"));
   EXPECT_FALSE(missing.ok());

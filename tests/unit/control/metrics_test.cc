@@ -1,11 +1,73 @@
 // The metrics catalogue: every documented family is exposed from the start with its bounded
 // series, labels never exceed their caps, and the exposer serves on port 0.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
 
 #include "daemon/metrics/metrics.h"
 
 namespace sparsecar {
 namespace {
+
+// A TCP connection to 127.0.0.1:port with a 10 s receive timeout (so no test can hang on it).
+int connect_local(uint16_t port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  EXPECT_GE(fd, 0);
+  timeval tv{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  return fd;
+}
+
+// GET /metrics over a fresh connection; the whole response (HTTP/1.0: until the server closes).
+std::string scrape(uint16_t port) {
+  int fd = connect_local(port);
+  const std::string request = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  EXPECT_EQ(::send(fd, request.data(), request.size(), MSG_NOSIGNAL), static_cast<ssize_t>(request.size()));
+  std::string response;
+  char buf[65536];
+  for (;;) {
+    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    response.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return response;
+}
+
+// Idle connections (connected, never sending a request) used to take both of civetweb's two
+// workers for its 30 s request timeout, holding every scrape.
+TEST(Metrics, IdleConnectionsDoNotBlockScrapes) {
+  auto m = Metrics::create("127.0.0.1:0").value();
+  const uint16_t port = m->listening_ports().at(0);
+  using Clock = std::chrono::steady_clock;
+  auto seconds = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+  std::vector<int> idle;
+  for (int i = 0; i < 2; ++i) idle.push_back(connect_local(port));
+  ::usleep(100 * 1000);  // let the server take them
+  auto t0 = Clock::now();
+  std::string r = scrape(port);
+  EXPECT_NE(r.find("sparsecar_connected_clients"), std::string::npos) << r.substr(0, 200);
+  EXPECT_LT(seconds(t0), 1.0) << "2 idle connections delayed the scrape";
+  // More idle connections than workers: a scrape waits at most for the request timeout.
+  for (int i = 0; i < 2 * kExposerThreads; ++i) idle.push_back(connect_local(port));
+  ::usleep(100 * 1000);
+  t0 = Clock::now();
+  r = scrape(port);
+  EXPECT_NE(r.find("sparsecar_connected_clients"), std::string::npos) << r.substr(0, 200);
+  EXPECT_LT(seconds(t0), kExposerRequestTimeoutMs / 1000.0 * 3 + 1.0);
+  for (int fd : idle) ::close(fd);
+}
 
 TEST(Metrics, CatalogueIsThereFromTheStart) {
   MetricsOptions o;

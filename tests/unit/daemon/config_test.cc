@@ -2,6 +2,9 @@
 // checks with messages that name the knob, and --help listing every knob.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -147,6 +150,55 @@ TEST(ConfigTest, CheckConfigValidatesAFile) {
   EXPECT_FALSE(parse({"--check-config", bad}, {}, &out).ok());
   std::remove(good.c_str());
   std::remove(bad.c_str());
+}
+
+// --check-config refuses everything start would refuse (Daemon::start calls the same validate()).
+TEST(ConfigTest, CheckConfigRefusesWhatStartRefuses) {
+  std::string out;
+  auto expect_refused = [&](const std::string& content, const std::string& needle) {
+    std::string file = write_temp(content);
+    auto r = parse({"--check-config", file}, {}, &out);
+    std::remove(file.c_str());
+    ASSERT_FALSE(r.ok()) << content;
+    EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status().message();
+  };
+  expect_refused("control = \"tcp://127.0.0.1:0\"\ncontrol_token = \"short\"\n", "control_token has 5");
+  expect_refused("control_token = \"short\"\n", "at least 16");
+  expect_refused("control_curve_secret_key = \"abc\"\n", "40");
+  expect_refused("metrics_listen = \"not an address\"\n", "metrics_listen");
+  expect_refused("metrics_listen = \"localhost:9464\"\n", "names are not resolved");
+  expect_refused("metrics_listen = \"127.0.0.1:70000\"\n", "0..65535");
+  expect_refused("metrics_listen = \"127.0.0.1:\"\n", "port");
+  for (const char* fine : {"127.0.0.1:0", "[::1]:9464", "9464", "0.0.0.0:9464", "off"}) {
+    std::string file = write_temp(std::string("metrics_listen = \"") + fine + "\"\n");
+    auto r = parse({"--check-config", file}, {}, &out);
+    std::remove(file.c_str());
+    EXPECT_TRUE(r.ok()) << fine << ": " << r.status().to_string();
+  }
+  // The same holds for flags, which start reads too.
+  EXPECT_FALSE(parse({"--control-token", "0123456789"}).ok());
+  EXPECT_FALSE(parse({"--metrics-listen", "nowhere"}).ok());
+}
+
+TEST(ConfigTest, ADirectoryOrUnreadableConfigFailsLoudly) {
+  char dir[] = "/tmp/sparsecar-config-dir-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  std::string out;
+  for (const char* flag : {"--config", "--check-config"}) {
+    auto r = parse({flag, dir}, {}, &out);
+    ASSERT_FALSE(r.ok()) << flag;
+    EXPECT_NE(r.status().message().find("is a directory"), std::string::npos) << r.status().message();
+  }
+  auto fifo = std::string(dir) + "/fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  auto f = parse({"--config", fifo}, {}, &out);  // must not block on the FIFO
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.status().message().find("not a regular file"), std::string::npos) << f.status().message();
+  auto missing = parse({"--config", std::string(dir) + "/missing.toml"}, {}, &out);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("missing.toml"), std::string::npos) << missing.status().message();
+  std::remove(fifo.c_str());
+  rmdir(dir);
 }
 
 TEST(ConfigTest, TensorTablesBecomeAgreedOverridesAndBadOnesAreRejected) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <random>
 #include <vector>
@@ -23,7 +24,10 @@ struct PipelineNode {
 
 struct PipelineJob {
   // `base` is every node's options; rank and world size are filled in per node.
-  explicit PipelineJob(uint32_t world, PipelineOptions base = {}) : net(world) {
+  // `before_start` (optional) sees each node's pipeline before it starts (test hooks).
+  explicit PipelineJob(uint32_t world, PipelineOptions base = {},
+                       const std::function<void(Pipeline&)>& before_start = {})
+      : net(world) {
     for (uint32_t r = 0; r < world; ++r) {
       auto& n = nodes.emplace_back(std::make_unique<PipelineNode>());
       PipelineOptions o = base;
@@ -34,6 +38,7 @@ struct PipelineJob {
       net.attach(r, n->mailbox.get());
       n->pipeline = std::make_unique<Pipeline>(o, net.transport(r), n->mailbox.get(), nullptr);
       n->pipeline->set_result_sink(&n->results);
+      if (before_start) before_start(*n->pipeline);
       n->pipeline->start();
     }
   }

@@ -577,3 +577,184 @@ TEST_F(SessionServerTest, SecondDaemonOnTheSameSocketIsRefused) {
 
 }  // namespace
 }  // namespace sparsecar
+
+namespace sparsecar {
+namespace {
+
+// ---- bounded resources ---------------------------------------------------------------------------
+
+// Registering the allowed maximum (2^31 elements) used to get the daemon OOM-killed: every
+// registration is charged against the node's budget before anything is allocated.
+TEST_F(SessionServerTest, RegistrationsOverTheMemoryBudgetAreRefusedBeforeAllocating) {
+  SessionServerOptions options;
+  options.tensor_memory_budget_bytes = uint64_t{1} << 20;
+  start(1, FakePipeline::Mode::kHalf, options);
+  pipeline_->footprint_per_element = 16;
+  auto client = connect();
+  ASSERT_NE(client, nullptr);
+  auto small = client->register_tensor("small", 10000);
+  ASSERT_TRUE(small.ok()) << small.status().to_string();
+  // slot 40000 -> 40960 (pages) + local_sum/result 80000 + pipeline 160000
+  const uint64_t charged = 40960 + 80000 + 160000;
+  EXPECT_EQ(server_->stats().tensor_bytes_in_use, charged);
+  EXPECT_EQ(server_->stats().tensor_memory_budget, uint64_t{1} << 20);
+  auto huge = client->register_tensor("huge", size_t{1} << 31);
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(huge.status().code(), Code::kResourceExhausted);
+  const std::string msg = huge.status().message();
+  EXPECT_NE(msg.find("tensor_memory_budget_bytes = 1048576"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(std::to_string(charged) + " are in use"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'huge' (2147483648 elements) needs 60129542144 bytes"), std::string::npos) << msg;
+  EXPECT_EQ(server_->stats().registrations_over_budget, 1u);
+  EXPECT_EQ(server_->stats().tensor_bytes_in_use, charged);  // nothing charged for the refusal
+  // Just over what is left: refused too; within it: fine.
+  auto medium = client->register_tensor("medium", 30000);  // 122880 + 240000 + 480000 > what is left
+  ASSERT_FALSE(medium.ok());
+  EXPECT_EQ(medium.status().code(), Code::kResourceExhausted);
+  // The job reset (last client gone) releases everything.
+  client.reset();
+  ASSERT_TRUE(wait_until([&] { return pipeline_->reset_count() == 1; }));
+  ASSERT_TRUE(wait_until([&] { return server_->stats().tensor_bytes_in_use == 0; }));
+  auto again = connect();
+  ASSERT_NE(again, nullptr);
+  EXPECT_TRUE(again->register_tensor("medium", 30000).ok());
+}
+
+TEST_F(SessionServerTest, TheMaximumTensorIsRefusedByTheDefaultSizedBudget) {
+  SessionServerOptions options;
+  options.tensor_memory_budget_bytes = uint64_t{4} << 30;  // what a small node's default would be
+  start(1, FakePipeline::Mode::kHalf, options);
+  auto client = connect();
+  ASSERT_NE(client, nullptr);
+  auto max = client->register_tensor("embedding", size_t{1} << 31);
+  ASSERT_FALSE(max.ok());
+  EXPECT_EQ(max.status().code(), Code::kResourceExhausted);
+  EXPECT_EQ(server_->stats().tensor_bytes_in_use, 0u);
+  EXPECT_GT(default_tensor_memory_budget(), uint64_t{64} << 20);
+}
+
+// 65 silent connections used to fill every pending place until the 5 s handshake timeout.
+TEST_F(SessionServerTest, SilentConnectionsDoNotLockATrainerOut) {
+  SessionServerOptions options;
+  options.handshake_timeout = 10000ms;  // long: the trainer must not get in by the timeout
+  start(1, FakePipeline::Mode::kHalf, options);
+  std::vector<int> silent;
+  for (size_t i = 0; i < kMaxPendingConnections + 6; ++i) {
+    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, sock_.path().c_str(), sizeof addr.sun_path - 1);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    silent.push_back(fd);
+  }
+  const uint64_t evicted = kMaxPendingConnections + 6 - options.max_handshakes_per_uid;
+  ASSERT_TRUE(wait_until([&] { return server_->stats().handshakes_evicted >= evicted; }))
+      << server_->stats().handshakes_evicted;
+  auto t0 = Clock::now();
+  auto c = Client::connect(sock_.path(), ConnectOptions{3000ms});
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_LT(Clock::now() - t0, 1000ms);
+  EXPECT_TRUE(wait_until([&] { return server_->connected_clients() == 1; }));
+  for (int fd : silent) ::close(fd);
+}
+
+TEST_F(SessionServerTest, ASilentConnectionIsClosedAfterTheShortHandshakeTimeout) {
+  start(1);  // default handshake_timeout
+  EXPECT_LE(SessionServerOptions{}.handshake_timeout, 2000ms);
+  RawSession raw;
+  ASSERT_TRUE(raw.connect(sock_.path()));
+  auto t0 = Clock::now();
+  pollfd p{raw.sock, POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 5000), 1);
+  char b;
+  EXPECT_LE(::read(raw.sock, &b, 1), 0);  // closed, nothing sent
+  EXPECT_LT(Clock::now() - t0, 3000ms);
+}
+
+// ---- a trainer dying mid-step --------------------------------------------------------------------
+
+TEST_F(SessionServerTest, ATrainerDyingMidCollectionFailsThatStepJobWide) {
+  start(2);
+  auto a = connect();
+  auto b = connect();
+  ASSERT_TRUE(a && b);
+  auto wa = a->register_tensor("w", 8);
+  auto wb = b->register_tensor("w", 8);
+  ASSERT_TRUE(wa.ok() && wb.ok());
+  ASSERT_TRUE(a->submit(**wa, 1).ok());
+  ASSERT_TRUE(wait_until([&] { return server_->stats().submissions == 1; }));
+  b.reset();  // dies before submitting step 1
+  auto r = a->wait(**wa, 1, 5000ms);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kAborted);
+  ASSERT_TRUE(wait_until([&] { return pipeline_->failed_count() == 1; }));
+  {
+    std::lock_guard<std::mutex> lock(pipeline_->mu_);
+    EXPECT_EQ(pipeline_->failed[0].tensor_id, 0u);
+    EXPECT_EQ(pipeline_->failed[0].step, 1u);
+    EXPECT_NE(pipeline_->failed[0].reason.find("disconnected"), std::string::npos) << pipeline_->failed[0].reason;
+  }
+  // The survivor's next step cannot complete here either: failed job-wide once, not twice.
+  ASSERT_TRUE(a->submit(**wa, 2).ok());
+  EXPECT_FALSE(a->wait(**wa, 2, 5000ms).ok());
+  ASSERT_TRUE(wait_until([&] { return pipeline_->failed_count() == 2; }));
+  EXPECT_EQ(server_->stats().steps_failed_job_wide, 2u);
+  std::lock_guard<std::mutex> lock(pipeline_->mu_);
+  EXPECT_EQ(pipeline_->failed[1].step, 2u);
+}
+
+// The only trainer dies with tensor a's step in the pipeline and b not yet submitted: b's step is
+// failed job-wide, and a's buffers (lent to the pipeline) are freed once the pipeline answers.
+TEST_F(SessionServerTest, TheLastTrainerDyingMidStepFailsTheRestAndFreesTheOrphanWhenAnswered) {
+  start(1, FakePipeline::Mode::kHold);
+  {
+    std::lock_guard<std::mutex> lock(pipeline_->mu_);
+    pipeline_->keep_held_on_reset = true;  // like a real pipeline whose step is still running
+  }
+  auto client = connect();
+  ASSERT_NE(client, nullptr);
+  auto a = client->register_tensor("a", 1 << 20);
+  auto b = client->register_tensor("b", 16);
+  ASSERT_TRUE(a.ok() && b.ok());
+  const uint64_t in_use = server_->stats().tensor_bytes_in_use;
+  ASSERT_TRUE(client->submit(**a, 3).ok());
+  ASSERT_TRUE(wait_until([&] { return pipeline_->job_count() == 1; }));
+  client.reset();
+  ASSERT_TRUE(wait_until([&] { return pipeline_->reset_count() == 1; }));
+  ASSERT_TRUE(wait_until([&] { return server_->stats().orphaned_tensors == 1; }));
+  {
+    std::lock_guard<std::mutex> lock(pipeline_->mu_);
+    ASSERT_EQ(pipeline_->failed.size(), 1u);
+    EXPECT_EQ(pipeline_->failed[0].tensor_id, 1u);
+    EXPECT_EQ(pipeline_->failed[0].step, 3u);
+  }
+  // a's local_sum and result stay allocated and charged while the pipeline holds them.
+  EXPECT_EQ(server_->stats().tensor_bytes_in_use, 2 * (uint64_t{1} << 20) * sizeof(float));
+  EXPECT_LT(server_->stats().tensor_bytes_in_use, in_use);
+  pipeline_->release();  // the pipeline answers (late, from the reset job)
+  ASSERT_TRUE(wait_until([&] { return server_->stats().orphaned_tensors == 0; }));
+  EXPECT_EQ(server_->stats().tensor_bytes_in_use, 0u);
+  EXPECT_EQ(server_->stats().stale_results, 0u);
+}
+
+// Leaving between steps is also how every job ends: nothing is failed job-wide then.
+TEST_F(SessionServerTest, ATrainerLeavingBetweenStepsFailsNothingJobWide) {
+  start(1);
+  auto client = connect();
+  ASSERT_NE(client, nullptr);
+  auto a = client->register_tensor("a", 4);
+  auto b = client->register_tensor("b", 4);
+  ASSERT_TRUE(a.ok() && b.ok());
+  for (auto* t : {*a, *b}) {
+    ASSERT_TRUE(client->submit(*t, 7).ok());
+    ASSERT_TRUE(client->wait(*t, 7, 5000ms).ok());
+  }
+  client.reset();
+  ASSERT_TRUE(wait_until([&] { return pipeline_->reset_count() == 1; }));
+  EXPECT_EQ(pipeline_->failed_count(), 0u);
+  EXPECT_EQ(server_->stats().steps_failed_job_wide, 0u);
+}
+
+}  // namespace
+}  // namespace sparsecar

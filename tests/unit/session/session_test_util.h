@@ -83,6 +83,7 @@ class FakePipeline : public StepSink {
     StepResult r;
     r.tensor_id = job.tensor_id;
     r.step = job.step;
+    r.generation = job.generation;
     {
       std::lock_guard<std::mutex> lock(mu_);
       jobs.push_back({job.tensor_id, job.step, job.lr, {job.local_sum.begin(), job.local_sum.end()}});
@@ -91,7 +92,10 @@ class FakePipeline : public StepSink {
         return;
       }
     }
-    if (mode_ == Mode::kFail) {
+    if (fail_with_deadline.load()) {
+      r.status = deadline_exceeded("rank 1 did not deliver tensor " + std::to_string(job.tensor_id) + " step " +
+                                   std::to_string(job.step) + " within 500 ms");
+    } else if (mode_ == Mode::kFail) {
       r.status = aborted("injected pipeline failure for step " + std::to_string(job.step));
     } else {
       for (size_t i = 0; i < job.result.size(); ++i) job.result[i] = job.local_sum[i] * 0.5f;
@@ -105,17 +109,28 @@ class FakePipeline : public StepSink {
     std::lock_guard<std::mutex> lock(mu_);
     metrics.push_back({name, value, step});
   }
+  uint64_t tensor_footprint_bytes(const TensorSpec& spec) const override { return footprint_per_element * spec.count; }
+  void fail_step(uint32_t tensor_id, uint64_t step, const std::string& reason) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    failed.push_back({tensor_id, step, reason});
+  }
+  size_t failed_count() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return failed.size();
+  }
   void reset() override {
     std::vector<StepJob> held;
     {
       std::lock_guard<std::mutex> lock(mu_);
       ++resets;
+      if (keep_held_on_reset) return;  // like a step still running on the pipeline thread
       held.swap(held_);
     }
     for (const StepJob& job : held) {
       StepResult r;
       r.tensor_id = job.tensor_id;
       r.step = job.step;
+      r.generation = job.generation;
       r.status = aborted("pipeline reset");
       sink_.load()->complete(r);
     }
@@ -132,6 +147,7 @@ class FakePipeline : public StepSink {
       StepResult r;
       r.tensor_id = job.tensor_id;
       r.step = job.step;
+      r.generation = job.generation;
       r.nnz = job.local_sum.size();
       sink_.load()->complete(r);
     }
@@ -160,6 +176,15 @@ class FakePipeline : public StepSink {
   std::vector<TensorSpec> specs;                           // guarded by mu_
   std::vector<SeenMetric> metrics;                         // guarded by mu_
   bool refuse_registration = false;                        // guarded by mu_
+  struct FailedStep {
+    uint32_t tensor_id;
+    uint64_t step;
+    std::string reason;
+  };
+  std::vector<FailedStep> failed;                          // guarded by mu_: fail_step() calls
+  bool keep_held_on_reset = false;                         // guarded by mu_
+  std::atomic<bool> fail_with_deadline{false};             // answer DEADLINE_EXCEEDED like a silent peer
+  uint64_t footprint_per_element = 0;                      // tensor_footprint_bytes per element
   int resets = 0;                                          // guarded by mu_
 
  private:

@@ -1,0 +1,148 @@
+#include "daemon/pipeline/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "sparsecar/kernels/codec.h"
+
+namespace sparsecar {
+namespace {
+
+std::string file_kind(mode_t mode) {
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+class Reader {
+ public:
+  explicit Reader(std::string_view data) : data_(data) {}
+  template <typename T>
+  bool get(T* v) {
+    if (data_.size() - pos_ < sizeof(T)) return false;
+    std::memcpy(v, data_.data() + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return true;
+  }
+  bool bytes(size_t n, std::string_view* out) {
+    if (data_.size() - pos_ < n) return false;
+    *out = data_.substr(pos_, n);
+    pos_ += n;
+    return true;
+  }
+  size_t pos() const { return pos_; }
+
+ private:
+  std::string_view data_;
+  size_t pos_ = 0;
+};
+
+}  // namespace
+
+uint64_t checkpoint_bytes(std::span<const TensorSpec> tensors) {
+  uint64_t bytes = kCheckpointHeaderBytes + 4;  // + CRC
+  for (const TensorSpec& t : tensors) bytes += 4 + t.name.size() + 8 + t.count * sizeof(float);
+  return bytes;
+}
+
+Expected<LoadedCheckpoint> load_checkpoint(const std::string& path, std::span<const TensorSpec> tensors,
+                                           uint32_t rank, uint32_t world_size) {
+  const std::string where = "checkpoint " + path;
+  if (tensors.empty()) return failed_precondition("no tensors are registered yet; restore after the trainers registered");
+  const uint64_t expected = checkpoint_bytes(tensors);
+  // O_NONBLOCK: opening a FIFO without a writer must not block the control thread.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) return errno_status("opening " + where, errno);
+  struct FdCloser {
+    int fd;
+    ~FdCloser() { ::close(fd); }
+  } closer{fd};
+  struct stat st{};
+  if (::fstat(fd, &st) != 0) return errno_status("fstat of " + where, errno);
+  if (!S_ISREG(st.st_mode)) {
+    return failed_precondition(where + " is " + file_kind(st.st_mode) + "; restore reads regular files only");
+  }
+  if (static_cast<uint64_t>(st.st_size) != expected) {
+    uint64_t elements = 0;
+    for (const TensorSpec& t : tensors) elements += t.count;
+    return failed_precondition(where + " is " + std::to_string(st.st_size) + " bytes; a checkpoint of the " +
+                               std::to_string(tensors.size()) + " tensors registered now (" +
+                               std::to_string(elements) + " elements) is exactly " + std::to_string(expected) +
+                               " bytes");
+  }
+  LoadedCheckpoint out;
+  try {
+    out.bytes.resize(expected);
+  } catch (const std::bad_alloc&) {
+    return resource_exhausted(where + ": cannot allocate " + std::to_string(expected) + " bytes to read it");
+  }
+  size_t done = 0;
+  while (done < expected) {  // never more than `expected`, whatever the file does meanwhile
+    const ssize_t n = ::read(fd, out.bytes.data() + done, expected - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return errno_status("reading " + where, errno);
+    if (n == 0) return data_loss(where + " shrank to " + std::to_string(done) + " bytes while it was read");
+    done += static_cast<size_t>(n);
+  }
+  return parse_checkpoint(std::move(out.bytes), tensors, rank, world_size, where);
+}
+
+Expected<LoadedCheckpoint> parse_checkpoint(std::string bytes, std::span<const TensorSpec> tensors, uint32_t rank,
+                                            uint32_t world_size, const std::string& where) {
+  LoadedCheckpoint out;
+  out.bytes = std::move(bytes);
+  if (out.bytes.size() < kCheckpointHeaderBytes + 4) return data_loss(where + " is too short to be a checkpoint");
+  const std::string& data = out.bytes;
+  if (std::memcmp(data.data(), kCheckpointMagic, sizeof kCheckpointMagic) != 0) {
+    return data_loss(where + " is not a sparsecar residual checkpoint");
+  }
+  uint32_t crc;
+  std::memcpy(&crc, data.data() + data.size() - 4, 4);
+  if (kernels::crc32c(0, data.data(), data.size() - 4) != crc) return data_loss(where + ": checksum mismatch");
+  Reader r(std::string_view(data).substr(0, data.size() - 4));
+  std::string_view magic;
+  uint32_t version = 0, count = 0, file_rank = 0, world = 0;
+  if (!r.bytes(sizeof kCheckpointMagic, &magic) || !r.get(&version) || !r.get(&count) || !r.get(&out.job_id) ||
+      !r.get(&file_rank) || !r.get(&world)) {
+    return data_loss(where + ": truncated header");
+  }
+  if (version != kCheckpointVersion) {
+    return failed_precondition(where + ": version " + std::to_string(version) + " (want " +
+                               std::to_string(kCheckpointVersion) + ")");
+  }
+  if (file_rank != rank || world != world_size) {
+    return failed_precondition(where + " was written by rank " + std::to_string(file_rank) + " of " +
+                               std::to_string(world) + "; this is rank " + std::to_string(rank) + " of " +
+                               std::to_string(world_size));
+  }
+  if (count != tensors.size()) {
+    return failed_precondition(where + " holds " + std::to_string(count) + " tensors; " +
+                               std::to_string(tensors.size()) + " are registered");
+  }
+  for (uint32_t i = 0; i < count; ++i) {
+    uint32_t len = 0;
+    uint64_t n = 0;
+    std::string_view name, values;
+    if (!r.get(&len) || !r.bytes(len, &name) || !r.get(&n)) return data_loss(where + ": truncated tensor entry");
+    const TensorSpec& spec = tensors[i];
+    if (name != spec.name || n != spec.count) {
+      return failed_precondition(where + ": tensor " + std::to_string(i) + " is '" + std::string(name) + "' (" +
+                                 std::to_string(n) + " elements); registered is '" + spec.name + "' (" +
+                                 std::to_string(spec.count) + ")");
+    }
+    const size_t at = r.pos();
+    if (!r.bytes(n * sizeof(float), &values)) return data_loss(where + ": truncated residual of '" + spec.name + "'");
+    out.offsets.push_back(at);
+  }
+  if (r.pos() != data.size() - 4) return data_loss(where + ": trailing bytes after the last tensor");
+  return out;
+}
+
+}  // namespace sparsecar
