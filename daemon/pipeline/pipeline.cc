@@ -269,14 +269,7 @@ StepResult Pipeline::process(const StepJob& job) {
     // This node could not apply the epoch in force: fail the step everywhere rather than run it
     // with other knobs than the peers.
     r.status = decision.error.with_context("tensor '" + spec.name + "' step " + std::to_string(job.step));
-    ExchangeContext ctx;
-    ctx.transport = transport_;
-    ctx.rank = options_.rank;
-    ctx.world_size = options_.world_size;
-    ctx.job_id = options_.job_id;
-    ctx.epoch = decision.epoch;
-    ctx.incarnation = incarnation_;
-    broadcast_abort(ctx, job.tensor_id, job.step, r.status.message());
+    broadcast_abort(exchange_context(decision.epoch), job.tensor_id, job.step, r.status.message());
     return r;
   }
   if (!agreed_) {
@@ -321,17 +314,8 @@ Status Pipeline::run_step(TensorState& t, const StepJob& job, const Decision& de
   }
   const policies::Plan plan = policies::plan_tensor(plan_settings_, obs);
 
-  ExchangeContext ctx;
-  ctx.transport = transport_;
-  ctx.mailbox = mailbox_;
-  ctx.job_id = options_.job_id;
-  ctx.rank = options_.rank;
-  ctx.world_size = options_.world_size;
-  ctx.epoch = decision.epoch;
-  ctx.incarnation = incarnation_;
-  ctx.deadline = Clock::now() + options_.step_timeout;
+  ExchangeContext ctx = exchange_context(decision.epoch);
   ctx.keepalive = tensors_[id];
-  ctx.metrics = metrics_;
   ctx.kernel_pool = kernel_pool_.get();
   mailbox_->drop_before(id, job.step);
 
@@ -805,22 +789,29 @@ void Pipeline::fail_step(uint32_t tensor_id, uint64_t step, const std::string& r
   cv_.notify_all();
 }
 
-void Pipeline::run_fail_step(const FailStep& fail) {
-  SC_LOG_WARN("tensor %u step %llu fails job-wide: %s", fail.tensor_id, static_cast<unsigned long long>(fail.step),
-              fail.reason.c_str());
-  if (metrics_) metrics_->count_step_failure(Code::kAborted);
-  if (options_.world_size == 1 || transport_ == nullptr) return;
+ExchangeContext Pipeline::exchange_context(uint32_t epoch) const {
   ExchangeContext ctx;
   ctx.transport = transport_;
   ctx.mailbox = mailbox_;
   ctx.job_id = options_.job_id;
   ctx.rank = options_.rank;
   ctx.world_size = options_.world_size;
-  ctx.epoch = decisions_ ? decisions_->latest().epoch : 0;  // receivers do not check an abort's epoch
-  ctx.incarnation = incarnation_;  // queued before any Reset: still this job's
+  ctx.epoch = epoch;
+  ctx.incarnation = incarnation_;
   ctx.deadline = Clock::now() + options_.step_timeout;
   ctx.metrics = metrics_;
-  broadcast_abort(ctx, fail.tensor_id, fail.step, fail.reason);
+  return ctx;
+}
+
+void Pipeline::run_fail_step(const FailStep& fail) {
+  SC_LOG_WARN("tensor %u step %llu fails job-wide: %s", fail.tensor_id, static_cast<unsigned long long>(fail.step),
+              fail.reason.c_str());
+  if (metrics_) metrics_->count_step_failure(Code::kAborted);
+  if (options_.world_size == 1 || transport_ == nullptr) return;
+  // Receivers do not check an abort's epoch; the incarnation is still this job's (a FailStep is
+  // queued before any Reset).
+  broadcast_abort(exchange_context(decisions_ ? decisions_->latest().epoch : 0), fail.tensor_id, fail.step,
+                  fail.reason);
 }
 
 }  // namespace sparsecar

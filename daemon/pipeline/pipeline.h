@@ -53,6 +53,7 @@
 #include <variant>
 #include <vector>
 
+#include "daemon/collective/collective.h"
 #include "daemon/collective/mailbox.h"
 #include "daemon/pipeline/checkpoint.h"
 #include "daemon/pipeline/compressor.h"
@@ -185,6 +186,9 @@ class Pipeline final : public StepSink {
   StepResult process(const StepJob& job);
   Status run_step(TensorState& t, const StepJob& job, const Decision& decision, StepResult* result);
   Status agree_on_job(std::chrono::steady_clock::time_point deadline);
+  // This job's identity for a collective or an abort under `epoch`, deadline one step_timeout
+  // from now (pipeline thread).
+  ExchangeContext exchange_context(uint32_t epoch) const;
   std::string manifest() const;
   void fail_queued(std::deque<Command>& queue, const std::string& why);
 

@@ -21,50 +21,53 @@ namespace {
 
 constexpr uint64_t kJob = 7;
 
-// A valid dense fp32 data message of `floats` values from `rank` (header sealed with its CRC).
 struct Message {
   std::array<std::byte, wire::kHeaderBytes> header{};
   std::vector<std::byte> payload;
 };
-Message data_message(uint32_t rank, uint32_t tensor, uint64_t step, size_t floats, uint64_t incarnation = 0,
-                     float fill = 0.0f) {
+
+// `h`'s common fields filled in (magic, version, kind, job, sender) and sealed with `payload`.
+Message sealed(wire::Kind kind, uint32_t rank, wire::WireHeader h, std::vector<std::byte> payload) {
   Message m;
-  m.payload.resize(4 * floats);
-  for (size_t i = 0; i < floats; ++i) std::memcpy(m.payload.data() + 4 * i, &fill, 4);
-  wire::WireHeader h{};
+  m.payload = std::move(payload);
   h.magic = wire::kMagic;
   h.version = wire::kVersion;
-  h.kind = static_cast<uint16_t>(wire::Kind::kData);
+  h.kind = static_cast<uint16_t>(kind);
   h.job_id = kJob;
   h.sender_rank = rank;
+  h.payload_bytes = m.payload.size();
+  wire::seal(h, m.payload, m.header);
+  return m;
+}
+
+std::vector<std::byte> text_bytes(const std::string& text) {
+  std::vector<std::byte> out;
+  for (char c : text) out.push_back(static_cast<std::byte>(c));
+  return out;
+}
+
+// A valid dense fp32 data message of `floats` values equal to `fill` from `rank`.
+Message data_message(uint32_t rank, uint32_t tensor, uint64_t step, size_t floats, uint64_t incarnation = 0,
+                     float fill = 0.0f) {
+  std::vector<std::byte> payload(4 * floats);
+  for (size_t i = 0; i < floats; ++i) std::memcpy(payload.data() + 4 * i, &fill, 4);
+  wire::WireHeader h{};
   h.tensor_id = tensor;
   h.step = step;
   h.format = static_cast<uint16_t>(kernels::Format::kDense);
   h.value_type = static_cast<uint16_t>(kernels::ValueType::kF32);
   h.dense_len = floats;
   h.nnz = floats;
-  h.payload_bytes = m.payload.size();
   h.incarnation = incarnation;
-  wire::seal(h, m.payload, m.header);
-  return m;
+  return sealed(wire::Kind::kData, rank, h, std::move(payload));
 }
 
 Message abort_message(uint32_t rank, uint32_t tensor, uint64_t step, uint64_t incarnation) {
-  Message m;
-  const std::string reason = "trainer died";
-  for (char c : reason) m.payload.push_back(static_cast<std::byte>(c));
   wire::WireHeader h{};
-  h.magic = wire::kMagic;
-  h.version = wire::kVersion;
-  h.kind = static_cast<uint16_t>(wire::Kind::kAbort);
-  h.job_id = kJob;
-  h.sender_rank = rank;
   h.tensor_id = tensor;
   h.step = step;
-  h.payload_bytes = m.payload.size();
   h.incarnation = incarnation;
-  wire::seal(h, m.payload, m.header);
-  return m;
+  return sealed(wire::Kind::kAbort, rank, h, text_bytes("trainer died"));
 }
 
 float first_value(const Envelope& e) {
@@ -178,18 +181,9 @@ TEST(MailboxIncarnation, BetweenJobsBothAreKeptAndTheAgreementPicks) {
 // A peer may start its next job (and send its manifest) before this node has reset.
 TEST(MailboxIncarnation, AManifestSurvivesTheResetAndTheNewestWins) {
   auto manifest = [](uint64_t nonce, const std::string& text) {
-    Message m;
-    for (char c : text) m.payload.push_back(static_cast<std::byte>(c));
     wire::WireHeader h{};
-    h.magic = wire::kMagic;
-    h.version = wire::kVersion;
-    h.kind = static_cast<uint16_t>(wire::Kind::kManifest);
-    h.job_id = kJob;
-    h.sender_rank = 1;
-    h.payload_bytes = m.payload.size();
     h.incarnation = nonce;
-    wire::seal(h, m.payload, m.header);
-    return m;
+    return sealed(wire::Kind::kManifest, 1, h, text_bytes(text));
   };
   Mailbox box(kJob, 2, nullptr);
   box.set_incarnation(5);
