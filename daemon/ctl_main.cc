@@ -96,6 +96,12 @@ void print_status(const json& r) {
   std::printf("trainers %s/%s connected here, %s in the job; steps ok %s, failed %s; queued %s\n",
               text(c["connected"]).c_str(), text(c["expected"]).c_str(), text(r["total_trainers"]).c_str(),
               text(c["steps_completed"]).c_str(), text(c["steps_failed"]).c_str(), text(r["queued"]).c_str());
+  std::printf("job incarnation %s; stale messages dropped %s\n",
+              r.contains("incarnation") && !r["incarnation"].is_null() ? text(r["incarnation"]).c_str() : "none yet",
+              text(r.value("stale_messages", json(0))).c_str());
+  if (r.value("job_open", false)) {
+    std::printf("WARNING: the job is open (no job_secret_file): any host that reaches the coordinator port can join\n");
+  }
   if (r.contains("metrics_port")) std::printf("metrics port %s\n", text(r["metrics_port"]).c_str());
   std::printf("\n%-6s %-6s %-28s %s\n", "PEER", "STATE", "NAME", "ERROR");
   for (const auto& p : r["peers"]) {

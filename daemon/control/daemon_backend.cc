@@ -1,5 +1,7 @@
 #include "daemon/control/daemon_backend.h"
 
+#include <cstdio>
+
 #include <cmath>
 
 #include "daemon/collective/mailbox.h"
@@ -16,7 +18,15 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 constexpr auto kProposeTimeout = std::chrono::seconds(5);
+
+// The job's incarnation as 16 hex digits (as the daemon logs it), null between jobs.
+json incarnation_text(uint64_t incarnation) {
+  if (incarnation == 0) return nullptr;
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(incarnation));
+  return std::string(buf);
 }
+}  // namespace
 
 json DaemonBackend::status() {
   const Config& c = p_.config;
@@ -51,6 +61,8 @@ json DaemonBackend::status() {
            {"world_size", c.world_size},
            {"leader", c.rank == 0},
            {"job_open", c.job_secret_file.empty()},
+           {"incarnation", incarnation_text(p_.mailbox ? p_.mailbox->incarnation() : 0)},
+           {"stale_messages", p_.mailbox ? p_.mailbox->stale() : 0},
            {"peers", peers},
            {"step", snap.has_step ? json(snap.last_step) : json(nullptr)},
            {"epoch", d.epoch},

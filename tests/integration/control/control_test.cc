@@ -155,6 +155,11 @@ TEST_F(ControlJob, SetFromAnyRankTakesEffectEverywhereAtTheRepliedStep) {
   EXPECT_EQ(st["result"]["step"], s - 1);
   EXPECT_EQ(st["result"]["groups"][0]["group"], "small");
   EXPECT_NEAR(st["result"]["groups"][0]["density"].get<double>(), 0.05, 1e-9);
+  // The job's incarnation: 16 hex digits, the same on both nodes (rank 0 drew it).
+  json st1 = call(*job_, 1, "status");
+  ASSERT_TRUE(st["result"]["incarnation"].is_string()) << st.dump();
+  EXPECT_EQ(st["result"]["incarnation"].get<std::string>().size(), 16u);
+  EXPECT_EQ(st["result"]["incarnation"], st1["result"]["incarnation"]);
 }
 
 TEST_F(ControlJob, CheckpointRestoreAndDrain) {
@@ -215,6 +220,8 @@ TEST_F(ControlJob, SparsecarctlTablesJsonAndExitCodes) {
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("rank 1 of 2"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("PEER"), std::string::npos);
+  EXPECT_NE(r.out.find("job incarnation"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("WARNING: the job is open"), std::string::npos) << "no job_secret_file here\n" << r.out;
   r = ctl(ep + " --json status");
   EXPECT_EQ(r.code, 0);
   json j = json::parse(r.out, nullptr, false);
