@@ -176,7 +176,11 @@ void Pipeline::reset() {
     for (auto& cmd : queue_) {
       if (std::holds_alternative<StepJob>(cmd)) leftover.push_back(std::move(cmd));
     }
-    std::erase_if(queue_, [](const Command& c) { return std::holds_alternative<StepJob>(c); });
+    // Steps are answered below; registrations of the finished job would only allocate buffers
+    // that the Reset frees again. Control calls and FailSteps stay, in order, before the Reset.
+    std::erase_if(queue_, [](const Command& c) {
+      return std::holds_alternative<StepJob>(c) || std::holds_alternative<Register>(c);
+    });
     queue_.push_back(Reset{});
     registered_ = 0;
     job_started_ = false;

@@ -113,6 +113,17 @@ TEST(ResetTest, EveryJobAfterAResetRuns) {
   }
 }
 
+// Registrations still queued when the job ends would only allocate buffers the Reset frees.
+TEST(ResetTest, QueuedRegistrationsOfTheFinishedJobAreDropped) {
+  Mailbox box(0, 1, nullptr);
+  PipelineOptions o;
+  Pipeline p(o, nullptr, &box, nullptr);  // not started: every command stays queued
+  for (uint32_t t = 0; t < 3; ++t) ASSERT_TRUE(p.register_tensor(t, {"w" + std::to_string(t), 1u << 20}).ok());
+  EXPECT_EQ(p.snapshot().queued, 3u);
+  p.reset();
+  EXPECT_EQ(p.snapshot().queued, 1u) << "only the Reset itself";
+}
+
 // Rank 1 sends a step-0 message of the wrong size, so rank 0's all-gather fails while its own
 // send to rank 1 is still held on the wire. The collective must not return before that send
 // completed: the caller rewrites the payload as soon as it returns.
