@@ -44,7 +44,30 @@ class Reader {
   size_t pos_ = 0;
 };
 
+template <typename T>
+void put(std::string& out, T v) {
+  out.append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+
 }  // namespace
+
+std::string encode_checkpoint(uint64_t job_id, uint32_t rank, uint32_t world_size,
+                              std::span<const CheckpointEntry> entries) {
+  std::string out(kCheckpointMagic, sizeof kCheckpointMagic);
+  put<uint32_t>(out, kCheckpointVersion);
+  put<uint32_t>(out, static_cast<uint32_t>(entries.size()));
+  put<uint64_t>(out, job_id);
+  put<uint32_t>(out, rank);
+  put<uint32_t>(out, world_size);
+  for (const CheckpointEntry& e : entries) {
+    put<uint32_t>(out, static_cast<uint32_t>(e.name.size()));
+    out += e.name;
+    put<uint64_t>(out, e.residual.size());
+    out.append(reinterpret_cast<const char*>(e.residual.data()), e.residual.size_bytes());
+  }
+  put<uint32_t>(out, kernels::crc32c(0, out.data(), out.size()));
+  return out;
+}
 
 uint64_t checkpoint_bytes(std::span<const TensorSpec> tensors) {
   uint64_t bytes = kCheckpointHeaderBytes + 4;  // + CRC

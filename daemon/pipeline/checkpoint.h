@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "daemon/pipeline/step.h"
@@ -36,6 +37,17 @@ inline constexpr size_t kCheckpointHeaderBytes = 8 + 4 + 4 + 8 + 4 + 4;
 
 // Exact size of a checkpoint of `tensors` (header, entries, CRC).
 uint64_t checkpoint_bytes(std::span<const TensorSpec> tensors);
+
+// One tensor's entry as the writer sees it: the registered name and the residual (count = its size).
+struct CheckpointEntry {
+  std::string_view name;
+  std::span<const float> residual;
+};
+
+// The bytes of a checkpoint of `entries` (registration order), CRC included: what
+// Pipeline::checkpoint() writes, and what parse_checkpoint() accepts back for the same tensors.
+std::string encode_checkpoint(uint64_t job_id, uint32_t rank, uint32_t world_size,
+                              std::span<const CheckpointEntry> entries);
 
 // A checkpoint read and validated against the tensors registered now.
 struct LoadedCheckpoint {

@@ -523,38 +523,18 @@ Expected<CheckpointInfo> Pipeline::restore(const std::string& path, Clock::time_
   return *info;
 }
 
-namespace {
-
-template <typename T>
-void put(std::string& out, T v) {
-  out.append(reinterpret_cast<const char*>(&v), sizeof v);
-}
-
-}  // namespace
-
 Status Pipeline::write_checkpoint(const std::string& path, CheckpointInfo* info) {
-  std::string out(kCheckpointMagic, sizeof kCheckpointMagic);
-  uint32_t count = 0;
-  for (const auto& t : tensors_) count += t ? 1 : 0;
-  if (count == 0) return failed_precondition("no tensors are registered; nothing to checkpoint");
-  put<uint32_t>(out, kCheckpointVersion);
-  put<uint32_t>(out, count);
-  put<uint64_t>(out, options_.job_id);
-  put<uint32_t>(out, options_.rank);
-  put<uint32_t>(out, options_.world_size);
+  std::vector<CheckpointEntry> entries;
   double norm2 = 0;
   for (const auto& t : tensors_) {
     if (!t) continue;
     const auto& spec = t->compressor.spec();
-    put<uint32_t>(out, static_cast<uint32_t>(spec.name.size()));
-    out += spec.name;
-    put<uint64_t>(out, spec.count);
-    auto r = t->compressor.residual();
-    out.append(reinterpret_cast<const char*>(r.data()), r.size_bytes());
+    entries.push_back(CheckpointEntry{spec.name, t->compressor.residual()});
     info->elements += spec.count;
     norm2 += t->compressor.residual_norm2();
   }
-  put<uint32_t>(out, kernels::crc32c(0, out.data(), out.size()));
+  if (entries.empty()) return failed_precondition("no tensors are registered; nothing to checkpoint");
+  const std::string out = encode_checkpoint(options_.job_id, options_.rank, options_.world_size, entries);
   const std::string tmp = path + ".tmp";
   // O_NONBLOCK|O_NOFOLLOW: a FIFO or symlink planted at PATH.tmp must not stall the pipeline
   // thread or redirect the write; only a regular file is written.
@@ -587,10 +567,10 @@ Status Pipeline::write_checkpoint(const std::string& path, CheckpointInfo* info)
     ::unlink(tmp.c_str());
     return errno_status("renaming checkpoint to " + path, err);
   }
-  info->tensors = count;
+  info->tensors = static_cast<uint32_t>(entries.size());
   info->bytes = out.size();
   info->residual_norm = std::sqrt(norm2);
-  SC_LOG_INFO("checkpoint: %u tensors' residuals (%zu bytes) written to %s", count, out.size(), path.c_str());
+  SC_LOG_INFO("checkpoint: %u tensors' residuals (%zu bytes) written to %s", info->tensors, out.size(), path.c_str());
   return Status::Ok();
 }
 

@@ -209,6 +209,29 @@ std::string refusal_bytes(const auth::Key& key, const auth::Nonce& challenge, co
   return out;
 }
 
+// The joiner's hello under the rendezvous key `key` (see the header: framing, nonce, MAC, body).
+std::string hello_bytes(const HelloFields& h, const auth::Key& key, const auth::Nonce& challenge) {
+  std::string body;
+  put64(body, h.job_id);
+  put32(body, h.world_size);
+  put32(body, h.rank);
+  const std::string label = h.label.substr(0, kMaxLabel);
+  put32(body, static_cast<uint32_t>(label.size()));
+  put32(body, static_cast<uint32_t>(h.address.size()));
+  body += label;
+  body += h.address;
+  std::string hello;
+  put32(hello, kMagic);
+  put16(hello, kVersion);
+  put16(hello, 0);
+  put32(hello, static_cast<uint32_t>(body.size()));
+  hello.append(reinterpret_cast<const char*>(h.nonce.data()), h.nonce.size());
+  auth::Mac256 mac = auth::mac256(key, {domain(kHelloDomain), challenge, u8(hello), u8(body)});
+  hello.append(reinterpret_cast<const char*>(mac.data()), mac.size());
+  hello += body;
+  return hello;
+}
+
 // ---- rank 0 ---------------------------------------------------------------------------------
 
 struct Pending {
@@ -531,14 +554,8 @@ class Server {
   Expected<Formation> welcome() {
     Formation f;
     f.formation_id = auth::random_array<auth::kNonceBytes>();
-    std::string body(reinterpret_cast<const char*>(f.formation_id.data()), f.formation_id.size());
-    put32(body, o_.world_size);
-    for (const Peer& p : table_) {
-      put32(body, static_cast<uint32_t>(p.label.size()));
-      put32(body, static_cast<uint32_t>(p.address.size()));
-      body += p.label;
-      body += p.address;
-    }
+    f.peers = std::move(table_);
+    const std::string body = encode_welcome_body(f);
     std::string head;
     put32(head, kMagic);
     put16(head, kVersion);
@@ -550,12 +567,11 @@ class Server {
       std::string out = head + body + std::string(reinterpret_cast<const char*>(mac.data()), mac.size());
       Status s = write_all(j.fd.get(), out, deadline_, "rank " + std::to_string(r));
       if (!s.ok()) {
-        SC_LOG_ERROR("rendezvous: cannot send the address table to rank %u (%s): %s", r, table_[r].label.c_str(),
+        SC_LOG_ERROR("rendezvous: cannot send the address table to rank %u (%s): %s", r, f.peers[r].label.c_str(),
                      s.message().c_str());
         return s.with_context("rendezvous");
       }
     }
-    f.peers = std::move(table_);
     return f;
   }
 
@@ -659,25 +675,8 @@ class Joiner {
     auth::Nonce challenge{};
     std::memcpy(challenge.data(), challenge_bytes + 8, challenge.size());
     const auth::Nonce nonce = auth::random_array<auth::kNonceBytes>();
-
-    std::string body;
-    put64(body, o_.job_id);
-    put32(body, o_.world_size);
-    put32(body, o_.rank);
-    std::string label = o_.label.substr(0, kMaxLabel);
-    put32(body, static_cast<uint32_t>(label.size()));
-    put32(body, static_cast<uint32_t>(my_address_.size()));
-    body += label;
-    body += my_address_;
-    std::string hello;
-    put32(hello, kMagic);
-    put16(hello, kVersion);
-    put16(hello, 0);
-    put32(hello, static_cast<uint32_t>(body.size()));
-    hello.append(reinterpret_cast<const char*>(nonce.data()), nonce.size());
-    auth::Mac256 mac = auth::mac256(key_, {domain(kHelloDomain), challenge, u8(hello), u8(body)});
-    hello.append(reinterpret_cast<const char*>(mac.data()), mac.size());
-    hello += body;
+    const std::string hello = hello_bytes(
+        HelloFields{o_.job_id, o_.world_size, o_.rank, o_.label, my_address_, nonce}, key_, challenge);
     SC_RETURN_IF_ERROR(write_all(fd, hello, deadline_, who_));
 
     char head[12];
@@ -723,31 +722,7 @@ class Joiner {
       SC_LOG_ERROR("%s", st.message().c_str());
       return st;
     }
-    return parse_welcome(body_in);
-  }
-
-  Expected<Formation> parse_welcome(const std::string& body) const {
-    Formation f;
-    std::memcpy(f.formation_id.data(), body.data(), f.formation_id.size());
-    size_t pos = f.formation_id.size();
-    auto bad = [&] { return data_loss("rendezvous: " + who_ + " sent a malformed table"); };
-    if (get_le(body.data() + pos, 4) != o_.world_size) return bad();
-    pos += 4;
-    f.peers.resize(o_.world_size);
-    for (uint32_t r = 0; r < o_.world_size; ++r) {
-      if (body.size() - pos < 8) return bad();
-      const uint64_t label_len = get_le(body.data() + pos, 4);
-      const uint64_t address_len = get_le(body.data() + pos + 4, 4);
-      pos += 8;
-      if (label_len > 2 * kMaxLabel + 64 || address_len > kMaxAddress || body.size() - pos < label_len + address_len) {
-        return bad();
-      }
-      f.peers[r].label = body.substr(pos, label_len);
-      f.peers[r].address = body.substr(pos + label_len, address_len);
-      pos += label_len + address_len;
-    }
-    if (pos != body.size() || f.peers[o_.rank].address != my_address_) return bad();
-    return f;
+    return parse_welcome_body(body_in, o_.world_size, o_.rank, my_address_, who_);
   }
 
   const Options& o_;
@@ -764,6 +739,50 @@ Status check_hello(std::span<const uint8_t> bytes, const auth::JobKey& key, cons
   SC_ASSIGN_OR_RETURN(std::optional<size_t> size, hello_size(buf));
   if (!size.has_value() || buf.size() != *size) return invalid_argument("incomplete hello");
   return open_hello(buf, auth::rendezvous_key(key), challenge).status();
+}
+
+std::string encode_hello(const HelloFields& hello, const auth::JobKey& key, const auth::Nonce& challenge) {
+  return hello_bytes(hello, auth::rendezvous_key(key), challenge);
+}
+
+std::string encode_welcome_body(const Formation& formation) {
+  std::string body(reinterpret_cast<const char*>(formation.formation_id.data()), formation.formation_id.size());
+  put32(body, static_cast<uint32_t>(formation.peers.size()));
+  for (const Peer& p : formation.peers) {
+    put32(body, static_cast<uint32_t>(p.label.size()));
+    put32(body, static_cast<uint32_t>(p.address.size()));
+    body += p.label;
+    body += p.address;
+  }
+  return body;
+}
+
+Expected<Formation> parse_welcome_body(std::string_view body, uint32_t world_size, uint32_t rank,
+                                       std::string_view my_address, const std::string& who) {
+  auto bad = [&] { return data_loss("rendezvous: " + who + " sent a malformed table"); };
+  Formation f;
+  if (body.size() < f.formation_id.size() + 4 || rank >= world_size) return bad();
+  std::memcpy(f.formation_id.data(), body.data(), f.formation_id.size());
+  size_t pos = f.formation_id.size();
+  if (get_le(body.data() + pos, 4) != world_size) return bad();
+  pos += 4;
+  // Every entry takes at least 8 bytes: a world size the body cannot hold allocates nothing.
+  if ((body.size() - pos) / 8 < world_size) return bad();
+  f.peers.resize(world_size);
+  for (uint32_t r = 0; r < world_size; ++r) {
+    if (body.size() - pos < 8) return bad();
+    const uint64_t label_len = get_le(body.data() + pos, 4);
+    const uint64_t address_len = get_le(body.data() + pos + 4, 4);
+    pos += 8;
+    if (label_len > 2 * kMaxLabel + 64 || address_len > kMaxAddress || body.size() - pos < label_len + address_len) {
+      return bad();
+    }
+    f.peers[r].label = std::string(body.substr(pos, label_len));
+    f.peers[r].address = std::string(body.substr(pos + label_len, address_len));
+    pos += label_len + address_len;
+  }
+  if (pos != body.size() || f.peers[rank].address != my_address) return bad();
+  return f;
 }
 
 bool split_host_port(const std::string& text, std::string* host, std::string* port) {

@@ -40,7 +40,9 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "daemon/transport/auth.h"
@@ -96,6 +98,26 @@ Expected<Formation> run(const Options& options, const std::string& my_address);
 // (framing, then the MAC, then the body), exactly as run() makes them; for fuzz targets and tests.
 // OK, PERMISSION_DENIED ("authentication failed") or INVALID_ARGUMENT (malformed / incomplete).
 Status check_hello(std::span<const uint8_t> bytes, const auth::JobKey& key, const auth::Nonce& challenge);
+
+// The hello a joiner sends on a connection whose challenge was `challenge`, exactly as run()
+// builds it (label cut to its 256-byte limit); pure, for fuzz seeds and tests.
+struct HelloFields {
+  uint64_t job_id = 0;
+  uint32_t world_size = 0;
+  uint32_t rank = 0;
+  std::string label;
+  std::string address;
+  auth::Nonce nonce{};  // the joiner's fresh random nonce
+};
+std::string encode_hello(const HelloFields& hello, const auth::JobKey& key, const auth::Nonce& challenge);
+
+// The welcome body (formation id, world size, the table) rank 0 sends, and the joiner's parser of
+// it (after the welcome's MAC has verified). parse_welcome_body checks the table has exactly
+// `world_size` entries within the size limits, nothing trailing, and that entry `rank` holds
+// `my_address`; errors are DATA_LOSS "rendezvous: <who> sent a malformed table".
+std::string encode_welcome_body(const Formation& formation);
+Expected<Formation> parse_welcome_body(std::string_view body, uint32_t world_size, uint32_t rank,
+                                       std::string_view my_address, const std::string& who);
 
 // Splits "HOST:PORT" / "[HOST]:PORT"; false on malformed input.
 bool split_host_port(const std::string& text, std::string* host, std::string* port);

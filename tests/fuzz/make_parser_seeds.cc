@@ -5,6 +5,7 @@
 //   fuzz_make_parser_seeds tests/fuzz/corpus packaging/sparsecard.toml.example
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -12,6 +13,10 @@
 #include <vector>
 
 #include "daemon/config/config.h"
+#include "daemon/pipeline/checkpoint.h"
+#include "daemon/transport/rendezvous.h"
+#include "daemon/transport/wire.h"
+#include "sparsecar/kernels/codec.h"
 #include "daemon/pipeline/decisions.h"
 #include "daemon/pipeline/observations.h"
 #include "sparsecar/common/session_protocol.h"
@@ -189,6 +194,188 @@ void config_files(const std::string& example) {
         "[tensor.\"attn.*\"]\nblock_size = 128\nvalue_type = \"fp16\"\n");
 }
 
+// ---- wire_header: byte 0 = the fuzzer's mode bits, then a sealed header + payload ----------
+namespace wire = sparsecar::wire;
+namespace kernels = sparsecar::kernels;
+constexpr uint64_t kSeedJobId = 0x0102030405060708ull;  // wire_header_fuzz.cc's job
+
+std::string wire_message(uint8_t mode, wire::WireHeader h, const std::string& payload) {
+  h.magic = wire::kMagic;
+  h.version = wire::kVersion;
+  h.job_id = kSeedJobId;
+  h.payload_bytes = payload.size();
+  std::array<std::byte, wire::kHeaderBytes> header{};
+  wire::seal(h, std::as_bytes(std::span(payload.data(), payload.size())), header);
+  std::string out(1, static_cast<char>(mode));
+  out.append(reinterpret_cast<const char*>(header.data()), header.size());
+  return out + payload;
+}
+
+wire::WireHeader data_header(kernels::Format format, kernels::ValueType vt, uint64_t dense_len, uint64_t nnz) {
+  wire::WireHeader h{};
+  h.kind = static_cast<uint16_t>(wire::Kind::kData);
+  h.sender_rank = 1;
+  h.tensor_id = 3;
+  h.step = 17;
+  h.epoch = 2;
+  h.format = static_cast<uint16_t>(format);
+  h.value_type = static_cast<uint16_t>(vt);
+  h.dense_len = dense_len;
+  h.nnz = nnz;
+  h.incarnation = 0x1122334455667788ull;
+  return h;
+}
+
+void wire_header() {
+  const size_t n = 96;
+  const std::vector<uint32_t> index = {0, 1, 2, 7, 8, 9, 10, 40, 41, 95};
+  std::vector<float> value;
+  for (size_t i = 0; i < index.size(); ++i) value.push_back(0.25f * static_cast<float>(i) - 1.0f);
+  const char* format_names[] = {"dense", "coo", "coo_varint", "bitmap", "csr", "rle"};
+  const char* type_names[] = {"fp32", "fp16", "bf16", "int8"};
+  const uint8_t modes[] = {0x00, 0x02, 0x18, 0x20, 0x46, 0x30};
+  int m = 0;
+  for (int f = 0; f < kernels::kFormatCount; ++f) {
+    for (int t = 0; t < 4; ++t) {
+      kernels::EncodeParams params;
+      params.format = static_cast<kernels::Format>(f);
+      params.value_type = static_cast<kernels::ValueType>(t);
+      params.rows = params.format == kernels::Format::kCsr ? 8 : 1;
+      std::vector<uint32_t> idx = index;
+      std::vector<float> val = value;
+      if (params.format == kernels::Format::kDense) {  // dense carries every element
+        idx.clear();
+        val.clear();
+        for (uint32_t i = 0; i < n; ++i) {
+          idx.push_back(i);
+          val.push_back(static_cast<float>(i % 5) - 2.0f);
+        }
+      }
+      auto size = kernels::encoded_size(params, n, idx);
+      if (!size.ok()) {
+        std::fprintf(stderr, "wire seed %s/%s: %s\n", format_names[f], type_names[t], size.status().to_string().c_str());
+        std::exit(1);
+      }
+      std::string payload(*size, '\0');
+      auto wrote = kernels::encode(params, n, idx, val,
+                                   std::as_writable_bytes(std::span(payload.data(), payload.size())));
+      if (!wrote.ok() || *wrote != *size) {
+        std::fprintf(stderr, "wire seed %s/%s: encode failed\n", format_names[f], type_names[t]);
+        std::exit(1);
+      }
+      write("wire_header", std::string("data_") + format_names[f] + "_" + type_names[t],
+            wire_message(modes[m++ % 6], data_header(params.format, params.value_type, n, idx.size()), payload));
+    }
+  }
+  // The empty selection, and the other kinds with their text payloads.
+  write("wire_header", "data_coo_empty",
+        wire_message(0x02, data_header(kernels::Format::kCoo, kernels::ValueType::kF32, n, 0), ""));
+  auto other = [](wire::Kind kind, uint64_t step, uint64_t incarnation) {
+    wire::WireHeader h{};
+    h.kind = static_cast<uint16_t>(kind);
+    h.sender_rank = 2;
+    h.tensor_id = kind == wire::Kind::kAbort ? 3 : 0;
+    h.step = step;
+    h.epoch = 4;
+    h.incarnation = incarnation;
+    return h;
+  };
+  write("wire_header", "abort", wire_message(0x00, other(wire::Kind::kAbort, 17, 0x1122334455667788ull),
+                                             "compress failed: tensor layer1.weight has NaN"));
+  write("wire_header", "abort_reset", wire_message(0x10, other(wire::Kind::kAbort, 17, 0x1122334455667788ull),
+                                                   "trainer died"));
+  write("wire_header", "manifest", wire_message(0x12, other(wire::Kind::kManifest, 0, 0x0badc0ffee0ddf00ull),
+                                                "tensor 0 layer1.weight 1000 [10, 100]\nknob density=0.01\n"));
+  write("wire_header", "manifest_ack", wire_message(0x00, other(wire::Kind::kManifestAck, 0x0badc0ffee0ddf00ull,
+                                                                0x1122334455667788ull), "ok"));
+  write("wire_header", "decision", wire_message(0x00, other(wire::Kind::kDecision, 120, 0), "density=0.005\n"));
+  write("wire_header", "knob_request", wire_message(0x00, other(wire::Kind::kKnobRequest, 7, 0), "selector=randomk\n"));
+  write("wire_header", "knob_reply", wire_message(0x00, other(wire::Kind::kKnobReply, 7, 0), "ok 5 130"));
+  write("wire_header", "observation", wire_message(0x00, other(wire::Kind::kObservation, 0, 0),
+                                                   "step 17\ngrad_norm 3.25\nbytes_sent 40960\n"));
+}
+
+// ---- rendezvous_hello: byte 0 = the fuzzer's mode, then a hello or a welcome body -----------
+void rendezvous_hello() {
+  namespace auth = sparsecar::auth;
+  namespace rdv = sparsecar::rendezvous;
+  auth::Nonce challenge{};  // rendezvous_hello_fuzz.cc's challenge_of(0xC0)
+  for (size_t i = 0; i < challenge.size(); ++i) challenge[i] = static_cast<uint8_t>(0xC0 + i);
+  const auth::JobKey secret = auth::job_key_from_secret("fuzz-job-secret-0123456789");
+  const auth::JobKey open = auth::open_job_key();
+  rdv::HelloFields h;
+  h.job_id = 0x00C0FFEE12345678ull;
+  h.world_size = 4;
+  h.rank = 2;
+  h.label = "node-b:4242";
+  h.address = std::string("ucx-worker-address-2") + std::string(40, '\x07');
+  for (size_t i = 0; i < h.nonce.size(); ++i) h.nonce[i] = static_cast<uint8_t>(i * 7);
+  write("rendezvous_hello", "hello_secret", std::string(1, '\0') + rdv::encode_hello(h, secret, challenge));
+  write("rendezvous_hello", "hello_secret_remac", std::string(1, '\1') + rdv::encode_hello(h, secret, challenge));
+  write("rendezvous_hello", "hello_open", std::string(1, '\4') + rdv::encode_hello(h, open, challenge));
+  write("rendezvous_hello", "hello_open_remac", std::string(1, '\5') + rdv::encode_hello(h, open, challenge));
+  rdv::HelloFields empty_label = h;
+  empty_label.label.clear();
+  empty_label.rank = 1;
+  write("rendezvous_hello", "hello_no_label", std::string(1, '\0') + rdv::encode_hello(empty_label, secret, challenge));
+  // Fields for encode_hello (mode 3): job id, world, rank, nonce, u16 label length, label, address.
+  std::string fields(1, '\3');
+  auto le = [&](uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) fields += static_cast<char>((v >> (8 * i)) & 0xFF);
+  };
+  le(h.job_id, 8);
+  le(h.world_size, 4);
+  le(h.rank, 4);
+  fields.append(reinterpret_cast<const char*>(h.nonce.data()), h.nonce.size());
+  le(h.label.size(), 2);
+  fields += h.label + h.address;
+  write("rendezvous_hello", "fields", fields);
+  // Welcome bodies (mode 2): byte 1 = rank pick (rank = (pick >> 3) % world).
+  for (uint32_t world : {2u, 4u}) {
+    rdv::Formation f;
+    for (size_t i = 0; i < f.formation_id.size(); ++i) f.formation_id[i] = static_cast<uint8_t>(0xF0 ^ i);
+    for (uint32_t r = 0; r < world; ++r) {
+      f.peers.push_back(rdv::Peer{"node-" + std::to_string(r) + ":4242 via 10.0.0." + std::to_string(r + 1),
+                                  "ucx-worker-address-" + std::to_string(r)});
+    }
+    const uint8_t pick = static_cast<uint8_t>((world - 1) << 3);
+    write("rendezvous_hello", "welcome_" + std::to_string(world),
+          std::string(1, '\2') + std::string(1, static_cast<char>(pick)) + rdv::encode_welcome_body(f));
+  }
+}
+
+// ---- checkpoint: byte 0 = the fuzzer's mode, then a checkpoint file --------------------------
+void checkpoint() {
+  // The tensor sets of checkpoint_fuzz.cc's fixed_specs(), written by the real writer.
+  struct Set {
+    const char* file;
+    uint8_t mode;
+    std::vector<std::pair<std::string, size_t>> tensors;
+  };
+  const std::vector<Set> sets = {
+      {"one", 0x00, {{"w", 100}}},
+      {"three", 0x10, {{"layer1.weight", 64}, {"layer1.bias", 8}, {"head.weight", 0}}},
+      {"embedding", 0x20, {{"embedding.weight", 1000}}},
+      {"odd_names", 0x30, {{"", 1}, {"a", 1}}},
+      {"declared", 0x02, {{"encoder.layers.0.attn.q_proj.weight", 48}, {"encoder.layers.0.attn.q_proj.bias", 12}}},
+      {"declared_own_rank", 0x07, {{"x", 5}}},
+  };
+  for (const Set& s : sets) {
+    std::vector<std::vector<float>> residuals;
+    std::vector<sparsecar::CheckpointEntry> entries;
+    residuals.reserve(s.tensors.size());
+    for (const auto& [name, count] : s.tensors) {
+      std::vector<float>& r = residuals.emplace_back(count);
+      for (size_t i = 0; i < count; ++i) r[i] = 1e-3f * static_cast<float>(i) - 0.01f;
+      entries.push_back({name, r});
+    }
+    const uint32_t rank = s.mode == 0x07 ? 3 : 1;
+    const uint32_t world = s.mode == 0x07 ? 8 : 4;
+    write("checkpoint", s.file,
+          std::string(1, static_cast<char>(s.mode)) + sparsecar::encode_checkpoint(0xABCDEF0123ull, rank, world, entries));
+  }
+}
+
 // libFuzzer dictionaries (-dict=): the words the text parsers look for, from the knob table and
 // the choice lists, so the fuzzers reach the per-knob code (set_knob, validate's sub-parsers)
 // without guessing names byte by byte.
@@ -229,12 +416,18 @@ int main(int argc, char** argv) {
     return 2;
   }
   g_dir = argv[1];
+  for (const char* target : {"wire_header", "rendezvous_hello", "checkpoint"}) {
+    std::filesystem::create_directories(g_dir + "/" + target);
+  }
   session_frames();
   observations();
   knob_changes();
   tensor_overrides();
   policy_lists();
   config_files(argv[2]);
+  wire_header();
+  rendezvous_hello();
+  checkpoint();
   dictionaries();
   std::printf("%d seeds\n", g_written);
   return 0;

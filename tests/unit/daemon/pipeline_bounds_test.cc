@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -156,6 +157,29 @@ TEST(CheckpointParseTest, EveryRuleOfTheFormatIsChecked) {
   std::string flipped = good;
   flipped[40] ^= 1;
   EXPECT_EQ(parse_checkpoint(flipped, specs, 0, 1).status().code(), Code::kDataLoss);  // CRC
+}
+
+// encode_checkpoint is what the pipeline writes, byte for byte, and parse_checkpoint accepts it back.
+TEST(CheckpointParseTest, EncodeCheckpointIsWhatThePipelineWrites) {
+  TempDir dir;
+  OneNode node;
+  ASSERT_TRUE(node.pipeline().checkpoint(dir.file("ck"), Clock::now() + 5s).ok());
+  std::string written;
+  {
+    FILE* f = std::fopen(dir.file("ck").c_str(), "rb");
+    ASSERT_NE(f, nullptr);
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) written.append(buf, n);
+    std::fclose(f);
+  }
+  const std::vector<TensorSpec> specs{{"w", 100}};
+  auto parsed = parse_checkpoint(written, specs, 0, 1);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().to_string();
+  std::vector<float> residual(100);
+  std::memcpy(residual.data(), written.data() + parsed->offsets[0], residual.size() * sizeof(float));
+  const CheckpointEntry entry{"w", residual};
+  EXPECT_EQ(encode_checkpoint(parsed->job_id, 0, 1, std::span(&entry, 1)), written);
+  EXPECT_EQ(checkpoint_bytes(specs), written.size());
 }
 
 TEST(RestoreTest, NothingRegisteredIsRefused) {

@@ -590,6 +590,62 @@ TEST(RendezvousTest, CheckHelloVerifiesTheMacBeforeTheBody) {
   EXPECT_EQ(check(head + std::string(32, 'm') + body).code(), Code::kPermissionDenied);
 }
 
+// encode_hello builds the bytes of the spec (the hand-made make_hello), and check_hello accepts
+// them only under the same key and challenge.
+TEST(RendezvousTest, EncodeHelloIsTheSpecsHello) {
+  const std::string challenge(32, 'c');
+  auth::Nonce c{};
+  std::memcpy(c.data(), challenge.data(), c.size());
+  HelloFields h;
+  h.job_id = 9;
+  h.world_size = 2;
+  h.rank = 1;
+  h.label = "outsider";
+  h.address = "forged-address";
+  std::memset(h.nonce.data(), 'n', h.nonce.size());
+  const std::string bytes = encode_hello(h, key_of(kSecret), c);
+  EXPECT_EQ(bytes, make_hello(challenge, kSecret, 9, 2, 1));
+  EXPECT_TRUE(check_hello(u8(bytes), key_of(kSecret), c).ok());
+  EXPECT_EQ(check_hello(u8(bytes), key_of(kOtherSecret), c).code(), Code::kPermissionDenied);
+  auth::Nonce other = c;
+  other[0] ^= 1;
+  EXPECT_EQ(check_hello(u8(bytes), key_of(kSecret), other).code(), Code::kPermissionDenied);
+  // The label is cut to its limit, as the joiner always did.
+  h.label = std::string(300, 'L');
+  const std::string cut = encode_hello(h, key_of(kSecret), c);
+  EXPECT_EQ(get_le(cut, 76 + 16, 4), 256u);
+  EXPECT_TRUE(check_hello(u8(cut), key_of(kSecret), c).ok());
+}
+
+// The welcome table round-trips, and the joiner's parser refuses every table that is not exactly
+// world_size entries ending at the body's end with our address at our rank.
+TEST(RendezvousTest, WelcomeBodyRoundTripsAndMalformedTablesAreDataLoss) {
+  Formation f;
+  for (size_t i = 0; i < f.formation_id.size(); ++i) f.formation_id[i] = static_cast<uint8_t>(i);
+  f.peers = {Peer{"rank0", "addr0"}, Peer{"", "addr1"}, Peer{"rank2 via 10.0.0.3", "addr2"}};
+  const std::string body = encode_welcome_body(f);
+  auto parsed = parse_welcome_body(body, 3, 1, "addr1", "rank 0");
+  ASSERT_TRUE(parsed.ok()) << parsed.status().to_string();
+  EXPECT_EQ(parsed->formation_id, f.formation_id);
+  ASSERT_EQ(parsed->peers.size(), 3u);
+  EXPECT_EQ(parsed->peers[2].label, "rank2 via 10.0.0.3");
+  EXPECT_EQ(encode_welcome_body(*parsed), body);
+  auto bad = [&](std::string_view b, uint32_t world, uint32_t rank, std::string_view address) {
+    auto r = parse_welcome_body(b, world, rank, address, "rank 0");
+    EXPECT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), Code::kDataLoss);
+    EXPECT_NE(r.status().message().find("rank 0 sent a malformed table"), std::string::npos) << r.status().message();
+  };
+  bad(body, 3, 1, "addr2");                      // not our address at our rank
+  bad(body, 4, 1, "addr1");                      // another world size
+  bad(body, 3, 3, "addr1");                      // our rank outside the table
+  bad(body + "x", 3, 1, "addr1");                // trailing bytes
+  bad(body.substr(0, body.size() - 1), 3, 1, "addr1");  // truncated
+  bad(body.substr(0, 35), 3, 1, "addr1");        // shorter than the fixed part
+  std::string huge_world = body.substr(0, 32) + le(0xFFFFFFFF, 4);
+  bad(huge_world, 0xFFFFFFFF, 0, "addr1");       // a world the body cannot hold: refused before allocating
+}
+
 // A port nobody listens on: bound (so nobody else takes it) but not listening.
 struct DeadPort {
   int fd = -1;
