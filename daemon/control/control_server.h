@@ -1,4 +1,4 @@
-// ControlServer: the daemon's ZeroMQ control socket (DESIGN.md §4 "Control protocol").
+// ControlServer: the daemon's ZeroMQ control socket (protocol: daemon/control/protocol.h).
 //
 // A ROUTER socket served by one control thread that polls it with a bounded timeout
 // (zmq::poll, no draft API), hands each request to the Dispatcher and sends its reply back on the

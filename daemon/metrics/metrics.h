@@ -1,4 +1,4 @@
-// Metrics: the daemon's Prometheus metrics, declared once (STYLE.md habit 8). The catalogue with
+// Metrics: the daemon's Prometheus metrics, declared once. The catalogue with
 // every name, type, label and unit is docs in dashboards/README.md; the names below are the
 // contract the dashboards and alert rules read.
 //

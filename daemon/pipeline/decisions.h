@@ -1,5 +1,5 @@
 // DecisionBoard: the live settings of the job, changed only by rank 0 and applied by every node
-// at the same step ("decision epochs", DESIGN.md §5).
+// at the same step ("decision epochs", docs/architecture.md).
 //
 // A Decision is {epoch, effective_step, config}: the full knob values in force from
 // `effective_step` on. Epoch 0 is the start-up configuration (checked equal on every node at the

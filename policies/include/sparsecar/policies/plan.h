@@ -1,7 +1,7 @@
 // Plan: what the pipeline does with one tensor at one step, and the static policy that makes it.
 //
-// Policies are pure functions of plain-struct observations to a plain-struct plan (STYLE.md
-// habit 6): the same inputs give the same plan on every node. The static policy is the
+// Policies are pure functions of plain-struct observations to a plain-struct plan:
+// the same inputs give the same plan on every node. The static policy is the
 // fallback every later controller reverts to when it fails.
 #pragma once
 
