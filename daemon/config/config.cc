@@ -14,6 +14,7 @@
 #include <sstream>
 #include <toml++/toml.h>
 
+#include "sparsecar/common/checked_file.h"
 #include "sparsecar/policies/overrides.h"
 
 namespace sparsecar {
@@ -76,38 +77,16 @@ static Expected<std::vector<std::string>> load_config(const std::string& path, c
 std::string version_string() { return "sparsecar 0.1.0"; }
 
 Expected<std::string> read_config_text(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return errno_status("config file " + path, errno);
-  struct stat st{};
-  std::string text;
-  Status status = Status::Ok();
-  if (::fstat(fd, &st) != 0) {
-    status = errno_status("config file " + path, errno);
-  } else if (S_ISDIR(st.st_mode)) {
-    status = invalid_argument("config file " + path + " is a directory");
-  } else if (!S_ISREG(st.st_mode)) {
-    status = invalid_argument("config file " + path + " is not a regular file");
-  } else if (st.st_size > static_cast<off_t>(kMaxConfigFileBytes)) {
-    status = invalid_argument("config file " + path + " is " + std::to_string(st.st_size) + " bytes; at most " +
+  const std::string what = "config file " + path;
+  return read_checked_file(path, what, kMaxConfigFileBytes, [&](const struct stat& st) -> Status {
+    if (S_ISDIR(st.st_mode)) return invalid_argument(what + " is a directory");
+    if (!S_ISREG(st.st_mode)) return invalid_argument(what + " is not a regular file");
+    if (st.st_size > static_cast<off_t>(kMaxConfigFileBytes)) {
+      return invalid_argument(what + " is " + std::to_string(st.st_size) + " bytes; at most " +
                               std::to_string(kMaxConfigFileBytes) + " are read");
-  } else {
-    text.resize(static_cast<size_t>(st.st_size));
-    size_t done = 0;
-    while (done < text.size()) {
-      const ssize_t n = ::read(fd, text.data() + done, text.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) {
-        status = errno_status("reading config file " + path, errno);
-        break;
-      }
-      if (n == 0) break;  // shrank meanwhile: parse what is there
-      done += static_cast<size_t>(n);
     }
-    text.resize(done);
-  }
-  ::close(fd);
-  if (!status.ok()) return status;
-  return text;
+    return Status::Ok();
+  });
 }
 
 Expected<std::vector<std::string>> load_config_file(const std::string& path, Config& config) {

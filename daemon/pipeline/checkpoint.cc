@@ -7,19 +7,11 @@
 #include <cerrno>
 #include <cstring>
 
+#include "sparsecar/common/checked_file.h"
 #include "sparsecar/kernels/codec.h"
 
 namespace sparsecar {
 namespace {
-
-std::string file_kind(mode_t mode) {
-  if (S_ISFIFO(mode)) return "a FIFO";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISSOCK(mode)) return "a socket";
-  return "not a regular file";
-}
 
 class Reader {
  public:
@@ -80,41 +72,25 @@ Expected<LoadedCheckpoint> load_checkpoint(const std::string& path, std::span<co
   const std::string where = "checkpoint " + path;
   if (tensors.empty()) return failed_precondition("no tensors are registered yet; restore after the trainers registered");
   const uint64_t expected = checkpoint_bytes(tensors);
-  // O_NONBLOCK: opening a FIFO without a writer must not block the control thread.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-  if (fd < 0) return errno_status("opening " + where, errno);
-  struct FdCloser {
-    int fd;
-    ~FdCloser() { ::close(fd); }
-  } closer{fd};
-  struct stat st{};
-  if (::fstat(fd, &st) != 0) return errno_status("fstat of " + where, errno);
-  if (!S_ISREG(st.st_mode)) {
-    return failed_precondition(where + " is " + file_kind(st.st_mode) + "; restore reads regular files only");
+  SC_ASSIGN_OR_RETURN(std::string bytes, read_checked_file(path, where, expected, [&](const struct stat& st) -> Status {
+    if (!S_ISREG(st.st_mode)) {
+      return failed_precondition(where + " is " + file_kind(st.st_mode) + "; restore reads regular files only");
+    }
+    if (static_cast<uint64_t>(st.st_size) != expected) {
+      uint64_t elements = 0;
+      for (const TensorSpec& t : tensors) elements += t.count;
+      return failed_precondition(where + " is " + std::to_string(st.st_size) + " bytes; a checkpoint of the " +
+                                 std::to_string(tensors.size()) + " tensors registered now (" +
+                                 std::to_string(elements) + " elements) is exactly " + std::to_string(expected) +
+                                 " bytes");
+    }
+    return Status::Ok();
+  }));
+  // Never more than `expected` is read, whatever the file does meanwhile.
+  if (bytes.size() < expected) {
+    return data_loss(where + " shrank to " + std::to_string(bytes.size()) + " bytes while it was read");
   }
-  if (static_cast<uint64_t>(st.st_size) != expected) {
-    uint64_t elements = 0;
-    for (const TensorSpec& t : tensors) elements += t.count;
-    return failed_precondition(where + " is " + std::to_string(st.st_size) + " bytes; a checkpoint of the " +
-                               std::to_string(tensors.size()) + " tensors registered now (" +
-                               std::to_string(elements) + " elements) is exactly " + std::to_string(expected) +
-                               " bytes");
-  }
-  LoadedCheckpoint out;
-  try {
-    out.bytes.resize(expected);
-  } catch (const std::bad_alloc&) {
-    return resource_exhausted(where + ": cannot allocate " + std::to_string(expected) + " bytes to read it");
-  }
-  size_t done = 0;
-  while (done < expected) {  // never more than `expected`, whatever the file does meanwhile
-    const ssize_t n = ::read(fd, out.bytes.data() + done, expected - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return errno_status("reading " + where, errno);
-    if (n == 0) return data_loss(where + " shrank to " + std::to_string(done) + " bytes while it was read");
-    done += static_cast<size_t>(n);
-  }
-  return parse_checkpoint(std::move(out.bytes), tensors, rank, world_size, where);
+  return parse_checkpoint(std::move(bytes), tensors, rank, world_size, where);
 }
 
 Expected<LoadedCheckpoint> parse_checkpoint(std::string bytes, std::span<const TensorSpec> tensors, uint32_t rank,

@@ -21,24 +21,31 @@ FrameScan scan_frame(std::span<const uint8_t> in) {
   return f;
 }
 
+namespace {
+
+// The fields Register and RegisterShaped share; `m` is the message copied out of `payload`.
+template <typename Message>
+RegisterRequest decode_common(const uint8_t* payload, Message* m) {
+  std::memcpy(m, payload, sizeof *m);
+  RegisterRequest req;
+  req.count = m->count;
+  req.dtype = m->dtype;
+  req.name = reinterpret_cast<const char*>(payload) + offsetof(Message, name);
+  return req;
+}
+
+}  // namespace
+
 RegisterRequest decode_register(const uint8_t* payload) {
   proto::Register m;
-  std::memcpy(&m, payload, sizeof m);
-  RegisterRequest req;
-  req.count = m.count;
-  req.dtype = m.dtype;
-  req.name = reinterpret_cast<const char*>(payload) + offsetof(proto::Register, name);
+  RegisterRequest req = decode_common(payload, &m);
   if (m.reserved != 0) req.malformed = "reserved field of Register is not 0";
   return req;
 }
 
 RegisterRequest decode_register_shaped(const uint8_t* payload) {
   proto::RegisterShaped m;
-  std::memcpy(&m, payload, sizeof m);
-  RegisterRequest req;
-  req.count = m.count;
-  req.dtype = m.dtype;
-  req.name = reinterpret_cast<const char*>(payload) + offsetof(proto::RegisterShaped, name);
+  RegisterRequest req = decode_common(payload, &m);
   if (m.ndim == 0 || m.ndim > proto::kMaxShapeDims) {
     req.malformed = strfmt("shape has %u dims; 1..%zu are allowed", m.ndim, proto::kMaxShapeDims);
   } else {

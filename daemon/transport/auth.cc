@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "sparsecar/common/checked_file.h"
 #include "sparsecar/common/log.h"
 
 namespace sparsecar::auth {
@@ -58,41 +59,24 @@ JobKey job_key_from_secret(std::string_view secret) {
 
 Expected<std::string> read_job_secret_file(const std::string& path) {
   const std::string what = "job_secret_file '" + path + "'";
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-  if (fd < 0) return errno_status(what + ": cannot open", errno);
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  // Checked on the opened file (fstat), so the file read is the file checked.
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) return errno_status(what + ": fstat", errno);
-  if (!S_ISREG(st.st_mode)) return invalid_argument(what + " is not a regular file");
-  if (st.st_uid != ::geteuid()) {
-    return permission_denied(what + " is owned by uid " + std::to_string(st.st_uid) + ", not by the daemon's uid " +
-                             std::to_string(::geteuid()));
-  }
-  if ((st.st_mode & 077) != 0) {
-    char mode[8];
-    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
-    return permission_denied(what + " has mode " + mode + ": group and others must have no access (chmod 600)");
-  }
-  if (st.st_size > static_cast<off_t>(kMaxSecretBytes) + 2) {
-    return invalid_argument(what + " is larger than " + std::to_string(kMaxSecretBytes) + " bytes");
-  }
-  std::string secret(kMaxSecretBytes + 3, '\0');
-  size_t got = 0;
-  while (got < secret.size()) {
-    ssize_t n = ::read(fd, secret.data() + got, secret.size() - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      sodium_memzero(secret.data(), secret.size());
-      return errno_status(what + ": read", errno);
+  // Checked on the opened file (read_checked_file), so the file read is the file checked.
+  SC_ASSIGN_OR_RETURN(std::string secret, read_checked_file(path, what, kMaxSecretBytes + 3,
+                                                            [&](const struct stat& st) -> Status {
+    if (!S_ISREG(st.st_mode)) return invalid_argument(what + " is not a regular file");
+    if (st.st_uid != ::geteuid()) {
+      return permission_denied(what + " is owned by uid " + std::to_string(st.st_uid) +
+                               ", not by the daemon's uid " + std::to_string(::geteuid()));
     }
-    if (n == 0) break;
-    got += static_cast<size_t>(n);
-  }
-  secret.resize(got);
+    if ((st.st_mode & 077) != 0) {
+      char mode[8];
+      std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+      return permission_denied(what + " has mode " + mode + ": group and others must have no access (chmod 600)");
+    }
+    if (st.st_size > static_cast<off_t>(kMaxSecretBytes) + 2) {
+      return invalid_argument(what + " is larger than " + std::to_string(kMaxSecretBytes) + " bytes");
+    }
+    return Status::Ok();
+  }));
   if (!secret.empty() && secret.back() == '\n') secret.pop_back();
   if (!secret.empty() && secret.back() == '\r') secret.pop_back();
   Status bad;
