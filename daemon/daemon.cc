@@ -19,26 +19,6 @@
 
 namespace sparsecar {
 
-namespace {
-// What the transport delivers goes to the mailbox; what it rejects (bad MAC, replay, forged bye)
-// is counted as errors_total{kind="transport_rejected"}.
-class CountingSink final : public MessageSink {
- public:
-  CountingSink(MessageSink* next, Metrics* metrics) : next_(next), metrics_(metrics) {}
-  void on_message(uint32_t peer, std::span<const std::byte> header, std::span<const std::byte> payload) override {
-    next_->on_message(peer, header, payload);
-  }
-  void on_peer_failed(uint32_t peer, const Status& why) override { next_->on_peer_failed(peer, why); }
-  void on_rejected(uint32_t /*peer*/, const Status& /*why*/) override {
-    metrics_->count_error(ErrorKind::kTransportRejected);
-  }
-
- private:
-  MessageSink* next_;
-  Metrics* metrics_;
-};
-}  // namespace
-
 struct Daemon::Parts {
   // Takes the parts down in the reverse of start's order, stopping every thread that could call
   // into another part before any part is freed: also when start() fails half-way (the mailbox's
@@ -53,7 +33,6 @@ struct Daemon::Parts {
   }
   std::unique_ptr<Metrics> metrics;
   std::unique_ptr<Mailbox> mailbox;
-  std::unique_ptr<CountingSink> transport_sink;  // outlives the transport
   std::unique_ptr<UcxTransport> transport;
   std::unique_ptr<FaultyTransport> faults;  // tests only: SPARSECAR_TEST_FAULTS
   Transport* net = nullptr;                 // what the parts send through: faults or transport
@@ -111,8 +90,7 @@ Expected<std::unique_ptr<Daemon>> Daemon::start(const Config& config) {
     t.key = *key;
     SC_LOG_INFO("rank %u of %u: joining the job through %s", config.rank, config.world_size,
                 config.coordinator.c_str());
-    parts->transport_sink = std::make_unique<CountingSink>(parts->mailbox.get(), parts->metrics.get());
-    auto transport = UcxTransport::start(t, parts->transport_sink.get());
+    auto transport = UcxTransport::start(t, parts->mailbox.get());
     if (!transport.ok()) return transport.status().with_context("joining the job");
     parts->transport = std::move(transport).value();
     const UcxTransportStats joined = parts->transport->stats();

@@ -134,6 +134,10 @@ void Mailbox::set_control_handler(ControlHandler handler) {
   control_ = std::move(handler);
 }
 
+void Mailbox::on_rejected(uint32_t /*peer*/, const Status& /*why*/) {
+  if (metrics_) metrics_->count_error(ErrorKind::kTransportRejected);
+}
+
 void Mailbox::on_peer_failed(uint32_t peer, const Status& why) {
   std::lock_guard<std::mutex> lock(mu_);
   if (peer < peer_failures_.size() && peer_failures_[peer].ok()) {

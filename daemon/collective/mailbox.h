@@ -66,6 +66,9 @@ class Mailbox final : public MessageSink {
   void on_message(uint32_t peer, std::span<const std::byte> header,
                   std::span<const std::byte> payload) override;
   void on_peer_failed(uint32_t peer, const Status& why) override;
+  // The transport dropped a message from `peer` before it got here (bad MAC, replayed sequence
+  // number, forged bye): counted as errors_total{kind="transport_rejected"} (the transport logs it).
+  void on_rejected(uint32_t peer, const Status& why) override;
 
   // Decision, knob and observation messages (kinds 5..8) are not stored: once validated they go
   // to this handler, on the transport thread. Set it before the first such message can arrive.

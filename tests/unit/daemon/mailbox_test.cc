@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/metrics/metrics.h"
 #include "sparsecar/kernels/types.h"
 
 namespace sparsecar {
@@ -194,6 +195,26 @@ TEST(MailboxIncarnation, AManifestSurvivesTheResetAndTheNewestWins) {
   ASSERT_TRUE(got.ok()) << got.status().to_string();
   EXPECT_EQ(got->header.incarnation, 0x11u);
   EXPECT_EQ(std::string(reinterpret_cast<const char*>(got->payload.data()), got->payload.size()), "second");
+}
+
+}  // namespace
+}  // namespace sparsecar
+
+namespace sparsecar {
+namespace {
+
+// What the mailbox drops shows up in errors_total by kind: a stale message (another job) and a
+// message the transport refused before it got here (bad MAC, replay, forged bye).
+TEST(MailboxMetrics, StaleAndTransportRejectedMessagesAreCountedByKind) {
+  auto metrics = Metrics::create("off").value();
+  Mailbox box(kJob, 2, metrics.get());
+  box.set_incarnation(7);
+  deliver(box, 1, data_message(1, 0, 5, 4, /*incarnation=*/6));
+  box.on_rejected(1, data_loss("bad MAC"));
+  box.on_rejected(1, data_loss("replayed sequence number"));
+  const std::string text = metrics->scrape_text();
+  EXPECT_NE(text.find(R"(sparsecar_errors_total{kind="wire_stale"} 1)"), std::string::npos) << text;
+  EXPECT_NE(text.find(R"(sparsecar_errors_total{kind="transport_rejected"} 2)"), std::string::npos) << text;
 }
 
 }  // namespace
