@@ -23,6 +23,13 @@ TensorCompressor::TensorCompressor(uint32_t id, const TensorSpec& spec, kernels:
       payload_(kernels::max_encoded_bytes(spec.count)),
       structured_(spec) {}
 
+uint64_t TensorCompressor::footprint_bytes(const TensorSpec& spec) {
+  const uint64_t n = spec.count;
+  // residual, work, value, velocity (float) and index (uint32_t); scratch; payload; structured.
+  return n * (4 * sizeof(float) + sizeof(uint32_t)) + kernels::topk_scratch_bytes(n) +
+         kernels::max_encoded_bytes(n) + StructuredSelection::footprint_bytes(spec);
+}
+
 void TensorCompressor::rescale_for_lr(const policies::Plan& plan, float lr) {
   if (lr > 0.0f && last_lr_ > 0.0f && lr != last_lr_ && plan.lr_rescale != policies::LrRescale::kOff) {
     const float factor =

@@ -35,6 +35,10 @@ class TensorCompressor {
  public:
   // pool (optional, must outlive the compressor): the selection kernels split this tensor over it.
   TensorCompressor(uint32_t id, const TensorSpec& spec, kernels::ThreadPool* pool = nullptr);
+  // The most memory a compressor for `spec` can hold: what the constructor allocates plus what a
+  // later plan may (momentum velocity, the structured selection's mask state). A registration is
+  // charged this worst case, so no later plan change can take the node over its budget.
+  static uint64_t footprint_bytes(const TensorSpec& spec);
 
   uint32_t id() const { return id_; }
   const TensorSpec& spec() const { return spec_; }

@@ -19,7 +19,6 @@
 #include "sparsecar/kernels/codec.h"
 #include "sparsecar/kernels/parallel.h"
 #include "sparsecar/kernels/select.h"
-#include "sparsecar/kernels/structured.h"
 
 namespace sparsecar {
 
@@ -746,24 +745,8 @@ Status Pipeline::agree_on_job(Clock::time_point deadline) {
   return Status::Ok();
 }
 
-}  // namespace sparsecar
-
-namespace sparsecar {
-
 uint64_t Pipeline::tensor_footprint_bytes(const TensorSpec& spec) const {
-  // What TensorCompressor's constructor allocates (residual, work, index, value, top-k scratch,
-  // payload; structured selection scratch) plus what it may allocate later for the tensor
-  // (momentum velocity; periodic mask: importance, mask, mask values): a registration is charged
-  // its worst case, so no later plan change can take the node over its budget.
-  const uint64_t n = spec.count;
-  uint64_t groups = (n + kernels::kMinBlock - 1) / kernels::kMinBlock;
-  for (uint64_t d : spec.shape) groups = std::max(groups, d);
-  if (spec.shape.size() == 2) groups = std::max(groups, n / spec.shape[0]);
-  const uint64_t topk = kernels::topk_scratch_bytes(n);
-  const uint64_t at_registration = 4 * n * sizeof(float) + topk + kernels::max_encoded_bytes(n) +
-                                   std::max<uint64_t>(kernels::group_scratch_bytes(groups), topk);
-  const uint64_t later = n * sizeof(float) + 3 * n * sizeof(float);
-  return at_registration + later;
+  return TensorCompressor::footprint_bytes(spec);
 }
 
 void Pipeline::fail_step(uint32_t tensor_id, uint64_t step, const std::string& reason) {

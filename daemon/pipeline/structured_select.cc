@@ -51,11 +51,18 @@ size_t max_groups(const TensorSpec& spec) {
   return groups;
 }
 
+size_t scratch_bytes(const TensorSpec& spec) {
+  return std::max(kernels::group_scratch_bytes(max_groups(spec)), kernels::topk_scratch_bytes(spec.count));
+}
+
 }  // namespace
 
-StructuredSelection::StructuredSelection(const TensorSpec& spec)
-    : spec_(spec),
-      scratch_(std::max(kernels::group_scratch_bytes(max_groups(spec)), kernels::topk_scratch_bytes(spec.count))) {}
+StructuredSelection::StructuredSelection(const TensorSpec& spec) : spec_(spec), scratch_(scratch_bytes(spec)) {}
+
+uint64_t StructuredSelection::footprint_bytes(const TensorSpec& spec) {
+  // importance_ and mask_values_ (float) and mask_ (uint32_t): up to one per element each.
+  return scratch_bytes(spec) + spec.count * (2 * sizeof(float) + sizeof(uint32_t));
+}
 
 bool StructuredSelection::handles(kernels::Selector s) {
   switch (s) {

@@ -72,6 +72,9 @@ class StructuredSelection {
   explicit StructuredSelection(const TensorSpec& spec);
 
   static bool handles(kernels::Selector s);
+  // The most memory one selection for `spec` can hold: its scratch (allocated here) plus the
+  // periodic mask's state (allocated on first use). For the node's tensor memory budget.
+  static uint64_t footprint_bytes(const TensorSpec& spec);
 
   // The pool hybrid tensors share (owned by the pipeline; may be null: hybrid is then top-k).
   void set_pool(PooledThreshold* pool) { pool_ = pool; }
