@@ -7,7 +7,7 @@
 //   BM_payload_poly1305 the fastest libsodium MAC over a whole payload — not offered either
 //   BM_payload_crc      baseline: the CRC-32C the receiver already computes over every payload
 //   BM_payload_memcpy   baseline: copying the payload once
-// Reproduce: a Release build, then `build-release/bench/sparsecar_auth_bench`.
+// Reproduce: scripts/bench transport (a Release build; medians of 3 repetitions).
 #include <benchmark/benchmark.h>
 #include <sodium.h>
 
