@@ -96,9 +96,9 @@ void print_status(const json& r) {
   std::printf("trainers %s/%s connected here, %s in the job; steps ok %s, failed %s; queued %s\n",
               text(c["connected"]).c_str(), text(c["expected"]).c_str(), text(r["total_trainers"]).c_str(),
               text(c["steps_completed"]).c_str(), text(c["steps_failed"]).c_str(), text(r["queued"]).c_str());
-  std::printf("job incarnation %s; stale messages dropped %s\n",
+  std::printf("job incarnation %s; stale messages dropped %s; lost peers replaced %s\n",
               r.contains("incarnation") && !r["incarnation"].is_null() ? text(r["incarnation"]).c_str() : "none yet",
-              text(r.value("stale_messages", json(0))).c_str());
+              text(r.value("stale_messages", json(0))).c_str(), text(r.value("peers_rejoined", json(0))).c_str());
   if (r.value("job_open", false)) {
     std::printf("WARNING: the job is open (no job_secret_file): any host that reaches the coordinator port can join\n");
   }

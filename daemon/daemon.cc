@@ -88,6 +88,7 @@ Expected<std::unique_ptr<Daemon>> Daemon::start(const Config& config) {
     t.net_devices = config.ucx_net_devices;
     t.rendezvous_timeout = std::chrono::milliseconds(config.join_timeout_ms);
     t.key = *key;
+    t.accept_replacements = config.accept_replacements;
     SC_LOG_INFO("rank %u of %u: joining the job through %s", config.rank, config.world_size,
                 config.coordinator.c_str());
     auto transport = UcxTransport::start(t, parts->mailbox.get());

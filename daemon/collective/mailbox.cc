@@ -13,6 +13,7 @@ Mailbox::Mailbox(uint64_t job_id, uint32_t world_size, Metrics* metrics, uint64_
       metrics_(metrics),
       max_bytes_per_peer_(max_bytes_per_peer),
       peer_failures_(world_size),
+      down_since_(world_size),
       buffered_(world_size, 0) {}
 
 std::map<Mailbox::Key, Envelope>::iterator Mailbox::erase_message(std::map<Key, Envelope>::iterator it) {
@@ -88,6 +89,14 @@ void Mailbox::on_message(uint32_t peer, std::span<const std::byte> header_bytes,
     reject(peer, data_loss("message from rank " + std::to_string(peer) + " outside the job"), nullptr);
     return;
   }
+  if (kind == wire::Kind::kManifest) {
+    ManifestHandler handler;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      handler = manifests_;
+    }
+    if (handler && handler(peer, h, payload)) return;
+  }
   const bool job_scoped = kind == wire::Kind::kData || kind == wire::Kind::kAbort;
   std::unique_lock<std::mutex> lock(mu_);
   if (job_scoped && incarnation_ != 0 && h.incarnation != incarnation_) {
@@ -129,6 +138,11 @@ void Mailbox::on_message(uint32_t peer, std::span<const std::byte> header_bytes,
   cv_.notify_all();
 }
 
+void Mailbox::set_manifest_handler(ManifestHandler handler) {
+  std::lock_guard<std::mutex> lock(mu_);
+  manifests_ = std::move(handler);
+}
+
 void Mailbox::set_control_handler(ControlHandler handler) {
   std::lock_guard<std::mutex> lock(mu_);
   control_ = std::move(handler);
@@ -142,8 +156,24 @@ void Mailbox::on_peer_failed(uint32_t peer, const Status& why) {
   std::lock_guard<std::mutex> lock(mu_);
   if (peer < peer_failures_.size() && peer_failures_[peer].ok()) {
     peer_failures_[peer] = unavailable("rank " + std::to_string(peer) + " failed: " + why.message());
-    if (!first_down_) first_down_ = PeerDown{peer, peer_failures_[peer], Clock::now()};
+    down_since_[peer] = Clock::now();
+    // What the lost process sent is of no use to anyone now (every take from it fails), and must
+    // not be taken once a replacement of that rank is back.
+    for (auto it = messages_.begin(); it != messages_.end();) {
+      it = std::get<1>(it->first) == peer ? erase_message(it) : std::next(it);
+    }
+    std::erase_if(step_failures_, [&](const auto& f) { return std::get<0>(f.first) == peer; });
   }
+  cv_.notify_all();
+}
+
+void Mailbox::on_peer_rejoined(uint32_t peer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (peer >= peer_failures_.size() || peer_failures_[peer].ok()) return;
+  SC_LOG_INFO("rank %u is back (a replacement process) after %.1f s down", peer,
+              std::chrono::duration<double>(Clock::now() - down_since_[peer]).count());
+  peer_failures_[peer] = Status::Ok();
+  rejoined_.fetch_add(1);
   cv_.notify_all();
 }
 
@@ -272,7 +302,12 @@ void Mailbox::resume() {
 
 std::optional<Mailbox::PeerDown> Mailbox::first_peer_down() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return first_down_;
+  std::optional<PeerDown> first;
+  for (uint32_t peer = 0; peer < peer_failures_.size(); ++peer) {
+    if (peer_failures_[peer].ok()) continue;
+    if (!first || down_since_[peer] < first->since) first = PeerDown{peer, peer_failures_[peer], down_since_[peer]};
+  }
+  return first;
 }
 
 Status Mailbox::peer_status(uint32_t peer) const {

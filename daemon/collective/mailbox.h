@@ -26,7 +26,10 @@
 // that runs far ahead or floods cannot exhaust this daemon's memory. A peer in step can be at
 // most about two steps ahead, so the limit only needs to cover two steps of its messages.
 //
-// Thread-safety: on_message/on_peer_failed run on the transport thread; everything else on the
+// A failed peer's stored messages and step failures are dropped when it fails: a replacement of
+// that rank (on_peer_rejoined) starts clean, and nothing of the lost process is summed after.
+//
+// Thread-safety: on_message/on_peer_failed/on_peer_rejoined run on the transport thread; everything else on the
 // pipeline thread; one mutex guards the state (messages are per tensor step, not per element).
 #pragma once
 
@@ -66,6 +69,9 @@ class Mailbox final : public MessageSink {
   void on_message(uint32_t peer, std::span<const std::byte> header,
                   std::span<const std::byte> payload) override;
   void on_peer_failed(uint32_t peer, const Status& why) override;
+  // A replacement took the lost peer's place: takes from it work again. What the lost process had
+  // sent was dropped when it failed (on_peer_failed), so nothing of it can be taken.
+  void on_peer_rejoined(uint32_t peer) override;
   // The transport dropped a message from `peer` before it got here (bad MAC, replayed sequence
   // number, forged bye): counted as errors_total{kind="transport_rejected"} (the transport logs it).
   void on_rejected(uint32_t peer, const Status& why) override;
@@ -75,6 +81,12 @@ class Mailbox final : public MessageSink {
   using ControlHandler = std::function<void(uint32_t peer, const wire::WireHeader& header,
                                             std::span<const std::byte> payload)>;
   void set_control_handler(ControlHandler handler);
+  // Rank 0: a manifest (a node's first-step agreement request) first goes to this handler, on the
+  // transport thread; it returns true when it answered it (a replacement joining the running
+  // job), false to keep it for the pipeline's own agreement as usual.
+  using ManifestHandler = std::function<bool(uint32_t peer, const wire::WireHeader& header,
+                                             std::span<const std::byte> payload)>;
+  void set_manifest_handler(ManifestHandler handler);
 
   // Waits for the message of `kind` from `peer` for (tensor, step, chunk) of job `incarnation`
   // (0 for the formation-level kinds kManifest and kManifestAck). Errors: kUnavailable (peer
@@ -104,10 +116,13 @@ class Mailbox final : public MessageSink {
     Status why;
     Clock::time_point since;
   };
+  // (The earliest failure among the peers that are down now: a peer that rejoined no longer counts.)
   std::optional<PeerDown> first_peer_down() const;
   uint64_t rejected() const { return rejected_.load(); }
   // Data and abort messages dropped because they belong to another job incarnation.
   uint64_t stale() const { return stale_.load(); }
+  // Peers that came back as a new process (on_peer_rejoined), in all.
+  uint64_t rejoined() const { return rejoined_.load(); }
   // Payload bytes waiting from `peer` (for tests and status).
   uint64_t buffered_bytes(uint32_t peer) const;
 
@@ -131,17 +146,19 @@ class Mailbox final : public MessageSink {
   const uint64_t max_bytes_per_peer_;
   std::atomic<uint64_t> rejected_{0};
   std::atomic<uint64_t> stale_{0};
+  std::atomic<uint64_t> rejoined_{0};
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<Key, Envelope> messages_;            // guarded by mu_
   std::map<StepKey, Status> step_failures_;     // guarded by mu_: aborts and corrupt messages
   std::vector<Status> peer_failures_;           // guarded by mu_: OK while alive
-  std::optional<PeerDown> first_down_;          // guarded by mu_
+  std::vector<Clock::time_point> down_since_;   // guarded by mu_: when each down peer failed
   std::vector<uint64_t> buffered_;              // guarded by mu_: payload bytes waiting per peer
   bool cancelled_ = false;                      // guarded by mu_
   uint64_t incarnation_ = 0;                    // guarded by mu_: 0 between jobs
   ControlHandler control_;                      // guarded by mu_ (copied out before the call)
+  ManifestHandler manifests_;                   // guarded by mu_ (copied out before the call)
 };
 
 }  // namespace sparsecar

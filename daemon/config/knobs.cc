@@ -310,6 +310,11 @@ const std::vector<Knob>& knobs() {
         "exits with status 3 so the service manager restarts the job (0: never exit)",
         0, 3.6e6, "", false, false, ""},
        &Config::peer_down_grace_ms},
+      {{"accept_replacements", K::kBool,
+        "rank 0: after the job has formed, admit a new process for a lost rank (started like the lost one) into "
+        "the running job; off: a lost rank stays lost until the job restarts",
+        0, 0, "", false, false, ""},
+       &Config::accept_replacements},
   };
   return table;
 }

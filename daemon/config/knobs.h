@@ -118,6 +118,7 @@ struct Config {
   uint32_t step_timeout_ms = 30000;   // a step whose peers do not answer in time fails
   uint32_t join_timeout_ms = 120000;  // rendezvous and the first-step agreement check
   uint32_t peer_down_grace_ms = 30000;  // a peer lost: exit (status 3) after this long; 0 = never
+  bool accept_replacements = true;      // rank 0: a lost rank's replacement may rejoin the running job
 };
 
 enum class KnobType { kBool, kUint, kDouble, kString, kChoice };

@@ -63,6 +63,7 @@ json DaemonBackend::status() {
            {"job_open", c.job_secret_file.empty()},
            {"incarnation", incarnation_text(p_.mailbox ? p_.mailbox->incarnation() : 0)},
            {"stale_messages", p_.mailbox ? p_.mailbox->stale() : 0},
+           {"peers_rejoined", p_.mailbox ? p_.mailbox->rejoined() : 0},
            {"peers", peers},
            {"step", snap.has_step ? json(snap.last_step) : json(nullptr)},
            {"epoch", d.epoch},

@@ -1,6 +1,7 @@
 #include "daemon/pipeline/decisions.h"
 
 #include <array>
+#include <cstdio>
 #include <sstream>
 
 #include "sparsecar/common/log.h"
@@ -149,39 +150,21 @@ void DecisionBoard::on_message(uint32_t peer, const wire::WireHeader& h, std::sp
         SC_LOG_WARN("ignoring a decision from rank %u: only rank 0 decides", peer);
         return;
       }
-      auto changes = parse_changes(text);
       std::lock_guard<std::mutex> lock(mu_);
       const uint32_t expected = decisions_.back().epoch + 1;
-      if (h.epoch != expected) {
-        SC_LOG_ERROR("decision epoch %u from rank 0 does not follow epoch %u here (out of order); steps under it "
-                     "will fail", h.epoch, decisions_.back().epoch);
+      if (h.epoch > expected) {
+        // A node that has not adopted rank 0's snapshot yet (a replacement joining a running job):
+        // kept until its predecessors are here.
+        if (early_.size() < 256) early_[h.epoch] = {h.step, text};
         return;
       }
-      auto next = std::make_shared<Config>(*decisions_.back().config);
-      Status applied = changes.status();
-      for (const auto& [name, value] : changes.ok() ? *changes : KnobChanges{}) {
-        const KnobSpec* spec = find_knob(name);
-        applied = spec == nullptr ? not_found("unknown knob '" + name + "'") : set_knob(*next, name, value);
-        if (!applied.ok()) break;
+      if (h.epoch != expected) {
+        SC_LOG_WARN("decision epoch %u from rank 0 is not newer than epoch %u here; ignored", h.epoch,
+                    decisions_.back().epoch);
+        return;
       }
-      if (applied.ok()) applied = validate(*next);
-      Decision d;
-      if (!applied.ok()) {
-        // Keep the epoch sequence (later epochs must still follow) but never run half of it.
-        d.error = failed_precondition("this node cannot apply decision epoch " + std::to_string(h.epoch) +
-                                      " from rank 0: " + applied.message());
-        SC_LOG_ERROR("%s; steps under it fail here", d.error.message().c_str());
-        next = std::make_shared<Config>(*decisions_.back().config);
-      }
-      d.epoch = h.epoch;
-      d.effective_step = h.step;
-      d.config = std::move(next);
-      d.changes = text;
-      d.reason = "rank 0";
-      SC_LOG_INFO("decision epoch %u from step %llu: %s", d.epoch, static_cast<unsigned long long>(d.effective_step),
-                  text.c_str());
-      decisions_.push_back(std::move(d));
-      cv_.notify_all();
+      apply_locked(h.epoch, h.step, text, "rank 0");
+      apply_early_locked();
       return;
     }
     case wire::Kind::kKnobRequest: {
@@ -209,6 +192,125 @@ void DecisionBoard::on_message(uint32_t peer, const wire::WireHeader& h, std::sp
     default:
       return;
   }
+}
+
+void DecisionBoard::apply_locked(uint32_t epoch, uint64_t effective_step, const std::string& text,
+                                 const std::string& reason) {
+  auto changes = parse_changes(text);
+  auto next = std::make_shared<Config>(*decisions_.back().config);
+  Status applied = changes.status();
+  for (const auto& [name, value] : changes.ok() ? *changes : KnobChanges{}) {
+    const KnobSpec* spec = find_knob(name);
+    applied = spec == nullptr ? not_found("unknown knob '" + name + "'") : set_knob(*next, name, value);
+    if (!applied.ok()) break;
+  }
+  if (applied.ok()) applied = validate(*next);
+  Decision d;
+  if (!applied.ok()) {
+    // Keep the epoch sequence (later epochs must still follow) but never run half of it.
+    d.error = failed_precondition("this node cannot apply decision epoch " + std::to_string(epoch) +
+                                  " from rank 0: " + applied.message());
+    SC_LOG_ERROR("%s; steps under it fail here", d.error.message().c_str());
+    next = std::make_shared<Config>(*decisions_.back().config);
+  }
+  d.epoch = epoch;
+  d.effective_step = effective_step;
+  d.config = std::move(next);
+  d.changes = text;
+  d.reason = reason;
+  SC_LOG_INFO("decision epoch %u from step %llu: %s", d.epoch, static_cast<unsigned long long>(d.effective_step),
+              text.c_str());
+  decisions_.push_back(std::move(d));
+  cv_.notify_all();
+}
+
+void DecisionBoard::apply_early_locked() {
+  std::erase_if(early_, [&](const auto& e) { return e.first <= decisions_.back().epoch; });
+  for (auto it = early_.begin(); it != early_.end() && it->first == decisions_.back().epoch + 1;) {
+    apply_locked(it->first, it->second.first, it->second.second, "rank 0");
+    it = early_.erase(it);
+  }
+}
+
+void DecisionBoard::with_snapshot(const std::function<void(const std::string&)>& fn) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string out;
+  for (size_t i = 0; i < decisions_.size(); ++i) {
+    const Decision& d = decisions_[i];
+    std::string text;
+    if (i == 0) {
+      for (const KnobSpec& spec : knob_table()) {
+        if (!spec.live || spec.secret) continue;
+        auto value = get_knob(*d.config, spec.name);
+        if (value.ok()) text += std::string(spec.name) + "=" + *value + "\n";
+      }
+    } else {
+      text = d.changes;
+    }
+    out += "epoch " + std::to_string(d.epoch) + " step " + std::to_string(d.effective_step) + " bytes " +
+           std::to_string(text.size()) + "\n" + text;
+  }
+  fn(out);
+}
+
+Status DecisionBoard::adopt(std::string_view snapshot) {
+  auto bad = [](const std::string& why) { return data_loss("rank 0's decisions do not parse: " + why); };
+  struct Entry {
+    uint32_t epoch;
+    uint64_t step;
+    std::string text;
+  };
+  std::vector<Entry> entries;
+  while (!snapshot.empty()) {
+    const size_t nl = snapshot.find('\n');
+    if (nl == std::string_view::npos || nl > 128) return bad("no decision line");
+    const std::string line(snapshot.substr(0, nl));
+    snapshot.remove_prefix(nl + 1);
+    unsigned long long epoch = 0, step = 0, bytes = 0;
+    int used = 0;
+    if (std::sscanf(line.c_str(), "epoch %llu step %llu bytes %llu%n", &epoch, &step, &bytes, &used) != 3 ||
+        static_cast<size_t>(used) != line.size() || epoch > UINT32_MAX || bytes > snapshot.size()) {
+      return bad("'" + line + "'");
+    }
+    if (!entries.empty() && epoch != entries.back().epoch + 1) return bad("epochs out of order");
+    entries.push_back({static_cast<uint32_t>(epoch), step, std::string(snapshot.substr(0, bytes))});
+    snapshot.remove_prefix(bytes);
+  }
+  if (entries.empty()) return bad("no decision");
+
+  SC_ASSIGN_OR_RETURN(KnobChanges all, parse_changes(entries[0].text));
+
+  std::lock_guard<std::mutex> lock(mu_);
+  // Built aside: the board changes only if every decision applies.
+  auto config = std::make_shared<Config>(*decisions_.front().config);
+  Status applied = Status::Ok();
+  for (const auto& [name, value] : all) {
+    const KnobSpec* spec = find_knob(name);
+    applied = spec == nullptr ? not_found("unknown knob '" + name + "'") : set_knob(*config, name, value);
+    if (!applied.ok()) break;
+  }
+  if (applied.ok()) applied = validate(*config);
+  if (!applied.ok()) return failed_precondition("this node cannot take rank 0's decisions: " + applied.message());
+  std::vector<Decision> mine;
+  mine.swap(decisions_);
+  Decision base;
+  base.epoch = entries[0].epoch;
+  base.effective_step = entries[0].step;
+  base.config = std::move(config);
+  base.changes = entries[0].text;
+  base.reason = "rank 0 (joined)";
+  decisions_.push_back(std::move(base));
+  for (size_t i = 1; i < entries.size(); ++i) {
+    apply_locked(entries[i].epoch, entries[i].step, entries[i].text, "rank 0 (joined)");
+  }
+  // Decisions this node already took from rank 0 beyond the snapshot (sent after it, arrived
+  // first) follow; its own earlier history is replaced.
+  for (Decision& d : mine) {
+    if (d.epoch == decisions_.back().epoch + 1 && d.reason == "rank 0") decisions_.push_back(std::move(d));
+  }
+  apply_early_locked();
+  cv_.notify_all();
+  return Status::Ok();
 }
 
 void DecisionBoard::broadcast(const Decision& d) {

@@ -15,6 +15,12 @@
 // decision before it can complete s+1. If that ever failed, the epoch in every data message
 // turns it into a loud step error, never a silent mix.
 //
+// Joining: rank 0 answers every node's first-step manifest (and a replacement's, when it joins a
+// running job) with a snapshot of its decisions, which the node adopts (with_snapshot / adopt):
+// a node that started later, or with older decisions, holds rank 0's from its first step on.
+// Snapshot text: per decision "epoch E step S bytes N\n" + N bytes of knob=value lines; the
+// first decision lists every live knob, the later ones their changes.
+//
 // Threads: propose() from any thread (control, pipeline); at_step() from the pipeline thread;
 // on_message() from the transport thread. One mutex guards the state, and rank 0 sends a
 // decision while still holding it: epochs decided e+1, e+2 are queued on every endpoint in that
@@ -25,6 +31,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -77,6 +84,16 @@ class DecisionBoard {
   // kDecision / kKnobRequest / kKnobReply from `peer`, already validated by the mailbox.
   void on_message(uint32_t peer, const wire::WireHeader& header, std::span<const std::byte> payload);
 
+  // Rank 0: calls `fn` with the decisions in force here as text (snapshot format below) while
+  // holding the board's lock, so no decision can be broadcast between the snapshot and what `fn`
+  // sends: a peer that adopts the snapshot and then applies what follows misses nothing.
+  void with_snapshot(const std::function<void(const std::string& snapshot)>& fn) const;
+  // A node joining a job (first-step agreement, or a replacement joining a running job): takes
+  // rank 0's decisions as its own. Decisions that rank 0 broadcast after the snapshot and that
+  // arrived first are kept and applied on top. Errors (malformed snapshot, a value this node
+  // refuses) leave the board unchanged.
+  Status adopt(std::string_view snapshot);
+
   // A new job starts (every trainer left): the newest decision becomes the base, in force from
   // step 0, and the step counter restarts. Every node does this at its own reset; they agree
   // because they hold the same decisions.
@@ -85,6 +102,10 @@ class DecisionBoard {
  private:
   Expected<Decision> decide_locked(const KnobChanges& changes, const std::string& reason);
   void broadcast(const Decision& d);
+  // Appends epoch `epoch` (the next one) with `text` applied on top of the newest decision; then
+  // any decisions that arrived early and now follow. mu_ held.
+  void apply_locked(uint32_t epoch, uint64_t effective_step, const std::string& text, const std::string& reason);
+  void apply_early_locked();
   void send_text(uint32_t peer, wire::Kind kind, uint64_t step, uint32_t epoch, std::string text);
 
   const uint32_t rank_;
@@ -99,6 +120,9 @@ class DecisionBoard {
   uint64_t max_started_step_ = 0;              // guarded by mu_
   uint64_t next_request_ = 1;                  // guarded by mu_
   std::map<uint64_t, std::string> replies_;    // guarded by mu_: request id -> reply text
+  // Decisions from rank 0 that arrived ahead of their predecessor (a node that has not yet
+  // adopted rank 0's snapshot): epoch -> {effective step, changes}. Bounded.
+  std::map<uint32_t, std::pair<uint64_t, std::string>> early_;  // guarded by mu_
 };
 
 // "knob=value\n" lines <-> pairs. parse_changes rejects lines without '='.

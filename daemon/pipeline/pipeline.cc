@@ -72,6 +72,11 @@ Pipeline::~Pipeline() { stop(); }
 
 void Pipeline::start() {
   SC_CHECK(sink_ != nullptr, "set_result_sink() before start()");
+  if (options_.rank == 0 && options_.world_size > 1) {
+    mailbox_->set_manifest_handler([this](uint32_t peer, const wire::WireHeader& h, std::span<const std::byte> payload) {
+      return answer_late_manifest(peer, h, payload);
+    });
+  }
   mailbox_->resume();
   thread_ = std::thread([this] { run(); });
 }
@@ -221,8 +226,13 @@ void Pipeline::run() {
       if (decisions_) decisions_->reset();
       if (observer_) observer_->on_reset();
       agreed_ = false;
+      restored_ = false;
       incarnation_ = 0;
       total_trainers_ = 0;
+      {
+        std::lock_guard<std::mutex> lock(running_mu_);
+        running_ = RunningJob{};
+      }
       mailbox_->begin_job();
       mailbox_->resume();
       SC_LOG_INFO("job reset: every trainer disconnected; waiting for the next job");
@@ -267,14 +277,7 @@ StepResult Pipeline::process(const StepJob& job) {
     return r;
   }
   // Before anything else: from here on rank 0 never decides a change effective before step+2.
-  const Decision decision = decisions_ ? decisions_->at_step(job.step) : Decision{};
-  if (!decision.error.ok()) {
-    // This node could not apply the epoch in force: fail the step everywhere rather than run it
-    // with other knobs than the peers.
-    r.status = decision.error.with_context("tensor '" + spec.name + "' step " + std::to_string(job.step));
-    broadcast_abort(exchange_context(decision.epoch), job.tensor_id, job.step, r.status.message());
-    return r;
-  }
+  Decision decision = decisions_ ? decisions_->at_step(job.step) : Decision{};
   if (!agreed_) {
     Status agreed = agree_on_job(Clock::now() + options_.join_timeout);
     if (!agreed.ok()) {
@@ -282,6 +285,15 @@ StepResult Pipeline::process(const StepJob& job) {
       SC_LOG_ERROR("job agreement failed: %s", agreed.to_string().c_str());
       return r;
     }
+    // The agreement may have brought rank 0's decisions (a node that joined late adopts them).
+    if (decisions_) decision = decisions_->at_step(job.step);
+  }
+  if (!decision.error.ok()) {
+    // This node could not apply the epoch in force: fail the step everywhere rather than run it
+    // with other knobs than the peers.
+    r.status = decision.error.with_context("tensor '" + spec.name + "' step " + std::to_string(job.step));
+    broadcast_abort(exchange_context(decision.epoch), job.tensor_id, job.step, r.status.message());
+    return r;
   }
   t.has_step = true;
   t.last_step = job.step;
@@ -601,6 +613,7 @@ Status Pipeline::read_checkpoint(const std::string& path, const std::vector<Tens
   info->bytes = file.bytes.size();
   info->residual_norm = std::sqrt(norm2);
   SC_LOG_INFO("restore: %zu tensors' residuals loaded from %s", live.size(), path.c_str());
+  restored_ = true;
   return Status::Ok();
 }
 
@@ -660,44 +673,42 @@ Status Pipeline::agree_on_job(Clock::time_point deadline) {
     agreed_ = true;
     return Status::Ok();
   }
-  // `nonce` is the attempt's (manifest) or the sender's echo of it (ack, in `step`); `incarnation`
-  // is the agreed job's (ack).
-  auto send_text = [&](uint32_t peer, wire::Kind kind, uint64_t step, uint64_t incarnation,
-                       const std::string& text) -> Status {
-    auto shared = std::make_shared<std::string>(text);
-    wire::WireHeader h{};
-    h.magic = wire::kMagic;
-    h.version = wire::kVersion;
-    h.kind = static_cast<uint16_t>(kind);
-    h.job_id = options_.job_id;
-    h.sender_rank = options_.rank;
-    h.step = step;
-    h.incarnation = incarnation;
-    auto payload = std::as_bytes(std::span<const char>(shared->data(), shared->size()));
-    h.payload_bytes = payload.size();
-    auto header = std::make_shared<std::array<std::byte, wire::kHeaderBytes>>();
-    wire::seal(h, payload, std::span<std::byte, wire::kHeaderBytes>(*header));
-    return transport_->send(peer, *header, payload, [shared, header, peer](const Status& s) {
-      if (!s.ok()) SC_LOG_WARN("manifest send to rank %u failed: %s", peer, s.to_string().c_str());
-    });
-  };
-
   if (options_.rank != 0) {
     const uint64_t attempt = random_nonzero_u64();
-    SC_RETURN_IF_ERROR(send_text(0, wire::Kind::kManifest, 0, attempt, mine)
+    SC_RETURN_IF_ERROR(send_agreement_text(0, wire::Kind::kManifest, 0, attempt, mine)
                            .with_context("sending the job manifest to rank 0"));
     SC_ASSIGN_OR_RETURN(Envelope ack, mailbox_->take(wire::Kind::kManifestAck, 0, 0, attempt, 0, /*incarnation=*/0,
                                                      deadline, transport_->peer_name(0)));
     std::string text(reinterpret_cast<const char*>(ack.payload.data()), ack.payload.size());
     if (text.rfind("ok ", 0) == 0) {
-      total_trainers_ = static_cast<uint32_t>(std::strtoul(text.c_str() + 3, nullptr, 10));
+      // "ok <trainers>[ running]\n" + rank 0's decisions (decisions.h, snapshot).
+      const size_t nl = text.find('\n');
+      const std::string head = text.substr(0, nl);
+      const bool running = head.size() > 8 && head.compare(head.size() - 8, 8, " running") == 0;
+      total_trainers_ = static_cast<uint32_t>(std::strtoul(head.c_str() + 3, nullptr, 10));
       if (total_trainers_ == 0) return data_loss("rank 0 sent a job agreement without a trainer count");
       if (ack.header.incarnation == 0) return data_loss("rank 0 sent a job agreement without an incarnation");
+      if (nl != std::string::npos && decisions_ != nullptr) {
+        SC_RETURN_IF_ERROR(decisions_->adopt(std::string_view(text).substr(nl + 1)));
+      }
       incarnation_ = ack.header.incarnation;
       mailbox_->set_incarnation(incarnation_);
       agreed_ = true;
       SC_LOG_INFO("job agreed: %u trainers across %u nodes (incarnation %016llx)", total_trainers_,
                   options_.world_size, static_cast<unsigned long long>(incarnation_));
+      if (running) {
+        // What the lost process of this rank held is gone with it: its error-feedback residuals.
+        size_t tensors = 0, elements = 0;
+        for (const auto& t : tensors_) {
+          if (!t) continue;
+          ++tensors;
+          elements += t->compressor.spec().count;
+        }
+        SC_LOG_WARN("joined the running job as a replacement for rank %u: the error-feedback residuals of %zu "
+                    "tensor(s) (%zu elements) start at zero%s", options_.rank, tensors, elements,
+                    restored_ ? " except those restored from a checkpoint" : " (restore a checkpoint before the first "
+                                "step to keep them: sparsecarctl restore PATH)");
+      }
       return Status::Ok();
     }
     return failed_precondition("nodes disagree: " + (text.rfind("error ", 0) == 0 ? text.substr(6) : text));
@@ -707,6 +718,8 @@ Status Pipeline::agree_on_job(Clock::time_point deadline) {
   uint32_t total = options_.local_clients;
   std::string error;
   std::vector<uint64_t> attempts(options_.world_size, 0);
+  std::vector<uint32_t> local_clients(options_.world_size, 0);
+  local_clients[0] = options_.local_clients;
   for (uint32_t peer = 1; peer < options_.world_size; ++peer) {
     auto got = mailbox_->take(wire::Kind::kManifest, peer, 0, 0, 0, /*incarnation=*/0, deadline,
                               transport_->peer_name(peer));
@@ -719,6 +732,7 @@ Status Pipeline::agree_on_job(Clock::time_point deadline) {
     std::string diff = manifest_difference(mine, theirs, peer);
     if (!diff.empty() && error.empty()) error = diff;
     total += local_clients_of(theirs);
+    local_clients[peer] = local_clients_of(theirs);
   }
   if (!error.empty()) {
     // Answer the peers whose manifest is already here too, so they fail now, not at their deadline.
@@ -731,10 +745,28 @@ Status Pipeline::agree_on_job(Clock::time_point deadline) {
   // The incarnation is in force here before any peer can learn it and send under it.
   const uint64_t incarnation = error.empty() ? random_nonzero_u64() : 0;
   if (error.empty()) mailbox_->set_incarnation(incarnation);
-  const std::string verdict = error.empty() ? "ok " + std::to_string(total) : "error " + error;
-  for (uint32_t peer = 1; peer < options_.world_size; ++peer) {
-    if (attempts[peer] == 0) continue;  // no manifest taken: nothing to answer
-    send_text(peer, wire::Kind::kManifestAck, attempts[peer], incarnation, verdict).ignore();
+  const std::string verdict = error.empty() ? "ok " + std::to_string(total) + "\n" : "error " + error;
+  if (error.empty()) {
+    // Ready for replacements before anyone can start the job (and lose a rank).
+    std::lock_guard<std::mutex> lock(running_mu_);
+    running_.agreed = true;
+    running_.incarnation = incarnation;
+    running_.total_trainers = total;
+    running_.manifest = mine;
+    running_.local_clients = std::move(local_clients);
+  }
+  auto answer_all = [&](const std::string& decisions) {
+    for (uint32_t peer = 1; peer < options_.world_size; ++peer) {
+      if (attempts[peer] == 0) continue;  // no manifest taken: nothing to answer
+      send_agreement_text(peer, wire::Kind::kManifestAck, attempts[peer], incarnation,
+                          error.empty() ? verdict + decisions : verdict)
+          .ignore();
+    }
+  };
+  if (decisions_ != nullptr && error.empty()) {
+    decisions_->with_snapshot(answer_all);
+  } else {
+    answer_all("");
   }
   if (!error.empty()) return failed_precondition("nodes disagree: " + error);
   total_trainers_ = total;
@@ -743,6 +775,53 @@ Status Pipeline::agree_on_job(Clock::time_point deadline) {
   SC_LOG_INFO("job agreed: %u trainers across %u nodes (incarnation %016llx)", total_trainers_, options_.world_size,
               static_cast<unsigned long long>(incarnation_));
   return Status::Ok();
+}
+
+Status Pipeline::send_agreement_text(uint32_t peer, wire::Kind kind, uint64_t step, uint64_t incarnation,
+                                     std::string text) {
+  auto shared = std::make_shared<std::string>(std::move(text));
+  wire::WireHeader h{};
+  h.magic = wire::kMagic;
+  h.version = wire::kVersion;
+  h.kind = static_cast<uint16_t>(kind);
+  h.job_id = options_.job_id;
+  h.sender_rank = options_.rank;
+  h.step = step;
+  h.incarnation = incarnation;
+  auto payload = std::as_bytes(std::span<const char>(shared->data(), shared->size()));
+  h.payload_bytes = payload.size();
+  auto header = std::make_shared<std::array<std::byte, wire::kHeaderBytes>>();
+  wire::seal(h, payload, std::span<std::byte, wire::kHeaderBytes>(*header));
+  return transport_->send(peer, *header, payload, [shared, header, peer](const Status& s) {
+    if (!s.ok()) SC_LOG_WARN("job agreement message to rank %u failed: %s", peer, s.to_string().c_str());
+  });
+}
+
+bool Pipeline::answer_late_manifest(uint32_t peer, const wire::WireHeader& h, std::span<const std::byte> payload) {
+  std::lock_guard<std::mutex> lock(running_mu_);
+  if (!running_.agreed || peer == 0 || peer >= running_.local_clients.size()) return false;
+  const std::string theirs(reinterpret_cast<const char*>(payload.data()), payload.size());
+  std::string error = manifest_difference(running_.manifest, theirs, peer);
+  if (error.empty() && local_clients_of(theirs) != running_.local_clients[peer]) {
+    error = "rank " + std::to_string(peer) + " has " + std::to_string(local_clients_of(theirs)) +
+            " local trainer(s) where the rank it replaces had " + std::to_string(running_.local_clients[peer]);
+  }
+  if (!error.empty()) {
+    SC_LOG_ERROR("refusing rank %u's request to join the running job: %s", peer, error.c_str());
+    send_agreement_text(peer, wire::Kind::kManifestAck, h.incarnation, 0, "error " + error).ignore();
+    return true;
+  }
+  const std::string verdict = "ok " + std::to_string(running_.total_trainers) + " running\n";
+  const uint64_t incarnation = running_.incarnation;
+  if (decisions_ != nullptr) {
+    decisions_->with_snapshot([&](const std::string& decisions) {
+      send_agreement_text(peer, wire::Kind::kManifestAck, h.incarnation, incarnation, verdict + decisions).ignore();
+    });
+  } else {
+    send_agreement_text(peer, wire::Kind::kManifestAck, h.incarnation, incarnation, verdict).ignore();
+  }
+  SC_LOG_INFO("rank %u joined the running job (incarnation %016llx)", peer, static_cast<unsigned long long>(incarnation));
+  return true;
 }
 
 uint64_t Pipeline::tensor_footprint_bytes(const TensorSpec& spec) const {

@@ -186,6 +186,12 @@ class Pipeline final : public StepSink {
   StepResult process(const StepJob& job);
   Status run_step(TensorState& t, const StepJob& job, const Decision& decision, StepResult* result);
   Status agree_on_job(std::chrono::steady_clock::time_point deadline);
+  // A text message of the job agreement (manifest or ack) to `peer`; `step` carries the attempt
+  // nonce (its echo in an ack), `incarnation` the agreed job's (ack).
+  Status send_agreement_text(uint32_t peer, wire::Kind kind, uint64_t step, uint64_t incarnation, std::string text);
+  // Rank 0, transport thread (Mailbox::ManifestHandler): while a job runs, answers the manifest
+  // of a replacement that joined it, exactly as the agreement answered the lost process.
+  bool answer_late_manifest(uint32_t peer, const wire::WireHeader& header, std::span<const std::byte> payload);
   // This job's identity for a collective or an abort under `epoch`, deadline one step_timeout
   // from now (pipeline thread).
   ExchangeContext exchange_context(uint32_t epoch) const;
@@ -216,6 +222,17 @@ class Pipeline final : public StepSink {
 
   std::atomic<bool> draining_{false};
 
+  // Rank 0: the job as agreed, for replacements that join it while it runs (answer_late_manifest).
+  struct RunningJob {
+    bool agreed = false;
+    uint64_t incarnation = 0;
+    uint32_t total_trainers = 0;
+    std::string manifest;                 // rank 0's
+    std::vector<uint32_t> local_clients;  // per rank, as each manifest said
+  };
+  std::mutex running_mu_;
+  RunningJob running_;  // guarded by running_mu_
+
   // What snapshot() reports; written by the pipeline thread once per tensor step.
   mutable std::mutex stats_mu_;
   PipelineSnapshot stats_;  // guarded by stats_mu_ (groups indexed by TensorGroup)
@@ -227,6 +244,7 @@ class Pipeline final : public StepSink {
   policies::PlanSettings plan_settings_;       // options.settings until a decision config arrives
   OverridesCache overrides_cache_;             // tensor_overrides parsed once per distinct text
   bool agreed_ = false;
+  bool restored_ = false;     // residuals came from a checkpoint in this job (restore())
   uint64_t incarnation_ = 0;  // the agreed job's incarnation (mailbox.h); 0 until agreed
   uint32_t total_trainers_ = 0;
   std::thread thread_;

@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -37,6 +38,7 @@ constexpr uint32_t kMaxReason = 4096;
 constexpr uint64_t kMaxWelcomeBody = uint64_t{256} << 20;
 constexpr uint16_t kVerdictAccepted = 0;
 constexpr uint16_t kVerdictRefused = 1;
+constexpr uint16_t kVerdictReplacement = 2;  // welcome into a running formation, + u64 generation
 constexpr char kHelloDomain[] = "sparsecar rendezvous hello v2";
 constexpr char kWelcomeDomain[] = "sparsecar rendezvous welcome v2";
 constexpr char kRefusalDomain[] = "sparsecar rendezvous refusal v2";
@@ -348,7 +350,9 @@ class Server {
     table_[0] = Peer{o.label, my_address};
   }
 
-  Expected<Formation> run() {
+  // The formation: waits until every rank has joined, then welcomes them all. With
+  // `keep_listening` the listener stays open for serve().
+  Expected<Formation> run(bool keep_listening = false) {
     SC_ASSIGN_OR_RETURN(listener_, listen_on(o_));
     reserve_ = Fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
     if (o_.on_listening) o_.on_listening(bound_port(listener_.get()));
@@ -388,11 +392,51 @@ class Server {
       std::erase_if(pending_, [](const Pending& p) { return p.fd.get() < 0; });
       if (fds[0].revents & POLLIN) accept_all();
     }
-    listener_.reset();
+    if (!keep_listening) listener_.reset();
     // Anyone still half-way through a hello is late: the job is complete.
     for (auto& p : pending_) send_and_close(p, refusal_bytes(key_, p.challenge, auth::Nonce{}, "the job is already complete"));
     pending_.clear();
-    return welcome();
+    auto formed = welcome();
+    if (formed.ok()) {
+      formation_id_ = formed->formation_id;
+      table_ = formed->peers;
+      joined_.clear();  // every rank has its table: the formation's connections are done
+      formed_ = true;
+    }
+    return formed;
+  }
+
+  // After run(keep_listening = true): admits replacements for lost ranks (Coordinator) until
+  // `stop_fd` becomes readable. Same limits as the formation: max_pending, hello_timeout, the
+  // reserve descriptor.
+  void serve(int stop_fd, Coordinator::IsDown is_down, Coordinator::Admit admit) {
+    is_down_ = std::move(is_down);
+    admit_ = std::move(admit);
+    for (;;) {
+      const auto now = Clock::now();
+      expire(now);
+      std::vector<pollfd> fds;
+      const bool listening = now >= listener_paused_until_;
+      fds.push_back({stop_fd, POLLIN, 0});
+      fds.push_back({listening ? listener_.get() : -1, POLLIN, 0});
+      for (auto& p : pending_) fds.push_back({p.fd.get(), POLLIN, 0});
+      int timeout = -1;
+      if (!pending_.empty()) timeout = std::max(1, remaining_ms(pending_.front().accepted_at + o_.hello_timeout));
+      if (!listening) timeout = timeout < 0 ? std::max(1, remaining_ms(listener_paused_until_))
+                                            : std::min(timeout, std::max(1, remaining_ms(listener_paused_until_)));
+      int r = ::poll(fds.data(), fds.size(), timeout);
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        SC_LOG_ERROR("rendezvous: poll: %s; no more replacements are admitted", std::strerror(errno));
+        return;
+      }
+      if (fds[0].revents != 0) return;
+      for (size_t i = 0; i < pending_.size(); ++i) {
+        if (fds[2 + i].revents != 0) read_from(pending_[i]);
+      }
+      std::erase_if(pending_, [](const Pending& p) { return p.fd.get() < 0; });
+      if (fds[1].revents & POLLIN) accept_all();
+    }
   }
 
  private:
@@ -534,13 +578,20 @@ class Server {
       reason = "this rank's world size differs from rank 0's";
     } else if (h.rank == 0 || h.rank >= o_.world_size) {
       reason = "rank " + std::to_string(h.rank) + " is out of range for this job";
-    } else if (joined_[h.rank].fd.get() >= 0) {
+    } else if (formed_ && !is_down_(h.rank)) {
+      reason = "rank " + std::to_string(h.rank) + " is alive in the running job (only a replacement for a lost rank is "
+               "admitted)";
+    } else if (!formed_ && joined_[h.rank].fd.get() >= 0) {
       reason = "rank " + std::to_string(h.rank) + " has already joined";
     }
     if (!reason.empty()) {
       bump(&Stats::refused, o_);
       refuse_log_.warn("rendezvous: refusing %s: %s", who.c_str(), reason.c_str());
       send_and_close(conn, refusal_bytes(key_, conn.challenge, h.nonce, reason));
+      return;
+    }
+    if (formed_) {
+      replace(conn, std::move(h), who);
       return;
     }
     table_[h.rank] = Peer{h.label + " via " + conn.from, std::move(h.address)};
@@ -551,20 +602,57 @@ class Server {
     SC_LOG_DEBUG("rendezvous: %s joined (%u of %u)", who.c_str(), count_, o_.world_size);
   }
 
+  // A replacement for lost rank h.rank, authenticated and checked like a formation's join: rank
+  // 0 makes itself ready for it first (admit_: new endpoint, the other ranks told), then sends it
+  // the current table, the formation id and its generation.
+  void replace(Pending& conn, Hello h, const std::string& who) {
+    const uint32_t rank = h.rank;
+    Peer entry{h.label + " via " + conn.from, std::move(h.address)};
+    auto generation = admit_(Replacement{rank, entry.label, entry.address});
+    if (!generation.ok()) {
+      bump(&Stats::refused, o_);
+      refuse_log_.warn("rendezvous: not admitting %s as a replacement: %s", who.c_str(),
+                       generation.status().message().c_str());
+      send_and_close(conn, refusal_bytes(key_, conn.challenge, h.nonce, generation.status().message()));
+      return;
+    }
+    table_[rank] = std::move(entry);
+    Formation f;
+    f.formation_id = formation_id_;
+    f.peers = table_;
+    std::string body = encode_welcome_body(f);
+    put64(body, *generation);
+    const std::string out = verdict_bytes(kVerdictReplacement, conn.challenge, h.nonce, body);
+    Status s = write_all(conn.fd.get(), out, Clock::now() + o_.hello_timeout, who);
+    if (!s.ok()) {
+      // Rank 0 is ready for a process that went away: its endpoint fails and the rank stays lost.
+      SC_LOG_ERROR("rendezvous: cannot send the table to replacement %s: %s", who.c_str(), s.message().c_str());
+    } else {
+      SC_LOG_INFO("rendezvous: admitted %s as the replacement for lost rank %u (generation %llu)", who.c_str(), rank,
+                  static_cast<unsigned long long>(*generation));
+    }
+    conn.fd.reset();
+  }
+
+  std::string verdict_bytes(uint16_t verdict, const auth::Nonce& challenge, const auth::Nonce& nonce,
+                            const std::string& body) const {
+    std::string head;
+    put32(head, kMagic);
+    put16(head, kVersion);
+    put16(head, verdict);
+    put32(head, static_cast<uint32_t>(body.size()));
+    auth::Mac256 mac = auth::mac256(key_, {domain(kWelcomeDomain), challenge, nonce, u8(head), u8(body)});
+    return head + body + std::string(reinterpret_cast<const char*>(mac.data()), mac.size());
+  }
+
   Expected<Formation> welcome() {
     Formation f;
     f.formation_id = auth::random_array<auth::kNonceBytes>();
     f.peers = std::move(table_);
     const std::string body = encode_welcome_body(f);
-    std::string head;
-    put32(head, kMagic);
-    put16(head, kVersion);
-    put16(head, kVerdictAccepted);
-    put32(head, static_cast<uint32_t>(body.size()));
     for (uint32_t r = 1; r < o_.world_size; ++r) {
       Joined& j = joined_[r];
-      auth::Mac256 mac = auth::mac256(key_, {domain(kWelcomeDomain), j.challenge, j.nonce, u8(head), u8(body)});
-      std::string out = head + body + std::string(reinterpret_cast<const char*>(mac.data()), mac.size());
+      const std::string out = verdict_bytes(kVerdictAccepted, j.challenge, j.nonce, body);
       Status s = write_all(j.fd.get(), out, deadline_, "rank " + std::to_string(r));
       if (!s.ok()) {
         SC_LOG_ERROR("rendezvous: cannot send the address table to rank %u (%s): %s", r, f.peers[r].label.c_str(),
@@ -581,11 +669,15 @@ class Server {
     auth::Nonce nonce{};
   };
 
-  const Options& o_;
+  const Options o_;  // a copy: serve() outlives the caller's options
   const auth::Key key_;
   const Clock::time_point deadline_;
   std::vector<Peer> table_;
   std::vector<Joined> joined_;  // joined_[r].fd valid once rank r is accepted
+  bool formed_ = false;         // run() has welcomed everyone: hellos are replacements now
+  auth::Nonce formation_id_{};
+  Coordinator::IsDown is_down_;
+  Coordinator::Admit admit_;
   uint32_t count_ = 1;
   std::deque<Pending> pending_;  // oldest first
   Fd listener_;
@@ -706,10 +798,13 @@ class Joiner {
       SC_LOG_ERROR("rendezvous: refused by %s: %s", who_.c_str(), reason.c_str());
       return failed_precondition("rendezvous refused by " + who_ + ": " + reason);
     }
-    if (verdict != kVerdictAccepted) return data_loss("rendezvous: " + who_ + " sent unknown verdict " + std::to_string(verdict));
+    if (verdict != kVerdictAccepted && verdict != kVerdictReplacement) {
+      return data_loss("rendezvous: " + who_ + " sent unknown verdict " + std::to_string(verdict));
+    }
+    const uint64_t extra = verdict == kVerdictReplacement ? 8 : 0;  // the generation
     const uint64_t limit = std::min<uint64_t>(
-        kMaxWelcomeBody, 36 + uint64_t{o_.world_size} * (8 + 2 * kMaxLabel + 64 + kMaxAddress));
-    if (len < 36 || len > limit) return data_loss("rendezvous: " + who_ + " sent a table of impossible size");
+        kMaxWelcomeBody, 36 + extra + uint64_t{o_.world_size} * (8 + 2 * kMaxLabel + 64 + kMaxAddress));
+    if (len < 36 + extra || len > limit) return data_loss("rendezvous: " + who_ + " sent a table of impossible size");
     std::string body_in(len, '\0');
     char their_mac[auth::kMac256Bytes];
     SC_RETURN_IF_ERROR(read_exact(fd, body_in.data(), len, deadline_, who_));
@@ -722,7 +817,15 @@ class Joiner {
       SC_LOG_ERROR("%s", st.message().c_str());
       return st;
     }
-    return parse_welcome_body(body_in, o_.world_size, o_.rank, my_address_, who_);
+    uint64_t generation = 0;
+    if (verdict == kVerdictReplacement) {
+      generation = get_le(body_in.data() + body_in.size() - 8, 8);
+      body_in.resize(body_in.size() - 8);
+      if (generation == 0) return data_loss("rendezvous: " + who_ + " admitted this rank as a replacement of generation 0");
+    }
+    SC_ASSIGN_OR_RETURN(Formation f, parse_welcome_body(body_in, o_.world_size, o_.rank, my_address_, who_));
+    f.generation = generation;
+    return f;
   }
 
   const Options& o_;
@@ -803,6 +906,46 @@ bool split_host_port(const std::string& text, std::string* host, std::string* po
     if (c < '0' || c > '9') return false;
   }
   return std::stoul(*port) <= 65535;
+}
+
+struct Coordinator::State {
+  Server server;
+  int stop_fd = -1;
+  std::thread thread;
+  State(const Options& o, const std::string& my_address) : server(o, my_address, Clock::now() + o.timeout) {}
+};
+
+Expected<std::unique_ptr<Coordinator>> Coordinator::form(const Options& o, const std::string& my_address,
+                                                         Formation* formation) {
+  if (o.rank != 0 || o.world_size < 2) return invalid_argument("only rank 0 of a job of several ranks coordinates");
+  auto state = std::make_unique<State>(o, my_address);
+  SC_ASSIGN_OR_RETURN(*formation, state->server.run(/*keep_listening=*/true));
+  state->stop_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (state->stop_fd < 0) return errno_status("rendezvous: eventfd", errno);
+  return std::unique_ptr<Coordinator>(new Coordinator(std::move(state)));
+}
+
+Coordinator::Coordinator(std::unique_ptr<State> state) : state_(std::move(state)) {}
+
+void Coordinator::serve(IsDown is_down, Admit admit) {
+  if (state_->thread.joinable()) return;
+  state_->thread = std::thread([s = state_.get(), is_down = std::move(is_down), admit = std::move(admit)]() mutable {
+    s->server.serve(s->stop_fd, std::move(is_down), std::move(admit));
+  });
+}
+
+void Coordinator::stop() {
+  if (!state_) return;
+  if (state_->thread.joinable()) {
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(state_->stop_fd, &one, sizeof one);
+    state_->thread.join();
+  }
+}
+
+Coordinator::~Coordinator() {
+  stop();
+  if (state_ && state_->stop_fd >= 0) ::close(state_->stop_fd);
 }
 
 Expected<Formation> run(const Options& o, const std::string& my_address) {

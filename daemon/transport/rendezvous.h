@@ -32,7 +32,11 @@
 // oversized and unauthenticated hellos are refused without touching the job. A joiner whose
 // connection is closed before its verdict (rank 0 shedding load) reconnects until its deadline.
 //
-// Threads: a blocking call on the caller's thread; no shared state.
+// A replacement for a lost rank joins a running formation through the same protocol (Coordinator
+// below): the hello is the same; rank 0 answers it with verdict 2, whose body is the welcome body
+// followed by the u64 generation of the replacement.
+//
+// Threads: run() is a blocking call on the caller's thread; no shared state. Coordinator: see there.
 #pragma once
 
 #include <array>
@@ -40,6 +44,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -87,6 +92,44 @@ struct Peer {
 struct Formation {
   std::vector<Peer> peers;
   auth::Nonce formation_id{};
+  // This rank's generation: 0 in the formation itself; n > 0 when rank 0 admitted this rank as
+  // the n-th replacement of a lost rank into the running formation (Coordinator).
+  uint64_t generation = 0;
+};
+
+// A replacement asking to take a lost rank's place, authenticated and checked like a join.
+struct Replacement {
+  uint32_t rank = 0;
+  std::string label;    // as the replacement described itself, plus its address seen by rank 0
+  std::string address;  // opaque (the UCX worker address)
+};
+
+// Rank 0 of a job that admits replacements. form() runs the formation exactly as run() does on
+// rank 0 but keeps the rendezvous socket open; serve() then admits, on a thread of its own, a
+// replacement for a rank that `is_down` reports lost: its hello passes every check a join does
+// (MAC first, job id, world size, rank in range), then `admit` makes rank 0 ready for it (its
+// endpoint, the other ranks told) and returns the replacement's generation; rank 0 answers with a
+// welcome of verdict 2 (RENDEZVOUS.md, "Replacements"): the current table, the same formation id
+// and the generation. A hello for a rank that is alive is refused ("rank R is alive in the running
+// job"), as is one `admit` refuses (its error message is the reason). The destructor stops the
+// thread and closes the socket.
+class Coordinator {
+ public:
+  using IsDown = std::function<bool(uint32_t rank)>;
+  using Admit = std::function<Expected<uint64_t>(const Replacement&)>;
+
+  static Expected<std::unique_ptr<Coordinator>> form(const Options& options, const std::string& my_address,
+                                                     Formation* formation);
+  // Starts admitting replacements; `is_down` and `admit` run on the coordinator's thread.
+  void serve(IsDown is_down, Admit admit);
+  // Stops admitting (joins the thread); idempotent.
+  void stop();
+  ~Coordinator();
+
+ private:
+  struct State;
+  explicit Coordinator(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
 };
 
 // Errors: INVALID_ARGUMENT (options), DEADLINE_EXCEEDED (the job did not gather in time),

@@ -33,8 +33,11 @@ class MessageSink {
   // One whole message from `peer`; both spans are valid only during the call.
   virtual void on_message(uint32_t peer, std::span<const std::byte> header,
                           std::span<const std::byte> payload) = 0;
-  // `peer` is gone (killed, connection reset, endpoint timeout). Called once per peer.
+  // `peer` is gone (killed, connection reset, endpoint timeout). Called once per peer process.
   virtual void on_peer_failed(uint32_t peer, const Status& why) = 0;
+  // A new process of `peer` took the place of the failed one (a replacement admitted by rank 0):
+  // messages from `peer` come from it from now on, and sends to `peer` reach it.
+  virtual void on_peer_rejoined(uint32_t /*peer*/) {}
   // The transport dropped a message before delivering it (bad route prefix or MAC, replayed
   // sequence number, forged bye). `peer` is the rank the message claims to come from, which is
   // not authenticated (kUnknownPeer when the claim is not a rank of the job). For counting only.

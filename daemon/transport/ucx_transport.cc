@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -33,6 +34,19 @@ constexpr unsigned kAmId = kUcxDataAmId;
 // Sent to every live peer by an orderly stop(), so peers report "left the job" instead of a
 // connection error. Header = the route prefix; no payload.
 constexpr unsigned kByeAmId = kUcxByeAmId;
+// Rank 0 -> every other live rank: "rank R has a new process" (after Coordinator admitted it).
+// Header = route prefix + {u32 rank, u32 0, u64 generation, u8 body_mac[32]}; data = the body
+// {u32 label_len, u32 address_len, label, address}, sent eagerly; body_mac = keyed BLAKE2b-256
+// (transport key) of "sparsecar rejoin v1" || body, so the route MAC covers the body too.
+constexpr unsigned kRejoinAmId = kUcxRejoinAmId;
+constexpr size_t kRejoinHeaderBytes = 16 + auth::kMac256Bytes;
+constexpr char kRejoinDomain[] = "sparsecar rejoin v1";
+constexpr uint32_t kMaxRejoinLabel = 1024;
+constexpr uint32_t kMaxRejoinAddress = 64 * 1024;
+// A replacement of generation g numbers its messages from g << 40 + 1, and every peer sends to it
+// from there too: no message of an earlier process of that rank (or to it) can pass the replay
+// window once the replacement's first message has (WIRE.md, "Replacements").
+constexpr int kGenerationShift = 40;
 // Route prefix v2: {u32 sender, u32 magic, u64 sequence, u8 mac[16]} (WIRE.md).
 constexpr uint32_t kRouteMagic = 0x32544353;  // "SCT2"
 constexpr size_t kRouteBytes = kUcxRouteBytes;
@@ -299,10 +313,10 @@ class UcxTransport::Impl {
     ucp_ep_h ep = nullptr;
     // Set (release) by the progress thread after `failure` is written; read by send().
     std::atomic<bool> failed{false};
-    Status failure;
+    Status failure;              // written by the progress thread; read elsewhere under peer_mu_
     bool close_pending = false;  // failed; ep still to be force-closed
     int pidfd = -1;              // watches a peer process on this machine (see watch_process)
-    void* close_request = nullptr;
+    uint64_t generation = 0;     // which process of this rank: 0 = the formation's, n = n-th replacement
     SendOp* inflight = nullptr;  // head of the in-flight list
     // Progress thread only: the last sequence number sent to this peer, and the replay window of
     // what was accepted from it (bit i = sequence number recv_max - i).
@@ -342,7 +356,8 @@ class UcxTransport::Impl {
     ucp_address_t* address = nullptr;
     size_t address_len = 0;
     SC_UCX_CHECK(ucp_worker_get_address(worker_, &address, &address_len), "self");
-    const ProcessIdentity me = my_identity();
+    me_ = my_identity();
+    const ProcessIdentity& me = me_;
     std::string my_address = pack_address(me, std::string(reinterpret_cast<const char*>(address), address_len));
     ucp_worker_release_address(worker_, address);
 
@@ -358,10 +373,21 @@ class UcxTransport::Impl {
     ro.max_pending = options_.rendezvous_max_pending;
     ro.hello_timeout = options_.rendezvous_hello_timeout;
     ro.stats = &rendezvous_stats_;
-    SC_ASSIGN_OR_RETURN(rendezvous::Formation formation, rendezvous::run(ro, my_address));
+    rendezvous::Formation formation;
+    if (options_.rank == 0 && options_.world_size > 1) {
+      SC_ASSIGN_OR_RETURN(coordinator_, rendezvous::Coordinator::form(ro, my_address, &formation));
+    } else {
+      SC_ASSIGN_OR_RETURN(formation, rendezvous::run(ro, my_address));
+    }
     const std::vector<rendezvous::Peer>& table = formation.peers;
     formation_id_ = formation.formation_id;
     mac_key_ = auth::transport_key(options_.key, options_.job_id, formation_id_);
+    // A replacement's messages, and everyone's to it, are numbered above every earlier process's.
+    const uint64_t first_seq = formation.generation << kGenerationShift;
+    if (formation.generation > 0) {
+      SC_LOG_INFO("transport: rank %u joined the running job as a replacement (generation %llu)", options_.rank,
+                  static_cast<unsigned long long>(formation.generation));
+    }
 
     peers_ = std::vector<Peer>(options_.world_size);
     for (uint32_t r = 0; r < options_.world_size; ++r) {
@@ -369,7 +395,12 @@ class UcxTransport::Impl {
       p.impl = this;
       p.rank = r;
       p.name = "rank " + std::to_string(r) + " (" + (r == options_.rank ? options_.label : table[r].label) + ")";
-      if (r == options_.rank) continue;
+      p.send_seq = first_seq;
+      p.recv_max = first_seq;
+      if (r == options_.rank) {
+        p.generation = formation.generation;
+        continue;
+      }
       ProcessIdentity peer_id;
       std::string ucx_address;
       if (!unpack_address(table[r].address, &peer_id, &ucx_address)) {
@@ -380,6 +411,13 @@ class UcxTransport::Impl {
       // process on this machine is watched directly: its pidfd becomes readable when it exits.
       bool gone = false;
       p.pidfd = watch_process(me, peer_id, &gone);
+      if (gone && formation.generation > 0) {
+        // Another lost rank of the running job: it stays lost until its own replacement comes.
+        p.failure = unavailable(p.name + " failed: its process had exited when this replacement joined");
+        p.failed.store(true, std::memory_order_release);
+        sink_->on_peer_failed(p.rank, p.failure);
+        continue;
+      }
       if (gone) {
         return unavailable("rendezvous: " + p.name + " exited before the job started");
       }
@@ -393,10 +431,17 @@ class UcxTransport::Impl {
       SC_UCX_CHECK(ucp_ep_create(worker_, &ep_params, &p.ep), p.name);
     }
     progress_thread_ = std::thread([this] { progress_main(); });
+    if (coordinator_) {
+      coordinator_->serve([this](uint32_t rank) { return peers_[rank].failed.load(std::memory_order_acquire); },
+                          [this](const rendezvous::Replacement& r) { return admit_replacement(r); });
+    }
     return Status::Ok();
   }
 
-  const std::string& peer_name(uint32_t peer) const { return peers_[peer].name; }
+  std::string peer_name(uint32_t peer) const {
+    std::lock_guard<std::mutex> lock(peer_mu_);
+    return peers_[peer].name;
+  }
   const UcxTransportOptions& options() const { return options_; }
   const auth::Nonce& formation_id() const { return formation_id_; }
 
@@ -408,6 +453,8 @@ class UcxTransport::Impl {
     s.rendezvous_refused = rendezvous_stats_.refused.load(std::memory_order_relaxed) +
                            rendezvous_stats_.malformed.load(std::memory_order_relaxed);
     s.rendezvous_shed = rendezvous_stats_.shed.load(std::memory_order_relaxed);
+    s.replacements_admitted = replacements_admitted_.load(std::memory_order_relaxed);
+    s.peers_rejoined = peers_rejoined_.load(std::memory_order_relaxed);
     return s;
   }
 
@@ -432,16 +479,17 @@ class UcxTransport::Impl {
                               std::to_string(options_.rank) + " in a world of " + std::to_string(options_.world_size));
     }
     if (header.size() > kMaxHeaderBytes) {
-      return invalid_argument("send to " + peers_[peer].name + ": header of " + std::to_string(header.size()) +
+      return invalid_argument("send to " + peer_name(peer) + ": header of " + std::to_string(header.size()) +
                               " bytes exceeds " + std::to_string(kMaxHeaderBytes));
     }
     if (payload.size() > kMaxPayloadBytes) {
-      return resource_exhausted("send to " + peers_[peer].name + ": payload of " + std::to_string(payload.size()) +
+      return resource_exhausted("send to " + peer_name(peer) + ": payload of " + std::to_string(payload.size()) +
                                 " bytes exceeds the 1 GiB message limit");
     }
     if (!done) return invalid_argument("send needs a completion callback");
     if (stop_requested_.load(std::memory_order_acquire)) return unavailable("transport stopped");
     if (peers_[peer].failed.load(std::memory_order_acquire)) {
+      std::lock_guard<std::mutex> lock(peer_mu_);
       return peers_[peer].failure;
     }
     SendRequest req;
@@ -473,6 +521,7 @@ class UcxTransport::Impl {
     stop_requested_.store(true, std::memory_order_seq_cst);
     if (std::this_thread::get_id() == progress_thread_id_.load()) return;  // the destructor joins
     std::lock_guard<std::mutex> lock(stop_mu_);
+    if (coordinator_) coordinator_->stop();  // no replacement is admitted into a stopping transport
     if (progress_thread_.joinable()) {
       wake();
       progress_thread_.join();
@@ -579,17 +628,16 @@ class UcxTransport::Impl {
     am.id = kByeAmId;
     am.cb = &Impl::on_bye;
     SC_UCX_CHECK(ucp_worker_set_am_recv_handler(worker_, &am), "");
+    am.id = kRejoinAmId;
+    am.cb = &Impl::on_rejoin;
+    SC_UCX_CHECK(ucp_worker_set_am_recv_handler(worker_, &am), "");
     return Status::Ok();
   }
 
   void destroy_ucx() {
-    for (Peer& p : peers_) {
-      // Endpoints not closed by the shutdown sequence (it timed out) go with the worker.
-      if (p.close_request != nullptr) {
-        ucp_request_free(p.close_request);
-        p.close_request = nullptr;
-      }
-    }
+    // Endpoints not closed by the shutdown sequence (it timed out) go with the worker.
+    for (void* request : close_requests_) ucp_request_free(request);
+    close_requests_.clear();
     if (worker_ != nullptr) ucp_worker_destroy(worker_);
     worker_ = nullptr;
     if (context_ != nullptr) ucp_cleanup(context_);
@@ -610,6 +658,7 @@ class UcxTransport::Impl {
     progress_thread_id_.store(std::this_thread::get_id());
     while (true) {
       post_queued_sends();
+      admit_queued_replacements();
       while (ucp_worker_progress(worker_) != 0) {
       }
       close_failed_endpoints();
@@ -625,7 +674,7 @@ class UcxTransport::Impl {
     bool queued;
     {
       std::lock_guard<std::mutex> lock(queue_mu_);
-      queued = !queue_.empty();
+      queued = !queue_.empty() || !replacements_.empty();
     }
     if (queued || stop_requested_.load(std::memory_order_seq_cst)) {
       sleeping_.store(false);
@@ -705,6 +754,10 @@ class UcxTransport::Impl {
     }
     ucp_request_param_t param{};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
+    if (op->req.am_id == kRejoinAmId) {  // its receiver reads the body in the handler: never rendezvous
+      param.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+      param.flags = UCP_AM_SEND_FLAG_EAGER;
+    }
     param.cb.send = &Impl::on_send_done;
     param.user_data = op;
     param.datatype = ucp_dt_make_contig(1);
@@ -747,16 +800,7 @@ class UcxTransport::Impl {
   Expected<uint32_t> open_route(const void* header, size_t header_length, unsigned am_id) {
     const auto* h = static_cast<const std::byte*>(header);
     uint32_t claimed = MessageSink::kUnknownPeer;
-    auto reject = [&](const char* why) -> Status {
-      rejected_.fetch_add(1, std::memory_order_relaxed);
-      Status s = data_loss(std::string("transport: rejected a message (AM ") + std::to_string(am_id) + ", " +
-                           std::to_string(header_length) + " header bytes" +
-                           (claimed != MessageSink::kUnknownPeer ? ", claiming " + peers_[claimed].name : std::string()) +
-                           "): " + why);
-      reject_log_.error("%s", s.message().c_str());
-      if (!stop_requested_.load(std::memory_order_acquire)) sink_->on_rejected(claimed, s);
-      return s;
-    };
+    auto reject = [&](const char* why) { return reject_message(claimed, am_id, header_length, why); };
     if (header_length < kRouteBytes || header_length > kRouteBytes + kMaxHeaderBytes) {
       return reject("bad route header length");
     }
@@ -788,6 +832,190 @@ class UcxTransport::Impl {
     p.recv_seen.set(static_cast<size_t>(behind));
     out_of_order_.fetch_add(1, std::memory_order_relaxed);
     return sender;
+  }
+
+  // Counts, logs (rate limited) and reports a message dropped before delivery.
+  Status reject_message(uint32_t claimed, unsigned am_id, size_t header_length, const char* why) {
+    rejected_.fetch_add(1, std::memory_order_relaxed);
+    Status s = data_loss(std::string("transport: rejected a message (AM ") + std::to_string(am_id) + ", " +
+                         std::to_string(header_length) + " header bytes" +
+                         (claimed != MessageSink::kUnknownPeer ? ", claiming " + peers_[claimed].name : std::string()) +
+                         "): " + why);
+    reject_log_.error("%s", s.message().c_str());
+    if (!stop_requested_.load(std::memory_order_acquire)) sink_->on_rejected(claimed, s);
+    return s;
+  }
+
+  // ---- replacements of lost ranks ---------------------------------------------------------------
+
+  // Coordinator's thread (rank 0): has the progress thread make this rank ready for the
+  // replacement, and waits (bounded) for the generation it was given.
+  Expected<uint64_t> admit_replacement(const rendezvous::Replacement& r) {
+    if (!options_.accept_replacements) {
+      return failed_precondition("this job does not admit replacements (accept_replacements is off on rank 0)");
+    }
+    auto pending = std::make_shared<PendingReplacement>();
+    pending->replacement = r;
+    auto result = pending->done.get_future();
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      if (queue_closed_) return unavailable("rank 0 is stopping");
+      replacements_.push_back(pending);
+    }
+    wake();
+    if (result.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+      return unavailable("rank 0's transport did not get ready for the replacement in time");
+    }
+    return result.get();
+  }
+
+  // Progress thread: answers every queued replacement (refused once a stop was requested).
+  void admit_queued_replacements() {
+    std::vector<std::shared_ptr<PendingReplacement>> todo;
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      if (replacements_.empty()) return;
+      todo.swap(replacements_);
+    }
+    for (auto& pending : todo) {
+      if (stop_requested_.load(std::memory_order_acquire)) {
+        pending->done.set_value(unavailable("rank 0 is stopping"));
+        continue;
+      }
+      pending->done.set_value(admit_now(pending->replacement));
+    }
+  }
+
+  Expected<uint64_t> admit_now(const rendezvous::Replacement& r) {
+    Peer& p = peers_[r.rank];
+    if (!p.failed.load(std::memory_order_relaxed)) {
+      return failed_precondition("rank " + std::to_string(r.rank) + " is alive in the running job");
+    }
+    const uint64_t generation = p.generation + 1;
+    SC_RETURN_IF_ERROR(replace_peer(p, r.label, r.address, generation));
+    replacements_admitted_.fetch_add(1, std::memory_order_relaxed);
+    // Every other live rank learns it from rank 0 before the replacement has its table, so on each
+    // endpoint the news comes before anything that rank 0 sends later about the job.
+    std::string body;
+    body.resize(8);
+    put_le32(reinterpret_cast<std::byte*>(body.data()), static_cast<uint32_t>(r.label.size()));
+    put_le32(reinterpret_cast<std::byte*>(body.data()) + 4, static_cast<uint32_t>(r.address.size()));
+    body += r.label;
+    body += r.address;
+    auto shared = std::make_shared<const std::string>(std::move(body));
+    const auth::Mac256 mac = body_mac(std::as_bytes(std::span<const char>(shared->data(), shared->size())));
+    for (Peer& q : peers_) {
+      if (q.rank == options_.rank || q.rank == r.rank || q.failed.load(std::memory_order_relaxed) || q.ep == nullptr) {
+        continue;
+      }
+      SendRequest req;
+      req.peer = q.rank;
+      req.am_id = kRejoinAmId;
+      std::byte* h = req.am_header.data() + kRouteBytes;
+      put_le32(h, r.rank);
+      put_le32(h + 4, 0);
+      put_le64(h + 8, generation);
+      std::memcpy(h + 16, mac.data(), mac.size());
+      req.am_header_len = static_cast<uint32_t>(kRouteBytes + kRejoinHeaderBytes);
+      req.payload = shared->data();
+      req.payload_len = shared->size();
+      req.done = [shared, rank = q.rank](const Status& st) {
+        if (!st.ok()) SC_LOG_WARN("transport: telling rank %u about the replacement failed: %s", rank, st.message().c_str());
+      };
+      post(std::move(req));
+    }
+    return generation;
+  }
+
+  // Points `p` at a new process of its rank: the old endpoint is closed (its sends fail), a new one
+  // is created, sequence numbers start above every earlier process's, and the sink hears that the
+  // peer is back. Progress thread.
+  Status replace_peer(Peer& p, const std::string& label, const std::string& address, uint64_t generation) {
+    ProcessIdentity id;
+    std::string ucx_address;
+    if (!unpack_address(address, &id, &ucx_address)) {
+      return invalid_argument("the replacement for " + p.name + " sent a malformed address (another sparsecar version?)");
+    }
+    if (!p.failed.load(std::memory_order_relaxed)) {
+      peer_gone(p, unavailable(p.name + " was replaced by a new process of its rank"), /*orderly=*/false);
+    }
+    close_endpoint(p);
+    if (p.pidfd >= 0) ::close(p.pidfd);
+    bool gone = false;
+    p.pidfd = watch_process(me_, id, &gone);
+    if (gone) return unavailable("the replacement for " + p.name + " exited before it could join");
+    ucp_ep_params_t ep_params{};
+    ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                           UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep_params.address = reinterpret_cast<const ucp_address_t*>(ucx_address.data());
+    ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep_params.err_handler.cb = &Impl::on_ep_error;
+    ep_params.err_handler.arg = &p;
+    ucp_ep_h ep = nullptr;
+    if (ucs_status_t st = ucp_ep_create(worker_, &ep_params, &ep); st != UCS_OK) {
+      return ucx_status("ucp_ep_create", st, "replacement for " + p.name);
+    }
+    p.ep = ep;
+    p.generation = generation;
+    const uint64_t first_seq = generation << kGenerationShift;
+    p.send_seq = first_seq;
+    if (p.recv_max < first_seq) {
+      p.recv_max = first_seq;
+      p.recv_seen.reset();
+    }
+    {
+      std::lock_guard<std::mutex> lock(peer_mu_);
+      p.name = "rank " + std::to_string(p.rank) + " (" + label + ")";
+    }
+    p.failed.store(false, std::memory_order_release);
+    peers_rejoined_.fetch_add(1, std::memory_order_relaxed);
+    SC_LOG_INFO("transport: %s rejoined the job (generation %llu)", p.name.c_str(),
+                static_cast<unsigned long long>(generation));
+    sink_->on_peer_rejoined(p.rank);
+    return Status::Ok();
+  }
+
+  // A rank other than 0 learns from rank 0 that rank R has a new process.
+  static ucs_status_t on_rejoin(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                                const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<Impl*>(arg);
+    const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    if (rndv) ucp_am_data_release(self->worker_, data);
+    if (self->stop_requested_.load(std::memory_order_acquire)) return UCS_OK;
+    auto sender = self->open_route(header, header_length, kRejoinAmId);
+    if (!sender.ok()) return UCS_OK;
+    auto reject = [&](const char* why) {
+      self->reject_message(*sender, kRejoinAmId, header_length, why).ignore();
+      return UCS_OK;
+    };
+    if (*sender != 0) return reject("a replacement announced by a rank other than 0");
+    if (rndv || header_length != kRouteBytes + kRejoinHeaderBytes) return reject("malformed replacement announcement");
+    const auto* h = static_cast<const std::byte*>(header) + kRouteBytes;
+    const uint32_t rank = get_le32(h);
+    const uint64_t generation = get_le64(h + 8);
+    const auto* body = static_cast<const std::byte*>(data);
+    const auth::Mac256 expect = self->body_mac(std::span<const std::byte>(body, length));
+    if (!auth::equal(expect, u8(h + 16, expect.size()))) return reject("replacement announcement body does not verify");
+    if (rank == 0 || rank == self->options_.rank || rank >= self->options_.world_size) {
+      return reject("replacement announced for an impossible rank");
+    }
+    if (length < 8) return reject("malformed replacement announcement");
+    const uint64_t label_len = get_le32(body);
+    const uint64_t address_len = get_le32(body + 4);
+    if (label_len > kMaxRejoinLabel || address_len > kMaxRejoinAddress || 8 + label_len + address_len != length) {
+      return reject("malformed replacement announcement");
+    }
+    Peer& p = self->peers_[rank];
+    if (generation <= p.generation) return reject("replacement announcement older than the one in force");
+    const std::string label(reinterpret_cast<const char*>(body + 8), label_len);
+    const std::string address(reinterpret_cast<const char*>(body + 8 + label_len), address_len);
+    Status s = self->replace_peer(p, label, address, generation);
+    if (!s.ok()) SC_LOG_ERROR("transport: cannot connect to the replacement of rank %u: %s", rank, s.message().c_str());
+    return UCS_OK;
+  }
+
+  auth::Mac256 body_mac(std::span<const std::byte> body) const {
+    return auth::mac256(mac_key_, {auth::bytes_of(std::string_view(kRejoinDomain)), auth::bytes_of(body)});
   }
 
   static void link(Peer& p, SendOp* op) {
@@ -832,8 +1060,9 @@ class UcxTransport::Impl {
     self->finish_send(op, s);
   }
 
-  static void on_ep_error(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
+  static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
     auto* p = static_cast<Peer*>(arg);
+    if (ep != p->ep) return;  // an endpoint to an earlier process of that rank, already closed
     // Whatever UCX calls it (endpoint timeout, connection reset, shared memory error when the
     // peer's segment vanished), for the pipeline the peer is gone.
     p->impl->peer_gone(*p, unavailable(p->name + " failed: " + ucs_status_string(status)), /*orderly=*/false);
@@ -854,7 +1083,10 @@ class UcxTransport::Impl {
   // Marks `p` failed (once), schedules its endpoint for closing and tells the sink.
   void peer_gone(Peer& p, Status why, bool orderly) {
     if (p.failed.load(std::memory_order_relaxed)) return;
-    p.failure = std::move(why);
+    {
+      std::lock_guard<std::mutex> lock(peer_mu_);
+      p.failure = std::move(why);
+    }
     p.failed.store(true, std::memory_order_release);
     p.close_pending = p.ep != nullptr;
     if (stop_requested_.load(std::memory_order_acquire)) {
@@ -873,41 +1105,45 @@ class UcxTransport::Impl {
   // send still in flight to that peer.
   void close_failed_endpoints() {
     for (Peer& p : peers_) {
-      if (!p.close_pending) continue;
-      p.close_pending = false;
+      if (p.close_pending) close_endpoint(p);
+    }
+    progress_close_requests();
+  }
+
+  // Force-closes a failed peer's endpoint and fails every send still in flight to it.
+  void close_endpoint(Peer& p) {
+    p.close_pending = false;
+    if (p.ep != nullptr) {
       ucp_request_param_t param{};
       param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
       param.flags = UCP_EP_CLOSE_FLAG_FORCE;
       ucs_status_ptr_t r = ucp_ep_close_nbx(p.ep, &param);
       p.ep = nullptr;
       if (UCS_PTR_IS_PTR(r)) {
-        p.close_request = r;
+        close_requests_.push_back(r);
       } else if (UCS_PTR_IS_ERR(r)) {
         SC_LOG_DEBUG("transport: force-closing the endpoint to %s: %s", p.name.c_str(),
                      ucs_status_string(UCS_PTR_STATUS(r)));
       }
-      // Sends that UCX did not complete while closing are failed here.
-      while (p.inflight != nullptr) {
-        SendOp* op = p.inflight;
-        unlink(p, op);
-        op->orphaned = true;
-        Status s = unavailable("send failed: " + p.failure.message());
-        SendCallback done = std::move(op->req.done);
-        op->req.done = nullptr;
-        done(s);  // the op stays allocated (orphaned) until UCX lets go of its request
-      }
     }
-    progress_close_requests();
+    // Sends that UCX did not complete while closing are failed here.
+    while (p.inflight != nullptr) {
+      SendOp* op = p.inflight;
+      unlink(p, op);
+      op->orphaned = true;
+      Status s = unavailable("send failed: " + p.failure.message());
+      SendCallback done = std::move(op->req.done);
+      op->req.done = nullptr;
+      done(s);  // the op stays allocated (orphaned) until UCX lets go of its request
+    }
   }
 
   void progress_close_requests() {
-    for (Peer& p : peers_) {
-      if (p.close_request == nullptr) continue;
-      ucs_status_t s = ucp_request_check_status(p.close_request);
-      if (s == UCS_INPROGRESS) continue;
-      ucp_request_free(p.close_request);
-      p.close_request = nullptr;
-    }
+    std::erase_if(close_requests_, [](void* request) {
+      if (ucp_request_check_status(request) == UCS_INPROGRESS) return false;
+      ucp_request_free(request);
+      return true;
+    });
   }
 
   static ucs_status_t on_am(void* arg, const void* header, size_t header_length, void* data, size_t length,
@@ -1047,6 +1283,7 @@ class UcxTransport::Impl {
     }
     for (SendRequest& req : posting_) req.done(aborted("transport stopped before the send to " + peers_[req.peer].name + " was posted"));
     posting_.clear();
+    admit_queued_replacements();  // refused: stop_requested_ is set
 
     const auto deadline = Clock::now() + options_.stop_timeout;
     for (Peer& p : peers_) {
@@ -1070,14 +1307,9 @@ class UcxTransport::Impl {
       ucs_status_ptr_t r = ucp_ep_close_nbx(p.ep, &param);
       p.ep = nullptr;
       p.close_pending = false;
-      if (UCS_PTR_IS_PTR(r)) p.close_request = r;
+      if (UCS_PTR_IS_PTR(r)) close_requests_.push_back(r);
     }
-    auto closing = [&] {
-      for (const Peer& p : peers_) {
-        if (p.close_request != nullptr) return true;
-      }
-      return false;
-    };
+    auto closing = [&] { return !close_requests_.empty(); };
     while (closing() && Clock::now() < deadline) {
       while (ucp_worker_progress(worker_) != 0) {
       }
@@ -1118,12 +1350,23 @@ class UcxTransport::Impl {
 
   std::mutex queue_mu_;
   std::vector<SendRequest> queue_;  // guarded by queue_mu_
+  // Replacements the coordinator's thread waits on (rank 0): guarded by queue_mu_.
+  struct PendingReplacement {
+    rendezvous::Replacement replacement;
+    std::promise<Expected<uint64_t>> done;
+  };
+  std::vector<std::shared_ptr<PendingReplacement>> replacements_;
   bool queue_closed_ = false;       // guarded by queue_mu_; set by shutdown()'s final swap
 
   auth::Nonce formation_id_{};
   auth::Key mac_key_{};  // transport key: written by init() before the progress thread starts
   std::atomic<uint64_t> rejected_{0};
   std::atomic<uint64_t> out_of_order_{0};  // authentic messages that arrived below the highest seq
+  std::atomic<uint64_t> replacements_admitted_{0};
+  std::atomic<uint64_t> peers_rejoined_{0};
+  mutable std::mutex peer_mu_;  // Peer::name and Peer::failure, read off the progress thread
+  ProcessIdentity me_;
+  std::unique_ptr<rendezvous::Coordinator> coordinator_;  // rank 0 admitting replacements
   rendezvous::Stats rendezvous_stats_;
   RateLimitedLog reject_log_;  // progress thread only
 
@@ -1135,6 +1378,7 @@ class UcxTransport::Impl {
   std::vector<RecvOp*> free_recvs_;
   std::vector<RecvOp*> active_recvs_;
   std::vector<Buffer> buffers_;
+  std::vector<void*> close_requests_;  // endpoint closes in progress
   uint64_t dropped_ = 0;
   std::vector<pollfd> poll_fds_;
 };

@@ -50,6 +50,7 @@ inline constexpr size_t kUcxRouteBytes = 32;
 // Active-message ids: sparsecar messages and the "bye" of an orderly stop().
 inline constexpr unsigned kUcxDataAmId = 1;
 inline constexpr unsigned kUcxByeAmId = 2;
+inline constexpr unsigned kUcxRejoinAmId = 3;  // rank 0: "rank R has a new process" (replacements)
 
 struct UcxTransportOptions {
   uint32_t rank = 0;
@@ -88,6 +89,10 @@ struct UcxTransportOptions {
   // long each may take.
   size_t rendezvous_max_pending = 64;
   std::chrono::milliseconds rendezvous_hello_timeout{5000};
+  // Rank 0 only: admit a replacement for a rank whose endpoint has failed into the running
+  // formation (rendezvous::Coordinator; rank 0 keeps its rendezvous socket open either way). Off:
+  // a replacement is refused with a reason that says so, and a lost rank stays lost.
+  bool accept_replacements = true;
 
   // Tests only. Called on the progress thread with every sealed AM header the transport sends.
   std::function<void(uint32_t peer, unsigned am_id, std::span<const std::byte> am_header)> observe_sent_for_test;
@@ -102,6 +107,8 @@ struct UcxTransportStats {
   uint64_t rendezvous_auth_failures = 0;  // rank 0: hellos whose MAC did not verify
   uint64_t rendezvous_refused = 0;      // rank 0: authenticated hellos refused, or malformed ones
   uint64_t rendezvous_shed = 0;         // rank 0: connections closed (cap, hello deadline, no fds)
+  uint64_t replacements_admitted = 0;   // rank 0: replacements of lost ranks admitted
+  uint64_t peers_rejoined = 0;          // peers that came back as a new process (replacements)
 };
 
 class UcxTransport final : public Transport {

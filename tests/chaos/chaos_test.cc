@@ -10,6 +10,7 @@
 #include <random>
 #include <thread>
 
+#include "daemon/control/client.h"
 #include "sparsecar/client.h"
 #include "tests/integration/daemon_harness.h"
 
@@ -45,6 +46,22 @@ void expect_mean(const float* got, uint32_t world, uint32_t job, uint64_t step, 
   for (size_t i = 0; i < kN; ++i) {
     ASSERT_NEAR(got[i], sum[i] / world, 1e-6 * abs_sum[i] / world + 1e-30)
         << who << " job " << job << " step " << step << " element " << i << ": not the mean of this job's gradients";
+  }
+}
+
+// Asserts `got` is the float64 sum of gradient(job, node, step) over `parts` ({node, step}) / world.
+void expect_average_of(const float* got, const std::vector<std::pair<uint32_t, uint64_t>>& parts, uint32_t world,
+                       uint32_t job, const std::string& who) {
+  std::vector<double> sum(kN, 0.0), abs_sum(kN, 0.0);
+  for (const auto& [node, step] : parts) {
+    auto g = gradient(job, node, step);
+    for (size_t i = 0; i < kN; ++i) {
+      sum[i] += g[i];
+      abs_sum[i] += std::fabs(g[i]);
+    }
+  }
+  for (size_t i = 0; i < kN; ++i) {
+    ASSERT_NEAR(got[i], sum[i] / world, 1e-6 * abs_sum[i] / world + 1e-30) << who << " element " << i;
   }
 }
 
@@ -163,6 +180,94 @@ TEST(PeerFailure, KilledPeerFailsStepsAtOnceAndTheSurvivorExitsAfterTheGrace) {
   const int code = job.daemon(0).wait_exit(10s);
   EXPECT_EQ(code, 3) << job.logs();
   EXPECT_NE(job.daemon(0).log().find("peer_down_grace_ms"), std::string::npos) << job.logs();
+}
+
+// `cmd` on rank `r`'s control socket; its "result" (null on failure, which the test reports).
+nlohmann::json control_call(LocalJob& job, uint32_t r, const std::string& cmd, const nlohmann::json& args = nlohmann::json::object()) {
+  control::ClientOptions options;
+  options.endpoint = "ipc://" + job.dir() + "/rank-" + std::to_string(r) + "-control.sock";
+  auto client = control::ControlClient::connect(options);
+  EXPECT_TRUE(client.ok()) << client.status().to_string();
+  if (!client.ok()) return nullptr;
+  auto reply = (*client)->call(cmd, args);
+  EXPECT_TRUE(reply.ok()) << cmd << " on rank " << r << ": " << reply.status().to_string();
+  return reply.ok() ? (*reply)["result"] : nlohmann::json();
+}
+
+// Recovery by replacement: kill -9 of rank 1 in a job of three. The survivors' steps fail at once
+// naming it; a new rank-1 daemon started like the lost one is admitted by rank 0 into the running
+// job (rank 2 learns it from rank 0), takes rank 0's live decisions, its new trainer joins, and
+// every later step on every rank is the exact mean of the three trainers' gradients.
+TEST(PeerFailure, AReplacementForAKilledRankRejoinsTheRunningJob) {
+  JobSpec spec{3, 1, "tcp", {"--compression", "on", "--density", "1", "--step-timeout-ms", "10000", "--peer-down-grace-ms", "60000"}, {}, {}};
+  LocalJob job(spec);
+  ASSERT_TRUE(job.wait_ready()) << job.logs();
+  std::vector<Trainer> trainers = connect_all(job, 3);
+  run_checked_steps(job, 3, 1, trainers, {0, 1});
+  // A live decision before the loss: the replacement must run under it too.
+  nlohmann::json set = control_call(job, 0, "set", {{"knob", "step_timeout_ms"}, {"value", 9000}});
+  ASSERT_FALSE(set.is_null()) << job.logs();
+  run_checked_steps(job, 3, 1, trainers, {2, 3, 4});
+
+  job.daemon(1).kill9();
+  trainers[1] = Trainer{};  // its trainer went with it
+  for (uint32_t r : {0u, 2u}) ASSERT_TRUE(trainers[r].submit(1, r, 5).ok());
+  for (uint32_t r : {0u, 2u}) {
+    Status s = trainers[r].wait(5);
+    EXPECT_FALSE(s.ok()) << "rank " << r << "'s step 5 cannot complete without rank 1";
+    EXPECT_NE(s.message().find("rank 1"), std::string::npos) << s.to_string();
+  }
+
+  job.restart(1);
+  ASSERT_TRUE(wait_for_log(job, 1, "ready: trainers connect to", 20s)) << job.logs();
+  EXPECT_NE(job.daemon(1).log().find("as a replacement (generation 1)"), std::string::npos) << job.logs();
+  trainers[1] = Trainer::connect(job.sockets()[1]);
+  // Step 6: the survivors' failed step 5 was rolled back into their error-feedback residuals, so
+  // their step-6 messages carry gradients 5 and 6; the replacement starts with nothing carried.
+  for (uint32_t r = 0; r < 3; ++r) ASSERT_TRUE(trainers[r].submit(1, r, 6).ok());
+  for (uint32_t r = 0; r < 3; ++r) {
+    Status s = trainers[r].wait(6);
+    ASSERT_TRUE(s.ok()) << "rank " << r << " step 6: " << s.to_string() << "\n" << job.logs();
+    expect_average_of(trainers[r].tensor->data(), {{0, 5}, {0, 6}, {1, 6}, {2, 5}, {2, 6}}, 3, 1,
+                      "rank " + std::to_string(r) + " step 6");
+  }
+  run_checked_steps(job, 3, 1, trainers, {7, 8, 9});
+  if (HasFatalFailure()) return;
+  EXPECT_NE(job.daemon(0).log().find("as the replacement for lost rank 1"), std::string::npos) << job.logs();
+  EXPECT_NE(job.daemon(2).log().find("rejoined the job (generation 1)"), std::string::npos) << job.logs();
+  EXPECT_NE(job.daemon(1).log().find("start at zero"), std::string::npos) << "the lost residuals were not logged\n"
+                                                                          << job.logs();
+  for (uint32_t r = 0; r < 3; ++r) {
+    nlohmann::json st = control_call(job, r, "status");
+    ASSERT_FALSE(st.is_null());
+    EXPECT_EQ(st["epoch"], 1) << "rank " << r << " does not hold rank 0's decision\n" << st.dump();
+    if (r != 1) {
+      EXPECT_EQ(st["peers_rejoined"], 1) << "rank " << r << "\n" << st.dump();
+    }
+  }
+  for (uint32_t r : {0u, 2u}) EXPECT_TRUE(job.daemon(r).running()) << job.logs();
+}
+
+// With accept_replacements off, rank 0 refuses the replacement with a reason that says so (it
+// exits at once instead of waiting out its join timeout); the survivor exits after the grace.
+TEST(PeerFailure, WithReplacementsOffAReplacementIsRefusedAndTheSurvivorExits) {
+  JobSpec spec{2, 1, "tcp",
+               {"--compression", "on", "--density", "1", "--step-timeout-ms", "10000", "--peer-down-grace-ms", "4000"},
+               {{"--accept-replacements", "off"}}, {}};
+  LocalJob job(spec);
+  ASSERT_TRUE(job.wait_ready()) << job.logs();
+  std::vector<Trainer> trainers = connect_all(job, 2);
+  run_checked_steps(job, 2, 1, trainers, {0});
+  job.daemon(1).kill9();
+  trainers[1] = Trainer{};
+  ASSERT_TRUE(wait_for_log(job, 0, "rank 1", 5s)) << job.logs();
+  const auto restarted = Clock::now();
+  job.restart(1);
+  const int refused = job.daemon(1).wait_exit(15s);
+  EXPECT_GT(refused, 0) << job.logs();
+  EXPECT_LT(Clock::now() - restarted, 10s) << "the replacement waited for its join timeout instead of being refused";
+  EXPECT_NE(job.daemon(1).log().find("does not admit replacements"), std::string::npos) << job.logs();
+  EXPECT_EQ(job.daemon(0).wait_exit(15s), 3) << job.logs();
 }
 
 // SIGSTOP of a peer: no connection breaks, so only the daemon's own deadline can notice. The

@@ -157,7 +157,19 @@ class LocalJob {
         args.insert(args.end(), spec.per_rank_extra[r].begin(), spec.per_rank_extra[r].end());
       }
       daemons_.push_back(std::make_unique<DaemonProcess>(SPARSECARD_PATH, args, dir_ + "/rank-" + std::to_string(r) + ".log", env));
+      args_.push_back(std::move(args));
     }
+    env_ = std::move(env);
+  }
+
+  // Starts a new process for rank `r` with the same arguments (after the old one died), logging
+  // to rank-<r>.<n>.log; `extra` arguments go last. The old process's log stays in logs().
+  void restart(uint32_t r, const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> args = args_[r];
+    args.insert(args.end(), extra.begin(), extra.end());
+    retired_.push_back(std::move(daemons_[r]));
+    const std::string log = dir_ + "/rank-" + std::to_string(r) + "." + std::to_string(retired_.size()) + ".log";
+    daemons_[r] = std::make_unique<DaemonProcess>(SPARSECARD_PATH, args, log, env_);
   }
   ~LocalJob() {
     daemons_.clear();
@@ -183,6 +195,7 @@ class LocalJob {
   }
   std::string logs() const {
     std::string out;
+    for (size_t i = 0; i < retired_.size(); ++i) out += "---- an earlier process ----\n" + retired_[i]->log();
     for (uint32_t r = 0; r < daemons_.size(); ++r) out += "---- rank " + std::to_string(r) + " ----\n" + daemons_[r]->log();
     return out;
   }
@@ -196,6 +209,9 @@ class LocalJob {
   std::string dir_;
   std::vector<std::string> sockets_;
   std::vector<std::unique_ptr<DaemonProcess>> daemons_;
+  std::vector<std::unique_ptr<DaemonProcess>> retired_;  // processes replaced by restart()
+  std::vector<std::vector<std::string>> args_;
+  std::vector<std::string> env_;
 };
 
 }  // namespace sparsecar::itest
