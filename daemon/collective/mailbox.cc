@@ -14,6 +14,7 @@ Mailbox::Mailbox(uint64_t job_id, uint32_t world_size, Metrics* metrics, uint64_
       max_bytes_per_peer_(max_bytes_per_peer),
       peer_failures_(world_size),
       down_since_(world_size),
+      rejoins_(world_size, 0),
       buffered_(world_size, 0) {}
 
 std::map<Mailbox::Key, Envelope>::iterator Mailbox::erase_message(std::map<Key, Envelope>::iterator it) {
@@ -173,6 +174,7 @@ void Mailbox::on_peer_rejoined(uint32_t peer) {
   SC_LOG_INFO("rank %u is back (a replacement process) after %.1f s down", peer,
               std::chrono::duration<double>(Clock::now() - down_since_[peer]).count());
   peer_failures_[peer] = Status::Ok();
+  rejoins_[peer] += 1;
   rejoined_.fetch_add(1);
   cv_.notify_all();
 }
@@ -308,6 +310,11 @@ std::optional<Mailbox::PeerDown> Mailbox::first_peer_down() const {
     if (!first || down_since_[peer] < first->since) first = PeerDown{peer, peer_failures_[peer], down_since_[peer]};
   }
   return first;
+}
+
+uint64_t Mailbox::rejoined(uint32_t peer) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return peer < rejoins_.size() ? rejoins_[peer] : 0;
 }
 
 Status Mailbox::peer_status(uint32_t peer) const {

@@ -121,8 +121,9 @@ class Mailbox final : public MessageSink {
   uint64_t rejected() const { return rejected_.load(); }
   // Data and abort messages dropped because they belong to another job incarnation.
   uint64_t stale() const { return stale_.load(); }
-  // Peers that came back as a new process (on_peer_rejoined), in all.
+  // Peers that came back as a new process (on_peer_rejoined), in all and for one peer.
   uint64_t rejoined() const { return rejoined_.load(); }
+  uint64_t rejoined(uint32_t peer) const;
   // Payload bytes waiting from `peer` (for tests and status).
   uint64_t buffered_bytes(uint32_t peer) const;
 
@@ -154,6 +155,7 @@ class Mailbox final : public MessageSink {
   std::map<StepKey, Status> step_failures_;     // guarded by mu_: aborts and corrupt messages
   std::vector<Status> peer_failures_;           // guarded by mu_: OK while alive
   std::vector<Clock::time_point> down_since_;   // guarded by mu_: when each down peer failed
+  std::vector<uint64_t> rejoins_;               // guarded by mu_: replacements per peer
   std::vector<uint64_t> buffered_;              // guarded by mu_: payload bytes waiting per peer
   bool cancelled_ = false;                      // guarded by mu_
   uint64_t incarnation_ = 0;                    // guarded by mu_: 0 between jobs

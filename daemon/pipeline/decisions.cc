@@ -237,18 +237,16 @@ void DecisionBoard::with_snapshot(const std::function<void(const std::string&)>&
   std::string out;
   for (size_t i = 0; i < decisions_.size(); ++i) {
     const Decision& d = decisions_[i];
-    std::string text;
+    std::string state;
     if (i == 0) {
       for (const KnobSpec& spec : knob_table()) {
         if (!spec.live || spec.secret) continue;
         auto value = get_knob(*d.config, spec.name);
-        if (value.ok()) text += std::string(spec.name) + "=" + *value + "\n";
+        if (value.ok()) state += std::string(spec.name) + "=" + *value + "\n";
       }
-    } else {
-      text = d.changes;
     }
-    out += "epoch " + std::to_string(d.epoch) + " step " + std::to_string(d.effective_step) + " bytes " +
-           std::to_string(text.size()) + "\n" + text;
+    out += "epoch " + std::to_string(d.epoch) + " step " + std::to_string(d.effective_step) + " state " +
+           std::to_string(state.size()) + " changes " + std::to_string(d.changes.size()) + "\n" + state + d.changes;
   }
   fn(out);
 }
@@ -258,7 +256,8 @@ Status DecisionBoard::adopt(std::string_view snapshot) {
   struct Entry {
     uint32_t epoch;
     uint64_t step;
-    std::string text;
+    std::string state;
+    std::string changes;
   };
   std::vector<Entry> entries;
   while (!snapshot.empty()) {
@@ -266,19 +265,22 @@ Status DecisionBoard::adopt(std::string_view snapshot) {
     if (nl == std::string_view::npos || nl > 128) return bad("no decision line");
     const std::string line(snapshot.substr(0, nl));
     snapshot.remove_prefix(nl + 1);
-    unsigned long long epoch = 0, step = 0, bytes = 0;
+    unsigned long long epoch = 0, step = 0, state = 0, changes = 0;
     int used = 0;
-    if (std::sscanf(line.c_str(), "epoch %llu step %llu bytes %llu%n", &epoch, &step, &bytes, &used) != 3 ||
-        static_cast<size_t>(used) != line.size() || epoch > UINT32_MAX || bytes > snapshot.size()) {
+    if (std::sscanf(line.c_str(), "epoch %llu step %llu state %llu changes %llu%n", &epoch, &step, &state, &changes,
+                    &used) != 4 ||
+        static_cast<size_t>(used) != line.size() || epoch > UINT32_MAX || state > snapshot.size() ||
+        changes > snapshot.size() - state || (!entries.empty() && state != 0)) {
       return bad("'" + line + "'");
     }
     if (!entries.empty() && epoch != entries.back().epoch + 1) return bad("epochs out of order");
-    entries.push_back({static_cast<uint32_t>(epoch), step, std::string(snapshot.substr(0, bytes))});
-    snapshot.remove_prefix(bytes);
+    entries.push_back({static_cast<uint32_t>(epoch), step, std::string(snapshot.substr(0, state)),
+                       std::string(snapshot.substr(state, changes))});
+    snapshot.remove_prefix(state + changes);
   }
   if (entries.empty()) return bad("no decision");
-
-  SC_ASSIGN_OR_RETURN(KnobChanges all, parse_changes(entries[0].text));
+  SC_ASSIGN_OR_RETURN(KnobChanges all, parse_changes(entries[0].state));
+  SC_RETURN_IF_ERROR(parse_changes(entries[0].changes).status());
 
   std::lock_guard<std::mutex> lock(mu_);
   // Built aside: the board changes only if every decision applies.
@@ -286,7 +288,9 @@ Status DecisionBoard::adopt(std::string_view snapshot) {
   Status applied = Status::Ok();
   for (const auto& [name, value] : all) {
     const KnobSpec* spec = find_knob(name);
-    applied = spec == nullptr ? not_found("unknown knob '" + name + "'") : set_knob(*config, name, value);
+    applied = spec == nullptr ? not_found("unknown knob '" + name + "'")
+              : !spec->live  ? failed_precondition("knob '" + name + "' is not live")
+                             : set_knob(*config, name, value);
     if (!applied.ok()) break;
   }
   if (applied.ok()) applied = validate(*config);
@@ -297,11 +301,11 @@ Status DecisionBoard::adopt(std::string_view snapshot) {
   base.epoch = entries[0].epoch;
   base.effective_step = entries[0].step;
   base.config = std::move(config);
-  base.changes = entries[0].text;
+  base.changes = entries[0].changes;
   base.reason = "rank 0 (joined)";
   decisions_.push_back(std::move(base));
   for (size_t i = 1; i < entries.size(); ++i) {
-    apply_locked(entries[i].epoch, entries[i].step, entries[i].text, "rank 0 (joined)");
+    apply_locked(entries[i].epoch, entries[i].step, entries[i].changes, "rank 0 (joined)");
   }
   // Decisions this node already took from rank 0 beyond the snapshot (sent after it, arrived
   // first) follow; its own earlier history is replaced.

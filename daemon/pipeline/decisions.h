@@ -18,8 +18,9 @@
 // Joining: rank 0 answers every node's first-step manifest (and a replacement's, when it joins a
 // running job) with a snapshot of its decisions, which the node adopts (with_snapshot / adopt):
 // a node that started later, or with older decisions, holds rank 0's from its first step on.
-// Snapshot text: per decision "epoch E step S bytes N\n" + N bytes of knob=value lines; the
-// first decision lists every live knob, the later ones their changes.
+// Snapshot text: per decision "epoch E step S state N changes M\n" + N bytes + M bytes of
+// knob=value lines: the first decision's state lists every live knob, then each decision's own
+// changes (the later ones carry no state, N = 0).
 //
 // Threads: propose() from any thread (control, pipeline); at_step() from the pipeline thread;
 // on_message() from the transport thread. One mutex guards the state, and rank 0 sends a

@@ -754,6 +754,8 @@ Status Pipeline::agree_on_job(Clock::time_point deadline) {
     running_.total_trainers = total;
     running_.manifest = mine;
     running_.local_clients = std::move(local_clients);
+    running_.rejoins.resize(options_.world_size);
+    for (uint32_t peer = 0; peer < options_.world_size; ++peer) running_.rejoins[peer] = mailbox_->rejoined(peer);
   }
   auto answer_all = [&](const std::string& decisions) {
     for (uint32_t peer = 1; peer < options_.world_size; ++peer) {
@@ -800,6 +802,7 @@ Status Pipeline::send_agreement_text(uint32_t peer, wire::Kind kind, uint64_t st
 bool Pipeline::answer_late_manifest(uint32_t peer, const wire::WireHeader& h, std::span<const std::byte> payload) {
   std::lock_guard<std::mutex> lock(running_mu_);
   if (!running_.agreed || peer == 0 || peer >= running_.local_clients.size()) return false;
+  if (mailbox_->rejoined(peer) == running_.rejoins[peer]) return false;  // the agreed process itself
   const std::string theirs(reinterpret_cast<const char*>(payload.data()), payload.size());
   std::string error = manifest_difference(running_.manifest, theirs, peer);
   if (error.empty() && local_clients_of(theirs) != running_.local_clients[peer]) {

@@ -190,7 +190,9 @@ class Pipeline final : public StepSink {
   // nonce (its echo in an ack), `incarnation` the agreed job's (ack).
   Status send_agreement_text(uint32_t peer, wire::Kind kind, uint64_t step, uint64_t incarnation, std::string text);
   // Rank 0, transport thread (Mailbox::ManifestHandler): while a job runs, answers the manifest
-  // of a replacement that joined it, exactly as the agreement answered the lost process.
+  // of a replacement that joined it, exactly as the agreement answered the lost process. Only a
+  // rank replaced since the agreement: a manifest of a peer that simply starts its next job first
+  // is kept for the next agreement as always.
   bool answer_late_manifest(uint32_t peer, const wire::WireHeader& header, std::span<const std::byte> payload);
   // This job's identity for a collective or an abort under `epoch`, deadline one step_timeout
   // from now (pipeline thread).
@@ -229,6 +231,7 @@ class Pipeline final : public StepSink {
     uint32_t total_trainers = 0;
     std::string manifest;                 // rank 0's
     std::vector<uint32_t> local_clients;  // per rank, as each manifest said
+    std::vector<uint64_t> rejoins;        // per rank: Mailbox::rejoined(rank) when agreed
   };
   std::mutex running_mu_;
   RunningJob running_;  // guarded by running_mu_

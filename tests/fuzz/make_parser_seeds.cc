@@ -147,6 +147,17 @@ void knob_changes() {
   write("knob_changes", "not_live", sparsecar::format_changes(KnobChanges{{"rank", "3"}, {"world_size", "4"}}));
 }
 
+// Snapshots of a real board: the start-up state alone, and after two decisions.
+void decision_snapshot() {
+  sparsecar::Config c;
+  sparsecar::DecisionBoard board(c, nullptr);
+  board.with_snapshot([](const std::string& s) { write("decision_snapshot", "start_up", s); });
+  const auto later = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  board.propose({{"density", "0.05"}}, "seed", later).ignore();
+  board.propose({{"selector", "threshold"}, {"threshold", "0.002"}}, "seed", later).ignore();
+  board.with_snapshot([](const std::string& s) { write("decision_snapshot", "two_decisions", s); });
+}
+
 void tensor_overrides() {
   write("tensor_overrides", "doc_example",
         "embed*: selector=randomk, density=0.001, format=bitmap; *.bias: compression=off;\n"
@@ -422,6 +433,7 @@ int main(int argc, char** argv) {
   session_frames();
   observations();
   knob_changes();
+  decision_snapshot();
   tensor_overrides();
   policy_lists();
   config_files(argv[2]);

@@ -242,6 +242,67 @@ TEST(DecisionsTest, ADecisionAPeerCannotApplyWhollyFailsItsStepsInsteadOfHalfApp
                                                  << res[0].status.to_string();
 }
 
+// A node that joins late (a replacement joining a running job) adopts rank 0's decisions: the
+// full live state of the oldest kept epoch, then the later ones; a decision that rank 0 sent after
+// the snapshot and that arrived first is kept and applied on top.
+TEST(DecisionsTest, ALateNodeAdoptsRankZerosDecisionsAndKeepsOnesThatArriveEarly) {
+  Config c0;
+  c0.density = 0.01;
+  DecisionBoard leader(c0, nullptr);  // world of one: nothing to broadcast
+  ASSERT_TRUE(leader.propose({{"density", "0.05"}}, "test", std::chrono::steady_clock::now() + 1s).ok());
+  ASSERT_TRUE(leader.propose({{"threshold", "0.002"}, {"step_timeout_ms", "7000"}}, "test",
+                             std::chrono::steady_clock::now() + 1s)
+                  .ok());
+  std::string snapshot;
+  leader.with_snapshot([&](const std::string& text) { snapshot = text; });
+
+  Config c1;
+  c1.rank = 1;
+  c1.world_size = 2;
+  c1.density = 0.5;  // started with another live value: rank 0's must win
+  DecisionBoard late(c1, nullptr);
+  // Epoch 3, decided by rank 0 after the snapshot, overtakes it.
+  const std::string epoch3 = "density=0.07\n";
+  wire::WireHeader h{};
+  h.kind = static_cast<uint16_t>(wire::Kind::kDecision);
+  h.epoch = 3;
+  h.step = 40;
+  late.on_message(0, h, std::as_bytes(std::span<const char>(epoch3.data(), epoch3.size())));
+  EXPECT_EQ(late.latest().epoch, 0u) << "an epoch cannot apply before its predecessors";
+
+  ASSERT_TRUE(late.adopt(snapshot).ok());
+  const auto history = late.history();
+  ASSERT_EQ(history.size(), 4u);
+  for (uint32_t e = 0; e < 4; ++e) EXPECT_EQ(history[e].epoch, e);
+  EXPECT_DOUBLE_EQ(history[0].config->density, 0.01);
+  EXPECT_DOUBLE_EQ(history[1].config->density, 0.05);
+  EXPECT_DOUBLE_EQ(history[2].config->threshold, 0.002);
+  EXPECT_EQ(history[2].config->step_timeout_ms, 7000u);
+  EXPECT_DOUBLE_EQ(history[3].config->density, 0.07);
+  EXPECT_EQ(history[3].effective_step, 40u);
+  EXPECT_DOUBLE_EQ(history[3].config->threshold, 0.002) << "later epochs build on the adopted ones";
+  // Non-live knobs stay this node's own.
+  EXPECT_EQ(history[3].config->rank, 1u);
+  for (const auto& d : history) EXPECT_TRUE(d.error.ok()) << d.error.to_string();
+}
+
+TEST(DecisionsTest, AMalformedOrUnacceptableSnapshotLeavesTheBoardAsItWas) {
+  Config c;
+  c.rank = 1;
+  c.world_size = 2;
+  DecisionBoard board(c, nullptr);
+  for (const char* bad : {"", "epoch 0 step 0 state 99 changes 0\ndensity=0.1\n",
+                          "epoch x step 0 state 0 changes 0\n",
+                          "epoch 0 step 0 state 12 changes 0\ndensity=0.1\nepoch 5 step 0 state 0 changes 0\n",
+                          "epoch 0 step 0 state 12 changes 0\ndensity=0.1\nepoch 1 step 0 state 12 changes 0\ndensity=0.1\n",
+                          "epoch 0 step 0 state 12 changes 0\ndensity=7.0\n", "epoch 0 step 0 state 10 changes 0\nnot_a=knob",
+                          "epoch 0 step 0 state 7 changes 0\nrank=3\n", "epoch 0 step 0 state 0 changes 5\nnoeq\n"}) {
+    EXPECT_FALSE(board.adopt(bad).ok()) << "'" << bad << "'";
+    ASSERT_EQ(board.history().size(), 1u) << "'" << bad << "'";
+    EXPECT_DOUBLE_EQ(board.latest().config->density, c.density);
+  }
+}
+
 TEST(DecisionsTest, ChangeLinesRoundTrip) {
   KnobChanges c{{"density", "0.5"}, {"selector", "threshold"}};
   auto back = parse_changes(format_changes(c));

@@ -8,6 +8,8 @@
 
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include <array>
 #include <chrono>
 #include <cstring>
@@ -19,6 +21,8 @@
 
 namespace sparsecar {
 namespace {
+
+using namespace std::chrono_literals;
 
 constexpr uint64_t kJob = 7;
 
@@ -205,6 +209,55 @@ namespace {
 
 // What the mailbox drops shows up in errors_total by kind: a stale message (another job) and a
 // message the transport refused before it got here (bad MAC, replay, forged bye).
+// A lost peer's messages go with it; its replacement's are taken, and the peer no longer counts
+// as down (the grace clock of peer_down_grace_ms stops for it).
+TEST(MailboxPeers, ALostPeersMessagesAreDroppedAndItsReplacementIsTaken) {
+  constexpr uint64_t kInc = 0x3333;
+  Mailbox box(kJob, 3, nullptr);
+  box.set_incarnation(kInc);
+  deliver(box, 1, data_message(1, 0, 7, 4, kInc, 500.0f));  // the lost process's step 7
+  deliver(box, 2, data_message(2, 0, 7, 4, kInc, 2.0f));
+  EXPECT_FALSE(box.first_peer_down().has_value());
+  box.on_peer_failed(1, unavailable("killed"));
+  EXPECT_EQ(box.buffered_bytes(1), 0u);
+  EXPECT_EQ(box.buffered_bytes(2), 16u);
+  auto down = box.first_peer_down();
+  ASSERT_TRUE(down.has_value());
+  EXPECT_EQ(down->peer, 1u);
+  auto failed = box.take(wire::Kind::kData, 1, 0, 7, 0, kInc, soon(), "rank 1");
+  EXPECT_EQ(failed.status().code(), Code::kUnavailable) << failed.status().to_string();
+
+  box.on_peer_rejoined(1);
+  EXPECT_FALSE(box.first_peer_down().has_value());
+  EXPECT_EQ(box.rejoined(), 1u);
+  // Nothing of the lost process is left to take: the replacement's own step 7 is what comes.
+  auto early = box.take(wire::Kind::kData, 1, 0, 7, 0, kInc, std::chrono::steady_clock::now() + 50ms, "rank 1");
+  EXPECT_EQ(early.status().code(), Code::kDeadlineExceeded) << early.status().to_string();
+  deliver(box, 1, data_message(1, 0, 7, 4, kInc, 1.5f));
+  auto got = box.take(wire::Kind::kData, 1, 0, 7, 0, kInc, soon(), "rank 1");
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  EXPECT_EQ(first_value(*got), 1.5f);
+  // Another peer's messages were never touched.
+  auto other = box.take(wire::Kind::kData, 2, 0, 7, 0, kInc, soon(), "rank 2");
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(first_value(*other), 2.0f);
+}
+
+// With two peers down, the one down longest is reported; once it is back, the other.
+TEST(MailboxPeers, FirstPeerDownIsTheEarliestOfThoseStillDown) {
+  Mailbox box(kJob, 3, nullptr);
+  box.on_peer_failed(2, unavailable("first"));
+  std::this_thread::sleep_for(5ms);
+  box.on_peer_failed(1, unavailable("second"));
+  ASSERT_TRUE(box.first_peer_down().has_value());
+  EXPECT_EQ(box.first_peer_down()->peer, 2u);
+  box.on_peer_rejoined(2);
+  ASSERT_TRUE(box.first_peer_down().has_value());
+  EXPECT_EQ(box.first_peer_down()->peer, 1u);
+  box.on_peer_rejoined(0);  // alive: nothing to do
+  EXPECT_EQ(box.rejoined(), 1u);
+}
+
 TEST(MailboxMetrics, StaleAndTransportRejectedMessagesAreCountedByKind) {
   auto metrics = Metrics::create("off").value();
   Mailbox box(kJob, 2, metrics.get());

@@ -13,7 +13,9 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <atomic>
 #include <cstring>
+#include <mutex>
 #include <fstream>
 #include <future>
 #include <thread>
@@ -304,6 +306,75 @@ TEST(RendezvousTest, DuplicateRankIsRefused) {
   expect_full_table(t1, 3);
   Result t0 = await(leader.result);
   expect_full_table(t0, 3);
+}
+
+// Rank 0 as a Coordinator: once the job has formed it admits a replacement for a rank it is told
+// is lost — the same formation id, the replacement's address in the table, the generation admit()
+// gave — and refuses a hello for a live rank, one that admit() refuses (with its reason) and one
+// with another secret.
+TEST(RendezvousTest, CoordinatorAdmitsAReplacementOnlyForALostRank) {
+  auto port = std::make_shared<std::promise<uint16_t>>();
+  auto port_future = port->get_future();
+  Options o = options(0, 3, 21, "127.0.0.1:0");
+  o.on_listening = [port](uint16_t p) { port->set_value(p); };
+  Formation f0;
+  auto formed = std::async(std::launch::async, [&] { return Coordinator::form(o, address_of(0), &f0); });
+  ASSERT_EQ(port_future.wait_for(kWait), std::future_status::ready);
+  const std::string coordinator = "127.0.0.1:" + std::to_string(port_future.get());
+  auto r1 = start_rank(1, 3, 21, coordinator);
+  auto r2 = start_rank(2, 3, 21, coordinator);
+  ASSERT_TRUE(await(r1).ok());
+  ASSERT_TRUE(await(r2).ok());
+  ASSERT_EQ(formed.wait_for(kWait), std::future_status::ready);
+  auto coord = formed.get();
+  ASSERT_TRUE(coord.ok()) << coord.status().to_string();
+  EXPECT_EQ(f0.generation, 0u);
+
+  std::atomic<bool> rank1_lost{false};
+  std::atomic<bool> refuse{false};
+  std::mutex mu;
+  std::vector<Replacement> admitted;
+  (*coord)->serve([&](uint32_t rank) { return rank == 1 && rank1_lost.load(); },
+                  [&](const Replacement& r) -> Expected<uint64_t> {
+                    if (refuse.load()) return failed_precondition("not now, for a reason of rank 0's");
+                    std::lock_guard<std::mutex> lock(mu);
+                    admitted.push_back(r);
+                    return uint64_t{7};
+                  });
+  auto replace = [&](uint32_t rank, const char* secret = kSecret) {
+    Options ro = options(rank, 3, 21, coordinator, 10s, secret);
+    auto f = std::async(std::launch::async, [ro] { return run(ro, "replacement-address"); });
+    return await(f);
+  };
+  Result alive = replace(2);
+  ASSERT_FALSE(alive.ok());
+  EXPECT_EQ(alive.status().code(), Code::kFailedPrecondition);
+  EXPECT_NE(alive.status().message().find("alive in the running job"), std::string::npos) << alive.status().message();
+  Result not_yet = replace(1);
+  EXPECT_NE(not_yet.status().message().find("alive in the running job"), std::string::npos) << not_yet.status().to_string();
+
+  rank1_lost = true;
+  Result wrong_secret = replace(1, kOtherSecret);
+  EXPECT_EQ(wrong_secret.status().code(), Code::kPermissionDenied) << wrong_secret.status().to_string();
+  refuse = true;
+  Result refused = replace(1);
+  EXPECT_EQ(refused.status().code(), Code::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("a reason of rank 0's"), std::string::npos) << refused.status().to_string();
+  refuse = false;
+
+  Result joined = replace(1);
+  ASSERT_TRUE(joined.ok()) << joined.status().to_string();
+  EXPECT_EQ(joined->generation, 7u);
+  EXPECT_EQ(joined->formation_id, f0.formation_id);
+  ASSERT_EQ(joined->peers.size(), 3u);
+  EXPECT_EQ(joined->peers[0].address, address_of(0));
+  EXPECT_EQ(joined->peers[1].address, "replacement-address");
+  EXPECT_EQ(joined->peers[2].address, address_of(2));
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(admitted.size(), 1u);
+  EXPECT_EQ(admitted[0].rank, 1u);
+  EXPECT_EQ(admitted[0].address, "replacement-address");
+  (*coord)->stop();
 }
 
 // A joiner with another secret is refused ("authentication failed", counted) and learns nothing;

@@ -110,6 +110,16 @@ class RecordingSink : public MessageSink {
     cv_.notify_all();
   }
 
+  void on_peer_rejoined(uint32_t peer) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    rejoined_[peer]++;
+    cv_.notify_all();
+  }
+  bool wait_rejoined(uint32_t peer, std::chrono::milliseconds bound = kWait) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, bound, [&] { return rejoined_.count(peer) != 0; });
+  }
+
   void on_rejected(uint32_t peer, const Status& why) override {
     std::lock_guard<std::mutex> lock(mu_);
     rejected_.push_back({peer, why});
@@ -150,6 +160,7 @@ class RecordingSink : public MessageSink {
   std::condition_variable cv_;
   std::vector<Received> received_;
   std::map<uint32_t, int> failures_;
+  std::map<uint32_t, int> rejoined_;
   Status last_failure_;
   std::vector<std::pair<uint32_t, Status>> rejected_;
 };
@@ -629,6 +640,65 @@ TEST_P(UcxTransportTest, MessagesOfAnEarlierFormationAreRejected) {
   if (HasFatalFailure()) return;
   EXPECT_EQ(second.sinks[1]->received().size(), 1u);
   EXPECT_EQ(second.transports[1]->stats().messages_rejected, 1u);
+}
+
+// Recovery by replacement, at the transport: rank 1 of three leaves (its bye takes it down on the
+// others); a new rank-1 transport started with the same coordinator is admitted by rank 0 as
+// generation 1 and rank 2 learns it from rank 0; messages then flow both ways between the
+// replacement and every rank; a message the first rank 1 sent, replayed now, is rejected.
+TEST_P(UcxTransportTest, AReplacementOfALostRankJoinsTheRunningFormation) {
+  SentHeaders sent1;  // outlives the job
+  Job job;
+  std::atomic<uint16_t> port{0};
+  start_job(job, GetParam(), 3, 47, 0, [&](uint16_t p) { port = p; }, [&](UcxTransportOptions& o) {
+    if (o.rank == 1) o.observe_sent_for_test = sent1.observer();
+  });
+  if (HasFatalFailure()) return;
+  static std::vector<TestHeader> headers(16);
+  auto send = [&](uint32_t from, uint32_t to, uint32_t seq) {
+    headers[seq] = TestHeader{kTestMagic, from, seq, 0, 0};
+    Completions done;
+    ASSERT_TRUE(job.transports[from]->send(to, std::as_bytes(std::span<const TestHeader>(&headers[seq], 1)), {},
+                                           done.callback()).ok());
+    ASSERT_TRUE(done.wait_all());
+    EXPECT_TRUE(done.statuses().at(0).ok()) << from << " -> " << to << ": " << done.statuses()[0].to_string();
+  };
+  send(1, 2, 1);
+  ASSERT_TRUE(job.sinks[2]->wait_messages(1));
+  const std::vector<std::byte> old = sent1.all().at(0).header;
+
+  job.transports[1]->stop();
+  ASSERT_TRUE(job.sinks[0]->wait_failure(1));
+  ASSERT_TRUE(job.sinks[2]->wait_failure(1));
+  auto sink = std::make_unique<RecordingSink>();
+  UcxTransportOptions o = base_options(GetParam(), 1, 3, 47);
+  o.coordinator = "127.0.0.1:" + std::to_string(port.load());
+  auto replacement = UcxTransport::start(o, sink.get());
+  ASSERT_TRUE(replacement.ok()) << replacement.status().to_string();
+  job.transports[1] = std::move(*replacement);
+  job.sinks[1] = std::move(sink);
+  ASSERT_TRUE(job.sinks[0]->wait_rejoined(1)) << "rank 0 did not take the replacement";
+  ASSERT_TRUE(job.sinks[2]->wait_rejoined(1)) << "rank 2 did not learn of the replacement from rank 0";
+  EXPECT_EQ(job.transports[0]->stats().replacements_admitted, 1u);
+  EXPECT_EQ(job.transports[2]->stats().peers_rejoined, 1u);
+
+  send(1, 0, 2);
+  send(1, 2, 3);
+  send(0, 1, 4);
+  send(2, 1, 5);
+  if (HasFatalFailure()) return;
+  ASSERT_TRUE(job.sinks[0]->wait_messages(1));
+  ASSERT_TRUE(job.sinks[2]->wait_messages(2));
+  ASSERT_TRUE(job.sinks[1]->wait_messages(2));
+  for (uint32_t r = 0; r < 3; ++r) {
+    for (const auto& m : job.sinks[r]->received()) EXPECT_TRUE(m.content_ok) << "rank " << r << " seq " << m.seq;
+  }
+  // The first process's message to rank 2, replayed: its sequence number is below generation 1's.
+  ASSERT_TRUE(job.transports[1]->send_raw_for_test(2, kUcxDataAmId, old).ok());
+  ASSERT_TRUE(job.sinks[2]->wait_rejected(1, 10s));
+  EXPECT_NE(job.sinks[2]->rejected()[0].second.message().find("too old"), std::string::npos)
+      << job.sinks[2]->rejected()[0].second.message();
+  EXPECT_EQ(job.sinks[2]->received().size(), 2u);
 }
 
 // send() racing stop(): a send that passed its checks just before stop() must either be refused
