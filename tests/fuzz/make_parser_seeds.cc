@@ -4,6 +4,7 @@
 // in; deterministic. Also writes knobs.dict (libFuzzer dictionary) beside the corpus directory.
 //   fuzz_make_parser_seeds tests/fuzz/corpus packaging/sparsecard.toml.example
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -153,8 +154,8 @@ void decision_snapshot() {
   sparsecar::DecisionBoard board(c, nullptr);
   board.with_snapshot([](const std::string& s) { write("decision_snapshot", "start_up", s); });
   const auto later = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-  board.propose({{"density", "0.05"}}, "seed", later).ignore();
-  board.propose({{"selector", "threshold"}, {"threshold", "0.002"}}, "seed", later).ignore();
+  if (!board.propose({{"density", "0.05"}}, "seed", later).ok()) std::abort();
+  if (!board.propose({{"selector", "threshold"}, {"threshold", "0.002"}}, "seed", later).ok()) std::abort();
   board.with_snapshot([](const std::string& s) { write("decision_snapshot", "two_decisions", s); });
 }
 
