@@ -196,8 +196,8 @@ nlohmann::json control_call(LocalJob& job, uint32_t r, const std::string& cmd, c
 
 // Recovery by replacement: kill -9 of rank 1 in a job of three. The survivors' steps fail at once
 // naming it; a new rank-1 daemon started like the lost one is admitted by rank 0 into the running
-// job (rank 2 learns it from rank 0), takes rank 0's live decisions, its new trainer joins, and
-// every later step on every rank is the exact mean of the three trainers' gradients.
+// job (rank 2 learns it from rank 0), takes rank 0's live decisions, restores the lost process's
+// last checkpoint, its new trainer joins, and every later step on every rank is the exact mean.
 TEST(PeerFailure, AReplacementForAKilledRankRejoinsTheRunningJob) {
   JobSpec spec{3, 1, "tcp", {"--compression", "on", "--density", "1", "--step-timeout-ms", "10000", "--peer-down-grace-ms", "60000"}, {}, {}};
   LocalJob job(spec);
@@ -208,6 +208,9 @@ TEST(PeerFailure, AReplacementForAKilledRankRejoinsTheRunningJob) {
   nlohmann::json set = control_call(job, 0, "set", {{"knob", "step_timeout_ms"}, {"value", 9000}});
   ASSERT_FALSE(set.is_null()) << job.logs();
   run_checked_steps(job, 3, 1, trainers, {2, 3, 4});
+  // Rank 1's residuals as of step 4, for its replacement.
+  const std::string checkpoint = job.dir() + "/rank-1.ckpt";
+  ASSERT_FALSE(control_call(job, 1, "checkpoint", {{"path", checkpoint}}).is_null()) << job.logs();
 
   job.daemon(1).kill9();
   trainers[1] = Trainer{};  // its trainer went with it
@@ -222,6 +225,7 @@ TEST(PeerFailure, AReplacementForAKilledRankRejoinsTheRunningJob) {
   ASSERT_TRUE(wait_for_log(job, 1, "ready: trainers connect to", 20s)) << job.logs();
   EXPECT_NE(job.daemon(1).log().find("as a replacement (generation 1)"), std::string::npos) << job.logs();
   trainers[1] = Trainer::connect(job.sockets()[1]);
+  ASSERT_FALSE(control_call(job, 1, "restore", {{"path", checkpoint}}).is_null()) << job.logs();
   // Step 6: the survivors' failed step 5 was rolled back into their error-feedback residuals, so
   // their step-6 messages carry gradients 5 and 6; the replacement starts with nothing carried.
   for (uint32_t r = 0; r < 3; ++r) ASSERT_TRUE(trainers[r].submit(1, r, 6).ok());
@@ -235,8 +239,9 @@ TEST(PeerFailure, AReplacementForAKilledRankRejoinsTheRunningJob) {
   if (HasFatalFailure()) return;
   EXPECT_NE(job.daemon(0).log().find("as the replacement for lost rank 1"), std::string::npos) << job.logs();
   EXPECT_NE(job.daemon(2).log().find("rejoined the job (generation 1)"), std::string::npos) << job.logs();
-  EXPECT_NE(job.daemon(1).log().find("start at zero"), std::string::npos) << "the lost residuals were not logged\n"
-                                                                          << job.logs();
+  EXPECT_NE(job.daemon(1).log().find("start at zero except those restored from a checkpoint"), std::string::npos)
+      << "the replacement did not say what it lost and what it restored\n"
+      << job.logs();
   for (uint32_t r = 0; r < 3; ++r) {
     nlohmann::json st = control_call(job, r, "status");
     ASSERT_FALSE(st.is_null());
