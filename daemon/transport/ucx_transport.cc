@@ -421,14 +421,7 @@ class UcxTransport::Impl {
       if (gone) {
         return unavailable("rendezvous: " + p.name + " exited before the job started");
       }
-      ucp_ep_params_t ep_params{};
-      ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                             UCP_EP_PARAM_FIELD_ERR_HANDLER;
-      ep_params.address = reinterpret_cast<const ucp_address_t*>(ucx_address.data());
-      ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-      ep_params.err_handler.cb = &Impl::on_ep_error;
-      ep_params.err_handler.arg = &p;
-      SC_UCX_CHECK(ucp_ep_create(worker_, &ep_params, &p.ep), p.name);
+      SC_RETURN_IF_ERROR(connect(p, ucx_address));
     }
     progress_thread_ = std::thread([this] { progress_main(); });
     if (coordinator_) {
@@ -848,6 +841,20 @@ class UcxTransport::Impl {
 
   // ---- replacements of lost ranks ---------------------------------------------------------------
 
+  // Creates p's endpoint to `ucx_address`, with peer error handling (init(), then the progress
+  // thread).
+  Status connect(Peer& p, const std::string& ucx_address) {
+    ucp_ep_params_t ep_params{};
+    ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                           UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep_params.address = reinterpret_cast<const ucp_address_t*>(ucx_address.data());
+    ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep_params.err_handler.cb = &Impl::on_ep_error;
+    ep_params.err_handler.arg = &p;
+    SC_UCX_CHECK(ucp_ep_create(worker_, &ep_params, &p.ep), p.name);
+    return Status::Ok();
+  }
+
   // Coordinator's thread (rank 0): has the progress thread make this rank ready for the
   // replacement, and waits (bounded) for the generation it was given.
   Expected<uint64_t> admit_replacement(const rendezvous::Replacement& r) {
@@ -944,18 +951,7 @@ class UcxTransport::Impl {
     bool gone = false;
     p.pidfd = watch_process(me_, id, &gone);
     if (gone) return unavailable("the replacement for " + p.name + " exited before it could join");
-    ucp_ep_params_t ep_params{};
-    ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                           UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    ep_params.address = reinterpret_cast<const ucp_address_t*>(ucx_address.data());
-    ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    ep_params.err_handler.cb = &Impl::on_ep_error;
-    ep_params.err_handler.arg = &p;
-    ucp_ep_h ep = nullptr;
-    if (ucs_status_t st = ucp_ep_create(worker_, &ep_params, &ep); st != UCS_OK) {
-      return ucx_status("ucp_ep_create", st, "replacement for " + p.name);
-    }
-    p.ep = ep;
+    SC_RETURN_IF_ERROR(connect(p, ucx_address));
     p.generation = generation;
     const uint64_t first_seq = generation << kGenerationShift;
     p.send_seq = first_seq;

@@ -15,20 +15,9 @@
 
 #include "daemon/config/knobs.h"
 #include "daemon/pipeline/decisions.h"
+#include "tests/fuzz/knob_checks.h"
 
 namespace {
-
-#define CHECK(cond)                \
-  do {                             \
-    if (!(cond)) __builtin_trap(); \
-  } while (0)
-
-bool same_knobs(const sparsecar::Config& a, const sparsecar::Config& b) {
-  for (const auto& spec : sparsecar::knob_table()) {
-    if (sparsecar::get_knob(a, spec.name).value() != sparsecar::get_knob(b, spec.name).value()) return false;
-  }
-  return true;
-}
 
 sparsecar::Config late_node() {
   sparsecar::Config c;
