@@ -133,6 +133,11 @@ Expected<size_t> select_hybrid(const SelectInput& in, const SelectOutput& out) {
   return topk_or_threshold(in.x, k, in.pooled_lambda, in.scratch, out.index, out.value);
 }
 
+Expected<size_t> select_randblock(const SelectInput& in, const SelectOutput& out) {
+  return randblock_select(in.x, in.params->block_size, in.params->density, in.params->seed, in.unbiased, out.index,
+                          out.value, out.capacity);
+}
+
 // ---- the rows ------------------------------------------------------------------------------------
 
 using P = SelectorParam;
@@ -227,6 +232,13 @@ constexpr SelectorInfo kRows[] = {
      .params = param_bit(P::kDensity) | param_bit(P::kHybridDensity),
      .unbiased = false, .needs_shape = false, .stateful = false, .pooled_lambda = true,
      .cpu = select_hybrid, .cuda = nullptr, .fused_lambda = nullptr},
+    {.id = Selector::kRandblock,
+     .name = "randblock",
+     .doc = "each contiguous block of block_size elements with probability density, the same blocks on every "
+            "node (seeded by random_seed, tensor, step); x/p with error_feedback=off",
+     .params = param_bit(P::kDensity) | param_bit(P::kBlockSize) | param_bit(P::kRandomSeed),
+     .unbiased = true, .needs_shape = false, .stateful = false, .pooled_lambda = false,
+     .cpu = select_randblock, .cuda = nullptr, .fused_lambda = nullptr},
 };
 
 static_assert([] {

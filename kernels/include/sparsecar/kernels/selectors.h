@@ -50,6 +50,7 @@ enum class Selector : uint16_t {
   kHeadTopk = 11,
   kPeriodicMask = 12,
   kHybrid = 13,
+  kRandblock = 14,
 };
 
 // ---- parameters --------------------------------------------------------------------------------
@@ -100,7 +101,7 @@ inline constexpr ParamInfo kSelectorParams[kSelectorParamCount] = {
      "topk_approx: relative miss |nnz - k| / k accepted from the sampled threshold before refining to exact"},
     {SelectorParam::kBlockSize, "block_size", ParamType::kUint, static_cast<double>(kMinBlock),
      static_cast<double>(kMaxBlock), 64, "", true,
-     "block_topk: elements per contiguous block (the last block may be shorter)"},
+     "block_topk, randblock: elements per contiguous block (the last block may be shorter)"},
     {SelectorParam::kGroupNorm, "group_norm", ParamType::kChoice, 0, 0, 0, "l2|l1", true,
      "how block/row/column/channel/head selectors rank their groups"},
     {SelectorParam::kHeads, "heads", ParamType::kUint, 1, 65536, 8, "", true,
