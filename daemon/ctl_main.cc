@@ -55,16 +55,19 @@ int list_knobs() {
   using namespace sparsecar;
   std::printf("%-26s %-22s %-24s %-5s %-6s %s\n", "KNOB", "DEFAULT", "RANGE", "LIVE", "AGREED", "DOC");
   for (const auto& k : knob_table()) {
-    char range[64] = "";
+    // Choice lists are printed whole (the selector registry's grows with every selector).
+    std::string range;
     if (k.choices[0] != '\0') {
-      std::snprintf(range, sizeof range, "%s", k.choices);
+      range = k.choices;
     } else if (k.type == KnobType::kUint || k.type == KnobType::kDouble) {
-      std::snprintf(range, sizeof range, "[%g, %g]", k.min, k.max);
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "[%g, %g]", k.min, k.max);
+      range = buf;
     } else if (k.type == KnobType::kBool) {
-      std::snprintf(range, sizeof range, "on|off");
+      range = "on|off";
     }
-    std::printf("%-26s %-22s %-24s %-5s %-6s %s\n", k.name, knob_default(k).c_str(), range, k.live ? "yes" : "no",
-                k.agreed ? "yes" : "no", k.doc);
+    std::printf("%-26s %-22s %-24s %-5s %-6s %s\n", k.name, knob_default(k).c_str(), range.c_str(),
+                k.live ? "yes" : "no", k.agreed ? "yes" : "no", k.doc);
   }
   return 0;
 }

@@ -20,6 +20,8 @@
 // Encoders/decoders run on a top-k selection of the data (the pipeline's common case).
 // Buffers are LargeVectors (huge-page advised, as the daemon allocates them); the memcpy baseline
 // copies between two such buffers.
+//   select_<selector> read 4n, write pairs (8 * selected): every row of the selector registry
+//                     through its CPU function (see select_case)
 // The *_threads cases (/<elements>/<per mille>/<threads>; ef_threshold, topk_exact, coo_decode,
 // bitmap_decode) run the same kernel with a
 // kernels::ThreadPool of that many threads (the daemon's kernel_threads knob), default: every CPU.
@@ -32,6 +34,7 @@
 #include <functional>
 #include <map>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -39,6 +42,7 @@
 #include "sparsecar/kernels/codec.h"
 #include "sparsecar/kernels/parallel.h"
 #include "sparsecar/kernels/select.h"
+#include "sparsecar/kernels/selectors.h"
 
 namespace sk = sparsecar::kernels;
 
@@ -298,4 +302,66 @@ BENCHMARK(BM_bitmap_decode_threads)->Apply(sizes_densities_threads)->Unit(benchm
 BENCHMARK(BM_coo_varint_decode)->Apply(sizes_and_densities)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_rle_decode)->Apply(sizes_and_densities)->Unit(benchmark::kMicrosecond);
 
-BENCHMARK_MAIN();
+// One case per row of the selector registry (kernels/selectors.h), named select_<selector>: the
+// row's CPU function as the compressor calls it (biased form, outputs of n entries, a 2-D shape
+// [n / 1024, 1024] for the shaped rows, the stateful rows' state allocated once), so a selector
+// added to the registry gets its benchmark row here without an edit.
+// Bytes: read 4n, write pairs (8 * selected).
+void select_case(benchmark::State& s, const sk::SelectorInfo* row) {
+  const auto& x = data(elements(s));
+  const size_t n = x.size();
+  const std::vector<uint64_t> shape = {n / 1024, 1024};
+  sk::SelectorParams params;
+  params.density = density(s);
+  params.threshold = lambda_for(x, sk::topk_count(n, params.density));
+  params.quantile = 1.0 - params.density;
+  params.seed = sk::derive_seed(42, 0, 1);
+  sparsecar::LargeVector<std::byte> scratch(sk::selector_scratch_bytes(n, shape));
+  sparsecar::LargeVector<uint32_t> index(n);
+  sparsecar::LargeVector<float> value(n);
+  std::vector<float> importance, mask_values;
+  std::vector<uint32_t> mask;
+  sk::SelectorState state;
+  if (row->stateful) {
+    importance.assign(n, 0.0f);
+    mask.assign(n, 0);
+    mask_values.assign(n, 0.0f);
+    state.importance = importance;
+    state.mask = mask;
+    state.mask_values = mask_values;
+  }
+  sk::SelectInput in;
+  in.x = x;
+  in.grad = x;
+  in.shape = shape;
+  in.params = &params;
+  in.scratch = scratch;
+  in.state = row->stateful ? &state : nullptr;
+  size_t selected = 0;
+  for (auto _ : s) {
+    auto got = row->cpu(in, sk::SelectOutput{index.data(), value.data(), n});
+    if (!got.ok()) {
+      s.SkipWithError(got.status().to_string().c_str());
+      break;
+    }
+    selected = *got;
+    benchmark::DoNotOptimize(selected);
+    benchmark::ClobberMemory();
+  }
+  s.counters["selected"] = static_cast<double>(selected);
+  set_bytes(s, 4.0 * static_cast<double>(n) + 8.0 * static_cast<double>(selected));
+}
+
+int main(int argc, char** argv) {
+  for (const sk::SelectorInfo& row : sk::selector_registry()) {
+    if (row.cpu == nullptr) continue;
+    benchmark::RegisterBenchmark((std::string("BM_select_") + row.name).c_str(), select_case, &row)
+        ->Apply(sizes_and_densities)
+        ->Unit(benchmark::kMicrosecond);
+  }
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

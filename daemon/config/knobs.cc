@@ -9,6 +9,7 @@
 
 #include "daemon/transport/auth.h"
 #include "sparsecar/common/log.h"
+#include "sparsecar/kernels/selectors.h"
 #include "sparsecar/policies/compression_knobs.h"
 #include "sparsecar/policies/overrides.h"
 #include "sparsecar/policies/tensor_plan.h"
@@ -24,9 +25,36 @@ struct Knob {
   Member member;
 };
 
+// The selector knob's doc: every row of the selector registry (kernels/selectors.h) with its doc.
+std::string selector_knob_doc() {
+  std::string doc = "how coordinates are chosen when compression is on:";
+  for (const kernels::SelectorInfo& row : kernels::selector_registry()) {
+    if (row.id == kernels::Selector::kNone) continue;
+    doc.append(" ").append(row.name).append(" = ").append(row.doc).append(";");
+  }
+  doc.pop_back();
+  return doc;
+}
+
 const std::vector<Knob>& knobs() {
   using K = KnobType;
   namespace R = policies;  // ranges and choices shared with the per-tensor overrides (compression_knobs.h)
+  using P = kernels::SelectorParam;
+  // Names, docs and ranges of the selectors and their parameters: the selector registry.
+  auto doc = [](P p) { return kernels::selector_param(p).doc; };
+  static const std::string selector_choices = kernels::selector_choices();
+  static const std::string selector_doc = selector_knob_doc();
+  static const std::string error_feedback_doc = [] {
+    std::string unbiased;
+    for (const kernels::SelectorInfo& row : kernels::selector_registry()) {
+      if (row.unbiased) unbiased.append(unbiased.empty() ? "" : "/").append(row.name);
+    }
+    return "unsent part: residual (plain EF), momentum (DGC momentum correction + factor masking), off (dropped; " +
+           unbiased + " then send unbiased x/p)";
+  }();
+  static const std::string overrides_doc =
+      "per-tensor settings, 'GLOB: key=value, ...; GLOB: ...' (keys " + policies::tensor_override_keys() +
+      "; values as those knobs; later rules win); a config file's [tensor.\"GLOB\"] tables add to it";
   static const std::vector<Knob> table = {
       {{"rank", K::kUint, "rank of this node in the job (0 = leader/coordinator)", 0, 65535, "", false,
         false, "RANK"},
@@ -109,48 +137,39 @@ const std::vector<Knob>& knobs() {
        &Config::session_handshake_timeout_ms},
       {{"compression", K::kBool, "compress gradients (off = exact dense average)", 0, 0, "", true, true, ""},
        &Config::compression},
-      {{"selector", K::kChoice, "how coordinates are chosen when compression is on", 0, 0,
-        "topk|threshold|topk_approx|percentile|randomk|importance|block_topk|row_topk|column_topk|channel_topk|head_topk|periodic_mask|hybrid",
-        true, true, ""},
+      {{"selector", K::kChoice, selector_doc.c_str(), 0, 0, selector_choices.c_str(), true, true, ""},
        &Config::selector},
-      {{"density", K::kDouble, "fraction of coordinates top-k keeps per step", R::kDensityRange.min,
+      {{"density", K::kDouble, doc(P::kDensity), R::kDensityRange.min,
         R::kDensityRange.max, "", true, true, ""},
        &Config::density},
-      {{"threshold", K::kDouble, "lambda of the hard-threshold selector: send |e_i| >= lambda",
+      {{"threshold", K::kDouble, doc(P::kThreshold),
         R::kThresholdRange.min, R::kThresholdRange.max, "", true, true, ""},
        &Config::threshold},
-      {{"block_size", K::kUint, "block_topk: elements per contiguous block (the last block may be shorter)",
+      {{"block_size", K::kUint, doc(P::kBlockSize),
         R::kBlockSizeRange.min, R::kBlockSizeRange.max, "", true, true, ""},
        &Config::block_size},
-      {{"group_norm", K::kChoice, "how block/row/column/channel/head selectors rank their groups", 0, 0,
+      {{"group_norm", K::kChoice, doc(P::kGroupNorm), 0, 0,
         R::kGroupNormChoices, true, true, ""},
        &Config::group_norm},
-      {{"heads", K::kUint, "head_topk: attention heads, contiguous slices of a tensor's leading dimension",
+      {{"heads", K::kUint, doc(P::kHeads),
         R::kHeadsRange.min, R::kHeadsRange.max, "", true, true, ""},
        &Config::heads},
-      {{"mask_period", K::kUint, "periodic_mask: steps between recomputing the mask from accumulated |g|",
+      {{"mask_period", K::kUint, doc(P::kMaskPeriod),
         R::kMaskPeriodRange.min, R::kMaskPeriodRange.max, "", true, true, ""},
        &Config::mask_period},
-      {{"hybrid_density", K::kDouble,
-        "hybrid: global lambda keeps this fraction of the previous step's pooled elements (plus each tensor's top-k)",
+      {{"hybrid_density", K::kDouble, doc(P::kHybridDensity),
         R::kHybridDensityRange.min, R::kHybridDensityRange.max, "", true, true, ""},
        &Config::hybrid_density},
-      {{"quantile", K::kDouble,
-        "percentile selector: lambda = this quantile of |e| (sampled), so about 1 - quantile is sent",
+      {{"quantile", K::kDouble, doc(P::kQuantile),
         R::kQuantileRange.min, R::kQuantileRange.max, "", true, true, ""},
        &Config::quantile},
-      {{"approx_tolerance", K::kDouble,
-        "topk_approx: relative miss |nnz - k| / k accepted from the sampled threshold before refining to exact",
+      {{"approx_tolerance", K::kDouble, doc(P::kApproxTolerance),
         R::kApproxToleranceRange.min, R::kApproxToleranceRange.max, "", true, true, ""},
        &Config::approx_tolerance},
-      {{"random_seed", K::kUint,
-        "job seed of randomk/importance draws (per tensor and step: derive_seed(seed, tensor, step))", 0, 1.8e19,
-        "", true, true, ""},
+      {{"random_seed", K::kUint, doc(P::kRandomSeed), kernels::selector_param(P::kRandomSeed).min,
+        kernels::selector_param(P::kRandomSeed).max, "", true, true, ""},
        &Config::random_seed},
-      {{"error_feedback", K::kChoice,
-        "unsent part: residual (plain EF), momentum (DGC momentum correction + factor masking), off (dropped; "
-        "randomk/importance then send unbiased x/p)",
-        0, 0, R::kErrorFeedbackChoices, true, true, ""},
+      {{"error_feedback", K::kChoice, error_feedback_doc.c_str(), 0, 0, R::kErrorFeedbackChoices, true, true, ""},
        &Config::error_feedback},
       {{"momentum", K::kDouble, "error_feedback=momentum: velocity factor m (u = m u + g; v += u)",
         R::kMomentumRange.min, R::kMomentumRange.max, "", true, true, ""},
@@ -162,12 +181,7 @@ const std::vector<Knob>& knobs() {
         "when the trainer's lr changes: residual *= lr_new/lr_old (new_over_old), lr_old/lr_new (old_over_new) or off",
         0, 0, "off|new_over_old|old_over_new", true, true, ""},
        &Config::lr_rescale},
-      {{"tensor_overrides", K::kString,
-        "per-tensor settings, 'GLOB: key=value, ...; GLOB: ...' (keys compression selector density threshold "
-        "quantile approx_tolerance format value_type block_size group_norm heads mask_period error_feedback "
-        "momentum clip_norm, values as those knobs; later rules win); a config file's [tensor.\"GLOB\"] tables "
-        "add to it",
-        0, 0, "", true, true, ""},
+      {{"tensor_overrides", K::kString, overrides_doc.c_str(), 0, 0, "", true, true, ""},
        &Config::tensor_overrides},
       {{"format", K::kChoice,
         "payload layout of the selection; auto = the smallest exact size per message (WIRE.md)", 0, 0,

@@ -8,6 +8,7 @@
 #include "sparsecar/kernels/codec.h"
 #include "sparsecar/kernels/ef.h"
 #include "sparsecar/kernels/select.h"
+#include "sparsecar/kernels/selectors.h"
 
 namespace sparsecar {
 
@@ -19,14 +20,14 @@ TensorCompressor::TensorCompressor(uint32_t id, const TensorSpec& spec, kernels:
       work_(spec.count, 0.0f),
       index_(spec.count, 0),
       value_(spec.count, 0.0f),
-      scratch_(kernels::topk_scratch_bytes(spec.count)),
+      scratch_(kernels::selector_scratch_bytes(spec.count, spec.shape)),
       payload_(kernels::max_encoded_bytes(spec.count)),
       structured_(spec) {}
 
 uint64_t TensorCompressor::footprint_bytes(const TensorSpec& spec) {
   const uint64_t n = spec.count;
   // residual, work, value, velocity (float) and index (uint32_t); scratch; payload; structured.
-  return n * (4 * sizeof(float) + sizeof(uint32_t)) + kernels::topk_scratch_bytes(n) +
+  return n * (4 * sizeof(float) + sizeof(uint32_t)) + kernels::selector_scratch_bytes(n, spec.shape) +
          kernels::max_encoded_bytes(n) + StructuredSelection::footprint_bytes(spec);
 }
 
@@ -69,65 +70,33 @@ Expected<size_t> TensorCompressor::accumulate_and_select(const policies::Plan& p
   pending_ef_ = plan.error_feedback;
   pending_scaled_ = false;
   rescale_for_lr(plan, lr);
-  const bool threshold_family =
-      plan.selector == kernels::Selector::kThreshold || plan.selector == kernels::Selector::kPercentile;
-  if (threshold_family && plan.error_feedback == policies::ErrorFeedback::kResidual &&
+  const kernels::SelectorInfo* row = kernels::find_selector(plan.selector);
+  if (row == nullptr) {
+    return invalid_argument("selector " + std::to_string(static_cast<unsigned>(plan.selector)) + " is not known");
+  }
+  if (row->cpu == nullptr) return invalid_argument("compress() needs a selector; dense plans use dense_input()");
+  const kernels::SelectorParams params = policies::selector_params(plan);
+  if (row->fused_lambda != nullptr && plan.error_feedback == policies::ErrorFeedback::kResidual &&
       !(plan.clip_norm > 0.0f)) {
-    // Plain EF + hard threshold: one fused pass (the percentile's lambda comes from a sample of
-    // residual + sum, read without writing).
-    const float lambda = plan.selector == kernels::Selector::kPercentile
-                             ? kernels::magnitude_quantile(residual_, plan.quantile, scratch_, local_sum)
-                             : plan.threshold;
+    // Plain EF + hard threshold: one fused pass (lambda may come from a sample of residual + sum,
+    // read without writing).
+    const float lambda = row->fused_lambda(residual_, local_sum, params, scratch_);
     return kernels::ef_threshold(residual_, local_sum, lambda, index, value, n, pool_);
   }
   fold(plan, local_sum);
   // From here the step's gradient is in the residual: an error leaves it there (nothing lost).
-  size_t nnz = 0;
-  const bool unbiased = plan.error_feedback == policies::ErrorFeedback::kOff;
-  switch (plan.selector) {
-    case kernels::Selector::kTopk: {
-      SC_ASSIGN_OR_RETURN(nnz, kernels::topk_exact(residual_, kernels::topk_count(n, plan.density),
-                                                   scratch_, index, value, pool_, n));
-      break;
-    }
-    case kernels::Selector::kTopkApprox: {
-      SC_ASSIGN_OR_RETURN(nnz, kernels::topk_approx(residual_, kernels::topk_count(n, plan.density),
-                                                    plan.approx_tolerance, scratch_, index, value, n,
-                                                    pool_));
-      break;
-    }
-    case kernels::Selector::kThreshold:
-      nnz = kernels::threshold_select(residual_, plan.threshold, index, value, n, pool_);
-      break;
-    case kernels::Selector::kPercentile:
-      nnz = kernels::threshold_select(residual_, kernels::magnitude_quantile(residual_, plan.quantile, scratch_),
-                                      index, value, n, pool_);
-      break;
-    case kernels::Selector::kRandomk:
-      nnz = kernels::randomk_select(residual_, plan.density, plan.seed, unbiased, index, value, n);
-      pending_scaled_ = unbiased;
-      break;
-    case kernels::Selector::kImportance:
-      nnz = kernels::importance_select(residual_, kernels::topk_count(n, plan.density), plan.seed, unbiased,
-                                       index, value, n);
-      pending_scaled_ = unbiased;
-      break;
-    case kernels::Selector::kBlockTopk:
-    case kernels::Selector::kRowTopk:
-    case kernels::Selector::kColumnTopk:
-    case kernels::Selector::kChannelTopk:
-    case kernels::Selector::kHeadTopk:
-    case kernels::Selector::kPeriodicMask:
-    case kernels::Selector::kHybrid: {
-      SC_ASSIGN_OR_RETURN(nnz, structured_.select(plan, residual_, local_sum, index, value));
-      break;
-    }
-    case kernels::Selector::kNone:
-      return invalid_argument("compress() needs a selector; dense plans use dense_input()");
-    default:
-      return invalid_argument("selector " + std::string(kernels::selector_name(plan.selector)) +
-                              " is not wired into the compressor yet");
-  }
+  kernels::SelectInput in;
+  in.x = residual_;
+  in.grad = local_sum;
+  in.shape = spec_.shape;
+  in.params = &params;
+  in.unbiased = row->unbiased && plan.error_feedback == policies::ErrorFeedback::kOff;
+  in.scratch = scratch_;
+  in.pool = pool_;
+  if (row->stateful) in.state = structured_.state();
+  if (row->pooled_lambda) in.pooled_lambda = structured_.take_pooled_lambda(residual_);
+  SC_ASSIGN_OR_RETURN(const size_t nnz, row->cpu(in, kernels::SelectOutput{index, value, n}));
+  pending_scaled_ = in.unbiased;
   // The selection leaves the residual: values that are the residual's own are cleared (exact,
   // also for NaN/inf); scaled (unbiased) values are subtracted.
   if (pending_scaled_) {

@@ -1,8 +1,8 @@
-// The structured selectors as the compressor runs them: which kernel a plan's selector means for
-// a tensor of a given registered shape, the per-tensor state of periodic masks, and the pooled
-// global threshold of the hybrid selector.
+// The state of the structured selectors as the compressor runs them: the per-tensor state of
+// periodic masks and the pooled global threshold of the hybrid selector. Which kernel a plan's
+// selector means is its row in the selector registry (kernels/selectors.h, kernels/src/selectors.cc).
 //
-// Shape rules (a tensor whose shape does not fit falls back to exact top-k at the plan's density,
+// Shape rules (the rows' kernels apply them) (a tensor whose shape does not fit falls back to exact top-k at the plan's density,
 // so one global selector knob can cover biases and norms too):
 //   block_topk     any tensor: contiguous blocks of plan.block_size elements (last one ragged)
 //   row_topk       2-D shape [rows, cols]: whole rows
@@ -38,6 +38,7 @@
 
 #include "daemon/pipeline/step.h"
 #include "sparsecar/common/status.h"
+#include "sparsecar/kernels/selectors.h"
 #include "sparsecar/kernels/structured.h"
 #include "sparsecar/kernels/types.h"
 #include "sparsecar/policies/plan.h"
@@ -67,42 +68,39 @@ class PooledThreshold {
   float lambda_;
 };
 
+// The per-tensor state the selector registry's rows may need beyond the residual
+// (kernels/selectors.h): a stateful row's kernels::SelectorState (the periodic mask, allocated on
+// first use) and, for a pooled-lambda row, the node's PooledThreshold. Which row needs which is
+// the row's flag, never a selector name here.
 class StructuredSelection {
  public:
   explicit StructuredSelection(const TensorSpec& spec);
 
-  static bool handles(kernels::Selector s);
-  // The most memory one selection for `spec` can hold: its scratch (allocated here) plus the
-  // periodic mask's state (allocated on first use). For the node's tensor memory budget.
+  // The most memory the state can hold: the periodic mask's buffers (allocated on first use).
+  // For the node's tensor memory budget.
   static uint64_t footprint_bytes(const TensorSpec& spec);
 
   // The pool hybrid tensors share (owned by the pipeline; may be null: hybrid is then top-k).
   void set_pool(PooledThreshold* pool) { pool_ = pool; }
 
-  // Selects from `e` (the residual after this step's fold) into out_index/out_value (capacity
-  // e.size()) per `plan` and the rules above; `grad` is the step's local sum (mask importance).
-  // Returns the pair count, or an error (nothing selected).
-  Expected<size_t> select(const policies::Plan& plan, std::span<const float> e, std::span<const float> grad,
-                          uint32_t* out_index, float* out_value);
+  // The state a stateful row reads and updates (allocated, zeroed, on the first call).
+  kernels::SelectorState* state();
+  // A pooled-lambda row's lambda for this step (+inf without a pool or before one filled), and
+  // `e` (the residual after the fold) joins the pool.
+  float take_pooled_lambda(std::span<const float> e);
 
   // Periodic-mask state, for tests: the current mask and the steps since it was computed.
-  std::span<const uint32_t> mask() const { return {mask_.data(), mask_size_}; }
-  uint64_t steps_since_mask() const { return steps_since_mask_; }
+  std::span<const uint32_t> mask() const { return {state_.mask.data(), state_.mask_size}; }
+  uint64_t steps_since_mask() const { return state_.steps_since_mask; }
 
  private:
-  Expected<size_t> select_mask(const policies::Plan& plan, std::span<const float> e, std::span<const float> grad,
-                               uint32_t* out_index, float* out_value);
-
   const TensorSpec spec_;
-  std::vector<std::byte> scratch_;  // max(group scratch, top-k scratch) for this tensor
   PooledThreshold* pool_ = nullptr;
-  // Periodic masks (allocated on first use).
+  // Stateful rows (allocated on first use); state_ points into them.
   std::vector<float> importance_;
   std::vector<uint32_t> mask_;
-  std::vector<float> mask_values_;  // topk_exact's value output when computing the mask
-  size_t mask_size_ = 0;
-  bool has_mask_ = false;
-  uint64_t steps_since_mask_ = 0;
+  std::vector<float> mask_values_;
+  kernels::SelectorState state_;
 };
 
 }  // namespace sparsecar

@@ -686,14 +686,13 @@ namespace {
 
 constexpr double kTwo32 = 4294967296.0;
 
-// Keep-threshold of a probability: draw < t keeps with probability exactly t / 2^32.
-uint64_t keep_threshold(double p) {
+}  // namespace
+
+uint64_t random_keep_threshold(double p) {
   if (!(p > 0.0)) return 0;
   if (p >= 1.0) return uint64_t{1} << 32;
   return static_cast<uint64_t>(std::ceil(p * kTwo32));
 }
-
-}  // namespace
 
 size_t randomk_select(std::span<const float> x, double p, uint64_t seed, bool unbiased,
                       uint32_t* out_index, float* out_value, size_t capacity) {
@@ -701,7 +700,7 @@ size_t randomk_select(std::span<const float> x, double p, uint64_t seed, bool un
   SC_CHECK(n <= kMaxElements, "randomk_select: %zu elements exceed uint32", n);
   SC_CHECK(capacity == 0 || (out_index != nullptr && out_value != nullptr),
            "randomk_select: null output with capacity %zu", capacity);
-  const uint64_t t = keep_threshold(p);
+  const uint64_t t = random_keep_threshold(p);
   if (t == 0) return 0;
   // Scale by the probability actually used (t / 2^32), so E[sent] == x exactly.
   const double inv_p = kTwo32 / static_cast<double>(t);
@@ -781,7 +780,7 @@ size_t importance_select(std::span<const float> x, size_t k, uint64_t seed, bool
     } else if (mag == 0.0) {
       t = 0;
     } else {
-      t = keep_threshold(std::isinf(c) ? 1.0 : c * mag);
+      t = random_keep_threshold(std::isinf(c) ? 1.0 : c * mag);
     }
     if (detail::draw(a, b, static_cast<uint32_t>(i)) < t) {
       if (count < capacity) {

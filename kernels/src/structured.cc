@@ -13,6 +13,7 @@
 #include <string>
 
 #include "detail/cpu.h"
+#include "detail/topk.h"
 #include "sparsecar/common/log.h"
 #include "sparsecar/kernels/select.h"
 
@@ -133,6 +134,38 @@ Expected<size_t> block_topk(std::span<const float> x, size_t block, size_t keep,
   }
   SC_RETURN_IF_ERROR(check_common(x, (x.size() + block - 1) / block, keep, scratch, out_index, out_value, "block_topk"));
   return contiguous_topk(x, block, keep, norm, scratch, out_index, out_value);
+}
+
+Expected<size_t> randblock_select(std::span<const float> x, size_t block, double p, uint64_t seed, bool unbiased,
+                                  uint32_t* out_index, float* out_value, size_t capacity) {
+  const size_t n = x.size();
+  if (block < kMinBlock || block > kMaxBlock) {
+    return invalid_argument("randblock_select: block of " + std::to_string(block) + " elements; allowed " +
+                            std::to_string(kMinBlock) + ".." + std::to_string(kMaxBlock));
+  }
+  if (n > kMaxElements) return invalid_argument("randblock_select: more than 2^32 - 1 elements");
+  if (capacity > 0 && (out_index == nullptr || out_value == nullptr)) {
+    return invalid_argument("randblock_select: null output");
+  }
+  const uint64_t t = random_keep_threshold(p);
+  if (t == 0) return size_t{0};
+  const double inv_p = 4294967296.0 / static_cast<double>(t);
+  // random_draw(seed, b) with the seed's mix taken once.
+  const uint64_t mixed = detail::splitmix64(seed);
+  const auto a = static_cast<uint32_t>(mixed);
+  const auto b = static_cast<uint32_t>(mixed >> 32);
+  size_t count = 0;
+  const size_t blocks = (n + block - 1) / block;
+  for (size_t g = 0; g < blocks; ++g) {
+    if (detail::draw(a, b, static_cast<uint32_t>(g)) >= t) continue;
+    const size_t end = std::min(n, (g + 1) * block);
+    for (size_t i = g * block; i < end; ++i, ++count) {
+      if (count >= capacity) continue;
+      out_index[count] = static_cast<uint32_t>(i);
+      out_value[count] = unbiased ? static_cast<float>(static_cast<double>(x[i]) * inv_p) : x[i];
+    }
+  }
+  return count;
 }
 
 Expected<size_t> row_topk(std::span<const float> x, size_t rows, size_t cols, size_t keep, GroupNorm norm,

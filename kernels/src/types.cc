@@ -1,27 +1,7 @@
-// Names of the kernel enums, as used in config files, flags, logs and metrics labels.
+// Names of the kernel enums (selectors: selectors.cc), as used in config files, flags, logs and metrics labels.
 #include "sparsecar/kernels/types.h"
 
 namespace sparsecar::kernels {
-
-std::string_view selector_name(Selector s) {
-  switch (s) {
-    case Selector::kNone: return "none";
-    case Selector::kTopk: return "topk";
-    case Selector::kThreshold: return "threshold";
-    case Selector::kTopkApprox: return "topk_approx";
-    case Selector::kPercentile: return "percentile";
-    case Selector::kRandomk: return "randomk";
-    case Selector::kImportance: return "importance";
-    case Selector::kBlockTopk: return "block_topk";
-    case Selector::kRowTopk: return "row_topk";
-    case Selector::kColumnTopk: return "column_topk";
-    case Selector::kChannelTopk: return "channel_topk";
-    case Selector::kHeadTopk: return "head_topk";
-    case Selector::kPeriodicMask: return "periodic_mask";
-    case Selector::kHybrid: return "hybrid";
-  }
-  return "unknown";
-}
 
 std::string_view format_name(Format f) {
   switch (f) {
@@ -43,19 +23,6 @@ std::string_view value_type_name(ValueType v) {
     case ValueType::kI8: return "int8";
   }
   return "unknown";
-}
-
-bool parse_selector(std::string_view text, Selector* out) {
-  for (Selector s : {Selector::kNone, Selector::kTopk, Selector::kThreshold, Selector::kTopkApprox,
-                     Selector::kPercentile, Selector::kRandomk, Selector::kImportance, Selector::kBlockTopk,
-                     Selector::kRowTopk, Selector::kColumnTopk, Selector::kChannelTopk, Selector::kHeadTopk,
-                     Selector::kPeriodicMask, Selector::kHybrid}) {
-    if (text == selector_name(s)) {
-      *out = s;
-      return true;
-    }
-  }
-  return false;
 }
 
 bool parse_format(std::string_view text, Format* out) {

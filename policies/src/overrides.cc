@@ -8,10 +8,6 @@
 namespace sparsecar::policies {
 namespace {
 
-constexpr const char* kOverrideKeys =
-    "compression, selector, density, threshold, quantile, approx_tolerance, format, value_type, block_size, "
-    "group_norm, heads, mask_period, error_feedback, momentum, clip_norm";
-
 std::string_view trim(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
   while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
@@ -55,7 +51,56 @@ std::string describe_range(const char* what, KnobRange range) {
   return buf;
 }
 
+// The per-tensor selector parameter named `key`, or null (job-wide ones are not keys).
+const kernels::ParamInfo* per_tensor_param(std::string_view key) {
+  for (const kernels::ParamInfo& p : kernels::kSelectorParams) {
+    if (p.per_tensor && key == p.name) return &p;
+  }
+  return nullptr;
+}
+
+// Parses `value` as the selector parameter `p` (its row's type, range and choices) into o.
+Status parse_param(const kernels::ParamInfo& p, std::string_view value, const std::string& bad, TensorOverride* o) {
+  const KnobRange range{p.min, p.max};
+  double v = 0;
+  uint32_t u = 0;
+  if (p.type == kernels::ParamType::kNumber && !parse_number(value, range, &v)) {
+    return invalid_argument(bad + describe_range("a number", range));
+  }
+  if (p.type == kernels::ParamType::kUint && !parse_uint(value, range, &u)) {
+    return invalid_argument(bad + describe_range("an unsigned integer", range));
+  }
+  // No default: a new parameter must say where a per-tensor value goes (-Wswitch).
+  switch (p.param) {
+    case kernels::SelectorParam::kDensity: o->density = v; break;
+    case kernels::SelectorParam::kThreshold: o->threshold = v; break;
+    case kernels::SelectorParam::kQuantile: o->quantile = v; break;
+    case kernels::SelectorParam::kApproxTolerance: o->approx_tolerance = v; break;
+    case kernels::SelectorParam::kBlockSize: o->block_size = u; break;
+    case kernels::SelectorParam::kHeads: o->heads = u; break;
+    case kernels::SelectorParam::kMaskPeriod: o->mask_period = u; break;
+    case kernels::SelectorParam::kGroupNorm: {
+      kernels::GroupNorm g;
+      if (!kernels::parse_group_norm(value, &g)) return invalid_argument(bad + " (" + p.choices + ")");
+      o->group_norm = g;
+      break;
+    }
+    case kernels::SelectorParam::kHybridDensity:
+    case kernels::SelectorParam::kRandomSeed:
+      return invalid_argument(bad + " (" + p.name + " is job-wide, not a per-tensor key)");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
+
+std::string tensor_override_keys() {
+  std::string keys = "compression, selector";
+  for (const kernels::ParamInfo& p : kernels::kSelectorParams) {
+    if (p.per_tensor) keys.append(", ").append(p.name);
+  }
+  return keys + ", format, value_type, error_feedback, momentum, clip_norm";
+}
 
 bool glob_match(std::string_view glob, std::string_view name) {
   // Iterative matcher with one backtrack point for the last '*' (linear for typical globs).
@@ -104,15 +149,9 @@ Expected<std::vector<TensorOverride>> parse_tensor_overrides(std::string_view te
       const std::string_view value = trim(item.substr(eq + 1));
       const std::string bad = where + ": invalid " + std::string(key) + " '" + std::string(value) + "'";
       double v = 0;
-      uint32_t u = 0;
       auto number = [&](KnobRange range, std::optional<double>* field) {
         if (!parse_number(value, range, &v)) return invalid_argument(bad + describe_range("a number", range));
         *field = v;
-        return Status::Ok();
-      };
-      auto integer = [&](KnobRange range, std::optional<uint32_t>* field) {
-        if (!parse_uint(value, range, &u)) return invalid_argument(bad + describe_range("an unsigned integer", range));
-        *field = u;
         return Status::Ok();
       };
       auto choice = [&](const char* choices) { return invalid_argument(bad + " (" + choices + ")"); };
@@ -129,17 +168,9 @@ Expected<std::vector<TensorOverride>> parse_tensor_overrides(std::string_view te
       } else if (key == "selector") {
         kernels::Selector s;
         if (!kernels::parse_selector(value, &s) || s == kernels::Selector::kNone) {
-          return invalid_argument(bad + " (a selector name, e.g. topk, randomk)");
+          return invalid_argument(bad + " (" + kernels::selector_choices() + ")");
         }
         o.selector = s;
-      } else if (key == "density") {
-        st = number(kDensityRange, &o.density);
-      } else if (key == "threshold") {
-        st = number(kThresholdRange, &o.threshold);
-      } else if (key == "quantile") {
-        st = number(kQuantileRange, &o.quantile);
-      } else if (key == "approx_tolerance") {
-        st = number(kApproxToleranceRange, &o.approx_tolerance);
       } else if (key == "format") {
         kernels::Format f;
         if (value == "auto") {
@@ -155,16 +186,8 @@ Expected<std::vector<TensorOverride>> parse_tensor_overrides(std::string_view te
         kernels::ValueType t;
         if (!kernels::parse_value_type(value, &t)) return choice(kValueTypeChoices);
         o.value_type = t;
-      } else if (key == "block_size") {
-        st = integer(kBlockSizeRange, &o.block_size);
-      } else if (key == "group_norm") {
-        kernels::GroupNorm g;
-        if (!kernels::parse_group_norm(value, &g)) return choice(kGroupNormChoices);
-        o.group_norm = g;
-      } else if (key == "heads") {
-        st = integer(kHeadsRange, &o.heads);
-      } else if (key == "mask_period") {
-        st = integer(kMaskPeriodRange, &o.mask_period);
+      } else if (const kernels::ParamInfo* param = per_tensor_param(key)) {
+        st = parse_param(*param, value, bad, &o);
       } else if (key == "error_feedback") {
         ErrorFeedback e;
         if (!parse_error_feedback(value, &e)) return choice(kErrorFeedbackChoices);
@@ -174,7 +197,7 @@ Expected<std::vector<TensorOverride>> parse_tensor_overrides(std::string_view te
       } else if (key == "clip_norm") {
         st = number(kClipNormRange, &o.clip_norm);
       } else {
-        return invalid_argument(where + ": unknown key '" + std::string(key) + "' (" + kOverrideKeys + ")");
+        return invalid_argument(where + ": unknown key '" + std::string(key) + "' (" + tensor_override_keys() + ")");
       }
       if (!st.ok()) return st;
       any = true;

@@ -116,6 +116,21 @@ bool parse_lr_rescale(std::string_view text, LrRescale* out) {
   return false;
 }
 
+kernels::SelectorParams selector_params(const Plan& plan) {
+  kernels::SelectorParams p;
+  p.density = plan.density;
+  p.threshold = plan.threshold;
+  p.quantile = plan.quantile;
+  p.approx_tolerance = plan.approx_tolerance;
+  p.block_size = plan.block_size;
+  p.group_norm = plan.group_norm;
+  p.heads = plan.heads;
+  p.mask_period = plan.mask_period;
+  p.hybrid_density = plan.hybrid_density;
+  p.seed = plan.seed;
+  return p;
+}
+
 std::string describe(const Plan& plan) {
   if (plan.dense) return "dense ring-allreduce";
   char buf[160];

@@ -28,6 +28,7 @@
 #include "sparsecar/common/log.h"
 #include "sparsecar/kernels/codec.h"
 #include "sparsecar/kernels/select.h"
+#include "sparsecar/kernels/selectors.h"
 #include "sparsecar/kernels/types.h"
 
 namespace py = pybind11;
@@ -293,6 +294,57 @@ PYBIND11_MODULE(_sparsecar, m) {
     if (!r.ok()) raise_status(r.status());
     return pairs(idx, val, *r);
   }, py::arg("x"), py::arg("k"), "Exact top-k by magnitude: (index uint32, value float32), index ascending.");
+  // The selector registry (kernels/selectors.h): every row, and any row's CPU function by name.
+  k.def("selectors", [] {
+    py::list rows;
+    for (const sparsecar::kernels::SelectorInfo& row : sparsecar::kernels::selector_registry()) {
+      py::list params;
+      for (const sparsecar::kernels::ParamInfo& p : sparsecar::kernels::kSelectorParams) {
+        if (row.params & sparsecar::kernels::param_bit(p.param)) params.append(p.name);
+      }
+      py::dict d;
+      d["id"] = static_cast<int>(row.id);
+      d["name"] = row.name;
+      d["doc"] = row.doc;
+      d["params"] = params;
+      d["unbiased"] = row.unbiased;
+      d["needs_shape"] = row.needs_shape;
+      d["stateful"] = row.stateful;
+      d["cuda"] = row.cuda != nullptr;
+      rows.append(d);
+    }
+    return rows;
+  }, "The selector registry: one dict per selector (id, name, doc, params, unbiased, needs_shape, "
+     "stateful, cuda), in id order.");
+  k.def("select", [](const std::string& name, const F32& x, double density, float threshold, uint32_t block_size,
+                     uint64_t seed, bool unbiased, const std::vector<uint64_t>& shape) {
+    const sparsecar::kernels::SelectorInfo* row = sparsecar::kernels::find_selector(std::string_view(name));
+    if (row == nullptr || row->cpu == nullptr) throw py::value_error("not a selector: " + name);
+    if (row->stateful) throw py::value_error(name + " keeps per-tensor state; the daemon runs it");
+    const size_t n = static_cast<size_t>(x.size());
+    sparsecar::kernels::SelectorParams params;
+    params.density = density;
+    params.threshold = threshold;
+    params.block_size = block_size;
+    params.seed = seed;
+    std::vector<std::byte> scratch(sparsecar::kernels::selector_scratch_bytes(n, shape));
+    std::vector<uint32_t> idx(n);
+    std::vector<float> val(n);
+    sparsecar::kernels::SelectInput in;
+    in.x = readonly(x);
+    in.grad = in.x;
+    in.shape = shape;
+    in.params = &params;
+    in.unbiased = unbiased && row->unbiased;
+    in.scratch = scratch;
+    auto c = row->cpu(in, sparsecar::kernels::SelectOutput{idx.data(), val.data(), n});
+    if (!c.ok()) raise_status(c.status());
+    return pairs(idx, val, *c);
+  }, py::arg("name"), py::arg("x"), py::arg("density") = 0.01, py::arg("threshold") = 1e-3f,
+     py::arg("block_size") = 64, py::arg("seed") = 0, py::arg("unbiased") = false,
+     py::arg("shape") = std::vector<uint64_t>{},
+     "Runs a selector of the registry by name on x: (index uint32, value float32), index ascending. "
+     "seed is the (tensor, step) stream; unbiased writes x/p for the unbiased selectors.");
   k.def("threshold_select", [](const F32& x, float lambda) {
     const size_t n = static_cast<size_t>(x.size());
     std::vector<uint32_t> idx(n);

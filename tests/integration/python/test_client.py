@@ -80,6 +80,22 @@ def test_errors_are_exceptions(make_job, tmp_path):
         c.register("x", 4)
 
 
+def test_selector_registry_is_listed_and_runs_by_name():
+    rows = sparsecar.kernels.selectors()
+    assert [r["id"] for r in rows] == list(range(len(rows)))
+    names = [r["name"] for r in rows]
+    assert names[:3] == ["none", "topk", "threshold"] and "randomk" in names
+    assert next(r for r in rows if r["name"] == "randomk")["unbiased"] is True
+    assert "density" in next(r for r in rows if r["name"] == "topk")["params"]
+    x = np.array([0.5, -3.0, 0.1, 2.0, -0.2], dtype=np.float32)
+    idx, val = sparsecar.kernels.select("topk", x, density=0.4)
+    assert list(idx) == [1, 3] and list(val) == [-3.0, 2.0]
+    idx, val = sparsecar.kernels.select("threshold", x, threshold=0.4)
+    assert list(idx) == [0, 1, 3]
+    with pytest.raises(ValueError):
+        sparsecar.kernels.select("no_such_selector", x)
+
+
 def test_daemon_deadline_comes_through_wait_unchanged(make_job):
     """The daemon's DEADLINE_EXCEEDED ("rank 1 did not deliver ...") used to be retried by wait()'s
     slices and turned into FAILED_PRECONDITION "step was not submitted"."""

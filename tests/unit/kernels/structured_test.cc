@@ -1,7 +1,8 @@
 // Structured selectors against plain loop references written here: every group is scored by a
 // loop in index order (float64), groups are sorted by (NaN first, score desc, index asc) with
 // std::sort, the best `keep` are expanded to their element indices and sorted. Random tensors of
-// random shapes, ragged last blocks, ties (small-integer data) and NaN/inf inputs.
+// random shapes, ragged last blocks, ties (small-integer data) and NaN/inf inputs. randblock
+// against its rule written plainly, plus a float64 check that its unbiased values average to x.
 #include "sparsecar/kernels/structured.h"
 
 #include <gtest/gtest.h>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "sparsecar/kernels/select.h"
+#include "sparsecar/kernels/selectors.h"
 #include "sparsecar/kernels/types.h"
 #include "tests/unit/kernels/test_util.h"
 
@@ -399,6 +401,148 @@ TEST(Hybrid, PooledHistogramThresholdKeepsAtLeastTheBudget) {
   }
   EXPECT_EQ(magnitude_histogram_threshold(h, 0), std::numeric_limits<float>::infinity());
   EXPECT_EQ(magnitude_histogram_threshold(h, 20000), 0.0f);
+}
+
+// ---- randblock ---------------------------------------------------------------------------------
+
+// The documented rule, written plainly: block b of [b*block, min((b+1)*block, n)) is kept when
+// random_draw(seed, b) < t, t = ceil(p 2^32) (0 for p <= 0, 2^32 for p >= 1); kept elements are
+// x_i, or x_i * 2^32 / t in float64 rounded once to float when unbiased.
+Selection reference_randblock(const std::vector<float>& x, size_t block, double p, uint64_t seed, bool unbiased) {
+  const double two32 = 4294967296.0;
+  const double t = p <= 0.0 ? 0.0 : p >= 1.0 ? two32 : std::ceil(p * two32);
+  Selection out;
+  for (size_t start = 0, b = 0; start < x.size(); start += block, ++b) {
+    if (!(static_cast<double>(random_draw(seed, static_cast<uint32_t>(b))) < t)) continue;
+    for (size_t i = start; i < std::min(x.size(), start + block); ++i) {
+      out.index.push_back(static_cast<uint32_t>(i));
+      out.value.push_back(unbiased ? static_cast<float>(static_cast<double>(x[i]) * two32 / t) : x[i]);
+    }
+  }
+  return out;
+}
+
+Selection run_randblock(const std::vector<float>& x, size_t block, double p, uint64_t seed, bool unbiased) {
+  Selection s;
+  s.index.assign(x.size(), 0);
+  s.value.assign(x.size(), 0.0f);
+  auto c = randblock_select(x, block, p, seed, unbiased, s.index.data(), s.value.data(), x.size());
+  EXPECT_TRUE(c.ok()) << c.status().to_string();
+  s.index.resize(c.ok() ? *c : 0);
+  s.value.resize(s.index.size());
+  return s;
+}
+
+TEST(kernelsRandblock, MatchesThePlainReference) {
+  for (size_t n : {size_t{1}, size_t{31}, size_t{1000}, size_t{4096}, size_t{100003}}) {
+    for (size_t block : {kMinBlock, size_t{50}, size_t{64}, kMaxBlock}) {
+      for (double p : {0.0, 1e-4, 0.05, 0.3, 0.999, 1.0}) {
+        for (bool unbiased : {false, true}) {
+          const auto x = normal_floats(n, n + block);
+          const uint64_t seed = derive_seed(7, static_cast<uint32_t>(block), n);
+          SCOPED_TRACE(::testing::Message() << "n " << n << " block " << block << " p " << p << " unbiased "
+                                            << unbiased);
+          const Selection want = reference_randblock(x, block, p, seed, unbiased);
+          const Selection got = run_randblock(x, block, p, seed, unbiased);
+          ASSERT_EQ(got.index, want.index);
+          for (size_t j = 0; j < want.value.size(); ++j) ASSERT_TRUE(same_bits(got.value[j], want.value[j])) << j;
+        }
+      }
+    }
+  }
+}
+
+TEST(kernelsRandblock, SameBlocksOnEveryNodeWhateverTheData) {
+  const size_t n = 20000, block = 64;
+  const auto a = normal_floats(n, 1), b = normal_floats(n, 2);
+  const uint64_t seed = derive_seed(3, 4, 5);
+  const Selection sa = run_randblock(a, block, 0.1, seed, true);
+  const Selection sb = run_randblock(b, block, 0.1, seed, false);
+  ASSERT_FALSE(sa.index.empty());
+  EXPECT_EQ(sa.index, sb.index);  // the data and the mode never move the blocks
+  EXPECT_NE(run_randblock(a, block, 0.1, derive_seed(3, 4, 6), true).index, sa.index);  // the step does
+  // Whole blocks: every kept index's block is kept entirely.
+  for (size_t j = 0; j < sa.index.size(); j += block) {
+    ASSERT_EQ(sa.index[j] % block, 0u);
+    ASSERT_EQ(sa.index[j + block - 1], sa.index[j] + block - 1);
+  }
+}
+
+// Over many steps' seeds, the unbiased values average to x (float64 sums; 5 sigma of the
+// Bernoulli(p) estimator x B / p), and blocks are kept with frequency p.
+TEST(kernelsRandblock, UnbiasedValuesAverageToX) {
+  const size_t n = 1000, block = 64;  // 16 blocks, the last one of 40
+  const double p = 0.25;
+  const int draws = 4000;
+  const auto x = normal_floats(n, 11);
+  std::vector<double> mean(n, 0.0);
+  size_t kept_blocks = 0;
+  for (int d = 0; d < draws; ++d) {
+    const Selection s = run_randblock(x, block, p, derive_seed(99, 0, static_cast<uint64_t>(d)), true);
+    for (size_t j = 0; j < s.index.size(); ++j) {
+      mean[s.index[j]] += static_cast<double>(s.value[j]) / draws;
+      if (s.index[j] % block == 0) ++kept_blocks;
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const double sigma = std::fabs(static_cast<double>(x[i])) * std::sqrt((1 - p) / p / draws);
+    ASSERT_NEAR(mean[i], x[i], 5 * sigma + 1e-9) << i;
+  }
+  const double trials = 16.0 * draws;
+  EXPECT_NEAR(static_cast<double>(kept_blocks) / trials, p, 5 * std::sqrt(p * (1 - p) / trials));
+}
+
+TEST(kernelsRandblock, RegistryRow) {
+  const SelectorInfo* row = find_selector(std::string_view("randblock"));
+  ASSERT_NE(row, nullptr);
+  EXPECT_EQ(static_cast<int>(row->id), 14);  // frozen
+  EXPECT_EQ(row->id, Selector::kRandblock);
+  EXPECT_TRUE(row->unbiased);
+  EXPECT_FALSE(row->needs_shape);
+  EXPECT_EQ(row->params, param_bit(SelectorParam::kDensity) | param_bit(SelectorParam::kBlockSize) |
+                             param_bit(SelectorParam::kRandomSeed));
+  // The row runs the kernel with the plan's parameters (unbiased only when asked).
+  const auto x = normal_floats(3000, 8);
+  SelectorParams params;
+  params.density = 0.2;
+  params.block_size = 96;
+  params.seed = derive_seed(1, 2, 3);
+  std::vector<std::byte> scratch(selector_scratch_bytes(x.size(), {}));
+  for (bool unbiased : {false, true}) {
+    SelectInput in;
+    in.x = x;
+    in.grad = x;
+    in.params = &params;
+    in.unbiased = unbiased;
+    in.scratch = scratch;
+    Selection got;
+    got.index.assign(x.size(), 0);
+    got.value.assign(x.size(), 0.0f);
+    auto c = row->cpu(in, SelectOutput{got.index.data(), got.value.data(), x.size()});
+    ASSERT_TRUE(c.ok());
+    got.index.resize(*c);
+    got.value.resize(*c);
+    const Selection want = reference_randblock(x, 96, 0.2, params.seed, unbiased);
+    EXPECT_EQ(got.index, want.index);
+    EXPECT_EQ(got.value, want.value);
+  }
+}
+
+TEST(kernelsRandblock, CapacityAndErrors) {
+  const auto x = normal_floats(1000, 5);
+  std::vector<uint32_t> index(1000);
+  std::vector<float> value(1000);
+  // Capacity: the count is returned, only `capacity` pairs written (the first ones).
+  auto all = randblock_select(x, 32, 1.0, 1, false, index.data(), value.data(), 10);
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(*all, 1000u);
+  for (uint32_t j = 0; j < 10; ++j) EXPECT_EQ(index[j], j);
+  EXPECT_FALSE(randblock_select(x, kMinBlock - 1, 0.5, 1, false, index.data(), value.data(), 1000).ok());
+  EXPECT_FALSE(randblock_select(x, kMaxBlock + 1, 0.5, 1, false, index.data(), value.data(), 1000).ok());
+  EXPECT_FALSE(randblock_select(x, 64, 0.5, 1, false, nullptr, nullptr, 1000).ok());
+  auto none = randblock_select(x, 64, std::nan(""), 1, true, index.data(), value.data(), 1000);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(*none, 0u);
 }
 
 }  // namespace

@@ -96,6 +96,11 @@ uint32_t random_draw(uint64_t seed, uint32_t index);
 // The per-(tensor, step) stream seed: splitmix64 chain of (job seed, tensor id, step).
 uint64_t derive_seed(uint64_t job_seed, uint32_t tensor_id, uint64_t step);
 
+// The keep rule of the random selectors: a draw d keeps when d < random_keep_threshold(p), which
+// happens with probability exactly t / 2^32 (t = ceil(p 2^32); 0 for p <= 0 or NaN, 2^32 for
+// p >= 1). Unbiased values are x * 2^32 / t: scaled by the probability actually used.
+uint64_t random_keep_threshold(double p);
+
 // Random-k: keeps i independently with probability p (random_draw(seed, i) < p * 2^32), so
 // the kept set is identical on every node for the same seed. unbiased = true writes
 // x_i / p (E[sent] = x); false writes x_i unchanged (for error feedback, which keeps the rest

@@ -53,6 +53,19 @@ size_t group_scratch_bytes(size_t groups);
 Expected<size_t> block_topk(std::span<const float> x, size_t block, size_t keep, GroupNorm norm,
                             std::span<std::byte> scratch, uint32_t* out_index, float* out_value);
 
+// Random blocks: x is cut into ceil(n / block) contiguous blocks of `block` elements as in
+// block_topk (the last one may be shorter), and block b is kept when random_draw(seed, b) <
+// random_keep_threshold(p) (select.h: random-k's rule with one draw per block index), so every
+// node keeps the same blocks for the same seed, whatever its data, each with probability p' =
+// t / 2^32 (the probability actually used; p <= 0 keeps nothing, p >= 1 everything). Every element
+// of a kept block is written, zeros included: x_i, or with `unbiased` x_i / p' (E[sent] = x; for
+// error feedback off, as randomk_select). Writes min(count, capacity) pairs in index order and
+// returns the count (capacity n never drops any).
+// Errors (kInvalidArgument, nothing written): block outside kMinBlock..kMaxBlock, n > 2^32 - 1,
+// null outputs with capacity > 0.
+Expected<size_t> randblock_select(std::span<const float> x, size_t block, double p, uint64_t seed, bool unbiased,
+                                  uint32_t* out_index, float* out_value, size_t capacity);
+
 // Row top-k of a row-major [rows, cols] matrix: the `keep` best rows. rows * cols must equal
 // x.size(). Output capacity: min(rows, keep) * cols. Scratch: group_scratch_bytes(rows).
 Expected<size_t> row_topk(std::span<const float> x, size_t rows, size_t cols, size_t keep, GroupNorm norm,

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include "sparsecar/kernels/selectors.h"
 #include "sparsecar/kernels/structured.h"
 
 namespace sparsecar::policies {
@@ -34,19 +35,23 @@ std::string_view lr_rescale_name(LrRescale r);
 bool parse_lr_rescale(std::string_view text, LrRescale* out);
 
 // Closed ranges [min, max] of the numeric compression knobs. Integer knobs take unsigned
-// integers in the range; the others finite numbers.
+// integers in the range; the others finite numbers. The selector parameters' come from their rows
+// in the selector registry (kernels/selectors.h).
 struct KnobRange {
   double min;
   double max;
 };
-inline constexpr KnobRange kDensityRange{1e-6, 1.0};
-inline constexpr KnobRange kThresholdRange{1e-30, 1e30};
-inline constexpr KnobRange kQuantileRange{1e-6, 1.0};
-inline constexpr KnobRange kApproxToleranceRange{0.0, 1.0};
-inline constexpr KnobRange kBlockSizeRange{kernels::kMinBlock, kernels::kMaxBlock};  // integer
-inline constexpr KnobRange kHeadsRange{1, 65536};                                    // integer
-inline constexpr KnobRange kMaskPeriodRange{100, 1000};                              // integer
-inline constexpr KnobRange kHybridDensityRange{1e-6, 1.0};
+constexpr KnobRange param_range(kernels::SelectorParam p) {
+  return {kernels::selector_param(p).min, kernels::selector_param(p).max};
+}
+inline constexpr KnobRange kDensityRange = param_range(kernels::SelectorParam::kDensity);
+inline constexpr KnobRange kThresholdRange = param_range(kernels::SelectorParam::kThreshold);
+inline constexpr KnobRange kQuantileRange = param_range(kernels::SelectorParam::kQuantile);
+inline constexpr KnobRange kApproxToleranceRange = param_range(kernels::SelectorParam::kApproxTolerance);
+inline constexpr KnobRange kBlockSizeRange = param_range(kernels::SelectorParam::kBlockSize);  // integer
+inline constexpr KnobRange kHeadsRange = param_range(kernels::SelectorParam::kHeads);          // integer
+inline constexpr KnobRange kMaskPeriodRange = param_range(kernels::SelectorParam::kMaskPeriod);  // integer
+inline constexpr KnobRange kHybridDensityRange = param_range(kernels::SelectorParam::kHybridDensity);
 inline constexpr KnobRange kMomentumRange{0.0, 0.999999};
 inline constexpr KnobRange kClipNormRange{0.0, 1e30};
 
@@ -55,7 +60,7 @@ inline constexpr KnobRange kClipNormRange{0.0, 1e30};
 // parse_error_feedback respectively.
 inline constexpr const char* kFormatChoices = "coo|coo_varint|bitmap|csr|rle|dense|auto";
 inline constexpr const char* kValueTypeChoices = "fp32|fp16|bf16|int8";
-inline constexpr const char* kGroupNormChoices = "l2|l1";
+inline constexpr const char* kGroupNormChoices = kernels::selector_param(kernels::SelectorParam::kGroupNorm).choices;
 inline constexpr const char* kErrorFeedbackChoices = "residual|momentum|off";
 
 }  // namespace sparsecar::policies

@@ -8,12 +8,13 @@
 //   attn.*: selector=head_topk, heads=16, group_norm=l1; fc*: block_size=128, value_type=fp16
 //
 // GLOB matches the whole registered tensor name; `*` is any run of characters (also none),
-// `?` any one character. Keys, with exactly the values of the global knobs of the same names
-// (ranges and names shared through compression_knobs.h):
-//   compression (on|off), selector (a selector name), density, threshold, quantile,
-//   approx_tolerance, format (coo|coo_varint|bitmap|csr|rle|dense|auto), value_type
-//   (fp32|fp16|bf16|int8), block_size, group_norm (l2|l1), heads, mask_period, error_feedback
-//   (residual|momentum|off), momentum, clip_norm.
+// `?` any one character. Keys (tensor_override_keys()), with exactly the values of the global
+// knobs of the same names (ranges and names from the selector registry, kernels/selectors.h, and
+// compression_knobs.h):
+//   compression (on|off), selector (a selector name), every per-tensor selector parameter
+//   (density, threshold, quantile, approx_tolerance, block_size, group_norm (l2|l1), heads,
+//   mask_period), format (coo|coo_varint|bitmap|csr|rle|dense|auto), value_type
+//   (fp32|fp16|bf16|int8), error_feedback (residual|momentum|off), momentum, clip_norm.
 // Not keys: hybrid_density stays global because it is a cross-tensor threshold (one lambda
 // pooled over every hybrid tensor of a step, structured_select.h); random_seed and lr_rescale
 // are job-wide knobs too.
@@ -65,6 +66,10 @@ struct TensorOverride {
 // Parses the text form; errors (kInvalidArgument) name the rule and the bad key or value.
 // Whitespace around separators is ignored; an empty text is no rules.
 Expected<std::vector<TensorOverride>> parse_tensor_overrides(std::string_view text);
+
+// The keys, ", "-separated: compression, selector, every per-tensor selector parameter of the
+// selector registry (kernels/selectors.h), format, value_type and the error compensation keys.
+std::string tensor_override_keys();
 
 // `*` and `?` glob match of the whole name.
 bool glob_match(std::string_view glob, std::string_view name);

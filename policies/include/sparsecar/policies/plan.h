@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 
+#include "sparsecar/kernels/selectors.h"
 #include "sparsecar/kernels/structured.h"
 #include "sparsecar/kernels/types.h"
 #include "sparsecar/policies/compression_knobs.h"
@@ -94,6 +95,10 @@ struct TensorObservation {
 // Compression off -> dense ring all-reduce; on -> the configured selector, format (or auto) and
 // value type, sparse all-gather.
 Plan static_plan(const StaticSettings& settings, const TensorObservation& observation);
+
+// The selector parameters of a plan, as the selector registry's functions read them
+// (kernels/selectors.h).
+kernels::SelectorParams selector_params(const Plan& plan);
 
 // "topk density=0.002 coo/fp32 sparse-allgather" — for logs and errors.
 std::string describe(const Plan& plan);
