@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <bit>
 #include <cerrno>
 #include <cstring>
 
@@ -13,13 +14,20 @@
 namespace sparsecar {
 namespace {
 
+// Residuals are copied as arrays of floats in and out of the file, which holds them as
+// little-endian IEEE-754 binary32 (CHECKPOINT.md): only right on a little-endian host.
+static_assert(std::endian::native == std::endian::little, "the checkpoint format is little-endian");
+
+// Reads little-endian integers off the front of a byte string.
 class Reader {
  public:
   explicit Reader(std::string_view data) : data_(data) {}
   template <typename T>
   bool get(T* v) {
     if (data_.size() - pos_ < sizeof(T)) return false;
-    std::memcpy(v, data_.data() + pos_, sizeof(T));
+    T out = 0;
+    for (size_t i = 0; i < sizeof(T); ++i) out |= static_cast<T>(static_cast<unsigned char>(data_[pos_ + i])) << (8 * i);
+    *v = out;
     pos_ += sizeof(T);
     return true;
   }
@@ -38,7 +46,7 @@ class Reader {
 
 template <typename T>
 void put(std::string& out, T v) {
-  out.append(reinterpret_cast<const char*>(&v), sizeof v);
+  for (size_t i = 0; i < sizeof(T); ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
 }
 
 }  // namespace
@@ -102,8 +110,8 @@ Expected<LoadedCheckpoint> parse_checkpoint(std::string bytes, std::span<const T
   if (std::memcmp(data.data(), kCheckpointMagic, sizeof kCheckpointMagic) != 0) {
     return data_loss(where + " is not a sparsecar residual checkpoint");
   }
-  uint32_t crc;
-  std::memcpy(&crc, data.data() + data.size() - 4, 4);
+  uint32_t crc = 0;
+  Reader(std::string_view(data).substr(data.size() - 4)).get(&crc);
   if (kernels::crc32c(0, data.data(), data.size() - 4) != crc) return data_loss(where + ": checksum mismatch");
   Reader r(std::string_view(data).substr(0, data.size() - 4));
   std::string_view magic;

@@ -1,12 +1,8 @@
 // Residual checkpoints: the file format and its safe reader.
 //
-// Format (little-endian; frozen, version 1):
-//   "SCRESID1"                       8 bytes magic
-//   u32 version (1), u32 tensor count, u64 job id, u32 rank, u32 world size
-//   per tensor, in registration order:
-//     u32 name length, name bytes, u64 element count, count x f32 residual
-//   u32 CRC-32C of every byte before it
-// Pipeline::checkpoint() writes it to PATH.tmp, fsyncs and renames it over PATH.
+// Format: CHECKPOINT.md beside this file (little-endian, frozen, version 1; golden bytes in
+// tests/unit/daemon/checkpoint_test.cc). Pipeline::checkpoint() writes it to PATH.tmp, fsyncs and
+// renames it over PATH.
 //
 // Reading (sparsecarctl restore) happens on the calling thread (the control thread), never on the
 // pipeline thread, and is bounded before a byte is read: the path is opened O_NONBLOCK (a FIFO or

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "daemon/transport/text_message.h"
 #include "sparsecar/common/log.h"
 
 namespace sparsecar {
@@ -326,29 +327,14 @@ void DecisionBoard::broadcast(const Decision& d) {
 
 void DecisionBoard::send_text(uint32_t peer, wire::Kind kind, uint64_t step, uint32_t epoch, std::string text) {
   if (transport_ == nullptr) return;
-  struct Buffers {
-    std::string text;
-    std::array<std::byte, wire::kHeaderBytes> header;
-  };
-  auto b = std::make_shared<Buffers>();
-  b->text = std::move(text);
   wire::WireHeader h{};
-  h.magic = wire::kMagic;
-  h.version = wire::kVersion;
   h.kind = static_cast<uint16_t>(kind);
   h.job_id = job_id_;
   h.sender_rank = rank_;
   h.step = step;
   h.epoch = epoch;
-  auto payload = std::as_bytes(std::span<const char>(b->text.data(), b->text.size()));
-  h.payload_bytes = payload.size();
-  wire::seal(h, payload, std::span<std::byte, wire::kHeaderBytes>(b->header));
-  Status s = transport_->send(peer, b->header, payload, [b, peer, kind](const Status& st) {
-    if (!st.ok()) {
-      SC_LOG_WARN("sending %s to rank %u failed: %s", kind == wire::Kind::kDecision ? "a decision" : "a knob message",
-                  peer, st.to_string().c_str());
-    }
-  });
+  Status s = send_text_message(*transport_, peer, h, std::move(text),
+                               kind == wire::Kind::kDecision ? "a decision" : "a knob message");
   if (!s.ok()) SC_LOG_WARN("cannot send to rank %u: %s", peer, s.to_string().c_str());
 }
 

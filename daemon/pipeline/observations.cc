@@ -9,6 +9,7 @@
 
 #include "daemon/pipeline/controller_runner.h"
 #include "daemon/pipeline/settings.h"
+#include "daemon/transport/text_message.h"
 #include "daemon/transport/wire.h"
 #include "sparsecar/common/log.h"
 
@@ -243,25 +244,12 @@ void ObservationCollector::finish(const Decision& decision) {
 
 void ObservationCollector::send_to_rank0(const policies::NodeObservation& o) {
   if (transport_ == nullptr || rank_ == 0) return;
-  struct Buffers {
-    std::string text;
-    std::array<std::byte, wire::kHeaderBytes> header;
-  };
-  auto b = std::make_shared<Buffers>();
-  b->text = format_observation(o);
   wire::WireHeader h{};
-  h.magic = wire::kMagic;
-  h.version = wire::kVersion;
   h.kind = static_cast<uint16_t>(wire::Kind::kObservation);
   h.job_id = job_id_;
   h.sender_rank = rank_;
   h.step = o.step;
-  auto payload = std::as_bytes(std::span<const char>(b->text.data(), b->text.size()));
-  h.payload_bytes = payload.size();
-  wire::seal(h, payload, std::span<std::byte, wire::kHeaderBytes>(b->header));
-  Status s = transport_->send(0, b->header, payload, [b](const Status& st) {
-    if (!st.ok()) SC_LOG_DEBUG("observation to rank 0 not delivered: %s", st.to_string().c_str());
-  });
+  Status s = send_text_message(*transport_, 0, h, format_observation(o), "an observation", /*quiet=*/true);
   if (!s.ok()) SC_LOG_DEBUG("cannot send an observation to rank 0: %s", s.to_string().c_str());
 }
 

@@ -15,6 +15,7 @@
 #include "daemon/metrics/metrics.h"
 #include "daemon/pipeline/checkpoint.h"
 #include "daemon/pipeline/settings.h"
+#include "daemon/transport/text_message.h"
 #include "sparsecar/common/log.h"
 #include "sparsecar/kernels/codec.h"
 #include "sparsecar/kernels/parallel.h"
@@ -781,22 +782,13 @@ Status Pipeline::agree_on_job(Clock::time_point deadline) {
 
 Status Pipeline::send_agreement_text(uint32_t peer, wire::Kind kind, uint64_t step, uint64_t incarnation,
                                      std::string text) {
-  auto shared = std::make_shared<std::string>(std::move(text));
   wire::WireHeader h{};
-  h.magic = wire::kMagic;
-  h.version = wire::kVersion;
   h.kind = static_cast<uint16_t>(kind);
   h.job_id = options_.job_id;
   h.sender_rank = options_.rank;
   h.step = step;
   h.incarnation = incarnation;
-  auto payload = std::as_bytes(std::span<const char>(shared->data(), shared->size()));
-  h.payload_bytes = payload.size();
-  auto header = std::make_shared<std::array<std::byte, wire::kHeaderBytes>>();
-  wire::seal(h, payload, std::span<std::byte, wire::kHeaderBytes>(*header));
-  return transport_->send(peer, *header, payload, [shared, header, peer](const Status& s) {
-    if (!s.ok()) SC_LOG_WARN("job agreement message to rank %u failed: %s", peer, s.to_string().c_str());
-  });
+  return send_text_message(*transport_, peer, h, std::move(text), "a job agreement message");
 }
 
 bool Pipeline::answer_late_manifest(uint32_t peer, const wire::WireHeader& h, std::span<const std::byte> payload) {
