@@ -198,8 +198,10 @@ nlohmann::json control_call(LocalJob& job, uint32_t r, const std::string& cmd, c
 // naming it; a new rank-1 daemon started like the lost one is admitted by rank 0 into the running
 // job (rank 2 learns it from rank 0), takes rank 0's live decisions, restores the lost process's
 // last checkpoint, its new trainer joins, and every later step on every rank is the exact mean.
-TEST(PeerFailure, AReplacementForAKilledRankRejoinsTheRunningJob) {
-  JobSpec spec{3, 1, "tcp", {"--compression", "on", "--density", "1", "--step-timeout-ms", "10000", "--peer-down-grace-ms", "4000"}, {}, {}};
+class Replacement : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(Replacement, AReplacementForAKilledRankRejoinsTheRunningJob) {
+  JobSpec spec{3, 1, GetParam(), {"--compression", "on", "--density", "1", "--step-timeout-ms", "10000", "--peer-down-grace-ms", "4000"}, {}, {}};
   LocalJob job(spec);
   ASSERT_TRUE(job.wait_ready()) << job.logs();
   std::vector<Trainer> trainers = connect_all(job, 3);
@@ -256,6 +258,10 @@ TEST(PeerFailure, AReplacementForAKilledRankRejoinsTheRunningJob) {
   for (uint32_t r : {0u, 2u}) EXPECT_TRUE(job.daemon(r).running()) << job.logs();
   run_checked_steps(job, 3, 1, trainers, {10});
 }
+
+// Over TCP UCX sees the kill at once; over shared memory the daemon's pidfd watch does.
+INSTANTIATE_TEST_SUITE_P(PeerFailure, Replacement, ::testing::Values("tcp", "shm"),
+                         [](const auto& p) { return std::string(p.param); });
 
 // With accept_replacements off, rank 0 refuses the replacement with a reason that says so (it
 // exits at once instead of waiting out its join timeout); the survivor exits after the grace.
