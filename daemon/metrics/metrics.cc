@@ -7,6 +7,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "daemon/metrics/catalogue.h"
 #include "daemon/transport/transport.h"
 #include "sparsecar/common/log.h"
 
@@ -211,89 +212,51 @@ Expected<std::unique_ptr<Metrics>> Metrics::create(const std::string& listen, co
   auto registry = std::make_shared<prometheus::Registry>();
   auto& r = *registry;
   auto f = std::make_unique<Families>();
-  using prometheus::BuildCounter;
-  using prometheus::BuildGauge;
-  using prometheus::BuildHistogram;
-  f->steps = &BuildCounter().Name("sparsecar_steps_total").Help("Tensor steps completed, by result").Register(r);
-  f->step_duration = &BuildHistogram()
-                          .Name("sparsecar_step_duration_seconds")
-                          .Help("Time from taking a tensor step off the queue to its result")
-                          .Register(r);
-  f->stage_duration = &BuildHistogram()
-                           .Name("sparsecar_stage_duration_seconds")
-                           .Help("Time spent per tensor step in each stage (select, encode, send, wait, decode, reduce)")
-                           .Register(r);
-  f->bytes_sent = &BuildCounter()
-                       .Name("sparsecar_wire_bytes_sent_total")
-                       .Help("Bytes sent to each peer (wire headers included)")
-                       .Register(r);
-  f->bytes_received = &BuildCounter()
-                           .Name("sparsecar_wire_bytes_received_total")
-                           .Help("Bytes received from each peer (wire headers included)")
-                           .Register(r);
-  f->dense_bytes = &BuildCounter()
-                        .Name("sparsecar_dense_equivalent_bytes_total")
-                        .Help("Bytes a dense ring all-reduce of the same steps would have sent")
-                        .Register(r);
-  f->elements = &BuildCounter()
-                     .Name("sparsecar_elements_total")
-                     .Help("Gradient elements processed (kind=all) and selected for sending (kind=selected)")
-                     .Register(r);
-  f->messages = &BuildCounter()
-                     .Name("sparsecar_messages_total")
-                     .Help("Data messages sent to peers, by payload format and selector")
-                     .Register(r);
-  f->density = &BuildGauge()
-                    .Name("sparsecar_density_ratio")
-                    .Help("Fraction of elements selected in the latest step of each tensor group")
-                    .Register(r);
-  f->threshold = &BuildGauge()
-                      .Name("sparsecar_selection_threshold")
-                      .Help("Lambda of the hard-threshold selector per tensor group (0 when another selector runs)")
-                      .Register(r);
-  f->residual_norm = &BuildGauge()
-                          .Name("sparsecar_residual_norm")
-                          .Help("L2 norm of the error-feedback residual of each tensor group after its latest step")
-                          .Register(r);
-  f->residual_error = &BuildCounter()
-                           .Name("sparsecar_residual_squared_norm_total")
-                           .Help("Total error: sum over steps of the squared residual norm, per tensor group")
-                           .Register(r);
-  f->bandwidth = &BuildGauge()
-                      .Name("sparsecar_link_bandwidth_bytes_per_second")
-                      .Help("Estimated send bandwidth to each peer (EWMA over sends of 64 KiB and more)")
-                      .Register(r);
-  f->peer_up = &BuildGauge().Name("sparsecar_peer_up").Help("1 while the peer is reachable, 0 once it failed").Register(r);
-  f->decisions = &BuildCounter()
-                      .Name("sparsecar_controller_decisions_total")
-                      .Help("Knob decisions proposed from this node, by controller and reason")
-                      .Register(r);
-  f->epoch = &BuildGauge().Name("sparsecar_decision_epoch").Help("Newest decision epoch known to this node").Register(r);
-  f->compression = &BuildGauge()
-                        .Name("sparsecar_compression_enabled")
-                        .Help("1 when compression is on in the newest decision, 0 when paused (dense)")
-                        .Register(r);
-  f->draining = &BuildGauge().Name("sparsecar_draining").Help("1 while the daemon drains (new steps refused)").Register(r);
-  f->clients = &BuildGauge().Name("sparsecar_connected_clients").Help("Trainer sessions connected now").Register(r);
-  f->tensor_memory = &BuildGauge()
-                          .Name("sparsecar_tensor_memory_bytes")
-                          .Help("Registered tensors' memory on this node: charged now (in_use) and the budget "
-                                "(tensor_memory_budget_bytes)")
-                          .Register(r);
-  f->errors = &BuildCounter().Name("sparsecar_errors_total").Help("Errors, by kind").Register(r);
-  f->control_requests = &BuildCounter()
-                             .Name("sparsecar_control_requests_total")
-                             .Help("Control socket requests handled, by command and result")
-                             .Register(r);
-  f->control_rejected = &BuildCounter()
-                             .Name("sparsecar_control_rejected_total")
-                             .Help("Control socket requests rejected before any command ran, by reason")
-                             .Register(r);
-  f->trainer_metric = &BuildGauge()
-                           .Name("sparsecar_trainer_metric")
-                           .Help("Latest scalar reported by a trainer or operator (report-metric), by name")
-                           .Register(r);
-  f->build = &BuildGauge().Name("sparsecar_build_info").Help("Build information (value 1)").Register(r);
+  // Every family from its catalogue row (catalogue.h): name, type and help are written only there.
+  auto row = [](std::string_view name, MetricType type) -> const MetricSpec& {
+    const MetricSpec* spec = find_metric(name);
+    SC_CHECK(spec != nullptr && spec->type == type, "metric '%.*s' is not in the catalogue as that type",
+             static_cast<int>(name.size()), name.data());
+    return *spec;
+  };
+  auto full_name = [](const MetricSpec& m) { return std::string(kMetricPrefix) + std::string(m.name); };
+  auto counter = [&](std::string_view name) {
+    const MetricSpec& m = row(name, MetricType::kCounter);
+    return &prometheus::BuildCounter().Name(full_name(m)).Help(std::string(m.help)).Register(r);
+  };
+  auto gauge = [&](std::string_view name) {
+    const MetricSpec& m = row(name, MetricType::kGauge);
+    return &prometheus::BuildGauge().Name(full_name(m)).Help(std::string(m.help)).Register(r);
+  };
+  auto histogram = [&](std::string_view name) {
+    const MetricSpec& m = row(name, MetricType::kHistogram);
+    return &prometheus::BuildHistogram().Name(full_name(m)).Help(std::string(m.help)).Register(r);
+  };
+  f->steps = counter("steps_total");
+  f->step_duration = histogram("step_duration_seconds");
+  f->stage_duration = histogram("stage_duration_seconds");
+  f->bytes_sent = counter("wire_bytes_sent_total");
+  f->bytes_received = counter("wire_bytes_received_total");
+  f->dense_bytes = counter("dense_equivalent_bytes_total");
+  f->elements = counter("elements_total");
+  f->messages = counter("messages_total");
+  f->density = gauge("density_ratio");
+  f->threshold = gauge("selection_threshold");
+  f->residual_norm = gauge("residual_norm");
+  f->residual_error = counter("residual_squared_norm_total");
+  f->bandwidth = gauge("link_bandwidth_bytes_per_second");
+  f->peer_up = gauge("peer_up");
+  f->decisions = counter("controller_decisions_total");
+  f->epoch = gauge("decision_epoch");
+  f->compression = gauge("compression_enabled");
+  f->draining = gauge("draining");
+  f->clients = gauge("connected_clients");
+  f->tensor_memory = gauge("tensor_memory_bytes");
+  f->errors = counter("errors_total");
+  f->control_requests = counter("control_requests_total");
+  f->control_rejected = counter("control_rejected_total");
+  f->trainer_metric = gauge("trainer_metric");
+  f->build = gauge("build_info");
   std::unique_ptr<Metrics> metrics(new Metrics(registry, std::move(f), options));
   if (listen != "off" && !listen.empty()) {
     try {

@@ -6,10 +6,15 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <fstream>
+#include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "daemon/metrics/catalogue.h"
 #include "daemon/metrics/metrics.h"
 
 namespace sparsecar {
@@ -90,6 +95,94 @@ TEST(Metrics, CatalogueIsThereFromTheStart) {
     EXPECT_NE(text.find(name), std::string::npos) << name;
   }
   EXPECT_EQ(text.find("peer=\"1\""), std::string::npos) << "no series for the node itself";
+}
+
+// Splits `text` at `sep`, trimming spaces.
+std::vector<std::string> split(const std::string& text, char sep) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (char c : text + sep) {
+    if (c != sep) {
+      cur += c;
+      continue;
+    }
+    while (!cur.empty() && cur.front() == ' ') cur.erase(0, 1);
+    while (!cur.empty() && cur.back() == ' ') cur.pop_back();
+    out.push_back(cur);
+    cur.clear();
+  }
+  return out;
+}
+
+// The catalogue table of dashboards/README.md: name (without the prefix) -> {type, label names}.
+std::map<std::string, std::pair<std::string, std::string>> readme_catalogue() {
+  std::ifstream in(std::string(SPARSECAR_SOURCE_DIR) + "/dashboards/README.md");
+  EXPECT_TRUE(in.good()) << "dashboards/README.md not found";
+  std::map<std::string, std::pair<std::string, std::string>> out;
+  bool in_catalogue = false;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("## ", 0) == 0) in_catalogue = line == "## Metric catalogue";
+    if (!in_catalogue || line.rfind("| `", 0) != 0) continue;
+    // "| `a` / `b` | type | labels | meaning |" (the meaning may contain escaped pipes)
+    std::vector<std::string> cells;
+    std::string cell;
+    for (size_t i = 1; i < line.size(); ++i) {
+      if (line[i] == '\\' && i + 1 < line.size() && line[i + 1] == '|') {
+        cell += '|';
+        ++i;
+      } else if (line[i] == '|') {
+        cells.push_back(cell);
+        cell.clear();
+      } else {
+        cell += line[i];
+      }
+    }
+    if (cells.size() < 3) continue;
+    std::string labels;
+    for (const std::string& l : split(cells[2], ',')) {
+      if (l.empty() || l == "—") continue;
+      labels += (labels.empty() ? "" : ",") + l.substr(0, l.find('='));
+    }
+    for (std::string name : split(cells[0], '/')) {
+      name.erase(std::remove(name.begin(), name.end(), '`'), name.end());
+      out[name] = {split(cells[1], ',')[0], labels};
+    }
+  }
+  return out;
+}
+
+// One list (daemon/metrics/catalogue.h) gives the families, their help, and the README's
+// catalogue: the README table and the scrape output are checked against it, row by row.
+TEST(Metrics, TheReadmeAndTheScrapeMatchTheCatalogue) {
+  const auto readme = readme_catalogue();
+  EXPECT_EQ(readme.size(), std::size(kMetricCatalogue)) << "rows in dashboards/README.md vs catalogue.h";
+  for (const MetricSpec& m : kMetricCatalogue) {
+    auto it = readme.find(std::string(m.name));
+    ASSERT_NE(it, readme.end()) << m.name << " is not in dashboards/README.md";
+    EXPECT_EQ(it->second.first, metric_type_name(m.type)) << m.name;
+    EXPECT_EQ(it->second.second, m.labels) << m.name << ": labels in the README";
+  }
+  MetricsOptions o;
+  o.world_size = 2;
+  auto metrics = Metrics::create("off", o).value();
+  // The two families whose series appear with their first use.
+  metrics->count_messages(kernels::Format::kCoo, kernels::Selector::kTopk, 1);
+  EXPECT_TRUE(metrics->set_trainer_metric("loss", 0.5));
+  const std::string text = metrics->scrape_text();
+  size_t families = 0;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("# TYPE ", 0) != 0) continue;
+    ++families;
+    const auto words = split(line.substr(7), ' ');
+    ASSERT_EQ(words.size(), 2u) << line;
+    ASSERT_EQ(words[0].rfind(std::string(kMetricPrefix), 0), 0u) << line;
+    const MetricSpec* spec = find_metric(words[0].substr(kMetricPrefix.size()));
+    ASSERT_NE(spec, nullptr) << words[0] << " is exported but not in the catalogue";
+    EXPECT_EQ(words[1], metric_type_name(spec->type)) << words[0];
+    EXPECT_NE(text.find("# HELP " + words[0] + " " + std::string(spec->help) + "\n"), std::string::npos) << words[0];
+  }
+  EXPECT_EQ(families, std::size(kMetricCatalogue)) << "families in the scrape vs catalogue.h";
 }
 
 TEST(Metrics, UpdatesAndCaps) {
