@@ -4,6 +4,8 @@
 // used the same plan, under the same decision epoch, for every (tensor, step).
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -183,8 +185,14 @@ TEST(ControllersAgreementTest, PolicyChangesEveryFewStepsEveryNodeUsesTheSamePla
   for (const auto& d : h0) by_controller += d.reason.rfind("controller", 0) == 0;
   EXPECT_GE(by_controller, 3u) << "rank 0's controllers proposed decisions from the observations";
   for (uint32_t r = 1; r < 4; ++r) {
+    // The last decisions may still be on their way to the peers: wait (bounded) for them.
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (job.nodes[r]->board->latest().epoch < h0.back().epoch && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(1ms);
+    }
     const auto h = job.nodes[r]->board->history();
-    ASSERT_EQ(h.size(), h0.size()) << "rank " << r;
+    ASSERT_EQ(h.size(), h0.size()) << "rank " << r << " holds epochs up to " << h.back().epoch << " of "
+                                   << h0.back().epoch;
     for (size_t i = 0; i < h.size(); ++i) {
       EXPECT_EQ(h[i].epoch, h0[i].epoch);
       EXPECT_EQ(h[i].effective_step, h0[i].effective_step);
