@@ -1,7 +1,6 @@
 #include "daemon/pipeline/pipeline.h"
 
 #include <fcntl.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -14,8 +13,8 @@
 #include "daemon/collective/collective.h"
 #include "daemon/metrics/metrics.h"
 #include "daemon/pipeline/checkpoint.h"
+#include "daemon/pipeline/job_agreement.h"
 #include "daemon/pipeline/settings.h"
-#include "daemon/transport/text_message.h"
 #include "sparsecar/common/log.h"
 #include "sparsecar/kernels/codec.h"
 #include "sparsecar/kernels/parallel.h"
@@ -42,16 +41,6 @@ namespace {
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// A job incarnation or attempt nonce: 64 random bits from the kernel, never 0 (0 means "none").
-uint64_t random_nonzero_u64() {
-  uint64_t v = 0;
-  while (v == 0) {
-    ssize_t got = ::getrandom(&v, sizeof v, 0);
-    SC_CHECK(got == static_cast<ssize_t>(sizeof v), "getrandom failed");
-  }
-  return v;
-}
-
 PipelineSnapshot empty_snapshot() {
   PipelineSnapshot s;
   for (int g = 0; g < kGroupCount; ++g) s.groups.emplace_back(std::string(group_name(static_cast<TensorGroup>(g))), PipelineSnapshot::Group{});
@@ -63,6 +52,8 @@ PipelineSnapshot empty_snapshot() {
 Pipeline::Pipeline(const PipelineOptions& options, Transport* transport, Mailbox* mailbox, Metrics* metrics,
                    DecisionBoard* decisions)
     : options_(options), transport_(transport), mailbox_(mailbox), metrics_(metrics), decisions_(decisions),
+      agreement_(JobAgreement::Options{options.rank, options.world_size, options.job_id, options.local_clients},
+                 transport, mailbox, decisions),
       stats_(empty_snapshot()) {
   plan_settings_.base = options.settings;
   SC_CHECK(options.world_size == 1 || transport != nullptr, "a multi-node pipeline needs a transport");
@@ -75,7 +66,7 @@ void Pipeline::start() {
   SC_CHECK(sink_ != nullptr, "set_result_sink() before start()");
   if (options_.rank == 0 && options_.world_size > 1) {
     mailbox_->set_manifest_handler([this](uint32_t peer, const wire::WireHeader& h, std::span<const std::byte> payload) {
-      return answer_late_manifest(peer, h, payload);
+      return agreement_.answer_late_manifest(peer, h, payload);
     });
   }
   mailbox_->resume();
@@ -230,10 +221,7 @@ void Pipeline::run() {
       restored_ = false;
       incarnation_ = 0;
       total_trainers_ = 0;
-      {
-        std::lock_guard<std::mutex> lock(running_mu_);
-        running_ = RunningJob{};
-      }
+      agreement_.reset();
       mailbox_->begin_job();
       mailbox_->resume();
       SC_LOG_INFO("job reset: every trainer disconnected; waiting for the next job");
@@ -634,189 +622,28 @@ std::string Pipeline::manifest() const {
   return os.str();
 }
 
-namespace {
-
-std::vector<std::string> lines_of(const std::string& text) {
-  std::vector<std::string> out;
-  std::istringstream is(text);
-  for (std::string line; std::getline(is, line);) out.push_back(line);
-  return out;
-}
-
-// First difference between two manifests, described for humans; empty when they match.
-std::string manifest_difference(const std::string& mine, const std::string& theirs, uint32_t their_rank) {
-  auto a = lines_of(mine);
-  auto b = lines_of(theirs);
-  std::string who = "rank " + std::to_string(their_rank);
-  for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
-    if (i >= a.size()) return who + " registered an extra tensor: '" + b[i] + "'";
-    if (i >= b.size()) return who + " is missing a tensor rank 0 registered: '" + a[i] + "'";
-    if (a[i].rfind("local_clients", 0) == 0) continue;  // may differ per node
-    if (a[i] != b[i]) return who + " has '" + b[i] + "' where rank 0 has '" + a[i] + "'";
-  }
-  return "";
-}
-
-uint32_t local_clients_of(const std::string& manifest) {
-  auto lines = lines_of(manifest);
-  if (lines.empty() || lines[0].rfind("local_clients ", 0) != 0) return 0;
-  return static_cast<uint32_t>(std::strtoul(lines[0].c_str() + 14, nullptr, 10));
-}
-
-}  // namespace
-
 Status Pipeline::agree_on_job(Clock::time_point deadline) {
-  const std::string mine = manifest();
-  if (options_.world_size == 1) {
-    total_trainers_ = options_.local_clients;
-    incarnation_ = random_nonzero_u64();
-    mailbox_->set_incarnation(incarnation_);
-    agreed_ = true;
-    return Status::Ok();
-  }
-  if (options_.rank != 0) {
-    const uint64_t attempt = random_nonzero_u64();
-    SC_RETURN_IF_ERROR(send_agreement_text(0, wire::Kind::kManifest, 0, attempt, mine)
-                           .with_context("sending the job manifest to rank 0"));
-    SC_ASSIGN_OR_RETURN(Envelope ack, mailbox_->take(wire::Kind::kManifestAck, 0, 0, attempt, 0, /*incarnation=*/0,
-                                                     deadline, transport_->peer_name(0)));
-    std::string text(reinterpret_cast<const char*>(ack.payload.data()), ack.payload.size());
-    if (text.rfind("ok ", 0) == 0) {
-      // "ok <trainers>[ running]\n" + rank 0's decisions (decisions.h, snapshot).
-      const size_t nl = text.find('\n');
-      const std::string head = text.substr(0, nl);
-      const bool running = head.size() > 8 && head.compare(head.size() - 8, 8, " running") == 0;
-      total_trainers_ = static_cast<uint32_t>(std::strtoul(head.c_str() + 3, nullptr, 10));
-      if (total_trainers_ == 0) return data_loss("rank 0 sent a job agreement without a trainer count");
-      if (ack.header.incarnation == 0) return data_loss("rank 0 sent a job agreement without an incarnation");
-      if (nl != std::string::npos && decisions_ != nullptr) {
-        SC_RETURN_IF_ERROR(decisions_->adopt(std::string_view(text).substr(nl + 1)));
-      }
-      incarnation_ = ack.header.incarnation;
-      mailbox_->set_incarnation(incarnation_);
-      agreed_ = true;
-      SC_LOG_INFO("job agreed: %u trainers across %u nodes (incarnation %016llx)", total_trainers_,
-                  options_.world_size, static_cast<unsigned long long>(incarnation_));
-      if (running) {
-        // What the lost process of this rank held is gone with it: its error-feedback residuals.
-        size_t tensors = 0, elements = 0;
-        for (const auto& t : tensors_) {
-          if (!t) continue;
-          ++tensors;
-          elements += t->compressor.spec().count;
-        }
-        SC_LOG_WARN("joined the running job as a replacement for rank %u: the error-feedback residuals of %zu "
-                    "tensor(s) (%zu elements) start at zero%s", options_.rank, tensors, elements,
-                    restored_ ? " except those restored from a checkpoint" : " (restore a checkpoint before the first "
-                                "step to keep them: sparsecarctl restore PATH)");
-      }
-      return Status::Ok();
-    }
-    return failed_precondition("nodes disagree: " + (text.rfind("error ", 0) == 0 ? text.substr(6) : text));
-  }
-
-  // Rank 0: gather every manifest, compare, answer everyone.
-  uint32_t total = options_.local_clients;
-  std::string error;
-  std::vector<uint64_t> attempts(options_.world_size, 0);
-  std::vector<uint32_t> local_clients(options_.world_size, 0);
-  local_clients[0] = options_.local_clients;
-  for (uint32_t peer = 1; peer < options_.world_size; ++peer) {
-    auto got = mailbox_->take(wire::Kind::kManifest, peer, 0, 0, 0, /*incarnation=*/0, deadline,
-                              transport_->peer_name(peer));
-    if (!got.ok()) {
-      error = "no job manifest from " + transport_->peer_name(peer) + ": " + got.status().message();
-      break;
-    }
-    attempts[peer] = got->header.incarnation;
-    std::string theirs(reinterpret_cast<const char*>(got->payload.data()), got->payload.size());
-    std::string diff = manifest_difference(mine, theirs, peer);
-    if (!diff.empty() && error.empty()) error = diff;
-    total += local_clients_of(theirs);
-    local_clients[peer] = local_clients_of(theirs);
-  }
-  if (!error.empty()) {
-    // Answer the peers whose manifest is already here too, so they fail now, not at their deadline.
-    for (uint32_t peer = 1; peer < options_.world_size; ++peer) {
-      if (attempts[peer] != 0) continue;
-      auto got = mailbox_->take(wire::Kind::kManifest, peer, 0, 0, 0, 0, Clock::now(), transport_->peer_name(peer));
-      if (got.ok()) attempts[peer] = got->header.incarnation;
-    }
-  }
-  // The incarnation is in force here before any peer can learn it and send under it.
-  const uint64_t incarnation = error.empty() ? random_nonzero_u64() : 0;
-  if (error.empty()) mailbox_->set_incarnation(incarnation);
-  const std::string verdict = error.empty() ? "ok " + std::to_string(total) + "\n" : "error " + error;
-  if (error.empty()) {
-    // Ready for replacements before anyone can start the job (and lose a rank).
-    std::lock_guard<std::mutex> lock(running_mu_);
-    running_.agreed = true;
-    running_.incarnation = incarnation;
-    running_.total_trainers = total;
-    running_.manifest = mine;
-    running_.local_clients = std::move(local_clients);
-    running_.rejoins.resize(options_.world_size);
-    for (uint32_t peer = 0; peer < options_.world_size; ++peer) running_.rejoins[peer] = mailbox_->rejoined(peer);
-  }
-  auto answer_all = [&](const std::string& decisions) {
-    for (uint32_t peer = 1; peer < options_.world_size; ++peer) {
-      if (attempts[peer] == 0) continue;  // no manifest taken: nothing to answer
-      send_agreement_text(peer, wire::Kind::kManifestAck, attempts[peer], incarnation,
-                          error.empty() ? verdict + decisions : verdict)
-          .ignore();
-    }
-  };
-  if (decisions_ != nullptr && error.empty()) {
-    decisions_->with_snapshot(answer_all);
-  } else {
-    answer_all("");
-  }
-  if (!error.empty()) return failed_precondition("nodes disagree: " + error);
-  total_trainers_ = total;
-  incarnation_ = incarnation;
+  SC_ASSIGN_OR_RETURN(AgreedJob job, agreement_.agree(manifest(), deadline));
+  incarnation_ = job.incarnation;
+  total_trainers_ = job.total_trainers;
   agreed_ = true;
   SC_LOG_INFO("job agreed: %u trainers across %u nodes (incarnation %016llx)", total_trainers_, options_.world_size,
               static_cast<unsigned long long>(incarnation_));
+  if (job.joined_running) {
+    // What the lost process of this rank held is gone with it: its error-feedback residuals.
+    size_t tensors = 0, elements = 0;
+    for (const auto& t : tensors_) {
+      if (!t) continue;
+      ++tensors;
+      elements += t->compressor.spec().count;
+    }
+    SC_LOG_WARN("joined the running job as a replacement for rank %u: the error-feedback residuals of %zu tensor(s) "
+                "(%zu elements) start at zero%s",
+                options_.rank, tensors, elements,
+                restored_ ? " except those restored from a checkpoint"
+                          : " (restore a checkpoint before the first step to keep them: sparsecarctl restore PATH)");
+  }
   return Status::Ok();
-}
-
-Status Pipeline::send_agreement_text(uint32_t peer, wire::Kind kind, uint64_t step, uint64_t incarnation,
-                                     std::string text) {
-  wire::WireHeader h{};
-  h.kind = static_cast<uint16_t>(kind);
-  h.job_id = options_.job_id;
-  h.sender_rank = options_.rank;
-  h.step = step;
-  h.incarnation = incarnation;
-  return send_text_message(*transport_, peer, h, std::move(text), "a job agreement message");
-}
-
-bool Pipeline::answer_late_manifest(uint32_t peer, const wire::WireHeader& h, std::span<const std::byte> payload) {
-  std::lock_guard<std::mutex> lock(running_mu_);
-  if (!running_.agreed || peer == 0 || peer >= running_.local_clients.size()) return false;
-  if (mailbox_->rejoined(peer) == running_.rejoins[peer]) return false;  // the agreed process itself
-  const std::string theirs(reinterpret_cast<const char*>(payload.data()), payload.size());
-  std::string error = manifest_difference(running_.manifest, theirs, peer);
-  if (error.empty() && local_clients_of(theirs) != running_.local_clients[peer]) {
-    error = "rank " + std::to_string(peer) + " has " + std::to_string(local_clients_of(theirs)) +
-            " local trainer(s) where the rank it replaces had " + std::to_string(running_.local_clients[peer]);
-  }
-  if (!error.empty()) {
-    SC_LOG_ERROR("refusing rank %u's request to join the running job: %s", peer, error.c_str());
-    send_agreement_text(peer, wire::Kind::kManifestAck, h.incarnation, 0, "error " + error).ignore();
-    return true;
-  }
-  const std::string verdict = "ok " + std::to_string(running_.total_trainers) + " running\n";
-  const uint64_t incarnation = running_.incarnation;
-  if (decisions_ != nullptr) {
-    decisions_->with_snapshot([&](const std::string& decisions) {
-      send_agreement_text(peer, wire::Kind::kManifestAck, h.incarnation, incarnation, verdict + decisions).ignore();
-    });
-  } else {
-    send_agreement_text(peer, wire::Kind::kManifestAck, h.incarnation, incarnation, verdict).ignore();
-  }
-  SC_LOG_INFO("rank %u joined the running job (incarnation %016llx)", peer, static_cast<unsigned long long>(incarnation));
-  return true;
 }
 
 uint64_t Pipeline::tensor_footprint_bytes(const TensorSpec& spec) const {

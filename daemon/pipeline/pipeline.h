@@ -58,6 +58,7 @@
 #include "daemon/pipeline/checkpoint.h"
 #include "daemon/pipeline/compressor.h"
 #include "daemon/pipeline/decisions.h"
+#include "daemon/pipeline/job_agreement.h"
 #include "daemon/pipeline/observations.h"
 #include "daemon/pipeline/settings.h"
 #include "daemon/pipeline/step.h"
@@ -186,14 +187,6 @@ class Pipeline final : public StepSink {
   StepResult process(const StepJob& job);
   Status run_step(TensorState& t, const StepJob& job, const Decision& decision, StepResult* result);
   Status agree_on_job(std::chrono::steady_clock::time_point deadline);
-  // A text message of the job agreement (manifest or ack) to `peer`; `step` carries the attempt
-  // nonce (its echo in an ack), `incarnation` the agreed job's (ack).
-  Status send_agreement_text(uint32_t peer, wire::Kind kind, uint64_t step, uint64_t incarnation, std::string text);
-  // Rank 0, transport thread (Mailbox::ManifestHandler): while a job runs, answers the manifest
-  // of a replacement that joined it, exactly as the agreement answered the lost process. Only a
-  // rank replaced since the agreement: a manifest of a peer that simply starts its next job first
-  // is kept for the next agreement as always.
-  bool answer_late_manifest(uint32_t peer, const wire::WireHeader& header, std::span<const std::byte> payload);
   // This job's identity for a collective or an abort under `epoch`, deadline one step_timeout
   // from now (pipeline thread).
   ExchangeContext exchange_context(uint32_t epoch) const;
@@ -208,6 +201,7 @@ class Pipeline final : public StepSink {
   Mailbox* const mailbox_;
   Metrics* const metrics_;
   DecisionBoard* const decisions_;
+  JobAgreement agreement_;  // the first-step agreement; rank 0 also answers replacements with it
   StepResultSink* sink_ = nullptr;
   StepObserver* observer_ = nullptr;
   std::function<void()> call_started_hook_;  // tests only (set_call_started_hook_for_test)
@@ -223,18 +217,6 @@ class Pipeline final : public StepSink {
   std::vector<TensorSpec> registered_specs_;  // guarded by mu_
 
   std::atomic<bool> draining_{false};
-
-  // Rank 0: the job as agreed, for replacements that join it while it runs (answer_late_manifest).
-  struct RunningJob {
-    bool agreed = false;
-    uint64_t incarnation = 0;
-    uint32_t total_trainers = 0;
-    std::string manifest;                 // rank 0's
-    std::vector<uint32_t> local_clients;  // per rank, as each manifest said
-    std::vector<uint64_t> rejoins;        // per rank: Mailbox::rejoined(rank) when agreed
-  };
-  std::mutex running_mu_;
-  RunningJob running_;  // guarded by running_mu_
 
   // What snapshot() reports; written by the pipeline thread once per tensor step.
   mutable std::mutex stats_mu_;

@@ -31,6 +31,7 @@
 
 #include "daemon/session/frames.h"
 #include "sparsecar/common/large_vector.h"
+#include "sparsecar/common/fd.h"
 #include "sparsecar/common/log.h"
 #include "sparsecar/common/session_protocol.h"
 #include "sparsecar/common/shm_layout.h"
@@ -108,33 +109,6 @@ Expected<Mapping> make_shared_memfd(const std::string& name, size_t bytes) {
   m.bytes = bytes;
   return m;
 }
-
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  Fd(Fd&& o) noexcept : fd_(o.release()) {}
-  Fd& operator=(Fd&& o) noexcept {
-    if (this != &o) reset(o.release());
-    return *this;
-  }
-  ~Fd() { reset(); }
-  int get() const { return fd_; }
-  int release() {
-    int f = fd_;
-    fd_ = -1;
-    return f;
-  }
-  void reset(int fd = -1) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = fd;
-  }
-
- private:
-  int fd_ = -1;
-};
 
 struct Conn {
   enum class State { kAwaitHello, kReady };

@@ -18,6 +18,7 @@
 #include <optional>
 #include <thread>
 
+#include "sparsecar/common/fd.h"
 #include "sparsecar/common/log.h"
 
 namespace sparsecar::rendezvous {
@@ -43,32 +44,6 @@ constexpr char kHelloDomain[] = "sparsecar rendezvous hello v2";
 constexpr char kWelcomeDomain[] = "sparsecar rendezvous welcome v2";
 constexpr char kRefusalDomain[] = "sparsecar rendezvous refusal v2";
 constexpr char kAuthFailed[] = "authentication failed";
-
-// Owns a file descriptor.
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(Fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  Fd& operator=(Fd&& other) noexcept {
-    if (this != &other) {
-      reset();
-      fd_ = std::exchange(other.fd_, -1);
-    }
-    return *this;
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() { reset(); }
-  int get() const { return fd_; }
-  void reset() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
-};
 
 int remaining_ms(Clock::time_point deadline) {
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
