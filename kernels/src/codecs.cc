@@ -179,7 +179,8 @@ constexpr ValueTypeInfo kValueTypes[] = {
     {.id = ValueType::kBf16, .name = "bf16", .doc = "bfloat16, round to nearest even, saturating"},
     {.id = ValueType::kI8, .name = "int8", .doc = "a float32 scale per message, then int8 codes in -127..127"},
 };
-static_assert(std::size(kValueTypes) == static_cast<size_t>(kValueTypeCount), "one value type row per id (kValueTypeCount)");
+static_assert(std::size(kValueTypes) == static_cast<size_t>(kValueTypeCount),
+              "one value type row per id (kValueTypeCount)");
 static_assert([] {
   for (size_t i = 0; i < std::size(kValueTypes); ++i) {
     if (static_cast<size_t>(kValueTypes[i].id) != i) return false;
