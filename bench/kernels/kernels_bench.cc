@@ -11,19 +11,20 @@
 //   topk_approx       read 4n, write pairs (8 * selected; tolerance 0.1)
 //   nth_element       same bytes as topk_exact (the baseline it replaces: copy |x|,
 //                     std::nth_element for the k-th magnitude, then a threshold pass)
-//   coo_encode        read pairs (8k), write payload (8k)          (encode(): checks + layout)
-//   coo_decode        read payload (8k), read + write the k touched floats (8k)
-//   bitmap_encode     read pairs (8k), write bitmap (n/8) + values (4k)
-//   bitmap_decode     read bitmap (n/8) + values (4k), read + write the k touched floats (8k)
-//   coo_varint_decode read values (4k) + varints (~k..2k), read + write touched floats (8k)
-//   rle_decode        read values (4k) + runs, read + write touched floats (8k)
+//   <format>_encode   read pairs (8k), write the payload      (encode(): checks + layout)
+//   <format>_decode   read the payload, read + write the touched floats (8 * nnz; nnz = n for dense)
+//                     e.g. coo: 8k + 8k; bitmap: n/8 + 4k + 8k; coo_varint: 4k + ~k..2k + 8k
+//                     One encode and one decode case per row of the codec registry
+//                     (kernels/codecs.h; encode_case, decode_case), so a codec added to the
+//                     registry gets its benchmark rows here without an edit; csr reads the 2-D
+//                     view [n / 1024, 1024].
 // Encoders/decoders run on a top-k selection of the data (the pipeline's common case).
 // Buffers are LargeVectors (huge-page advised, as the daemon allocates them); the memcpy baseline
 // copies between two such buffers.
 //   select_<selector> read 4n, write pairs (8 * selected): every row of the selector registry
 //                     through its CPU function (see select_case)
-// The *_threads cases (/<elements>/<per mille>/<threads>; ef_threshold, topk_exact, coo_decode,
-// bitmap_decode) run the same kernel with a
+// The *_threads cases (/<elements>/<per mille>/<threads>; ef_threshold, topk_exact and the decode
+// of every codec row with .parallel_decode: dense, coo, bitmap) run the same kernel with a
 // kernels::ThreadPool of that many threads (the daemon's kernel_threads knob), default: every CPU.
 #include <benchmark/benchmark.h>
 
@@ -33,6 +34,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -209,16 +211,26 @@ const Selection& cached_selection(size_t n, double d) {
   return it->second;
 }
 
-// Bytes an encoder or decoder moves (the table at the top): the payload plus the 8k bytes on the
-// other side (pairs read by an encoder; touched floats read and written by a decoder). For COO
-// that is 16k, for bitmap n/8 + 12k.
-double codec_bytes(size_t k, size_t payload) { return static_cast<double>(payload) + 8.0 * static_cast<double>(k); }
+// Bytes an encoder or decoder moves (the table at the top): the payload plus the 8 bytes per
+// entry on the other side (pairs read by an encoder; touched floats read and written by a
+// decoder: the header's nnz of them). For COO that is 16k, for bitmap n/8 + 12k.
+double codec_bytes(size_t entries, size_t payload) {
+  return static_cast<double>(payload) + 8.0 * static_cast<double>(entries);
+}
 
-void run_encode(benchmark::State& s, sk::Format format) {
+sk::EncodeParams codec_params(const sk::CodecInfo* row, size_t n) {
+  sk::EncodeParams p;
+  p.format = row->id;
+  p.rows = row->needs_rows ? static_cast<uint32_t>(n / 1024) : 1;
+  return p;
+}
+
+// One row of the codec registry (kernels/codecs.h) through the public encode() (checks + the
+// row's layout), fp32 values.
+void encode_case(benchmark::State& s, const sk::CodecInfo* row) {
   const size_t n = elements(s);
   const Selection& sel = cached_selection(n, density(s));
-  sk::EncodeParams p;
-  p.format = format;
+  const sk::EncodeParams p = codec_params(row, n);
   sparsecar::LargeVector<std::byte> payload(sk::encoded_size(p, n, sel.index).value());
   for (auto _ : s) {
     auto wrote = sk::encode(p, n, sel.index, sel.value, payload);
@@ -232,40 +244,28 @@ void run_encode(benchmark::State& s, sk::Format format) {
   set_bytes(s, codec_bytes(sel.index.size(), payload.size()));
 }
 
-void run_decode(benchmark::State& s, sk::Format format, sk::ThreadPool* pool = nullptr) {
+// The receiver's decode_accumulate of that payload; with a ThreadPool of range(2) threads for the
+// *_threads cases.
+void decode_case(benchmark::State& s, const sk::CodecInfo* row, bool threads) {
   const size_t n = elements(s);
   const Selection& sel = cached_selection(n, density(s));
-  sk::EncodeParams p;
-  p.format = format;
+  const sk::EncodeParams p = codec_params(row, n);
   sparsecar::LargeVector<std::byte> payload(sk::encoded_size(p, n, sel.index).value());
   if (!sk::encode(p, n, sel.index, sel.value, payload).ok()) std::abort();
+  const size_t nnz = row->dense ? n : sel.index.size();
+  std::unique_ptr<sk::ThreadPool> pool;
+  if (threads) pool = std::make_unique<sk::ThreadPool>(static_cast<unsigned>(s.range(2)));
   sparsecar::LargeVector<float> dense(n, 0.0f);
   for (auto _ : s) {
-    const sparsecar::Status st =
-        sk::decode_accumulate(format, sk::ValueType::kF32, payload, sel.index.size(), dense, pool);
+    const sparsecar::Status st = sk::decode_accumulate(row->id, sk::ValueType::kF32, payload, nnz, dense, pool.get());
     if (!st.ok()) {
       s.SkipWithError(st.to_string().c_str());
       break;
     }
     benchmark::ClobberMemory();
   }
-  set_bytes(s, codec_bytes(sel.index.size(), payload.size()));
+  set_bytes(s, codec_bytes(nnz, payload.size()));
 }
-
-void BM_coo_encode(benchmark::State& s) { run_encode(s, sk::Format::kCoo); }
-void BM_coo_decode(benchmark::State& s) { run_decode(s, sk::Format::kCoo); }
-void BM_bitmap_encode(benchmark::State& s) { run_encode(s, sk::Format::kBitmap); }
-void BM_bitmap_decode(benchmark::State& s) { run_decode(s, sk::Format::kBitmap); }
-void BM_coo_decode_threads(benchmark::State& s) {
-  sk::ThreadPool pool(static_cast<unsigned>(s.range(2)));
-  run_decode(s, sk::Format::kCoo, &pool);
-}
-void BM_bitmap_decode_threads(benchmark::State& s) {
-  sk::ThreadPool pool(static_cast<unsigned>(s.range(2)));
-  run_decode(s, sk::Format::kBitmap, &pool);
-}
-void BM_coo_varint_decode(benchmark::State& s) { run_decode(s, sk::Format::kCooVarint); }
-void BM_rle_decode(benchmark::State& s) { run_decode(s, sk::Format::kRle); }
 
 void sizes_only(benchmark::internal::Benchmark* b) {
   for (int64_t n : {int64_t{1} << 20, int64_t{1} << 24, int64_t{1} << 26}) b->Args({n, 10});
@@ -293,14 +293,6 @@ BENCHMARK(BM_ef_threshold_threads)->Apply(sizes_densities_threads)->Unit(benchma
 BENCHMARK(BM_topk_exact_threads)->Apply(sizes_densities_threads)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_topk_approx)->Apply(sizes_and_densities)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_nth_element)->Apply(sizes_and_densities)->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_coo_encode)->Apply(sizes_and_densities)->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_coo_decode)->Apply(sizes_and_densities)->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_bitmap_encode)->Apply(sizes_and_densities)->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_bitmap_decode)->Apply(sizes_and_densities)->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_coo_decode_threads)->Apply(sizes_densities_threads)->Unit(benchmark::kMicrosecond)->UseRealTime();
-BENCHMARK(BM_bitmap_decode_threads)->Apply(sizes_densities_threads)->Unit(benchmark::kMicrosecond)->UseRealTime();
-BENCHMARK(BM_coo_varint_decode)->Apply(sizes_and_densities)->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_rle_decode)->Apply(sizes_and_densities)->Unit(benchmark::kMicrosecond);
 
 // One case per row of the selector registry (kernels/selectors.h), named select_<selector>: the
 // row's CPU function as the compressor calls it (biased form, outputs of n entries, a 2-D shape
@@ -353,6 +345,21 @@ void select_case(benchmark::State& s, const sk::SelectorInfo* row) {
 }
 
 int main(int argc, char** argv) {
+  for (const sk::CodecInfo& row : sk::codec_registry()) {
+    const std::string name = std::string("BM_") + row.name;
+    benchmark::RegisterBenchmark((name + "_encode").c_str(), encode_case, &row)
+        ->Apply(sizes_and_densities)
+        ->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark((name + "_decode").c_str(), decode_case, &row, false)
+        ->Apply(sizes_and_densities)
+        ->Unit(benchmark::kMicrosecond);
+    if (row.parallel_decode) {
+      benchmark::RegisterBenchmark((name + "_decode_threads").c_str(), decode_case, &row, true)
+          ->Apply(sizes_densities_threads)
+          ->Unit(benchmark::kMicrosecond)
+          ->UseRealTime();
+    }
+  }
   for (const sk::SelectorInfo& row : sk::selector_registry()) {
     if (row.cpu == nullptr) continue;
     benchmark::RegisterBenchmark((std::string("BM_select_") + row.name).c_str(), select_case, &row)

@@ -142,7 +142,7 @@ Expected<TensorCompressor::Encoded> TensorCompressor::compress(const policies::P
   out.encode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - encode_started).count();
   out.format = params.format;
   out.value_type = params.value_type;
-  out.nnz = params.format == kernels::Format::kDense ? n : nnz;
+  out.nnz = kernels::find_codec(params.format)->dense ? n : nnz;  // encode() checked the format
   out.selected = nnz;
   out.payload = std::span<const std::byte>(payload_.data(), *wrote);
   return out;

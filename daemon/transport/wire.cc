@@ -47,8 +47,11 @@ static_assert(kOffIncarnation + 8 == kHeaderBytes);
 bool known_kind(uint16_t kind) {
   return kind >= static_cast<uint16_t>(Kind::kData) && kind <= kMaxKind;
 }
-bool known_format(uint16_t format) { return format < kernels::kFormatCount; }
-bool known_value_type(uint16_t value_type) { return value_type < kernels::kValueTypeCount; }
+// Rows of the codec registry (kernels/codecs.h).
+bool known_format(uint16_t format) { return kernels::find_codec(static_cast<kernels::Format>(format)) != nullptr; }
+bool known_value_type(uint16_t value_type) {
+  return kernels::find_value_type(static_cast<kernels::ValueType>(value_type)) != nullptr;
+}
 
 std::string hex32(uint32_t v) {
   char text[16];
@@ -151,7 +154,8 @@ Status validate_header(const WireHeader& h, const Expectations& expect, size_t a
       return bad("nnz", std::to_string(h.nnz) + " > dense_len " + std::to_string(h.dense_len));
     }
     // Fixed-size formats (dense, coo, bitmap) imply one size; variable-size ones (coo_varint,
-    // csr, rle) a range. The decoder checks the exact size against the payload's contents.
+    // csr, rle) a range: the row's size_range. The decoder checks the exact size against the
+    // payload's contents.
     // dense_len < 2^32 and nnz <= dense_len, so the sizes cannot overflow 64 bits.
     const kernels::SizeRange range = kernels::payload_size_range(
         static_cast<kernels::Format>(h.format), static_cast<kernels::ValueType>(h.value_type), h.dense_len, h.nnz);

@@ -1,4 +1,4 @@
-// Bitmap payloads (format 3) and dense payloads (format 0). Layouts in kernels/codec.h.
+// Bitmap payloads (format 3) and dense payloads (format 0). Layouts: WIRE.md (rows: codecs.cc).
 #include <immintrin.h>
 
 #include <algorithm>

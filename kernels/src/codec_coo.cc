@@ -1,4 +1,4 @@
-// COO payloads: uint32 indices (format 1) and gap varints (format 2). Layouts in kernels/codec.h.
+// COO payloads: uint32 indices (format 1) and gap varints (format 2). Layouts: WIRE.md (rows: codecs.cc).
 #include "codec_internal.h"
 
 namespace sparsecar::kernels::codec {

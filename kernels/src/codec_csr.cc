@@ -1,5 +1,5 @@
-// CSR payloads (format 4) for 2-D tensors: row ends + narrow column indices. Layout in
-// kernels/codec.h. Beats COO when rows are short (uint16 columns) and most rows are kept.
+// CSR payloads (format 4) for 2-D tensors: row ends + narrow column indices. Layout: WIRE.md
+// (row: codecs.cc). Beats COO when rows are short (uint16 columns) and most rows are kept.
 #include "codec_internal.h"
 
 namespace sparsecar::kernels::codec {

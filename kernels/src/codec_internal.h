@@ -1,8 +1,9 @@
-// Internals shared by the codec files (codec.cc dispatches; codec_*.cc hold one format family
-// each; quantize.cc the value types). Layouts are specified in sparsecar/kernels/codec.h.
+// Internals shared by the codec files (codec.cc: the public API; codecs.cc: the registry rows;
+// codec_*.cc: one format family each; quantize.cc: the value types). Layouts: WIRE.md.
 //
 // Layering: the public functions in codec.cc validate the selection (encoders) or the format and
-// value type (decoders) and then call the per-format functions here, which
+// value type (decoders) and then call the row's functions (codecs.cc), which call the
+// per-format functions:
 //   - *_write: assume a valid selection and an output buffer of the exact size; return bytes;
 //   - *_decode: validate the whole payload first (kDataLoss naming the field, nothing written),
 //     then accumulate.
@@ -147,10 +148,11 @@ void with_reader(ValueType vt, const std::byte* block, Fn&& fn) {
 }
 
 // ---- formats (codec_coo.cc, codec_bitmap.cc, codec_csr.cc, codec_rle.cc) ---------------------
+// Called only by the registry rows (codecs.cc), which give them the rows' signatures.
 // Index bytes of each variable-size layout for a valid selection.
 size_t varint_index_bytes(std::span<const uint32_t> index);
 size_t rle_index_bytes(std::span<const uint32_t> index);
-// CSR: column index width for cols, and the exact size. rows must divide n.
+// CSR: column index width for cols.
 inline size_t csr_col_width(uint64_t cols) { return cols <= 65536 ? 2 : 4; }
 
 size_t coo_write(ValueType vt, std::span<const uint32_t> index, std::span<const float> value, std::byte* out);

@@ -1,5 +1,5 @@
 // Run-length payloads (format 5): the values, then one (gap, length) varint pair per maximal run
-// of kept elements. Wins on structured (block, row, channel) selections. Layout in kernels/codec.h.
+// of kept elements. Wins on structured (block, row, channel) selections. Layout: WIRE.md (row: codecs.cc).
 #include "codec_internal.h"
 
 namespace sparsecar::kernels::codec {

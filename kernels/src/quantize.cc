@@ -1,4 +1,4 @@
-// Value blocks: fp32 / fp16 / bf16 / int8-with-scale (layouts and bounds in kernels/codec.h).
+// Value blocks: fp32 / fp16 / bf16 / int8-with-scale (layouts and bounds: WIRE.md "Value blocks").
 #include <algorithm>
 #include <cmath>
 
@@ -52,9 +52,7 @@ float bf16_to_float(uint16_t b) { return std::bit_cast<float>(uint32_t{b} << 16)
 
 namespace codec {
 
-bool known_value_type(ValueType vt) {
-  return vt == ValueType::kF32 || vt == ValueType::kF16 || vt == ValueType::kBf16 || vt == ValueType::kI8;
-}
+bool known_value_type(ValueType vt) { return find_value_type(vt) != nullptr; }
 
 size_t value_bytes(ValueType vt, size_t m) {
   switch (vt) {

@@ -566,13 +566,13 @@ JobObservation merge_observations(std::span<const NodeObservation> nodes, uint32
 uint64_t sparse_allgather_bytes(uint64_t elements, uint64_t nnz, uint32_t world, kernels::Format* format) {
   uint64_t best = std::numeric_limits<uint64_t>::max();
   kernels::Format best_format = kernels::Format::kCoo;
-  // Every format the codec knows (encoded_bytes is 0 for ids it does not), except dense.
-  for (uint16_t id = 1; id < 32; ++id) {
-    const auto f = static_cast<kernels::Format>(id);
-    const size_t b = kernels::encoded_bytes(f, kernels::ValueType::kF32, elements, nnz);
+  // Every row of the codec registry but those that carry every element (dense), in id order.
+  for (const kernels::CodecInfo& row : kernels::codec_registry()) {
+    if (row.dense) continue;
+    const size_t b = kernels::encoded_bytes(row.id, kernels::ValueType::kF32, elements, nnz);
     if (b > 0 && b < best) {
       best = b;
-      best_format = f;
+      best_format = row.id;
     }
   }
   if (best == std::numeric_limits<uint64_t>::max()) best = nnz * 8;

@@ -1,4 +1,5 @@
 #include <cstdio>
+#include <string>
 
 #include "sparsecar/kernels/select.h"
 #include "sparsecar/policies/plan.h"
@@ -76,6 +77,11 @@ Plan static_plan(const StaticSettings& settings, const TensorObservation& observ
   plan.clip_norm = static_cast<float>(effective.clip_norm);
   plan.lr_rescale = effective.lr_rescale;
   return plan;
+}
+
+const char* format_knob_choices() {
+  static const std::string choices = std::string(kernels::format_choices()) + "|auto";
+  return choices.c_str();
 }
 
 std::string_view error_feedback_name(ErrorFeedback e) {

@@ -243,19 +243,19 @@ void wire_header() {
   const std::vector<uint32_t> index = {0, 1, 2, 7, 8, 9, 10, 40, 41, 95};
   std::vector<float> value;
   for (size_t i = 0; i < index.size(); ++i) value.push_back(0.25f * static_cast<float>(i) - 1.0f);
-  const char* format_names[] = {"dense", "coo", "coo_varint", "bitmap", "csr", "rle"};
-  const char* type_names[] = {"fp32", "fp16", "bf16", "int8"};
   const uint8_t modes[] = {0x00, 0x02, 0x18, 0x20, 0x46, 0x30};
   int m = 0;
-  for (int f = 0; f < kernels::kFormatCount; ++f) {
-    for (int t = 0; t < 4; ++t) {
+  for (const kernels::CodecInfo& row : kernels::codec_registry()) {  // every format, in id order
+    for (const kernels::ValueTypeInfo& vt : kernels::value_type_registry()) {
+      const char* fmt_name = row.name;
+      const char* vt_name = vt.name;
       kernels::EncodeParams params;
-      params.format = static_cast<kernels::Format>(f);
-      params.value_type = static_cast<kernels::ValueType>(t);
-      params.rows = params.format == kernels::Format::kCsr ? 8 : 1;
+      params.format = row.id;
+      params.value_type = vt.id;
+      params.rows = row.needs_rows ? 8 : 1;
       std::vector<uint32_t> idx = index;
       std::vector<float> val = value;
-      if (params.format == kernels::Format::kDense) {  // dense carries every element
+      if (row.dense) {  // carries every element
         idx.clear();
         val.clear();
         for (uint32_t i = 0; i < n; ++i) {
@@ -265,17 +265,17 @@ void wire_header() {
       }
       auto size = kernels::encoded_size(params, n, idx);
       if (!size.ok()) {
-        std::fprintf(stderr, "wire seed %s/%s: %s\n", format_names[f], type_names[t], size.status().to_string().c_str());
+        std::fprintf(stderr, "wire seed %s/%s: %s\n", fmt_name, vt_name, size.status().to_string().c_str());
         std::exit(1);
       }
       std::string payload(*size, '\0');
       auto wrote = kernels::encode(params, n, idx, val,
                                    std::as_writable_bytes(std::span(payload.data(), payload.size())));
       if (!wrote.ok() || *wrote != *size) {
-        std::fprintf(stderr, "wire seed %s/%s: encode failed\n", format_names[f], type_names[t]);
+        std::fprintf(stderr, "wire seed %s/%s: encode failed\n", fmt_name, vt_name);
         std::exit(1);
       }
-      write("wire_header", std::string("data_") + format_names[f] + "_" + type_names[t],
+      write("wire_header", std::string("data_") + fmt_name + "_" + vt_name,
             wire_message(modes[m++ % 6], data_header(params.format, params.value_type, n, idx.size()), payload));
     }
   }

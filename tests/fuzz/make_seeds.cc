@@ -1,8 +1,13 @@
 // Writes the seed corpus of the decoder fuzzers (tests/fuzz/corpus/decode_<format>/): valid
-// encodings of typical selections in every value type, in the fuzzers' input layout (see
-// decode_fuzzer.cc). Run once and check the files in; deterministic (fixed seeds).
+// encodings of typical selections for every row of the codec registry (kernels/codecs.h) in
+// every value type, in the fuzzers' input layout (see decode_fuzzer.cc). Run it after adding a
+// codec and check the files in; deterministic (fixed seeds).
 //   fuzz_make_seeds <corpus dir>
+//   fuzz_make_seeds --list        the rows' names in id order, one a line (the build reads them
+//                                 to write one fuzz test per row: decode_tests.cmake)
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
@@ -13,8 +18,12 @@ namespace sk = sparsecar::kernels;
 
 int main(int argc, char** argv) {
   if (argc != 2) {
-    std::fprintf(stderr, "usage: %s CORPUS_DIR\n", argv[0]);
+    std::fprintf(stderr, "usage: %s CORPUS_DIR | --list\n", argv[0]);
     return 2;
+  }
+  if (std::strcmp(argv[1], "--list") == 0) {
+    for (const sk::CodecInfo& row : sk::codec_registry()) std::printf("%s\n", row.name);
+    return 0;
   }
   const std::string dir = argv[1];
   struct Case {
@@ -28,8 +37,11 @@ int main(int argc, char** argv) {
                         {4096, 0.1, true, 16}, {20001, 0.002, false, 1}};
   std::mt19937_64 rng(7);
   int written = 0;
-  for (int f = 0; f < sk::kFormatCount; ++f) {
-    for (int t = 0; t < sk::kValueTypeCount; ++t) {
+  for (const sk::CodecInfo& row : sk::codec_registry()) {
+    const std::string format_dir = dir + "/decode_" + row.name;
+    std::error_code made;
+    std::filesystem::create_directories(format_dir, made);
+    for (const sk::ValueTypeInfo& vt : sk::value_type_registry()) {
       int i = 0;
       for (const Case& c : cases) {
         std::vector<uint32_t> index;
@@ -42,15 +54,15 @@ int main(int argc, char** argv) {
         std::vector<float> value(index.size());
         for (float& v : value) v = dist(rng);
         sk::EncodeParams p;
-        p.format = static_cast<sk::Format>(f);
-        p.value_type = static_cast<sk::ValueType>(t);
+        p.format = row.id;
+        p.value_type = vt.id;
         p.rows = c.rows;
         auto size = sk::encoded_size(p, c.n, index);
         if (!size.ok()) continue;
         std::vector<std::byte> payload(*size);
         if (!sk::encode(p, c.n, index, value, payload).ok()) return 1;
-        const uint64_t nnz = p.format == sk::Format::kDense ? c.n : index.size();
-        std::vector<unsigned char> input = {static_cast<unsigned char>(t),
+        const uint64_t nnz = row.dense ? c.n : index.size();
+        std::vector<unsigned char> input = {static_cast<unsigned char>(vt.id),
                                             static_cast<unsigned char>(c.n),
                                             static_cast<unsigned char>(c.n >> 8),
                                             static_cast<unsigned char>(c.n >> 16),
@@ -58,8 +70,7 @@ int main(int argc, char** argv) {
                                             static_cast<unsigned char>(nnz >> 8),
                                             static_cast<unsigned char>(nnz >> 16)};
         for (std::byte b : payload) input.push_back(std::to_integer<unsigned char>(b));
-        const std::string path = dir + "/decode_" + std::string(sk::format_name(p.format)) + "/seed_" +
-                                 std::string(sk::value_type_name(p.value_type)) + "_" + std::to_string(i++);
+        const std::string path = format_dir + "/seed_" + vt.name + "_" + std::to_string(i++);
         std::FILE* file = std::fopen(path.c_str(), "wb");
         if (file == nullptr || std::fwrite(input.data(), 1, input.size(), file) != input.size()) {
           std::fprintf(stderr, "cannot write %s\n", path.c_str());

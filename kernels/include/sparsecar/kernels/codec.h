@@ -1,51 +1,27 @@
 // Encoders and decoders of selections into message payloads (the bytes after the wire header).
 //
 // A selection is (index[], value[]) with indices strictly increasing and < dense_len, as every
-// selector writes it. It can be laid out in six formats and four value types; the receiver
-// learns both from the wire header and decodes whatever arrives (payloads are self-describing
-// given the header's dense_len and nnz). `auto` (choose_format) computes the exact size of every
-// candidate and takes the smallest.
+// selector writes it. It can be laid out in every format of the codec registry (codecs.h: one
+// row per format) and every value type; the receiver learns both from the wire header and
+// decodes whatever arrives (payloads are self-describing given the header's dense_len and nnz).
+// `auto` (choose_format) computes the exact size of every row's format and takes the smallest.
+// The functions here validate their arguments and then call the row of the format: one table
+// lookup, no switch over formats.
 //
-// Payloads are little-endian with no alignment requirement. Decoders treat their input as
-// hostile: every length, count, index, varint and run is checked in a first pass before
-// anything is written, and a bad payload returns kDataLoss with a message naming the field,
-// leaving `dense_out` untouched. Encoders return kInvalidArgument for a bad selection (indices
-// not strictly increasing or out of range, sizes differing, output too small).
+// The bytes of every format and value block, and the receiver's error bound per value type, are
+// specified in daemon/transport/WIRE.md ("Payload layouts", "Value blocks") and pinned by golden
+// tests (tests/unit/kernels/codec_formats_test.cc, codec_test.cc). In short: payloads are
+// little-endian with no alignment requirement; fp32 is exact, fp16/bf16 round to nearest even
+// and saturate, int8 has one float32 scale per message (max|x| / 127; NaN if any value is not
+// finite). The pipeline keeps x - y in the error-feedback residual, so quantisation loses
+// nothing for good.
+//
+// Decoders treat their input as hostile: every length, count, index, varint and run is checked
+// in a first pass before anything is written, and a bad payload returns kDataLoss with a message
+// naming the field, leaving `dense_out` untouched. Encoders return kInvalidArgument for a bad
+// selection (indices not strictly increasing or out of range, sizes differing, output too small).
 //
 // Thread-safety: pure functions; concurrent calls on disjoint buffers are safe.
-//
-// ---- Value block V(m): m values of the message's value type (frozen; WIRE.md) ----------------
-//   fp32 (0): float32 v[m]                                       4m bytes
-//   fp16 (1): binary16 h[m]                                      2m bytes
-//   bf16 (2): bfloat16 b[m] (the top 16 bits of a float32)       2m bytes
-//   int8 (3): float32 scale, then int8 q[m], value = q * scale    4 + m bytes (scale even if m = 0)
-// Quantisation bounds (x = the fp32 value given to the encoder, y = what every receiver decodes):
-//   fp32: y == x bit for bit.
-//   fp16: round to nearest even. |y - x| <= 2^-11 |x| for 2^-14 <= |x| <= 65504, <= 2^-25 below
-//         (subnormals); finite |x| > 65504 saturates to +-65504; +-inf and NaN are kept.
-//   bf16: round to nearest even. |y - x| <= 2^-8 |x| for normal x, <= 2^-134 for subnormals;
-//         finite values that would round past the largest bf16 saturate to it; inf/NaN kept.
-//   int8: symmetric per message: scale = max|x| / 127 (float32), q = round-half-even(x / scale)
-//         in [-127, 127], so |y - x| <= (0.5 + 2^-12) * scale = ~max|x| / 254. If any x is not
-//         finite the scale is NaN and the whole message decodes to NaN (a diverged gradient
-//         stays visible). Decoders reject a negative or infinite scale and q = -128.
-// The pipeline keeps x - y in the error-feedback residual, so quantisation loses nothing for good.
-//
-// ---- Formats (frozen ids; k = nnz, n = dense_len) -------------------------------------------------
-//   dense      (0): V(n), the selection scattered into zeros; nnz must equal n.
-//   coo        (1): uint32 index[k], then V(k).                              4k + |V(k)|
-//   coo_varint (2): V(k), then k LEB128 varints (7 bits per byte, low first, high bit = more,
-//                   at most 5 bytes, minimal length): index[0], then index[i] - index[i-1] - 1.
-//   bitmap     (3): ceil(n/8) bytes, bit i (byte i/8, bit i%8, LSB first) set iff i is kept, the
-//                   bits past n zero; then V(k) in index order.             ceil(n/8) + |V(k)|
-//   csr        (4): uint32 rows, uint32 cols (rows >= 1, rows * cols == n), uint32 row_end[rows]
-//                   (non-decreasing, row_end[rows-1] == k), column index[k] as uint16 when
-//                   cols <= 65536 else uint32 (strictly increasing within a row, < cols), then
-//                   V(k) in row-major order.                        8 + 4 rows + 2|4 k + |V(k)|
-//   rle        (5): V(k), then one (gap, length) varint pair per maximal run of kept elements:
-//                   gap = skipped elements since the end of the previous run (>= 1 after the
-//                   first run), length >= 1; the runs end at or before n and their lengths sum
-//                   to k.
 #pragma once
 
 #include <array>
@@ -54,6 +30,7 @@
 #include <span>
 
 #include "sparsecar/common/status.h"
+#include "sparsecar/kernels/codecs.h"
 #include "sparsecar/kernels/types.h"
 
 namespace sparsecar::kernels {
@@ -64,18 +41,15 @@ class ThreadPool;  // parallel.h
 size_t value_block_bytes(ValueType value_type, size_t m);
 
 // Sizes a payload of (format, value_type) with nnz entries of a dense_len tensor can have,
-// from what the wire header says alone: min == max for dense, coo and bitmap; a range for
-// coo_varint, csr and rle. {1, 0} (empty) for an unknown format or value type, or nnz > dense_len
-// (or dense with nnz != dense_len). Saturates instead of wrapping for hostile inputs.
-struct SizeRange {
-  size_t min = 1;
-  size_t max = 0;
-  bool contains(size_t bytes) const { return min <= bytes && bytes <= max; }
-};
+// from what the wire header says alone (the row's size_range): min == max for dense, coo and
+// bitmap; a range for coo_varint, csr and rle. {1, 0} (empty) for an unknown format or value
+// type, or nnz > dense_len (or nnz != dense_len for a row with .dense). Saturates instead of
+// wrapping for hostile inputs.
 SizeRange payload_size_range(Format format, ValueType value_type, uint64_t dense_len, uint64_t nnz);
 
 // The largest payload size (payload_size_range().max). Exact for dense, coo and bitmap; 0 for an
-// unknown format/value type. Kept for callers that size buffers by (format, nnz).
+// unknown format/value type; a .dense row's size whatever nnz is; SIZE_MAX for nnz > dense_len
+// otherwise (no payload holds it). Kept for callers that size buffers by (format, nnz).
 size_t encoded_bytes(Format format, ValueType value_type, size_t dense_len, size_t nnz);
 
 // A buffer of this many bytes holds any encoding of any selection of a dense_len tensor, in
@@ -86,13 +60,14 @@ size_t max_encoded_bytes(size_t dense_len);
 struct EncodeParams {
   Format format = Format::kCoo;
   ValueType value_type = ValueType::kF32;
-  // CSR only: rows of the tensor's 2-D view (dense_len must be a multiple of it); 1 for 1-D.
+  // Rows with .needs_rows (csr) only: rows of the tensor's 2-D view (dense_len must be a multiple
+  // of it); 1 for 1-D.
   uint32_t rows = 1;
 };
 
 // Exact payload size of `index` (strictly increasing, < dense_len) encoded as `params`.
-// kInvalidArgument for a bad selection, unknown format/value type, or CSR rows that are 0 or do
-// not divide dense_len.
+// kInvalidArgument for a bad selection, unknown format/value type, or (rows with .needs_rows)
+// rows that are 0 or do not divide dense_len.
 Expected<size_t> encoded_size(const EncodeParams& params, size_t dense_len,
                               std::span<const uint32_t> index);
 
@@ -102,9 +77,10 @@ Expected<size_t> encoded_size(const EncodeParams& params, size_t dense_len,
 Expected<size_t> encode(const EncodeParams& params, size_t dense_len, std::span<const uint32_t> index,
                         std::span<const float> value, std::span<std::byte> out);
 
-// `auto`: the exact size of every format for this selection and the smallest. A format that
-// cannot carry it (csr with rows not dividing dense_len) gets SIZE_MAX. Ties go to the format
-// that decodes fastest, in this order: coo, bitmap, dense, csr, coo_varint, rle.
+// `auto`: the exact size of every row's format for this selection and the smallest. A format that
+// cannot carry it (a row with .needs_rows when rows do not divide dense_len) gets SIZE_MAX. Ties
+// go to the row with the lowest auto_rank, the faster decoder (coo, bitmap, dense, csr,
+// coo_varint, rle).
 struct FormatChoice {
   Format format = Format::kCoo;
   size_t bytes = 0;

@@ -6,12 +6,13 @@
 // lists from here, so a value one accepts the other accepts too. It is its own header because
 // plan.h includes overrides.h, and overrides.h needs the error-feedback variants.
 //
-// Thread-safety: constants and pure functions.
+// Thread-safety: constants and pure functions (the choice strings are built once, before main).
 #pragma once
 
 #include <cstdint>
 #include <string_view>
 
+#include "sparsecar/kernels/codecs.h"
 #include "sparsecar/kernels/selectors.h"
 #include "sparsecar/kernels/structured.h"
 
@@ -57,9 +58,11 @@ inline constexpr KnobRange kClipNormRange{0.0, 1e30};
 
 // The names the choice knobs accept, '|'-separated (the knob table's `choices`). Each name
 // parses with kernels::parse_format ("auto" aside), parse_value_type, parse_group_norm and
-// parse_error_feedback respectively.
-inline constexpr const char* kFormatChoices = "coo|coo_varint|bitmap|csr|rle|dense|auto";
-inline constexpr const char* kValueTypeChoices = "fp32|fp16|bf16|int8";
+// parse_error_feedback respectively. Formats and value types are the codec registry's rows
+// (kernels/codecs.h) in id order, then "auto": "dense|coo|...|auto" and "fp32|...".
+const char* format_knob_choices();  // lives as long as the program
+inline const char* const kFormatChoices = format_knob_choices();
+inline const char* const kValueTypeChoices = kernels::value_type_choices();
 inline constexpr const char* kGroupNormChoices = kernels::selector_param(kernels::SelectorParam::kGroupNorm).choices;
 inline constexpr const char* kErrorFeedbackChoices = "residual|momentum|off";
 

@@ -191,7 +191,8 @@ std::unique_ptr<Controller> make_controller(ControllerKind kind);
 // ---- cost model ---------------------------------------------------------------------------------
 inline constexpr uint64_t kWireHeaderBytes = 80;
 // Bytes one node sends for a sparse all-gather of a tensor with nnz kept, in the smallest format
-// kernels::encoded_bytes knows (fp32 values); *format gets that format.
+// of the codec registry (kernels/codecs.h; rows that carry every element aside) by its largest
+// size (kernels::encoded_bytes, fp32 values); *format gets that format (ties: the lower id).
 uint64_t sparse_allgather_bytes(uint64_t elements, uint64_t nnz, uint32_t world, kernels::Format* format);
 // The same in a given format (the largest size for formats whose size varies).
 uint64_t sparse_allgather_bytes_as(uint64_t elements, uint64_t nnz, uint32_t world, kernels::Format format);

@@ -13,8 +13,8 @@
 // compression_knobs.h):
 //   compression (on|off), selector (a selector name), every per-tensor selector parameter
 //   (density, threshold, quantile, approx_tolerance, block_size, group_norm (l2|l1), heads,
-//   mask_period), format (coo|coo_varint|bitmap|csr|rle|dense|auto), value_type
-//   (fp32|fp16|bf16|int8), error_feedback (residual|momentum|off), momentum, clip_norm.
+//   mask_period), format (a codec name or auto: kFormatChoices), value_type (kValueTypeChoices),
+//   error_feedback (residual|momentum|off), momentum, clip_norm.
 // Not keys: hybrid_density stays global because it is a cross-tensor threshold (one lambda
 // pooled over every hybrid tensor of a step, structured_select.h); random_seed and lr_rescale
 // are job-wide knobs too.
