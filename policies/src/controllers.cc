@@ -54,8 +54,8 @@ class AccuracyController final : public Controller {
       if (o.has_loss_target && std::isfinite(o.loss_target)) {
         target = o.loss_target;
         has_target = true;
-      } else if (s.warmup_steps > 0) {
-        if (o.step < s.warmup_steps) {
+      } else if (s.schedule_warmup_steps > 0) {
+        if (o.step < s.schedule_warmup_steps) {
           warm_.emplace_back(static_cast<double>(o.step), o.loss);
         } else {
           fit_trend();
@@ -226,7 +226,7 @@ class BudgetController final : public Controller {
       if (!calibrated_ && std::fabs(log_ratio) < std::log(1.5)) calibrated_ = true;
       double factor = std::exp((calibrated_ ? 0.5 : 1.0) * log_ratio / elasticity_);
       if (calibrated_) factor = std::clamp(factor, 1.0 / 1.1, 1.1);
-      if (std::fabs(std::log(factor)) > std::log1p(s.hysteresis / 4)) {
+      if (std::fabs(std::log(factor)) > std::log1p(s.controller_hysteresis / 4)) {
         if (rate_ > 0) {
           has_prev_ = true;
           prev_log_lambda_ = std::log(lambda_);
@@ -323,7 +323,7 @@ class BandwidthController final : public Controller {
     // Decisions look at slow averages (a third of the loop's EMA weight) of the loop's goodput
     // estimate and of the budget: a stationary link's noise averages out, and a step change of
     // the link (the loop's estimate moved 2x) is taken at once.
-    const double slow = std::clamp(s.goodput_alpha / 3, 1e-3, 1.0);
+    const double slow = std::clamp(s.goodput_smoothing / 3, 1e-3, 1.0);
     if (budget_sample > 0) {
       budget_ = budget_ > 0 && s.exchange_budget_ms <= 0 ? smooth(budget_, budget_sample, slow) : budget_sample;
     }
@@ -374,7 +374,7 @@ class BandwidthController final : public Controller {
     const double held = std::min(desired, cap_);
     const double held_s = dense_ ? dense_s : time_at(held);
     const bool over = held_s > budget && (dense_ ? true : held > floor || dense_fits);
-    const bool room = !dense_ && (dense_fits || fit > held * (1 + 2 * s.hysteresis));
+    const bool room = !dense_ && (dense_fits || fit > held * (1 + 2 * s.controller_hysteresis));
     over_ = over ? over_ + 1 : 0;
     room_ = room ? room_ + 1 : 0;
     const bool first = !decided_;
@@ -450,8 +450,8 @@ class CostController final : public Controller {
                             (ctx.goodput_Bps > 0 ? std::max(o.encode_s, 0.0) : 0.0);
     const double dense_s = static_cast<double>(step_dense_bytes(o.tensors, s.world_size)) / g;
     if (!dense_) {
-      if (dense_s < sparse_s * (1 - s.hysteresis)) dense_ = true;
-    } else if (sparse_s < dense_s * (1 - s.hysteresis)) {
+      if (dense_s < sparse_s * (1 - s.controller_hysteresis)) dense_ = true;
+    } else if (sparse_s < dense_s * (1 - s.controller_hysteresis)) {
       dense_ = false;
     }
     if (dense_) {
@@ -661,7 +661,7 @@ std::optional<ControlLoop::Proposal> ControlLoop::update(const ControllerSetting
           goodput_outliers_ = 0;
         }
       } else {
-        goodput_ = std::exp(settings.goodput_alpha * std::log(g) + (1 - settings.goodput_alpha) * std::log(goodput_));
+        goodput_ = std::exp(settings.goodput_smoothing * std::log(g) + (1 - settings.goodput_smoothing) * std::log(goodput_));
         goodput_outliers_ = 0;
       }
       if (goodput_outliers_ == 0) {
@@ -703,15 +703,15 @@ std::optional<ControlLoop::Proposal> ControlLoop::update(const ControllerSetting
 
   const bool structural = k.compression != in_force.compression || k.selector != in_force.selector ||
                           k.tensor_scale != in_force.tensor_scale || k.format != in_force.format;
-  const bool numeric = rel_diff(k.density, in_force.density) > settings.hysteresis ||
-                       rel_diff(k.density_cap, in_force.density_cap) > settings.hysteresis ||
-                       rel_diff(k.threshold, in_force.threshold) > settings.hysteresis / 4;
+  const bool numeric = rel_diff(k.density, in_force.density) > settings.controller_hysteresis ||
+                       rel_diff(k.density_cap, in_force.density_cap) > settings.controller_hysteresis ||
+                       rel_diff(k.threshold, in_force.threshold) > settings.controller_hysteresis / 4;
   if (!structural && !numeric) return std::nullopt;
-  if (proposed_ && obs.step < last_proposal_step_ + settings.min_interval_steps) return std::nullopt;
+  if (proposed_ && obs.step < last_proposal_step_ + settings.controller_interval_steps) return std::nullopt;
   // Values that did not move past the hysteresis keep their value in force (no creeping).
-  if (rel_diff(k.density, in_force.density) <= settings.hysteresis) k.density = in_force.density;
-  if (rel_diff(k.density_cap, in_force.density_cap) <= settings.hysteresis) k.density_cap = in_force.density_cap;
-  if (rel_diff(k.threshold, in_force.threshold) <= settings.hysteresis / 4) k.threshold = in_force.threshold;
+  if (rel_diff(k.density, in_force.density) <= settings.controller_hysteresis) k.density = in_force.density;
+  if (rel_diff(k.density_cap, in_force.density_cap) <= settings.controller_hysteresis) k.density_cap = in_force.density_cap;
+  if (rel_diff(k.threshold, in_force.threshold) <= settings.controller_hysteresis / 4) k.threshold = in_force.threshold;
   if (k == in_force) return std::nullopt;
   proposed_ = true;
   last_proposal_step_ = obs.step;

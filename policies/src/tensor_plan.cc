@@ -136,7 +136,7 @@ double layer_scale(const LayerwiseSettings& s, std::string_view name, uint64_t e
   }
   if (contains(name, "embed")) return s.embedding_scale;
   if (contains(name, "bias") || contains(name, "norm") || contains(name, "bn") || contains(name, "ln")) {
-    return s.small_kind_scale;
+    return s.small_scale;
   }
   return 1.0;
 }

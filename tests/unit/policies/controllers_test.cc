@@ -104,9 +104,9 @@ TEST(BandwidthControllerTest, TenfoldDropIsBackWithinBudgetInAFewStepsAndStays) 
   EXPECT_LT(end.density_cap, 0.05);
   EXPECT_GE(end.density_cap, job.settings.density_min);
   EXPECT_LE(job.loop.status().predicted_exchange_s, budget * (1 - job.settings.bandwidth_margin) * 1.001);
-  // Rate limit: proposals at least min_interval_steps apart.
+  // Rate limit: proposals at least controller_interval_steps apart.
   for (size_t i = 1; i < job.proposal_steps.size(); ++i) {
-    EXPECT_GE(job.proposal_steps[i] - job.proposal_steps[i - 1], job.settings.min_interval_steps);
+    EXPECT_GE(job.proposal_steps[i] - job.proposal_steps[i - 1], job.settings.controller_interval_steps);
   }
   EXPECT_LE(job.proposal_steps.size(), 4u) << "no churn on a steady link";
 }
@@ -254,7 +254,7 @@ TEST(AccuracyControllerTest, TargetFromTheDenseWarmupTrend) {
   ControlKnobs base;
   base.density = 0.01;
   ControllerSettings s = with(bit(ControllerKind::kAccuracy));
-  s.warmup_steps = 10;
+  s.schedule_warmup_steps = 10;
   FakeJob job(s, base);
   for (uint64_t step = 0; step < 60; ++step) {
     JobObservation o;

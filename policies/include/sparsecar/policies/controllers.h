@@ -109,15 +109,16 @@ struct ControlKnobs {
 };
 bool operator==(const ControlKnobs& a, const ControlKnobs& b);
 
-// Every controller parameter; each is a knob (daemon/pipeline/settings.cc fills this).
+// Every controller parameter; each is the knob of the same name (`active`: `controller`), and
+// the knob table writes them (daemon/config/knobs.cc, through daemon/pipeline/settings.h).
 struct ControllerSettings {
   ControllerSet active = 0;
   uint32_t world_size = 1;
   double density_min = 1e-5;
   double density_max = 1.0;
-  uint64_t min_interval_steps = 2;  // at least this many steps between two proposals
-  double hysteresis = 0.1;          // relative density change needed to propose (lambda: a quarter)
-  uint64_t warmup_steps = 0;        // the schedule's dense warm-up (accuracy fits its trend)
+  uint64_t controller_interval_steps = 2;  // at least this many steps between two proposals
+  double controller_hysteresis = 0.1;      // relative density change needed to propose (lambda: a quarter)
+  uint64_t schedule_warmup_steps = 0;      // the schedule's dense warm-up (accuracy fits its trend)
   // gradnorm
   double gradnorm_jump = 2.0;        // norm / running mean above this = a jump
   double gradnorm_boost = 4.0;       // density multiplier after a jump
@@ -131,7 +132,7 @@ struct ControllerSettings {
   // bandwidth
   double exchange_budget_ms = 0;     // > 0: fixed exchange budget per step
   double exchange_budget_fraction = 1.0;  // else: this fraction of the reported compute time
-  double goodput_alpha = 0.3;        // EMA weight (log domain) of a new goodput / compute-time sample
+  double goodput_smoothing = 0.3;    // EMA weight (log domain) of a new goodput / compute-time sample
   uint64_t goodput_confirm_steps = 2;  // consecutive samples beyond 2x on one side that move the
                                        // estimate at once (a step change of the link, not noise)
   double bandwidth_margin = 0.15;    // aim at (1 - margin) of the budget
@@ -151,6 +152,7 @@ struct ControllerSettings {
   double budget_total_elements = 0;  // elements each node may send over the run (0 = off)
   uint64_t budget_steps = 0;         // length of the run in steps
   uint64_t budget_settle_steps = 3;  // steps between two lambda moves (>= the decision latency, 2)
+  bool operator==(const ControllerSettings&) const = default;
 };
 
 // What one controller reports about itself (for status and metrics).
