@@ -98,6 +98,7 @@ struct Config {
   double layerwise_small_scale = 10.0;
   double layerwise_embedding_scale = 0.1;
   std::string layerwise_sensitivity;  // "pattern:dense|scale,..."
+  double dense_above = 0.5;           // a planned density at or above this is sent dense
   uint64_t controller_interval_steps = 2;
   double controller_hysteresis = 0.1;
   std::string controller_metric = "loss";
@@ -108,6 +109,7 @@ struct Config {
   double gradnorm_steady_cv = 0.05;
   double gradnorm_steady_scale = 0.5;
   double frequency_max_scale = 4.0;
+  double frequency_alpha = 0.2;
   double exchange_budget_ms = 0;
   double exchange_budget_fraction = 1.0;
   double goodput_smoothing = 0.3;
@@ -122,8 +124,10 @@ struct Config {
   double accuracy_backoff = 2.0;
   double accuracy_tighten = 0.9;
   uint64_t accuracy_hold_steps = 5;
+  double accuracy_alpha = 0.3;
   double budget_total_elements = 0;
   uint64_t budget_steps = 0;
+  uint64_t budget_settle_steps = 3;
 
   // Deadlines.
   uint32_t step_timeout_ms = 30000;   // a step whose peers do not answer in time fails

@@ -99,7 +99,7 @@ TEST(KnobsTest, AgreedKnobsTextOfTheDefaults) {
             "controller=static density_min=1e-05 density_max=1 density_cap=1 tensor_density_scale= "
             "schedule_warmup_steps=0 schedule_ramp_steps=0 schedule_start_density=0.25 schedule_end_density=0 "
             "schedule_shape=exp schedule_dense_every=0 layerwise_dense_below=4096 layerwise_small_scale=1e+01 "
-            "layerwise_embedding_scale=0.1 layerwise_sensitivity=");
+            "layerwise_embedding_scale=0.1 layerwise_sensitivity= dense_above=0.5");
 }
 
 // All four settings the knob table writes (daemon/pipeline/settings.h).
@@ -177,7 +177,7 @@ TEST(KnobSettingsTest, EveryPolicyKnobReachesTheSettings) {
   }
 }
 
-// Where the renamed knobs land (the field names now match the knobs').
+// Where the renamed and the new knobs land (the field names now match the knobs').
 TEST(KnobSettingsTest, KnobsLandInTheFieldsOfTheirNames) {
   Config c;
   for (const auto& [name, value] :
@@ -187,6 +187,10 @@ TEST(KnobSettingsTest, KnobsLandInTheFieldsOfTheirNames) {
                                                         {"schedule_warmup_steps", "9"},
                                                         {"random_seed", "42"},
                                                         {"layerwise_small_scale", "3"},
+                                                        {"frequency_alpha", "0.6"},
+                                                        {"accuracy_alpha", "0.125"},
+                                                        {"budget_settle_steps", "8"},
+                                                        {"dense_above", "0.25"},
                                                         {"world_size", "4"},
                                                         {"rank", "1"},
                                                         {"controller", "bandwidth, schedule"},
@@ -204,6 +208,10 @@ TEST(KnobSettingsTest, KnobsLandInTheFieldsOfTheirNames) {
   EXPECT_EQ(s.plan.base.random_seed, 42u);
   EXPECT_EQ(settings_from_config(c).random_seed, 42u);
   EXPECT_EQ(s.plan.layerwise.small_scale, 3.0);
+  EXPECT_EQ(s.controllers.frequency_alpha, 0.6);
+  EXPECT_EQ(s.controllers.accuracy_alpha, 0.125);
+  EXPECT_EQ(s.controllers.budget_settle_steps, 8u);
+  EXPECT_EQ(s.plan.dense_above, 0.25);
   EXPECT_EQ(s.controllers.world_size, 4u);
   const policies::ControllerSet active =
       policies::bit(policies::ControllerKind::kSchedule) | policies::bit(policies::ControllerKind::kBandwidth);

@@ -128,7 +128,7 @@ struct ControllerSettings {
   double gradnorm_steady_scale = 0.5;
   // frequency
   double frequency_max_scale = 4.0;
-  double frequency_alpha = 0.2;
+  double frequency_alpha = 0.2;      // EMA weight of a tensor's new repeat fraction
   // bandwidth
   double exchange_budget_ms = 0;     // > 0: fixed exchange budget per step
   double exchange_budget_fraction = 1.0;  // else: this fraction of the reported compute time
@@ -147,7 +147,7 @@ struct ControllerSettings {
   double accuracy_backoff = 2.0;     // density multiplier when behind
   double accuracy_tighten = 0.9;     // density multiplier when on track (gap < tolerance / 2)
   uint64_t accuracy_hold_steps = 5;  // steps between two moves (lets the last one show)
-  double accuracy_alpha = 0.3;       // EMA weight of the loss
+  double accuracy_alpha = 0.3;       // EMA weight of a new relative gap to the target
   // budget
   double budget_total_elements = 0;  // elements each node may send over the run (0 = off)
   uint64_t budget_steps = 0;         // length of the run in steps
