@@ -163,6 +163,9 @@ const std::vector<KnobSpec>& knobs() {
     return "unsent part: residual (plain EF), momentum (DGC momentum correction + factor masking), off (dropped; " +
            unbiased + " then send unbiased x/p)";
   }();
+  // The controller registry's names (policies/controllers.h).
+  static const std::string controller_doc =
+      "active controllers, a comma list of " + policies::controller_choices() + " (static = fixed knobs, the fallback)";
   static const std::string overrides_doc =
       "per-tensor settings, 'GLOB: key=value, ...; GLOB: ...' (keys " + policies::tensor_override_keys() +
       "; values as those knobs; later rules win); a config file's [tensor.\"GLOB\"] tables add to it";
@@ -342,8 +345,7 @@ const std::vector<KnobSpec>& knobs() {
       // Controllers (docs/controllers.md). Knobs that shape per-tensor plans are agreed.
       {.name = "controller", .type = K::kString, .live = true, .agreed = true, .secret = false,
        .env = "", .min = 0, .max = 0, .choices = "",
-       .doc = "active controllers, a comma list of static|schedule|layerwise|gradnorm|frequency|bandwidth|accuracy|"
-              "budget|cost (static = fixed knobs, the fallback)",
+       .doc = controller_doc.c_str(),
        .field = knob_field<&Config::controller, controllers_into>},
       {.name = "density_min", .type = K::kDouble, .live = true, .agreed = true, .secret = false,
        .env = "", .min = 1e-6, .max = 1.0, .choices = "",

@@ -229,6 +229,33 @@ TEST(KnobSettingsTest, KnobsLandInTheFieldsOfTheirNames) {
   EXPECT_EQ(control_knobs_from_config(c).format, kernels::Format::kCoo);
 }
 
+// The knobs a controller row names (policies::controller_registry) exist, and no knob belongs
+// to two controllers.
+TEST(KnobSettingsTest, ControllerRowsNameTheirKnobs) {
+  auto matches = [](const std::string& word, const std::string& knob) {
+    return word.back() == '*' ? knob.rfind(word.substr(0, word.size() - 1), 0) == 0 : knob == word;
+  };
+  std::map<std::string, std::string> owner;  // knob -> controller
+  for (const policies::ControllerInfo& row : policies::controller_registry()) {
+    std::string words = row.knobs;
+    for (size_t from = 0; from < words.size();) {
+      const size_t space = std::min(words.find(' ', from), words.size());
+      const std::string word = words.substr(from, space - from);
+      from = space + 1;
+      int found = 0;
+      for (const KnobSpec& spec : knob_table()) {
+        if (!matches(word, spec.name)) continue;
+        ++found;
+        EXPECT_TRUE(owner.emplace(spec.name, row.name).second) << spec.name << " in " << row.name;
+      }
+      EXPECT_GT(found, 0) << row.name << ": " << word;
+    }
+  }
+  EXPECT_EQ(owner["budget_settle_steps"], "budget");
+  EXPECT_EQ(owner["goodput_smoothing"], "bandwidth");
+  EXPECT_EQ(owner["controller_metric"], "accuracy");
+}
+
 TEST(ConfigTest, FlagsOverrideFileOverridesEnvOverridesDefaults) {
   std::string file = write_temp("density = 0.05\nselector = \"threshold\"\nworld_size = 4\n");
   Env env;

@@ -188,7 +188,31 @@ class Controller {
   // Refines *knobs (holding the previous controllers' proposal). Errors make the loop fall back.
   virtual Status update(const ControlContext& ctx, ControlKnobs* knobs) = 0;
 };
+// A new job-level controller of `kind` (its registry row's factory), or null for the per-tensor
+// ones (static, schedule, layerwise: tensor_plan.h).
 std::unique_ptr<Controller> make_controller(ControllerKind kind);
+
+// ---- the controller registry --------------------------------------------------------------------
+// One row per controller (policies/src/controllers.cc): its kind, its name (the word of the
+// `controller` knob), a one-line doc, whether rank 0's ControlLoop runs it, its factory and the
+// knobs it reads. The rows are in the order the ControlLoop chains the job-level controllers.
+// Derived from them: controller_name / parse_controllers / format_controllers, the `controller`
+// knob's doc, make_controller and the ControlLoop's order. Adding a controller: its class, a
+// ControllerKind, its row, its ControllerSettings fields and their knob rows, its test.
+struct ControllerInfo {
+  ControllerKind kind;
+  const char* name;
+  const char* doc;
+  bool job_level;                         // rank 0's ControlLoop runs it (else: per-tensor plans)
+  std::unique_ptr<Controller> (*make)();  // job-level rows; null for the per-tensor ones
+  const char* knobs;                      // the knobs only it reads, ' '-separated; "x_*" = a prefix
+};
+// Every controller once, in chain order (the per-tensor ones first).
+std::span<const ControllerInfo> controller_registry();
+// The row of `kind`, or null for a value no row has.
+const ControllerInfo* find_controller(ControllerKind kind);
+// "static|schedule|...": every name in ControllerKind order.
+std::string controller_choices();
 
 // ---- cost model ---------------------------------------------------------------------------------
 inline constexpr uint64_t kWireHeaderBytes = 80;
