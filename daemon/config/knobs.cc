@@ -5,25 +5,130 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <type_traits>
 #include <variant>
 
 #include "daemon/transport/auth.h"
 #include "sparsecar/common/log.h"
 #include "sparsecar/kernels/selectors.h"
 #include "sparsecar/policies/compression_knobs.h"
+#include "sparsecar/policies/controllers.h"
 #include "sparsecar/policies/overrides.h"
 #include "sparsecar/policies/tensor_plan.h"
 
 namespace sparsecar {
 namespace {
 
-using Member = std::variant<bool Config::*, uint32_t Config::*, uint64_t Config::*, double Config::*,
-                            std::string Config::*, kernels::Selector Config::*>;
+// ---- from a Config field to the policies' settings -----------------------------------------------
+// A row's KnobField is knob_field<&Config::x, targets...>: the value of Config::x is written into
+// every target. A target is a pointer to a field of one of the settings structs (the value is
+// converted to the field's type by convert() below; a type with no conversion does not compile),
+// or, where one field is not enough, a function void(const V&, const KnobTargets&).
 
-struct Knob {
-  KnobSpec spec;
-  Member member;
+using policies::ControlKnobs;
+using policies::ControllerSettings;
+using policies::LayerwiseSettings;
+using policies::PlanSettings;
+using policies::ScheduleSettings;
+using policies::StaticSettings;
+
+// The struct of type D that `to` asks for, or null. Schedule and layer-wise settings are parts
+// of PlanSettings.
+template <typename D>
+D* target(const KnobTargets& to) {
+  if constexpr (std::is_same_v<D, StaticSettings>) {
+    return to.base;
+  } else if constexpr (std::is_same_v<D, PlanSettings>) {
+    return to.plan;
+  } else if constexpr (std::is_same_v<D, ScheduleSettings>) {
+    return to.plan ? &to.plan->schedule : nullptr;
+  } else if constexpr (std::is_same_v<D, LayerwiseSettings>) {
+    return to.plan ? &to.plan->layerwise : nullptr;
+  } else if constexpr (std::is_same_v<D, ControllerSettings>) {
+    return to.controllers;
+  } else {
+    static_assert(std::is_same_v<D, ControlKnobs>, "not a settings struct write_knobs fills");
+    return to.control;
+  }
+}
+
+template <typename T>
+T or_default(Expected<T> e) {
+  return e.ok() ? std::move(e).value() : T{};
+}
+
+// Knob value -> settings field. Same type: copied; numbers: widened; names: parsed (the table
+// admits valid names only, so a parse failure keeps the field's default).
+template <typename V, typename F>
+void convert(const V& value, F& field) {
+  static_assert(std::is_same_v<V, F> || (std::is_arithmetic_v<V> && std::is_arithmetic_v<F> &&
+                                         !std::is_same_v<V, bool> && !std::is_same_v<F, bool>),
+                "no conversion from this knob's type to this settings field");
+  field = static_cast<F>(value);
+}
+void convert(const std::string& text, kernels::GroupNorm& field) { kernels::parse_group_norm(text, &field); }
+void convert(const std::string& text, kernels::Format& field) { kernels::parse_format(text, &field); }  // auto: kept
+void convert(const std::string& text, kernels::ValueType& field) { kernels::parse_value_type(text, &field); }
+void convert(const std::string& text, policies::ErrorFeedback& field) { policies::parse_error_feedback(text, &field); }
+void convert(const std::string& text, policies::LrRescale& field) { policies::parse_lr_rescale(text, &field); }
+void convert(const std::string& text, policies::TensorScales& field) {
+  field = or_default(policies::parse_tensor_scales(text));
+}
+void convert(const std::string& text, std::vector<policies::SensitivityRule>& field) {
+  field = or_default(policies::parse_sensitivity(text));
+}
+
+// The targets that are more than one field.
+void controllers_into(const std::string& text, const KnobTargets& to) {
+  const policies::ControllerSet active = or_default(policies::parse_controllers(text));
+  if (to.plan) to.plan->active = active;
+  if (to.controllers) to.controllers->active = active;
+}
+void format_into(const std::string& text, const KnobTargets& to) {
+  if (!to.base) return;
+  to.base->auto_format = text == "auto";
+  if (!to.base->auto_format) convert(text, to.base->format);
+}
+void schedule_shape_into(const std::string& text, const KnobTargets& to) {
+  if (to.plan) to.plan->schedule.exponential = text != "linear";
+}
+void overrides_into(const std::string& text, const KnobTargets& to) {
+  if (!to.base) return;
+  // validate() rejected unparsable overrides at start-up; a live change is validated the same way.
+  if (to.overrides_cache != nullptr) {
+    to.base->overrides = to.overrides_cache->rules(text);
+  } else {
+    to.base->overrides = or_default(policies::parse_tensor_overrides(text));
+  }
+}
+
+template <typename T>
+struct member_of;
+template <typename M, typename C>
+struct member_of<M C::*> {
+  using value = M;
+  using owner = C;
 };
+
+template <auto Target, typename V>
+void write_one(const V& value, const KnobTargets& to) {
+  using Type = decltype(Target);
+  if constexpr (std::is_member_object_pointer_v<Type>) {
+    if (auto* settings = target<typename member_of<Type>::owner>(to)) convert(value, settings->*Target);
+  } else {
+    static_assert(std::is_same_v<Type, void (*)(const V&, const KnobTargets&)>,
+                  "a target is a settings field or a function (const V&, const KnobTargets&)");
+    Target(value, to);
+  }
+}
+
+template <auto Member, auto... Targets>
+void write_targets([[maybe_unused]] const Config& config, [[maybe_unused]] const KnobTargets& to) {
+  (write_one<Targets>(config.*Member, to), ...);
+}
+
+template <auto Member, auto... Targets>
+constexpr KnobField knob_field{Member, &write_targets<Member, Targets...>};
 
 // The selector knob's doc: every row of the selector registry (kernels/selectors.h) with its doc.
 std::string selector_knob_doc() {
@@ -36,8 +141,14 @@ std::string selector_knob_doc() {
   return doc;
 }
 
-const std::vector<Knob>& knobs() {
+const std::vector<KnobSpec>& knobs() {
   using K = KnobType;
+  using S = StaticSettings;
+  using PS = PlanSettings;
+  using Schedule = ScheduleSettings;
+  using Layerwise = LayerwiseSettings;
+  using CS = ControllerSettings;
+  using CK = ControlKnobs;
   namespace R = policies;  // ranges and choices shared with the per-tensor overrides (compression_knobs.h)
   using P = kernels::SelectorParam;
   // Names, docs and ranges of the selectors and their parameters: the selector registry.
@@ -52,292 +163,389 @@ const std::vector<Knob>& knobs() {
     return "unsent part: residual (plain EF), momentum (DGC momentum correction + factor masking), off (dropped; " +
            unbiased + " then send unbiased x/p)";
   }();
+  // The controller registry's names (policies/controllers.h).
+  static const std::string controller_doc =
+      "active controllers, a comma list of " + policies::controller_choices() + " (static = fixed knobs, the fallback)";
   static const std::string overrides_doc =
       "per-tensor settings, 'GLOB: key=value, ...; GLOB: ...' (keys " + policies::tensor_override_keys() +
       "; values as those knobs; later rules win); a config file's [tensor.\"GLOB\"] tables add to it";
-  static const std::vector<Knob> table = {
-      {{"rank", K::kUint, "rank of this node in the job (0 = leader/coordinator)", 0, 65535, "", false,
-        false, "RANK"},
-       &Config::rank},
-      {{"world_size", K::kUint, "number of nodes (daemons) in the job", 1, 65536, "", false, true,
-        "WORLD_SIZE"},
-       &Config::world_size},
-      {{"coordinator", K::kString,
-        "HOST:PORT of rank 0's rendezvous listener (fallback: MASTER_ADDR and MASTER_PORT+1)", 0, 0, "",
-        false, false, "SPARSECAR_COORDINATOR"},
-       &Config::coordinator},
-      {{"job_id", K::kUint, "job identifier; daemons of different jobs refuse each other", 0, 1.8e19, "",
-        false, true, "SPARSECAR_JOB_ID"},
-       &Config::job_id},
-      {{"job_secret_file", K::kString,
-        "file holding the job's shared secret (16 bytes to 4 KiB; owned by the daemon's uid, mode 0600): peers "
-        "prove they hold it at rendezvous and MAC every message with it; empty = an open job that any host "
-        "reaching the coordinator port can join",
-        0, 0, "", false, false, "SPARSECAR_JOB_SECRET_FILE"},
-       &Config::job_secret_file},
-      {{"local_clients", K::kUint, "trainer processes per node whose gradients are summed each step", 1,
-        1024, "", false, false, "LOCAL_WORLD_SIZE"},
-       &Config::local_clients},
-      {{"socket", K::kString, "Unix socket path trainers connect to", 0, 0, "", false, false,
-        "SPARSECAR_SOCKET"},
-       &Config::socket},
-      {{"control", K::kString,
-        "ZeroMQ control endpoint: ipc://PATH, tcp://HOST:PORT (needs a token or CURVE key), 'auto' "
-        "(ipc:// beside the trainer socket: <socket minus .sock>-control.sock) or 'off'",
-        0, 0, "", false, false, "SPARSECAR_CONTROL"},
-       &Config::control},
-      {{"control_group", K::kString, "group allowed to use the ipc:// control socket (mode 0660); empty = 0600", 0,
-        0, "", false, false, ""},
-       &Config::control_group},
-      {{"control_token", K::kString, "shared token every tcp:// control request must carry (16+ characters)", 0, 0,
-        "", false, false, "SPARSECAR_CONTROL_TOKEN", true},
-       &Config::control_token},
-      {{"control_curve_secret_key", K::kString, "Z85 CURVE server secret key for a tcp:// control endpoint", 0, 0,
-        "", false, false, "", true},
-       &Config::control_curve_secret_key},
-      {{"control_max_message_bytes", K::kUint, "largest control request served (bigger: TOO_LARGE)", 1024, 16777216,
-        "", false, false, ""},
-       &Config::control_max_message_bytes},
-      {{"drain_timeout_ms", K::kUint, "on SIGTERM, how long queued steps may finish before shutdown", 0, 3.6e6, "",
-        true, false, ""},
-       &Config::drain_timeout_ms},
-      {{"metrics_listen", K::kString, "ADDRESS:PORT for Prometheus /metrics, or 'off'", 0, 0, "", false,
-        false, ""},
-       &Config::metrics_listen},
-      {{"log_level", K::kChoice, "log verbosity", 0, 0, "error|warn|info|debug|trace", true, false,
-        "SPARSECAR_LOG_LEVEL"},
-       &Config::log_level},
-      {{"ucx_tls", K::kString, "UCX transports (UCX_TLS syntax, e.g. tcp or posix,self); empty = UCX default",
-        0, 0, "", false, false, ""},
-       &Config::ucx_tls},
-      {{"ucx_net_devices", K::kString, "UCX network devices (e.g. lo); empty = all", 0, 0, "", false, false,
-        ""},
-       &Config::ucx_net_devices},
-      {{"kernel_threads", K::kUint,
-        "threads one kernel call may use: selection (top-k, threshold, EF + threshold) and decoding "
-        "(dense, COO, bitmap) of large tensors and messages (256 Ki elements, 16 Ki COO entries or "
-        "1 Mi bitmap elements per thread); results are identical for every count",
-        1, 64, "", false, false, "SPARSECAR_KERNEL_THREADS"},
-       &Config::kernel_threads},
-      {{"mailbox_max_bytes", K::kUint,
-        "payload bytes one peer may have waiting in this daemon's mailbox (about two steps of its "
-        "messages are needed); a message beyond it is rejected and fails its step",
-        65536, 1.1e12, "", false, false, ""},
-       &Config::mailbox_max_bytes},
-      {{"tensor_memory_budget_bytes", K::kUint,
-        "memory this node may spend on registered tensors: every trainer's shm slot plus the session's and "
-        "the pipeline's buffers per tensor; a registration beyond it is refused (RESOURCE_EXHAUSTED); "
-        "0 = half the physical memory (or of the cgroup's memory.max)",
-        0, 1.8e19, "", false, false, ""},
-       &Config::tensor_memory_budget_bytes},
-      {{"session_handshake_timeout_ms", K::kUint,
-        "a connection to the trainer socket must complete its handshake within this (silent ones are "
-        "closed; at most 8 of one uid wait at once, a newer one closes the oldest)",
-        100, 60000, "", false, false, ""},
-       &Config::session_handshake_timeout_ms},
-      {{"compression", K::kBool, "compress gradients (off = exact dense average)", 0, 0, "", true, true, ""},
-       &Config::compression},
-      {{"selector", K::kChoice, selector_doc.c_str(), 0, 0, selector_choices.c_str(), true, true, ""},
-       &Config::selector},
-      {{"density", K::kDouble, doc(P::kDensity), R::kDensityRange.min,
-        R::kDensityRange.max, "", true, true, ""},
-       &Config::density},
-      {{"threshold", K::kDouble, doc(P::kThreshold),
-        R::kThresholdRange.min, R::kThresholdRange.max, "", true, true, ""},
-       &Config::threshold},
-      {{"block_size", K::kUint, doc(P::kBlockSize),
-        R::kBlockSizeRange.min, R::kBlockSizeRange.max, "", true, true, ""},
-       &Config::block_size},
-      {{"group_norm", K::kChoice, doc(P::kGroupNorm), 0, 0,
-        R::kGroupNormChoices, true, true, ""},
-       &Config::group_norm},
-      {{"heads", K::kUint, doc(P::kHeads),
-        R::kHeadsRange.min, R::kHeadsRange.max, "", true, true, ""},
-       &Config::heads},
-      {{"mask_period", K::kUint, doc(P::kMaskPeriod),
-        R::kMaskPeriodRange.min, R::kMaskPeriodRange.max, "", true, true, ""},
-       &Config::mask_period},
-      {{"hybrid_density", K::kDouble, doc(P::kHybridDensity),
-        R::kHybridDensityRange.min, R::kHybridDensityRange.max, "", true, true, ""},
-       &Config::hybrid_density},
-      {{"quantile", K::kDouble, doc(P::kQuantile),
-        R::kQuantileRange.min, R::kQuantileRange.max, "", true, true, ""},
-       &Config::quantile},
-      {{"approx_tolerance", K::kDouble, doc(P::kApproxTolerance),
-        R::kApproxToleranceRange.min, R::kApproxToleranceRange.max, "", true, true, ""},
-       &Config::approx_tolerance},
-      {{"random_seed", K::kUint, doc(P::kRandomSeed), kernels::selector_param(P::kRandomSeed).min,
-        kernels::selector_param(P::kRandomSeed).max, "", true, true, ""},
-       &Config::random_seed},
-      {{"error_feedback", K::kChoice, error_feedback_doc.c_str(), 0, 0, R::kErrorFeedbackChoices, true, true, ""},
-       &Config::error_feedback},
-      {{"momentum", K::kDouble, "error_feedback=momentum: velocity factor m (u = m u + g; v += u)",
-        R::kMomentumRange.min, R::kMomentumRange.max, "", true, true, ""},
-       &Config::momentum},
-      {{"clip_norm", K::kDouble, "local gradient clipping: scale each node's gradient to at most this L2 norm (0 = off)",
-        R::kClipNormRange.min, R::kClipNormRange.max, "", true, true, ""},
-       &Config::clip_norm},
-      {{"lr_rescale", K::kChoice,
-        "when the trainer's lr changes: residual *= lr_new/lr_old (new_over_old), lr_old/lr_new (old_over_new) or off",
-        0, 0, "off|new_over_old|old_over_new", true, true, ""},
-       &Config::lr_rescale},
-      {{"tensor_overrides", K::kString, overrides_doc.c_str(), 0, 0, "", true, true, ""},
-       &Config::tensor_overrides},
-      {{"format", K::kChoice,
-        "payload layout of the selection; auto = the smallest exact size per message (WIRE.md)", 0, 0,
-        R::kFormatChoices, true, false, ""},
-       &Config::format},
-      {{"value_type", K::kChoice,
-        "value encoding: fp32 exact; fp16/bf16 rounded; int8 with a per-message scale (error kept in the residual)",
-        0, 0, R::kValueTypeChoices, true, false, ""},
-       &Config::value_type},
+  static const std::vector<KnobSpec> table = {
+      {.name = "rank", .type = K::kUint, .live = false, .agreed = false, .secret = false,
+       .env = "RANK", .min = 0, .max = 65535, .choices = "",
+       .doc = "rank of this node in the job (0 = leader/coordinator)",
+       .field = knob_field<&Config::rank>},
+      {.name = "world_size", .type = K::kUint, .live = false, .agreed = true, .secret = false,
+       .env = "WORLD_SIZE", .min = 1, .max = 65536, .choices = "",
+       .doc = "number of nodes (daemons) in the job",
+       .field = knob_field<&Config::world_size, &CS::world_size>},
+      {.name = "coordinator", .type = K::kString, .live = false, .agreed = false, .secret = false,
+       .env = "SPARSECAR_COORDINATOR", .min = 0, .max = 0, .choices = "",
+       .doc = "HOST:PORT of rank 0's rendezvous listener (fallback: MASTER_ADDR and MASTER_PORT+1)",
+       .field = knob_field<&Config::coordinator>},
+      {.name = "job_id", .type = K::kUint, .live = false, .agreed = true, .secret = false,
+       .env = "SPARSECAR_JOB_ID", .min = 0, .max = 1.8e19, .choices = "",
+       .doc = "job identifier; daemons of different jobs refuse each other",
+       .field = knob_field<&Config::job_id>},
+      {.name = "job_secret_file", .type = K::kString, .live = false, .agreed = false, .secret = false,
+       .env = "SPARSECAR_JOB_SECRET_FILE", .min = 0, .max = 0, .choices = "",
+       .doc = "file holding the job's shared secret (16 bytes to 4 KiB; owned by the daemon's uid, mode 0600): peers "
+              "prove they hold it at rendezvous and MAC every message with it; empty = an open job that any host "
+              "reaching the coordinator port can join",
+       .field = knob_field<&Config::job_secret_file>},
+      {.name = "local_clients", .type = K::kUint, .live = false, .agreed = false, .secret = false,
+       .env = "LOCAL_WORLD_SIZE", .min = 1, .max = 1024, .choices = "",
+       .doc = "trainer processes per node whose gradients are summed each step",
+       .field = knob_field<&Config::local_clients>},
+      {.name = "socket", .type = K::kString, .live = false, .agreed = false, .secret = false,
+       .env = "SPARSECAR_SOCKET", .min = 0, .max = 0, .choices = "",
+       .doc = "Unix socket path trainers connect to",
+       .field = knob_field<&Config::socket>},
+      {.name = "control", .type = K::kString, .live = false, .agreed = false, .secret = false,
+       .env = "SPARSECAR_CONTROL", .min = 0, .max = 0, .choices = "",
+       .doc = "ZeroMQ control endpoint: ipc://PATH, tcp://HOST:PORT (needs a token or CURVE key), 'auto' "
+              "(ipc:// beside the trainer socket: <socket minus .sock>-control.sock) or 'off'",
+       .field = knob_field<&Config::control>},
+      {.name = "control_group", .type = K::kString, .live = false, .agreed = false, .secret = false,
+       .env = "", .min = 0, .max = 0, .choices = "",
+       .doc = "group allowed to use the ipc:// control socket (mode 0660); empty = 0600",
+       .field = knob_field<&Config::control_group>},
+      {.name = "control_token", .type = K::kString, .live = false, .agreed = false, .secret = true,
+       .env = "SPARSECAR_CONTROL_TOKEN", .min = 0, .max = 0, .choices = "",
+       .doc = "shared token every tcp:// control request must carry (16+ characters)",
+       .field = knob_field<&Config::control_token>},
+      {.name = "control_curve_secret_key", .type = K::kString, .live = false, .agreed = false, .secret = true,
+       .env = "", .min = 0, .max = 0, .choices = "",
+       .doc = "Z85 CURVE server secret key for a tcp:// control endpoint",
+       .field = knob_field<&Config::control_curve_secret_key>},
+      {.name = "control_max_message_bytes", .type = K::kUint, .live = false, .agreed = false, .secret = false,
+       .env = "", .min = 1024, .max = 16777216, .choices = "",
+       .doc = "largest control request served (bigger: TOO_LARGE)",
+       .field = knob_field<&Config::control_max_message_bytes>},
+      {.name = "drain_timeout_ms", .type = K::kUint, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 0, .max = 3.6e6, .choices = "",
+       .doc = "on SIGTERM, how long queued steps may finish before shutdown",
+       .field = knob_field<&Config::drain_timeout_ms>},
+      {.name = "metrics_listen", .type = K::kString, .live = false, .agreed = false, .secret = false,
+       .env = "", .min = 0, .max = 0, .choices = "",
+       .doc = "ADDRESS:PORT for Prometheus /metrics, or 'off'",
+       .field = knob_field<&Config::metrics_listen>},
+      {.name = "log_level", .type = K::kChoice, .live = true, .agreed = false, .secret = false,
+       .env = "SPARSECAR_LOG_LEVEL", .min = 0, .max = 0, .choices = "error|warn|info|debug|trace",
+       .doc = "log verbosity",
+       .field = knob_field<&Config::log_level>},
+      {.name = "ucx_tls", .type = K::kString, .live = false, .agreed = false, .secret = false,
+       .env = "", .min = 0, .max = 0, .choices = "",
+       .doc = "UCX transports (UCX_TLS syntax, e.g. tcp or posix,self); empty = UCX default",
+       .field = knob_field<&Config::ucx_tls>},
+      {.name = "ucx_net_devices", .type = K::kString, .live = false, .agreed = false, .secret = false,
+       .env = "", .min = 0, .max = 0, .choices = "",
+       .doc = "UCX network devices (e.g. lo); empty = all",
+       .field = knob_field<&Config::ucx_net_devices>},
+      {.name = "kernel_threads", .type = K::kUint, .live = false, .agreed = false, .secret = false,
+       .env = "SPARSECAR_KERNEL_THREADS", .min = 1, .max = 64, .choices = "",
+       .doc = "threads one kernel call may use: selection (top-k, threshold, EF + threshold) and decoding "
+              "(dense, COO, bitmap) of large tensors and messages (256 Ki elements, 16 Ki COO entries or "
+              "1 Mi bitmap elements per thread); results are identical for every count",
+       .field = knob_field<&Config::kernel_threads>},
+      {.name = "mailbox_max_bytes", .type = K::kUint, .live = false, .agreed = false, .secret = false,
+       .env = "", .min = 65536, .max = 1.1e12, .choices = "",
+       .doc = "payload bytes one peer may have waiting in this daemon's mailbox (about two steps of its "
+              "messages are needed); a message beyond it is rejected and fails its step",
+       .field = knob_field<&Config::mailbox_max_bytes>},
+      {.name = "tensor_memory_budget_bytes", .type = K::kUint, .live = false, .agreed = false, .secret = false,
+       .env = "", .min = 0, .max = 1.8e19, .choices = "",
+       .doc = "memory this node may spend on registered tensors: every trainer's shm slot plus the session's and "
+              "the pipeline's buffers per tensor; a registration beyond it is refused (RESOURCE_EXHAUSTED); "
+              "0 = half the physical memory (or of the cgroup's memory.max)",
+       .field = knob_field<&Config::tensor_memory_budget_bytes>},
+      {.name = "session_handshake_timeout_ms", .type = K::kUint, .live = false, .agreed = false, .secret = false,
+       .env = "", .min = 100, .max = 60000, .choices = "",
+       .doc = "a connection to the trainer socket must complete its handshake within this (silent ones are "
+              "closed; at most 8 of one uid wait at once, a newer one closes the oldest)",
+       .field = knob_field<&Config::session_handshake_timeout_ms>},
+      {.name = "compression", .type = K::kBool, .live = true, .agreed = true, .secret = false,
+       .env = "", .min = 0, .max = 0, .choices = "",
+       .doc = "compress gradients (off = exact dense average)",
+       .field = knob_field<&Config::compression, &S::compression, &CK::compression>},
+      {.name = "selector", .type = K::kChoice, .live = true, .agreed = true, .secret = false,
+       .env = "", .min = 0, .max = 0, .choices = selector_choices.c_str(),
+       .doc = selector_doc.c_str(),
+       .field = knob_field<&Config::selector, &S::selector, &CK::selector>},
+      {.name = "density", .type = K::kDouble, .live = true, .agreed = true, .secret = false,
+       .env = "", .min = R::kDensityRange.min, .max = R::kDensityRange.max, .choices = "",
+       .doc = doc(P::kDensity),
+       .field = knob_field<&Config::density, &S::density, &CK::density>},
+      {.name = "threshold", .type = K::kDouble, .live = true, .agreed = true, .secret = false,
+       .env = "", .min = R::kThresholdRange.min, .max = R::kThresholdRange.max, .choices = "",
+       .doc = doc(P::kThreshold),
+       .field = knob_field<&Config::threshold, &S::threshold, &CK::threshold>},
+      {.name = "block_size", .type = K::kUint, .live = true, .agreed = true, .secret = false,
+       .env = "", .min = R::kBlockSizeRange.min, .max = R::kBlockSizeRange.max, .choices = "",
+       .doc = doc(P::kBlockSize),
+       .field = knob_field<&Config::block_size, &S::block_size>},
+      {.name = "group_norm", .type = K::kChoice, .live = true, .agreed = true, .secret = false,
+       .env = "", .min = 0, .max = 0, .choices = R::kGroupNormChoices,
+       .doc = doc(P::kGroupNorm),
+       .field = knob_field<&Config::group_norm, &S::group_norm>},
+      {.name = "heads", .type = K::kUint, .live = true, .agreed = true, .secret = false,
+       .env = "", .min = R::kHeadsRange.min, .max = R::kHeadsRange.max, .choices = "",
+       .doc = doc(P::kHeads),
+       .field = knob_field<&Config::heads, &S::heads>},
+      {.name = "mask_period", .type = K::kUint, .live = true, .agreed = true, .secret = false,
+       .env = "", .min = R::kMaskPeriodRange.min, .max = R::kMaskPeriodRange.max, .choices = "",
+       .doc = doc(P::kMaskPeriod),
+       .field = knob_field<&Config::mask_period, &S::mask_period>},
+      {.name = "hybrid_density", .type = K::kDouble, .live = true, .agreed = true, .secret = false,
+       .env = "", .min = R::kHybridDensityRange.min, .max = R::kHybridDensityRange.max, .choices = "",
+       .doc = doc(P::kHybridDensity),
+       .field = knob_field<&Config::hybrid_density, &S::hybrid_density>},
+      {.name = "quantile", .type = K::kDouble, .live = true, .agreed = true, .secret = false,
+       .env = "", .min = R::kQuantileRange.min, .max = R::kQuantileRange.max, .choices = "",
+       .doc = doc(P::kQuantile),
+       .field = knob_field<&Config::quantile, &S::quantile>},
+      {.name = "approx_tolerance", .type = K::kDouble, .live = true, .agreed = true, .secret = false,
+       .env = "", .min = R::kApproxToleranceRange.min, .max = R::kApproxToleranceRange.max, .choices = "",
+       .doc = doc(P::kApproxTolerance),
+       .field = knob_field<&Config::approx_tolerance, &S::approx_tolerance>},
+      {.name = "random_seed", .type = K::kUint, .live = true, .agreed = true, .secret = false,
+       .env = "", .min = kernels::selector_param(P::kRandomSeed).min,
+       .max = kernels::selector_param(P::kRandomSeed).max, .choices = "",
+       .doc = doc(P::kRandomSeed),
+       .field = knob_field<&Config::random_seed, &S::random_seed>},
+      {.name = "error_feedback", .type = K::kChoice, .live = true, .agreed = true, .secret = false,
+       .env = "", .min = 0, .max = 0, .choices = R::kErrorFeedbackChoices,
+       .doc = error_feedback_doc.c_str(),
+       .field = knob_field<&Config::error_feedback, &S::error_feedback>},
+      {.name = "momentum", .type = K::kDouble, .live = true, .agreed = true, .secret = false,
+       .env = "", .min = R::kMomentumRange.min, .max = R::kMomentumRange.max, .choices = "",
+       .doc = "error_feedback=momentum: velocity factor m (u = m u + g; v += u)",
+       .field = knob_field<&Config::momentum, &S::momentum>},
+      {.name = "clip_norm", .type = K::kDouble, .live = true, .agreed = true, .secret = false,
+       .env = "", .min = R::kClipNormRange.min, .max = R::kClipNormRange.max, .choices = "",
+       .doc = "local gradient clipping: scale each node's gradient to at most this L2 norm (0 = off)",
+       .field = knob_field<&Config::clip_norm, &S::clip_norm>},
+      {.name = "lr_rescale", .type = K::kChoice, .live = true, .agreed = true, .secret = false,
+       .env = "", .min = 0, .max = 0, .choices = "off|new_over_old|old_over_new",
+       .doc = "when the trainer's lr changes: residual *= lr_new/lr_old (new_over_old), lr_old/lr_new (old_over_new) "
+              "or off",
+       .field = knob_field<&Config::lr_rescale, &S::lr_rescale>},
+      {.name = "tensor_overrides", .type = K::kString, .live = true, .agreed = true, .secret = false,
+       .env = "", .min = 0, .max = 0, .choices = "",
+       .doc = overrides_doc.c_str(),
+       .field = knob_field<&Config::tensor_overrides, overrides_into>},
+      {.name = "format", .type = K::kChoice, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 0, .max = 0, .choices = R::kFormatChoices,
+       .doc = "payload layout of the selection; auto = the smallest exact size per message (WIRE.md)",
+       .field = knob_field<&Config::format, format_into, &CK::format>},
+      {.name = "value_type", .type = K::kChoice, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 0, .max = 0, .choices = R::kValueTypeChoices,
+       .doc = "value encoding: fp32 exact; fp16/bf16 rounded; int8 with a per-message scale (error kept in the "
+              "residual)",
+       .field = knob_field<&Config::value_type, &S::value_type>},
       // Controllers (docs/controllers.md). Knobs that shape per-tensor plans are agreed.
-      {{"controller", K::kString,
-        "active controllers, a comma list of static|schedule|layerwise|gradnorm|frequency|bandwidth|accuracy|"
-        "budget|cost (static = fixed knobs, the fallback)",
-        0, 0, "", true, true, ""},
-       &Config::controller},
-      {{"density_min", K::kDouble, "controllers never go below this density (quality floor)", 1e-6, 1.0, "", true,
-        true, ""},
-       &Config::density_min},
-      {{"density_max", K::kDouble, "controllers never go above this density", 1e-6, 1.0, "", true, true, ""},
-       &Config::density_max},
-      {{"density_cap", K::kDouble, "upper bound on every tensor's density (set by the bandwidth controller)", 1e-6,
-        1.0, "", true, true, ""},
-       &Config::density_cap},
-      {{"tensor_density_scale", K::kString,
-        "per-tensor density multipliers 'id:scale,...' (set by the frequency controller)", 0, 0, "", true, true, ""},
-       &Config::tensor_density_scale},
-      {{"schedule_warmup_steps", K::kUint, "schedule: the first N steps are dense", 0, 1e15, "", true, true, ""},
-       &Config::schedule_warmup_steps},
-      {{"schedule_ramp_steps", K::kUint,
-        "schedule: after warm-up the density moves from schedule_start_density to the end over N steps (0 = off)", 0,
-        1e15, "", true, true, ""},
-       &Config::schedule_ramp_steps},
-      {{"schedule_start_density", K::kDouble, "schedule: density at the start of the ramp (0.25 = 75 % sparsity)",
-        1e-6, 1.0, "", true, true, ""},
-       &Config::schedule_start_density},
-      {{"schedule_end_density", K::kDouble,
-        "schedule: density at the end of the ramp; 0 = `density` (ramp 0.25 -> 0.001 = DGC, 0.01 -> 0.1 = decay)", 0,
-        1.0, "", true, true, ""},
-       &Config::schedule_end_density},
-      {{"schedule_shape", K::kChoice, "schedule: exp (geometric, DGC) or linear", 0, 0, "exp|linear", true, true, ""},
-       &Config::schedule_shape},
-      {{"schedule_dense_every", K::kUint, "schedule: every N-th step is dense (0 = never)", 0, 1e15, "", true, true,
-        ""},
-       &Config::schedule_dense_every},
-      {{"layerwise_dense_below", K::kUint, "layerwise: tensors with fewer elements are sent dense", 0, 1e15, "", true,
-        true, ""},
-       &Config::layerwise_dense_below},
-      {{"layerwise_small_scale", K::kDouble, "layerwise: density multiplier for bias/norm tensors", 1e-6, 1e6, "",
-        true, true, ""},
-       &Config::layerwise_small_scale},
-      {{"layerwise_embedding_scale", K::kDouble, "layerwise: density multiplier for embedding tensors", 1e-6, 1e6, "",
-        true, true, ""},
-       &Config::layerwise_embedding_scale},
-      {{"layerwise_sensitivity", K::kString,
-        "layerwise: sensitivity table 'name-substring:dense|scale,...' (first match wins)", 0, 0, "", true, true, ""},
-       &Config::layerwise_sensitivity},
-      {{"controller_interval_steps", K::kUint, "rank 0 proposes at most one controller decision per N steps", 1,
-        1e9, "", true, false, ""},
-       &Config::controller_interval_steps},
-      {{"controller_hysteresis", K::kDouble, "relative density change a controller needs before it proposes", 0, 10,
-        "", true, false, ""},
-       &Config::controller_hysteresis},
-      {{"controller_metric", K::kString,
-        "trainer metric the accuracy controller tracks (lower is better; '<name>_target' = explicit target)", 0, 0,
-        "", true, false, ""},
-       &Config::controller_metric},
-      {{"gradnorm_jump", K::kDouble, "gradnorm: norm / running mean above this is a jump", 1.0, 1e6, "", true, false,
-        ""},
-       &Config::gradnorm_jump},
-      {{"gradnorm_boost", K::kDouble, "gradnorm: density multiplier after a jump", 1.0, 1e6, "", true, false, ""},
-       &Config::gradnorm_boost},
-      {{"gradnorm_boost_steps", K::kUint, "gradnorm: steps the boost lasts", 0, 1e9, "", true, false, ""},
-       &Config::gradnorm_boost_steps},
-      {{"gradnorm_window", K::kUint, "gradnorm: steps over which steadiness is judged", 2, 1e6, "", true, false, ""},
-       &Config::gradnorm_window},
-      {{"gradnorm_steady_cv", K::kDouble, "gradnorm: coefficient of variation below which the norm is steady", 0, 10,
-        "", true, false, ""},
-       &Config::gradnorm_steady_cv},
-      {{"gradnorm_steady_scale", K::kDouble, "gradnorm: density multiplier while steady", 1e-6, 1.0, "", true, false,
-        ""},
-       &Config::gradnorm_steady_scale},
-      {{"frequency_max_scale", K::kDouble, "frequency: largest per-tensor density multiplier (and 1/x smallest)",
-        1.0, 1e3, "", true, false, ""},
-       &Config::frequency_max_scale},
-      {{"exchange_budget_ms", K::kDouble,
-        "bandwidth: exchange time budget per step in ms (0 = exchange_budget_fraction x reported compute time)", 0,
-        3.6e6, "", true, false, ""},
-       &Config::exchange_budget_ms},
-      {{"exchange_budget_fraction", K::kDouble, "bandwidth: budget as a fraction of the trainer's compute time",
-        1e-3, 1e3, "", true, false, ""},
-       &Config::exchange_budget_fraction},
-      {{"goodput_smoothing", K::kDouble, "bandwidth: EMA weight (log domain) of a new goodput sample", 1e-3,
-        1.0, "", true, false, ""},
-       &Config::goodput_smoothing},
-      {{"bandwidth_margin", K::kDouble, "bandwidth: aim at (1 - margin) of the budget", 0, 0.9, "", true, false, ""},
-       &Config::bandwidth_margin},
-      {{"bandwidth_allow_dense", K::kBool, "bandwidth: switch to the dense ring when it fits the budget", 0, 0, "",
-        true, false, ""},
-       &Config::bandwidth_allow_dense},
-      {{"goodput_confirm_steps", K::kUint,
-        "bandwidth: consecutive goodput samples more than 2x off the estimate before it follows them", 1, 100, "",
-        true, false, ""},
-       &Config::goodput_confirm_steps},
-      {{"bandwidth_confirm_steps", K::kUint,
-        "bandwidth: consecutive observations over budget (or with room) before the controller moves", 1, 100, "",
-        true, false, ""},
-       &Config::bandwidth_confirm_steps},
-      {{"bandwidth_hold_steps", K::kUint, "bandwidth: at least this many steps between its decisions", 0, 10000, "",
-        true, false, ""},
-       &Config::bandwidth_hold_steps},
-      {{"bandwidth_raise_max", K::kDouble, "bandwidth: one decision raises the density cap at most this factor", 1.01,
-        1000, "", true, false, ""},
-       &Config::bandwidth_raise_max},
-      {{"bandwidth_lower_max", K::kDouble, "bandwidth: one decision lowers the density cap at most this factor", 1.01,
-        1e6, "", true, false, ""},
-       &Config::bandwidth_lower_max},
-      {{"accuracy_tolerance", K::kDouble, "accuracy: relative metric gap to the target that triggers a back-off", 0,
-        10, "", true, false, ""},
-       &Config::accuracy_tolerance},
-      {{"accuracy_backoff", K::kDouble, "accuracy: density multiplier when behind", 1.0, 1e3, "", true, false, ""},
-       &Config::accuracy_backoff},
-      {{"accuracy_tighten", K::kDouble, "accuracy: density multiplier when on track", 1e-3, 1.0, "", true, false,
-        ""},
-       &Config::accuracy_tighten},
-      {{"accuracy_hold_steps", K::kUint, "accuracy: steps between two moves", 1, 1e9, "", true, false, ""},
-       &Config::accuracy_hold_steps},
-      {{"budget_total_elements", K::kDouble,
-        "budget: elements each node may send over the whole run (hard threshold; 0 = off)", 0, 1e18, "", true,
-        false, ""},
-       &Config::budget_total_elements},
-      {{"budget_steps", K::kUint, "budget: length of the run in steps", 0, 1e15, "", true, false, ""},
-       &Config::budget_steps},
-      {{"step_timeout_ms", K::kUint, "deadline for peers to deliver a step", 10, 3.6e6, "", true, false, ""},
-       &Config::step_timeout_ms},
-      {{"join_timeout_ms", K::kUint, "deadline for the rendezvous and the first-step agreement check", 100,
-        3.6e6, "", false, false, ""},
-       &Config::join_timeout_ms},
-      {{"peer_down_grace_ms", K::kUint,
-        "after a peer is lost (killed, unreachable) the daemon keeps failing steps loudly for this long, then "
-        "exits with status 3 so the service manager restarts the job (0: never exit)",
-        0, 3.6e6, "", false, false, ""},
-       &Config::peer_down_grace_ms},
-      {{"accept_replacements", K::kBool,
-        "rank 0: after the job has formed, admit a new process for a lost rank (started like the lost one) into "
-        "the running job; off: a lost rank stays lost until the job restarts",
-        0, 0, "", false, false, ""},
-       &Config::accept_replacements},
+      {.name = "controller", .type = K::kString, .live = true, .agreed = true, .secret = false,
+       .env = "", .min = 0, .max = 0, .choices = "",
+       .doc = controller_doc.c_str(),
+       .field = knob_field<&Config::controller, controllers_into>},
+      {.name = "density_min", .type = K::kDouble, .live = true, .agreed = true, .secret = false,
+       .env = "", .min = 1e-6, .max = 1.0, .choices = "",
+       .doc = "controllers never go below this density (quality floor)",
+       .field = knob_field<&Config::density_min, &PS::density_min, &CS::density_min>},
+      {.name = "density_max", .type = K::kDouble, .live = true, .agreed = true, .secret = false,
+       .env = "", .min = 1e-6, .max = 1.0, .choices = "",
+       .doc = "controllers never go above this density",
+       .field = knob_field<&Config::density_max, &PS::density_max, &CS::density_max>},
+      {.name = "density_cap", .type = K::kDouble, .live = true, .agreed = true, .secret = false,
+       .env = "", .min = 1e-6, .max = 1.0, .choices = "",
+       .doc = "upper bound on every tensor's density (set by the bandwidth controller)",
+       .field = knob_field<&Config::density_cap, &PS::density_cap, &CK::density_cap>},
+      {.name = "tensor_density_scale", .type = K::kString, .live = true, .agreed = true, .secret = false,
+       .env = "", .min = 0, .max = 0, .choices = "",
+       .doc = "per-tensor density multipliers 'id:scale,...' (set by the frequency controller)",
+       .field = knob_field<&Config::tensor_density_scale, &PS::tensor_scale, &CK::tensor_scale>},
+      {.name = "schedule_warmup_steps", .type = K::kUint, .live = true, .agreed = true, .secret = false,
+       .env = "", .min = 0, .max = 1e15, .choices = "",
+       .doc = "schedule: the first N steps are dense",
+       .field = knob_field<&Config::schedule_warmup_steps, &Schedule::warmup_steps, &CS::schedule_warmup_steps>},
+      {.name = "schedule_ramp_steps", .type = K::kUint, .live = true, .agreed = true, .secret = false,
+       .env = "", .min = 0, .max = 1e15, .choices = "",
+       .doc = "schedule: after warm-up the density moves from schedule_start_density to the end over N steps (0 = off)",
+       .field = knob_field<&Config::schedule_ramp_steps, &Schedule::ramp_steps>},
+      {.name = "schedule_start_density", .type = K::kDouble, .live = true, .agreed = true, .secret = false,
+       .env = "", .min = 1e-6, .max = 1.0, .choices = "",
+       .doc = "schedule: density at the start of the ramp (0.25 = 75 % sparsity)",
+       .field = knob_field<&Config::schedule_start_density, &Schedule::start_density>},
+      {.name = "schedule_end_density", .type = K::kDouble, .live = true, .agreed = true, .secret = false,
+       .env = "", .min = 0, .max = 1.0, .choices = "",
+       .doc = "schedule: density at the end of the ramp; 0 = `density` (ramp 0.25 -> 0.001 = DGC, 0.01 -> 0.1 = decay)",
+       .field = knob_field<&Config::schedule_end_density, &Schedule::end_density>},
+      {.name = "schedule_shape", .type = K::kChoice, .live = true, .agreed = true, .secret = false,
+       .env = "", .min = 0, .max = 0, .choices = "exp|linear",
+       .doc = "schedule: exp (geometric, DGC) or linear",
+       .field = knob_field<&Config::schedule_shape, schedule_shape_into>},
+      {.name = "schedule_dense_every", .type = K::kUint, .live = true, .agreed = true, .secret = false,
+       .env = "", .min = 0, .max = 1e15, .choices = "",
+       .doc = "schedule: every N-th step is dense (0 = never)",
+       .field = knob_field<&Config::schedule_dense_every, &Schedule::dense_every>},
+      {.name = "layerwise_dense_below", .type = K::kUint, .live = true, .agreed = true, .secret = false,
+       .env = "", .min = 0, .max = 1e15, .choices = "",
+       .doc = "layerwise: tensors with fewer elements are sent dense",
+       .field = knob_field<&Config::layerwise_dense_below, &Layerwise::dense_below>},
+      {.name = "layerwise_small_scale", .type = K::kDouble, .live = true, .agreed = true, .secret = false,
+       .env = "", .min = 1e-6, .max = 1e6, .choices = "",
+       .doc = "layerwise: density multiplier for bias/norm tensors",
+       .field = knob_field<&Config::layerwise_small_scale, &Layerwise::small_scale>},
+      {.name = "layerwise_embedding_scale", .type = K::kDouble, .live = true, .agreed = true, .secret = false,
+       .env = "", .min = 1e-6, .max = 1e6, .choices = "",
+       .doc = "layerwise: density multiplier for embedding tensors",
+       .field = knob_field<&Config::layerwise_embedding_scale, &Layerwise::embedding_scale>},
+      {.name = "layerwise_sensitivity", .type = K::kString, .live = true, .agreed = true, .secret = false,
+       .env = "", .min = 0, .max = 0, .choices = "",
+       .doc = "layerwise: sensitivity table 'name-substring:dense|scale,...' (first match wins)",
+       .field = knob_field<&Config::layerwise_sensitivity, &Layerwise::rules>},
+      {.name = "dense_above", .type = K::kDouble, .live = true, .agreed = true, .secret = false,
+       .env = "", .min = 1e-3, .max = 1.0, .choices = "",
+       .doc = "plan controllers: a tensor whose density after the schedule, layer-wise and frequency scales and "
+              "the bounds is at or above this is sent dense (the dense ring is cheaper there, and exact)",
+       .field = knob_field<&Config::dense_above, &PS::dense_above>},
+      {.name = "controller_interval_steps", .type = K::kUint, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 1, .max = 1e9, .choices = "",
+       .doc = "rank 0 proposes at most one controller decision per N steps",
+       .field = knob_field<&Config::controller_interval_steps, &CS::controller_interval_steps>},
+      {.name = "controller_hysteresis", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 0, .max = 10, .choices = "",
+       .doc = "relative density change a controller needs before it proposes",
+       .field = knob_field<&Config::controller_hysteresis, &CS::controller_hysteresis>},
+      {.name = "controller_metric", .type = K::kString, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 0, .max = 0, .choices = "",
+       .doc = "trainer metric the accuracy controller tracks (lower is better; '<name>_target' = explicit target)",
+       .field = knob_field<&Config::controller_metric>},
+      {.name = "gradnorm_jump", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 1.0, .max = 1e6, .choices = "",
+       .doc = "gradnorm: norm / running mean above this is a jump",
+       .field = knob_field<&Config::gradnorm_jump, &CS::gradnorm_jump>},
+      {.name = "gradnorm_boost", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 1.0, .max = 1e6, .choices = "",
+       .doc = "gradnorm: density multiplier after a jump",
+       .field = knob_field<&Config::gradnorm_boost, &CS::gradnorm_boost>},
+      {.name = "gradnorm_boost_steps", .type = K::kUint, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 0, .max = 1e9, .choices = "",
+       .doc = "gradnorm: steps the boost lasts",
+       .field = knob_field<&Config::gradnorm_boost_steps, &CS::gradnorm_boost_steps>},
+      {.name = "gradnorm_window", .type = K::kUint, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 2, .max = 1e6, .choices = "",
+       .doc = "gradnorm: steps over which steadiness is judged",
+       .field = knob_field<&Config::gradnorm_window, &CS::gradnorm_window>},
+      {.name = "gradnorm_steady_cv", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 0, .max = 10, .choices = "",
+       .doc = "gradnorm: coefficient of variation below which the norm is steady",
+       .field = knob_field<&Config::gradnorm_steady_cv, &CS::gradnorm_steady_cv>},
+      {.name = "gradnorm_steady_scale", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 1e-6, .max = 1.0, .choices = "",
+       .doc = "gradnorm: density multiplier while steady",
+       .field = knob_field<&Config::gradnorm_steady_scale, &CS::gradnorm_steady_scale>},
+      {.name = "frequency_max_scale", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 1.0, .max = 1e3, .choices = "",
+       .doc = "frequency: largest per-tensor density multiplier (and 1/x smallest)",
+       .field = knob_field<&Config::frequency_max_scale, &CS::frequency_max_scale>},
+      {.name = "frequency_alpha", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 1e-3, .max = 1.0, .choices = "",
+       .doc = "frequency: EMA weight of a tensor's new repeat fraction (share of its selection also selected the "
+              "step before)",
+       .field = knob_field<&Config::frequency_alpha, &CS::frequency_alpha>},
+      {.name = "exchange_budget_ms", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 0, .max = 3.6e6, .choices = "",
+       .doc = "bandwidth: exchange time budget per step in ms (0 = exchange_budget_fraction x reported compute time)",
+       .field = knob_field<&Config::exchange_budget_ms, &CS::exchange_budget_ms>},
+      {.name = "exchange_budget_fraction", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 1e-3, .max = 1e3, .choices = "",
+       .doc = "bandwidth: budget as a fraction of the trainer's compute time",
+       .field = knob_field<&Config::exchange_budget_fraction, &CS::exchange_budget_fraction>},
+      {.name = "goodput_smoothing", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 1e-3, .max = 1.0, .choices = "",
+       .doc = "bandwidth: EMA weight (log domain) of a new goodput sample",
+       .field = knob_field<&Config::goodput_smoothing, &CS::goodput_smoothing>},
+      {.name = "bandwidth_margin", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 0, .max = 0.9, .choices = "",
+       .doc = "bandwidth: aim at (1 - margin) of the budget",
+       .field = knob_field<&Config::bandwidth_margin, &CS::bandwidth_margin>},
+      {.name = "bandwidth_allow_dense", .type = K::kBool, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 0, .max = 0, .choices = "",
+       .doc = "bandwidth: switch to the dense ring when it fits the budget",
+       .field = knob_field<&Config::bandwidth_allow_dense, &CS::bandwidth_allow_dense>},
+      {.name = "goodput_confirm_steps", .type = K::kUint, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 1, .max = 100, .choices = "",
+       .doc = "bandwidth: consecutive goodput samples more than 2x off the estimate before it follows them",
+       .field = knob_field<&Config::goodput_confirm_steps, &CS::goodput_confirm_steps>},
+      {.name = "bandwidth_confirm_steps", .type = K::kUint, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 1, .max = 100, .choices = "",
+       .doc = "bandwidth: consecutive observations over budget (or with room) before the controller moves",
+       .field = knob_field<&Config::bandwidth_confirm_steps, &CS::bandwidth_confirm_steps>},
+      {.name = "bandwidth_hold_steps", .type = K::kUint, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 0, .max = 10000, .choices = "",
+       .doc = "bandwidth: at least this many steps between its decisions",
+       .field = knob_field<&Config::bandwidth_hold_steps, &CS::bandwidth_hold_steps>},
+      {.name = "bandwidth_raise_max", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 1.01, .max = 1000, .choices = "",
+       .doc = "bandwidth: one decision raises the density cap at most this factor",
+       .field = knob_field<&Config::bandwidth_raise_max, &CS::bandwidth_raise_max>},
+      {.name = "bandwidth_lower_max", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 1.01, .max = 1e6, .choices = "",
+       .doc = "bandwidth: one decision lowers the density cap at most this factor",
+       .field = knob_field<&Config::bandwidth_lower_max, &CS::bandwidth_lower_max>},
+      {.name = "accuracy_tolerance", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 0, .max = 10, .choices = "",
+       .doc = "accuracy: relative metric gap to the target that triggers a back-off",
+       .field = knob_field<&Config::accuracy_tolerance, &CS::accuracy_tolerance>},
+      {.name = "accuracy_backoff", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 1.0, .max = 1e3, .choices = "",
+       .doc = "accuracy: density multiplier when behind",
+       .field = knob_field<&Config::accuracy_backoff, &CS::accuracy_backoff>},
+      {.name = "accuracy_tighten", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 1e-3, .max = 1.0, .choices = "",
+       .doc = "accuracy: density multiplier when on track",
+       .field = knob_field<&Config::accuracy_tighten, &CS::accuracy_tighten>},
+      {.name = "accuracy_hold_steps", .type = K::kUint, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 1, .max = 1e9, .choices = "",
+       .doc = "accuracy: steps between two moves",
+       .field = knob_field<&Config::accuracy_hold_steps, &CS::accuracy_hold_steps>},
+      {.name = "accuracy_alpha", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 1e-3, .max = 1.0, .choices = "",
+       .doc = "accuracy: EMA weight of a new relative gap between the metric and its target",
+       .field = knob_field<&Config::accuracy_alpha, &CS::accuracy_alpha>},
+      {.name = "budget_total_elements", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 0, .max = 1e18, .choices = "",
+       .doc = "budget: elements each node may send over the whole run (hard threshold; 0 = off)",
+       .field = knob_field<&Config::budget_total_elements, &CS::budget_total_elements>},
+      {.name = "budget_steps", .type = K::kUint, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 0, .max = 1e15, .choices = "",
+       .doc = "budget: length of the run in steps",
+       .field = knob_field<&Config::budget_steps, &CS::budget_steps>},
+      {.name = "budget_settle_steps", .type = K::kUint, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 2, .max = 1e6, .choices = "",
+       .doc = "budget: steps between two lambda moves, so that the last move shows in the measured volume (at "
+              "least the decision latency, 2)",
+       .field = knob_field<&Config::budget_settle_steps, &CS::budget_settle_steps>},
+      {.name = "step_timeout_ms", .type = K::kUint, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 10, .max = 3.6e6, .choices = "",
+       .doc = "deadline for peers to deliver a step",
+       .field = knob_field<&Config::step_timeout_ms>},
+      {.name = "join_timeout_ms", .type = K::kUint, .live = false, .agreed = false, .secret = false,
+       .env = "", .min = 100, .max = 3.6e6, .choices = "",
+       .doc = "deadline for the rendezvous and the first-step agreement check",
+       .field = knob_field<&Config::join_timeout_ms>},
+      {.name = "peer_down_grace_ms", .type = K::kUint, .live = false, .agreed = false, .secret = false,
+       .env = "", .min = 0, .max = 3.6e6, .choices = "",
+       .doc = "after a peer is lost (killed, unreachable) the daemon keeps failing steps loudly for this long, then "
+              "exits with status 3 so the service manager restarts the job (0: never exit)",
+       .field = knob_field<&Config::peer_down_grace_ms>},
+      {.name = "accept_replacements", .type = K::kBool, .live = false, .agreed = false, .secret = false,
+       .env = "", .min = 0, .max = 0, .choices = "",
+       .doc = "rank 0: after the job has formed, admit a new process for a lost rank (started like the lost one) into "
+              "the running job; off: a lost rank stays lost until the job restarts",
+       .field = knob_field<&Config::accept_replacements>},
   };
   return table;
-}
-
-const Knob* find(std::string_view name) {
-  for (const auto& k : knobs()) {
-    if (name == k.spec.name) return &k;
-  }
-  return nullptr;
 }
 
 Status bad_value(const KnobSpec& spec, std::string_view value, std::string_view allowed) {
@@ -394,24 +602,33 @@ std::string listen_address_error(const std::string& listen) {
 
 }  // namespace
 
-const std::vector<KnobSpec>& knob_table() {
-  static const std::vector<KnobSpec> specs = [] {
-    std::vector<KnobSpec> out;
-    for (const auto& k : knobs()) out.push_back(k.spec);
-    return out;
-  }();
-  return specs;
-}
+const std::vector<KnobSpec>& knob_table() { return knobs(); }
 
 const KnobSpec* find_knob(std::string_view name) {
-  const Knob* k = find(name);
-  return k ? &k->spec : nullptr;
+  for (const auto& spec : knobs()) {
+    if (name == spec.name) return &spec;
+  }
+  return nullptr;
+}
+
+const std::vector<policies::TensorOverride>& OverridesCache::rules(const std::string& text) {
+  if (valid_ && text == text_) return rules_;
+  ++parses_;
+  auto parsed = policies::parse_tensor_overrides(text);
+  rules_ = parsed.ok() ? std::move(parsed).value() : std::vector<policies::TensorOverride>{};
+  text_ = text;
+  valid_ = true;
+  return rules_;
+}
+
+void write_knobs(const Config& config, const KnobTargets& to) {
+  for (const auto& spec : knobs()) spec.field.write(config, to);
 }
 
 Status set_knob(Config& config, std::string_view name, std::string_view value) {
-  const Knob* knob = find(name);
+  const KnobSpec* knob = find_knob(name);
   if (!knob) return not_found("unknown knob '" + std::string(name) + "'");
-  const KnobSpec& spec = knob->spec;
+  const KnobSpec& spec = *knob;
   char range[96];
   std::snprintf(range, sizeof range, "a number in [%g, %g]", spec.min, spec.max);
   switch (spec.type) {
@@ -424,7 +641,7 @@ Status set_knob(Config& config, std::string_view name, std::string_view value) {
       } else {
         return bad_value(spec, value, "on|off");
       }
-      config.*std::get<bool Config::*>(knob->member) = v;
+      config.*std::get<bool Config::*>(knob->field.member) = v;
       return Status::Ok();
     }
     case KnobType::kUint: {
@@ -438,10 +655,10 @@ Status set_knob(Config& config, std::string_view name, std::string_view value) {
         return bad_value(spec, value, std::string("an unsigned integer in [") + format_double(spec.min) +
                                           ", " + format_double(spec.max) + "]");
       }
-      if (auto* m = std::get_if<uint32_t Config::*>(&knob->member)) {
+      if (auto* m = std::get_if<uint32_t Config::*>(&knob->field.member)) {
         config.**m = static_cast<uint32_t>(v);
       } else {
-        config.*std::get<uint64_t Config::*>(knob->member) = v;
+        config.*std::get<uint64_t Config::*>(knob->field.member) = v;
       }
       return Status::Ok();
     }
@@ -453,24 +670,24 @@ Status set_knob(Config& config, std::string_view name, std::string_view value) {
           v > spec.max) {
         return bad_value(spec, value, range);
       }
-      config.*std::get<double Config::*>(knob->member) = v;
+      config.*std::get<double Config::*>(knob->field.member) = v;
       return Status::Ok();
     }
     case KnobType::kString: {
       if (value.find('\0') != std::string_view::npos || value.size() > 4096) {
         return bad_value(spec, "<binary>", "text up to 4096 bytes");
       }
-      config.*std::get<std::string Config::*>(knob->member) = std::string(value);
+      config.*std::get<std::string Config::*>(knob->field.member) = std::string(value);
       return Status::Ok();
     }
     case KnobType::kChoice: {
       if (!in_choices(spec.choices, value)) return bad_value(spec, value, spec.choices);
-      if (auto* m = std::get_if<kernels::Selector Config::*>(&knob->member)) {
+      if (auto* m = std::get_if<kernels::Selector Config::*>(&knob->field.member)) {
         kernels::Selector s;
         if (!kernels::parse_selector(value, &s)) return bad_value(spec, value, spec.choices);
         config.**m = s;
       } else {
-        config.*std::get<std::string Config::*>(knob->member) = std::string(value);
+        config.*std::get<std::string Config::*>(knob->field.member) = std::string(value);
       }
       return Status::Ok();
     }
@@ -479,7 +696,7 @@ Status set_knob(Config& config, std::string_view name, std::string_view value) {
 }
 
 Expected<std::string> get_knob(const Config& config, std::string_view name) {
-  const Knob* knob = find(name);
+  const KnobSpec* knob = find_knob(name);
   if (!knob) return not_found("unknown knob '" + std::string(name) + "'");
   return std::visit(
       [&](auto member) -> std::string {
@@ -497,7 +714,7 @@ Expected<std::string> get_knob(const Config& config, std::string_view name) {
           return std::to_string(v);
         }
       },
-      knob->member);
+      knob->field.member);
 }
 
 std::string knob_default(const KnobSpec& spec) {

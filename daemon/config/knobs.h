@@ -1,10 +1,12 @@
 // The knob table: every tunable of sparsecard, declared once.
 //
 // Each knob has a name, a type, a default, a range or choice list, a one-line doc, whether it may
-// change while a job runs (`live`), and whether every node of a job must hold the same value
-// (`agreed`, checked by rank 0 at the first step). The command line (--<name with dashes>),
-// the config file (`name = value`), the environment fallbacks, `--help` and (later) the control
-// socket all read this one table, so they cannot drift apart.
+// change while a job runs (`live`), whether every node of a job must hold the same value
+// (`agreed`, checked by rank 0 at the first step), where its value lives in Config and which
+// fields of the policies' settings it feeds (KnobField). The command line (--<name with dashes>),
+// the config file (`name = value`), the environment fallbacks, `--help`, the control socket and
+// the policies' settings (daemon/pipeline/settings.h, through write_knobs) all read this one
+// table, so they cannot drift apart. Adding a knob: its Config field and its row in knobs.cc.
 //
 // Thread-safety: the table is immutable; a Config is a plain value owned by whoever holds it.
 #pragma once
@@ -12,12 +14,21 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <variant>
 #include <vector>
 
 #include "sparsecar/common/status.h"
 #include "sparsecar/kernels/types.h"
+#include "sparsecar/policies/overrides.h"
 
 namespace sparsecar {
+
+namespace policies {
+struct StaticSettings;      // plan.h
+struct PlanSettings;        // tensor_plan.h
+struct ControllerSettings;  // controllers.h
+struct ControlKnobs;        // controllers.h
+}  // namespace policies
 
 // Every knob's current value. Defaults here are the documented defaults.
 struct Config {
@@ -87,6 +98,7 @@ struct Config {
   double layerwise_small_scale = 10.0;
   double layerwise_embedding_scale = 0.1;
   std::string layerwise_sensitivity;  // "pattern:dense|scale,..."
+  double dense_above = 0.5;           // a planned density at or above this is sent dense
   uint64_t controller_interval_steps = 2;
   double controller_hysteresis = 0.1;
   std::string controller_metric = "loss";
@@ -97,6 +109,7 @@ struct Config {
   double gradnorm_steady_cv = 0.05;
   double gradnorm_steady_scale = 0.5;
   double frequency_max_scale = 4.0;
+  double frequency_alpha = 0.2;
   double exchange_budget_ms = 0;
   double exchange_budget_fraction = 1.0;
   double goodput_smoothing = 0.3;
@@ -111,8 +124,10 @@ struct Config {
   double accuracy_backoff = 2.0;
   double accuracy_tighten = 0.9;
   uint64_t accuracy_hold_steps = 5;
+  double accuracy_alpha = 0.3;
   double budget_total_elements = 0;
   uint64_t budget_steps = 0;
+  uint64_t budget_settle_steps = 3;
 
   // Deadlines.
   uint32_t step_timeout_ms = 30000;   // a step whose peers do not answer in time fails
@@ -123,17 +138,58 @@ struct Config {
 
 enum class KnobType { kBool, kUint, kDouble, kString, kChoice };
 
+// tensor_overrides parsed once per distinct text. Every decision epoch brings a new Config (a
+// controller may make one every few steps) while the override rules rarely change: whoever owns
+// the Configs keeps one of these and write_knobs parses only when the text differs from the
+// previous call's.
+// Thread-safety: none; one per owning thread (the pipeline thread keeps its own).
+class OverridesCache {
+ public:
+  // The rules of `text`; an unparsable text (validate() rejects it when set) is no rules.
+  const std::vector<policies::TensorOverride>& rules(const std::string& text);
+  // Times the text was parsed (for tests).
+  uint64_t parses() const { return parses_; }
+
+ private:
+  bool valid_ = false;
+  uint64_t parses_ = 0;
+  std::string text_;
+  std::vector<policies::TensorOverride> rules_;
+};
+
+// The policy settings write_knobs fills; a null pointer is a struct not wanted this time.
+struct KnobTargets {
+  policies::StaticSettings* base = nullptr;
+  policies::PlanSettings* plan = nullptr;  // its schedule and layerwise parts too (`base` apart)
+  policies::ControllerSettings* controllers = nullptr;
+  policies::ControlKnobs* control = nullptr;
+  OverridesCache* overrides_cache = nullptr;  // null: tensor_overrides is parsed on every call
+};
+
+// Where a knob's value lives: its Config field, and a function that writes the value into every
+// policy-settings field the knob feeds (converted: a choice name to its enum, a table text to
+// its parsed form). Rows make one with knob_field<&Config::x, targets...> (knobs.cc).
+struct KnobField {
+  std::variant<bool Config::*, uint32_t Config::*, uint64_t Config::*, double Config::*, std::string Config::*,
+               kernels::Selector Config::*>
+      member;
+  void (*write)(const Config& config, const KnobTargets& to);
+};
+
+// One row of the table. Rows spell every field out (designated initialisers, no defaults), so a
+// forgotten column is a compile error, not a silent `false`.
 struct KnobSpec {
-  const char* name;      // snake_case; the flag is --name-with-dashes
+  const char* name;     // snake_case; the flag is --name-with-dashes
   KnobType type;
+  bool live;            // may change while a job runs
+  bool agreed;          // every node of the job must hold the same value
+  bool secret;          // never shown by `get`/status (tokens, keys)
+  const char* env;      // environment variable used when neither flag nor file sets it ("" none)
+  double min;           // inclusive range for numeric knobs
+  double max;
+  const char* choices;  // "|"-separated, for kChoice ("" otherwise)
   const char* doc;
-  double min = 0;        // inclusive range for numeric knobs
-  double max = 0;
-  const char* choices = "";  // "|"-separated, for kChoice
-  bool live = false;     // may change while a job runs
-  bool agreed = false;   // every node of the job must hold the same value
-  const char* env = "";  // environment variable used when neither flag nor file sets it
-  bool secret = false;   // never shown by `get`/status (tokens, keys)
+  KnobField field;
 };
 
 const std::vector<KnobSpec>& knob_table();
@@ -146,6 +202,10 @@ Status set_knob(Config& config, std::string_view name, std::string_view value);
 Expected<std::string> get_knob(const Config& config, std::string_view name);
 // Text of the default value, for --help.
 std::string knob_default(const KnobSpec& spec);
+
+// Writes every knob's value into the policy settings `to` points at, through the rows' fields.
+// Fields no knob feeds keep their defaults (settings.h fills the settings this way).
+void write_knobs(const Config& config, const KnobTargets& to);
 
 // "compression=on selector=topk density=0.002 threshold=0.001" — every `agreed` knob, in table
 // order. Nodes compare these at the first step.

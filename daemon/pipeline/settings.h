@@ -1,12 +1,9 @@
 // The bridge from knob values (Config) to the inputs of the plan policies.
 //
-// Every knob a policy reads is copied here, in one place, so that a live change through a
-// decision epoch (decisions.h) reaches the plans exactly as a start-up flag would.
+// Each function fills its settings through the knob table (write_knobs, daemon/config/knobs.h):
+// every row names the settings fields its knob feeds, so a live change through a decision epoch
+// (decisions.h) reaches the plans exactly as a start-up flag would, and no knob is copied by hand.
 #pragma once
-
-#include <cstdint>
-#include <string>
-#include <vector>
 
 #include "daemon/config/knobs.h"
 #include "sparsecar/policies/controllers.h"
@@ -15,24 +12,7 @@
 
 namespace sparsecar {
 
-// tensor_overrides parsed once per distinct text. Every decision epoch brings a new Config (a
-// controller may make one every few steps) while the override rules rarely change: whoever owns
-// the Configs keeps one of these and settings_from_config parses only when the text differs
-// from the previous call's.
-// Thread-safety: none; one per owning thread (the pipeline thread keeps its own).
-class OverridesCache {
- public:
-  // The rules of `text`; an unparsable text (validate() rejects it when set) is no rules.
-  const std::vector<policies::TensorOverride>& rules(const std::string& text);
-  // Times the text was parsed (for tests).
-  uint64_t parses() const { return parses_; }
-
- private:
-  bool valid_ = false;
-  uint64_t parses_ = 0;
-  std::string text_;
-  std::vector<policies::TensorOverride> rules_;
-};
+// OverridesCache (tensor_overrides parsed once per distinct text): knobs.h.
 
 // `cache` may be null: the overrides are then parsed on every call.
 policies::StaticSettings settings_from_config(const Config& config, OverridesCache* cache = nullptr);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <deque>
+#include <iterator>
 #include <limits>
 #include <map>
 
@@ -54,8 +55,8 @@ class AccuracyController final : public Controller {
       if (o.has_loss_target && std::isfinite(o.loss_target)) {
         target = o.loss_target;
         has_target = true;
-      } else if (s.warmup_steps > 0) {
-        if (o.step < s.warmup_steps) {
+      } else if (s.schedule_warmup_steps > 0) {
+        if (o.step < s.schedule_warmup_steps) {
           warm_.emplace_back(static_cast<double>(o.step), o.loss);
         } else {
           fit_trend();
@@ -226,7 +227,7 @@ class BudgetController final : public Controller {
       if (!calibrated_ && std::fabs(log_ratio) < std::log(1.5)) calibrated_ = true;
       double factor = std::exp((calibrated_ ? 0.5 : 1.0) * log_ratio / elasticity_);
       if (calibrated_) factor = std::clamp(factor, 1.0 / 1.1, 1.1);
-      if (std::fabs(std::log(factor)) > std::log1p(s.hysteresis / 4)) {
+      if (std::fabs(std::log(factor)) > std::log1p(s.controller_hysteresis / 4)) {
         if (rate_ > 0) {
           has_prev_ = true;
           prev_log_lambda_ = std::log(lambda_);
@@ -323,7 +324,7 @@ class BandwidthController final : public Controller {
     // Decisions look at slow averages (a third of the loop's EMA weight) of the loop's goodput
     // estimate and of the budget: a stationary link's noise averages out, and a step change of
     // the link (the loop's estimate moved 2x) is taken at once.
-    const double slow = std::clamp(s.goodput_alpha / 3, 1e-3, 1.0);
+    const double slow = std::clamp(s.goodput_smoothing / 3, 1e-3, 1.0);
     if (budget_sample > 0) {
       budget_ = budget_ > 0 && s.exchange_budget_ms <= 0 ? smooth(budget_, budget_sample, slow) : budget_sample;
     }
@@ -374,7 +375,7 @@ class BandwidthController final : public Controller {
     const double held = std::min(desired, cap_);
     const double held_s = dense_ ? dense_s : time_at(held);
     const bool over = held_s > budget && (dense_ ? true : held > floor || dense_fits);
-    const bool room = !dense_ && (dense_fits || fit > held * (1 + 2 * s.hysteresis));
+    const bool room = !dense_ && (dense_fits || fit > held * (1 + 2 * s.controller_hysteresis));
     over_ = over ? over_ + 1 : 0;
     room_ = room ? room_ + 1 : 0;
     const bool first = !decided_;
@@ -450,8 +451,8 @@ class CostController final : public Controller {
                             (ctx.goodput_Bps > 0 ? std::max(o.encode_s, 0.0) : 0.0);
     const double dense_s = static_cast<double>(step_dense_bytes(o.tensors, s.world_size)) / g;
     if (!dense_) {
-      if (dense_s < sparse_s * (1 - s.hysteresis)) dense_ = true;
-    } else if (sparse_s < dense_s * (1 - s.hysteresis)) {
+      if (dense_s < sparse_s * (1 - s.controller_hysteresis)) dense_ = true;
+    } else if (sparse_s < dense_s * (1 - s.controller_hysteresis)) {
       dense_ = false;
     }
     if (dense_) {
@@ -605,16 +606,69 @@ uint64_t step_dense_bytes(std::span<const TensorStepObservation> tensors, uint32
   return total;
 }
 
-std::unique_ptr<Controller> make_controller(ControllerKind kind) {
-  switch (kind) {
-    case ControllerKind::kAccuracy: return std::make_unique<AccuracyController>();
-    case ControllerKind::kGradNorm: return std::make_unique<GradNormController>();
-    case ControllerKind::kBudget: return std::make_unique<BudgetController>();
-    case ControllerKind::kFrequency: return std::make_unique<FrequencyController>();
-    case ControllerKind::kBandwidth: return std::make_unique<BandwidthController>();
-    case ControllerKind::kCost: return std::make_unique<CostController>();
-    default: return nullptr;  // static, schedule, layerwise: per-tensor plans (tensor_plan.h)
+// ---- the registry ------------------------------------------------------------------------------
+namespace {
+
+template <typename C>
+std::unique_ptr<Controller> make() {
+  return std::make_unique<C>();
+}
+
+// Every field is written out in every row. Job-level rows in the order the ControlLoop chains
+// them (each refines the previous one's proposal).
+constexpr ControllerInfo kRows[] = {
+    {.kind = ControllerKind::kStatic, .name = "static", .doc = "fixed knobs (always the fallback)",
+     .job_level = false, .make = nullptr, .knobs = ""},
+    {.kind = ControllerKind::kSchedule, .name = "schedule",
+     .doc = "per step: dense warm-up, density ramp or decay, periodic dense steps", .job_level = false,
+     .make = nullptr, .knobs = "schedule_*"},
+    {.kind = ControllerKind::kLayerwise, .name = "layerwise",
+     .doc = "per tensor: small tensors dense, bias/norm/embedding tensors scaled, a sensitivity table",
+     .job_level = false, .make = nullptr, .knobs = "layerwise_*"},
+    {.kind = ControllerKind::kAccuracy, .name = "accuracy",
+     .doc = "density multiplier from the reported metric against a target trajectory", .job_level = true,
+     .make = make<AccuracyController>, .knobs = "accuracy_* controller_metric"},
+    {.kind = ControllerKind::kGradNorm, .name = "gradnorm",
+     .doc = "density up when the gradient norm jumps, down while it is small and steady", .job_level = true,
+     .make = make<GradNormController>, .knobs = "gradnorm_*"},
+    {.kind = ControllerKind::kBudget, .name = "budget",
+     .doc = "hard threshold, lambda moved so that the run's volume tracks a budget", .job_level = true,
+     .make = make<BudgetController>, .knobs = "budget_*"},
+    {.kind = ControllerKind::kFrequency, .name = "frequency",
+     .doc = "per-tensor density scales: often re-selected tensors get more", .job_level = true,
+     .make = make<FrequencyController>, .knobs = "frequency_*"},
+    {.kind = ControllerKind::kBandwidth, .name = "bandwidth",
+     .doc = "density cap or dense ring so that the exchange fits the time budget", .job_level = true,
+     .make = make<BandwidthController>, .knobs = "bandwidth_* exchange_budget_* goodput_*"},
+    {.kind = ControllerKind::kCost, .name = "cost", .doc = "collective and format from the cost model",
+     .job_level = true, .make = make<CostController>, .knobs = ""},
+};
+static_assert(std::size(kRows) == kControllerKindCount, "one row per ControllerKind");
+
+}  // namespace
+
+std::span<const ControllerInfo> controller_registry() { return kRows; }
+
+const ControllerInfo* find_controller(ControllerKind kind) {
+  for (const ControllerInfo& row : kRows) {
+    if (row.kind == kind) return &row;
   }
+  return nullptr;
+}
+
+std::string controller_choices() {
+  std::string out;
+  for (uint32_t i = 0; i < kControllerKindCount; ++i) {
+    const ControllerInfo* row = find_controller(static_cast<ControllerKind>(i));
+    if (row == nullptr) continue;
+    out.append(out.empty() ? "" : "|").append(row->name);
+  }
+  return out;
+}
+
+std::unique_ptr<Controller> make_controller(ControllerKind kind) {
+  const ControllerInfo* row = find_controller(kind);
+  return row != nullptr && row->make != nullptr ? row->make() : nullptr;
 }
 
 std::optional<ControlLoop::Proposal> ControlLoop::update(const ControllerSettings& settings, const JobObservation& obs,
@@ -661,7 +715,8 @@ std::optional<ControlLoop::Proposal> ControlLoop::update(const ControllerSetting
           goodput_outliers_ = 0;
         }
       } else {
-        goodput_ = std::exp(settings.goodput_alpha * std::log(g) + (1 - settings.goodput_alpha) * std::log(goodput_));
+        const double smoothing = settings.goodput_smoothing;
+        goodput_ = std::exp(smoothing * std::log(g) + (1 - smoothing) * std::log(goodput_));
         goodput_outliers_ = 0;
       }
       if (goodput_outliers_ == 0) {
@@ -673,15 +728,14 @@ std::optional<ControlLoop::Proposal> ControlLoop::update(const ControllerSetting
   }
   status_.goodput_Bps = goodput_;
 
-  static constexpr ControllerKind kOrder[] = {ControllerKind::kAccuracy,  ControllerKind::kGradNorm,
-                                              ControllerKind::kBudget,    ControllerKind::kFrequency,
-                                              ControllerKind::kBandwidth, ControllerKind::kCost};
   ControlKnobs k = base;
   k.density_cap = 1.0;
   k.tensor_scale.clear();
   ControlContext ctx{settings, obs, base, goodput_, &status_};
   std::string names;
-  for (ControllerKind kind : kOrder) {
+  for (const ControllerInfo& row : controller_registry()) {
+    if (!row.job_level) continue;
+    const ControllerKind kind = row.kind;
     auto& c = controllers_[static_cast<uint32_t>(kind)];
     if (!has(settings.active, kind)) {
       c.reset();  // deactivated: its state goes; reactivating starts afresh
@@ -703,15 +757,17 @@ std::optional<ControlLoop::Proposal> ControlLoop::update(const ControllerSetting
 
   const bool structural = k.compression != in_force.compression || k.selector != in_force.selector ||
                           k.tensor_scale != in_force.tensor_scale || k.format != in_force.format;
-  const bool numeric = rel_diff(k.density, in_force.density) > settings.hysteresis ||
-                       rel_diff(k.density_cap, in_force.density_cap) > settings.hysteresis ||
-                       rel_diff(k.threshold, in_force.threshold) > settings.hysteresis / 4;
+  const bool numeric = rel_diff(k.density, in_force.density) > settings.controller_hysteresis ||
+                       rel_diff(k.density_cap, in_force.density_cap) > settings.controller_hysteresis ||
+                       rel_diff(k.threshold, in_force.threshold) > settings.controller_hysteresis / 4;
   if (!structural && !numeric) return std::nullopt;
-  if (proposed_ && obs.step < last_proposal_step_ + settings.min_interval_steps) return std::nullopt;
+  if (proposed_ && obs.step < last_proposal_step_ + settings.controller_interval_steps) return std::nullopt;
   // Values that did not move past the hysteresis keep their value in force (no creeping).
-  if (rel_diff(k.density, in_force.density) <= settings.hysteresis) k.density = in_force.density;
-  if (rel_diff(k.density_cap, in_force.density_cap) <= settings.hysteresis) k.density_cap = in_force.density_cap;
-  if (rel_diff(k.threshold, in_force.threshold) <= settings.hysteresis / 4) k.threshold = in_force.threshold;
+  if (rel_diff(k.density, in_force.density) <= settings.controller_hysteresis) k.density = in_force.density;
+  if (rel_diff(k.density_cap, in_force.density_cap) <= settings.controller_hysteresis) {
+    k.density_cap = in_force.density_cap;
+  }
+  if (rel_diff(k.threshold, in_force.threshold) <= settings.controller_hysteresis / 4) k.threshold = in_force.threshold;
   if (k == in_force) return std::nullopt;
   proposed_ = true;
   last_proposal_step_ = obs.step;

@@ -71,7 +71,7 @@ Plan static_plan(const StaticSettings& settings, const TensorObservation& observ
   Plan plan = static_plan_base(effective, observation);
   plan.quantile = effective.quantile;
   plan.approx_tolerance = effective.approx_tolerance;
-  plan.seed = kernels::derive_seed(effective.job_seed, observation.tensor_id, observation.step);
+  plan.seed = kernels::derive_seed(effective.random_seed, observation.tensor_id, observation.step);
   plan.error_feedback = effective.error_feedback;
   plan.momentum = static_cast<float>(effective.momentum);
   plan.clip_norm = static_cast<float>(effective.clip_norm);

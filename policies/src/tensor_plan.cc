@@ -1,5 +1,7 @@
 #include "sparsecar/policies/tensor_plan.h"
 
+#include "sparsecar/policies/controllers.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -8,10 +10,6 @@
 
 namespace sparsecar::policies {
 namespace {
-
-constexpr std::string_view kNames[kControllerKindCount] = {"static",    "schedule",  "layerwise",
-                                                            "gradnorm",  "frequency", "bandwidth",
-                                                            "accuracy",  "budget",    "cost"};
 
 std::string_view trim(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
@@ -49,22 +47,24 @@ bool contains(std::string_view haystack, std::string_view needle) {
 }  // namespace
 
 std::string_view controller_name(ControllerKind k) {
-  const auto i = static_cast<uint32_t>(k);
-  return i < kControllerKindCount ? kNames[i] : "unknown";
+  const ControllerInfo* row = find_controller(k);
+  return row != nullptr ? row->name : "unknown";
 }
 
 Expected<ControllerSet> parse_controllers(std::string_view text) {
   ControllerSet set = 0;
   Status s = for_each_item(text, [&](std::string_view item) -> Status {
-    for (uint32_t i = 0; i < kControllerKindCount; ++i) {
-      if (item == kNames[i]) {
-        if (i != 0) set |= ControllerSet{1} << i;
+    for (const ControllerInfo& row : controller_registry()) {
+      if (item == row.name) {
+        if (row.kind != ControllerKind::kStatic) set |= bit(row.kind);
         return Status::Ok();
       }
     }
-    return invalid_argument("unknown controller '" + std::string(item) +
-                            "' (known: static, schedule, layerwise, gradnorm, frequency, bandwidth, accuracy, "
-                            "budget, cost)");
+    std::string known;
+    for (uint32_t i = 0; i < kControllerKindCount; ++i) {
+      known.append(i == 0 ? "" : ", ").append(controller_name(static_cast<ControllerKind>(i)));
+    }
+    return invalid_argument("unknown controller '" + std::string(item) + "' (known: " + known + ")");
   });
   if (!s.ok()) return s;
   return set;
@@ -75,7 +75,7 @@ std::string format_controllers(ControllerSet set) {
   for (uint32_t i = 1; i < kControllerKindCount; ++i) {
     if (!has(set, static_cast<ControllerKind>(i))) continue;
     if (!out.empty()) out += ',';
-    out += kNames[i];
+    out += controller_name(static_cast<ControllerKind>(i));
   }
   return out.empty() ? "static" : out;
 }
@@ -136,7 +136,7 @@ double layer_scale(const LayerwiseSettings& s, std::string_view name, uint64_t e
   }
   if (contains(name, "embed")) return s.embedding_scale;
   if (contains(name, "bias") || contains(name, "norm") || contains(name, "bn") || contains(name, "ln")) {
-    return s.small_kind_scale;
+    return s.small_scale;
   }
   return 1.0;
 }

@@ -8,12 +8,15 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <set>
 
 #include "daemon/config/config.h"
 #include "daemon/config/knobs.h"
 #include "daemon/pipeline/settings.h"
+#include "sparsecar/policies/controllers.h"
 #include "sparsecar/policies/overrides.h"
 #include "sparsecar/policies/plan.h"
+#include "sparsecar/policies/tensor_plan.h"
 
 namespace sparsecar {
 namespace {
@@ -84,6 +87,173 @@ TEST(KnobsTest, AgreedKnobsListExactlyTheAgreedOnes) {
   EXPECT_EQ(a.find("rank="), std::string::npos) << a;  // rank differs per node by design
   c.rank = 3;
   EXPECT_EQ(a, agreed_knobs(c));
+}
+
+// The agreed text nodes compare at the first step, pinned for the defaults: a change here makes
+// nodes of different versions refuse each other.
+TEST(KnobsTest, AgreedKnobsTextOfTheDefaults) {
+  EXPECT_EQ(agreed_knobs(Config{}),
+            "world_size=1 job_id=0 compression=on selector=topk density=0.01 threshold=0.001 block_size=64 "
+            "group_norm=l2 heads=8 mask_period=100 hybrid_density=0.001 quantile=0.99 approx_tolerance=0.1 "
+            "random_seed=0 error_feedback=residual momentum=0.9 clip_norm=0 lr_rescale=off tensor_overrides= "
+            "controller=static density_min=1e-05 density_max=1 density_cap=1 tensor_density_scale= "
+            "schedule_warmup_steps=0 schedule_ramp_steps=0 schedule_start_density=0.25 schedule_end_density=0 "
+            "schedule_shape=exp schedule_dense_every=0 layerwise_dense_below=4096 layerwise_small_scale=1e+01 "
+            "layerwise_embedding_scale=0.1 layerwise_sensitivity= dense_above=0.5");
+}
+
+// All four settings the knob table writes (daemon/pipeline/settings.h).
+struct AllSettings {
+  policies::PlanSettings plan;  // its base is settings_from_config's StaticSettings
+  policies::ControllerSettings controllers;
+  policies::ControlKnobs control;
+  bool operator==(const AllSettings&) const = default;
+};
+AllSettings all_settings(const Config& c) {
+  return {plan_settings_from_config(c), controller_settings_from_config(c), control_knobs_from_config(c)};
+}
+
+// The knob defaults (Config) and the settings structs' own defaults are written in two places;
+// they must agree, or a daemon would run with values its --help does not show.
+TEST(KnobSettingsTest, DefaultConfigGivesTheSettingsDefaults) {
+  const Config c;
+  EXPECT_TRUE(settings_from_config(c) == policies::StaticSettings{});
+  EXPECT_TRUE(plan_settings_from_config(c) == policies::PlanSettings{});
+  EXPECT_TRUE(controller_settings_from_config(c) == policies::ControllerSettings{});
+  EXPECT_TRUE(control_knobs_from_config(c) == policies::ControlKnobs{});
+}
+
+// A valid value of `spec` other than its default.
+std::string other_value(const KnobSpec& spec) {
+  static const std::map<std::string, std::string> kText = {
+      {"tensor_overrides", "w*: density=0.5"}, {"controller", "schedule"}, {"tensor_density_scale", "3:2"},
+      {"layerwise_sensitivity", "bias:dense"}};
+  const std::string def = knob_default(spec);
+  switch (spec.type) {
+    case KnobType::kBool:
+      return def == "on" ? "off" : "on";
+    case KnobType::kUint: {
+      const std::string max = std::to_string(static_cast<uint64_t>(spec.max));
+      return max != def ? max : std::to_string(static_cast<uint64_t>(spec.min));
+    }
+    case KnobType::kDouble: {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%.17g", spec.max == std::stod(def) ? spec.min : spec.max);
+      return buf;
+    }
+    case KnobType::kChoice: {
+      const std::string choices = spec.choices;
+      const size_t bar = choices.find('|');
+      const std::string first = choices.substr(0, bar);
+      if (first != def) return first;
+      const size_t next = choices.find('|', bar + 1);
+      return choices.substr(bar + 1, next == std::string::npos ? std::string::npos : next - bar - 1);
+    }
+    case KnobType::kString: {
+      auto it = kText.find(spec.name);
+      return it == kText.end() ? "other" : it->second;
+    }
+  }
+  return "";
+}
+
+// Every knob but the daemon's own (listed here by hand) feeds some policy setting: changing it
+// changes what the policies see. And the daemon's own change none.
+TEST(KnobSettingsTest, EveryPolicyKnobReachesTheSettings) {
+  const std::set<std::string> daemon_only = {
+      "rank", "coordinator", "job_id", "job_secret_file", "local_clients", "socket", "control", "control_group",
+      "control_token", "control_curve_secret_key", "control_max_message_bytes", "drain_timeout_ms", "metrics_listen",
+      "log_level", "ucx_tls", "ucx_net_devices", "kernel_threads", "mailbox_max_bytes", "tensor_memory_budget_bytes",
+      "session_handshake_timeout_ms", "controller_metric", "step_timeout_ms", "join_timeout_ms",
+      "peer_down_grace_ms", "accept_replacements"};
+  const AllSettings defaults = all_settings(Config{});
+  for (const KnobSpec& spec : knob_table()) {
+    SCOPED_TRACE(spec.name);
+    Config c;
+    const std::string value = other_value(spec);
+    ASSERT_TRUE(set_knob(c, spec.name, value).ok()) << value;
+    ASSERT_NE(get_knob(c, spec.name).value(), knob_default(spec)) << value;
+    EXPECT_EQ(all_settings(c) == defaults, daemon_only.count(spec.name) == 1) << value;
+  }
+}
+
+// Where the renamed and the new knobs land (the field names now match the knobs').
+TEST(KnobSettingsTest, KnobsLandInTheFieldsOfTheirNames) {
+  Config c;
+  for (const auto& [name, value] :
+       std::vector<std::pair<std::string, std::string>>{{"goodput_smoothing", "0.5"},
+                                                        {"controller_interval_steps", "7"},
+                                                        {"controller_hysteresis", "0.3"},
+                                                        {"schedule_warmup_steps", "9"},
+                                                        {"random_seed", "42"},
+                                                        {"layerwise_small_scale", "3"},
+                                                        {"frequency_alpha", "0.6"},
+                                                        {"accuracy_alpha", "0.125"},
+                                                        {"budget_settle_steps", "8"},
+                                                        {"dense_above", "0.25"},
+                                                        {"world_size", "4"},
+                                                        {"rank", "1"},
+                                                        {"controller", "bandwidth, schedule"},
+                                                        {"tensor_density_scale", "3:2"},
+                                                        {"schedule_shape", "linear"},
+                                                        {"format", "bitmap"}}) {
+    ASSERT_TRUE(set_knob(c, name, value).ok()) << name;
+  }
+  const AllSettings s = all_settings(c);
+  EXPECT_EQ(s.controllers.goodput_smoothing, 0.5);
+  EXPECT_EQ(s.controllers.controller_interval_steps, 7u);
+  EXPECT_EQ(s.controllers.controller_hysteresis, 0.3);
+  EXPECT_EQ(s.controllers.schedule_warmup_steps, 9u);
+  EXPECT_EQ(s.plan.schedule.warmup_steps, 9u);
+  EXPECT_EQ(s.plan.base.random_seed, 42u);
+  EXPECT_EQ(settings_from_config(c).random_seed, 42u);
+  EXPECT_EQ(s.plan.layerwise.small_scale, 3.0);
+  EXPECT_EQ(s.controllers.frequency_alpha, 0.6);
+  EXPECT_EQ(s.controllers.accuracy_alpha, 0.125);
+  EXPECT_EQ(s.controllers.budget_settle_steps, 8u);
+  EXPECT_EQ(s.plan.dense_above, 0.25);
+  EXPECT_EQ(s.controllers.world_size, 4u);
+  const policies::ControllerSet active =
+      policies::bit(policies::ControllerKind::kSchedule) | policies::bit(policies::ControllerKind::kBandwidth);
+  EXPECT_EQ(s.plan.active, active);
+  EXPECT_EQ(s.controllers.active, active);
+  EXPECT_EQ(s.plan.tensor_scale, (policies::TensorScales{{3, 2.0}}));
+  EXPECT_EQ(s.control.tensor_scale, (policies::TensorScales{{3, 2.0}}));
+  EXPECT_FALSE(s.plan.schedule.exponential);
+  EXPECT_EQ(s.plan.base.format, kernels::Format::kBitmap);
+  EXPECT_FALSE(s.plan.base.auto_format);
+  EXPECT_EQ(s.control.format, kernels::Format::kBitmap);
+  // `auto` is a flag of the static settings; the controllers' format stays a concrete one.
+  ASSERT_TRUE(set_knob(c, "format", "auto").ok());
+  EXPECT_TRUE(settings_from_config(c).auto_format);
+  EXPECT_EQ(control_knobs_from_config(c).format, kernels::Format::kCoo);
+}
+
+// The knobs a controller row names (policies::controller_registry) exist, and no knob belongs
+// to two controllers.
+TEST(KnobSettingsTest, ControllerRowsNameTheirKnobs) {
+  auto matches = [](const std::string& word, const std::string& knob) {
+    return word.back() == '*' ? knob.rfind(word.substr(0, word.size() - 1), 0) == 0 : knob == word;
+  };
+  std::map<std::string, std::string> owner;  // knob -> controller
+  for (const policies::ControllerInfo& row : policies::controller_registry()) {
+    std::string words = row.knobs;
+    for (size_t from = 0; from < words.size();) {
+      const size_t space = std::min(words.find(' ', from), words.size());
+      const std::string word = words.substr(from, space - from);
+      from = space + 1;
+      int found = 0;
+      for (const KnobSpec& spec : knob_table()) {
+        if (!matches(word, spec.name)) continue;
+        ++found;
+        EXPECT_TRUE(owner.emplace(spec.name, row.name).second) << spec.name << " in " << row.name;
+      }
+      EXPECT_GT(found, 0) << row.name << ": " << word;
+    }
+  }
+  EXPECT_EQ(owner["budget_settle_steps"], "budget");
+  EXPECT_EQ(owner["goodput_smoothing"], "bandwidth");
+  EXPECT_EQ(owner["controller_metric"], "accuracy");
 }
 
 TEST(ConfigTest, FlagsOverrideFileOverridesEnvOverridesDefaults) {

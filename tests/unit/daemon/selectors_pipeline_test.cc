@@ -76,7 +76,7 @@ TEST_P(SelectorPipelineTest, ResultIsTheMeanOfIndependentSelections) {
   o.settings.density = 0.02;
   o.settings.quantile = 0.98;
   o.settings.approx_tolerance = 0.05;
-  o.settings.job_seed = 77;
+  o.settings.random_seed = 77;
   o.settings.format = kernels::Format::kCoo;
   o.step_timeout = 5000ms;
   o.join_timeout = 5000ms;

@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <optional>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "sparsecar/policies/controllers.h"
@@ -104,9 +106,9 @@ TEST(BandwidthControllerTest, TenfoldDropIsBackWithinBudgetInAFewStepsAndStays) 
   EXPECT_LT(end.density_cap, 0.05);
   EXPECT_GE(end.density_cap, job.settings.density_min);
   EXPECT_LE(job.loop.status().predicted_exchange_s, budget * (1 - job.settings.bandwidth_margin) * 1.001);
-  // Rate limit: proposals at least min_interval_steps apart.
+  // Rate limit: proposals at least controller_interval_steps apart.
   for (size_t i = 1; i < job.proposal_steps.size(); ++i) {
-    EXPECT_GE(job.proposal_steps[i] - job.proposal_steps[i - 1], job.settings.min_interval_steps);
+    EXPECT_GE(job.proposal_steps[i] - job.proposal_steps[i - 1], job.settings.controller_interval_steps);
   }
   EXPECT_LE(job.proposal_steps.size(), 4u) << "no churn on a steady link";
 }
@@ -254,7 +256,7 @@ TEST(AccuracyControllerTest, TargetFromTheDenseWarmupTrend) {
   ControlKnobs base;
   base.density = 0.01;
   ControllerSettings s = with(bit(ControllerKind::kAccuracy));
-  s.warmup_steps = 10;
+  s.schedule_warmup_steps = 10;
   FakeJob job(s, base);
   for (uint64_t step = 0; step < 60; ++step) {
     JobObservation o;
@@ -466,6 +468,36 @@ TEST(MergeTest, SlowestNodeAndSums) {
   ASSERT_EQ(j.tensors.size(), 1u);
   EXPECT_EQ(j.tensors[0].nnz, 20u);
   EXPECT_DOUBLE_EQ(j.tensors[0].repeat_fraction, 0.5);
+}
+
+// The registry: every kind once, unique names; the job-level rows make a controller of their own
+// kind and are chained in the documented order (docs/controllers.md, controllers.h).
+TEST(ControllerRegistryTest, EveryKindOnceAndTheChainInItsDocumentedOrder) {
+  std::set<uint32_t> kinds;
+  std::set<std::string> names;
+  std::vector<std::string> chain;
+  for (const ControllerInfo& row : controller_registry()) {
+    SCOPED_TRACE(row.name);
+    EXPECT_TRUE(kinds.insert(static_cast<uint32_t>(row.kind)).second);
+    EXPECT_TRUE(names.insert(row.name).second);
+    EXPECT_EQ(find_controller(row.kind), &row);
+    EXPECT_EQ(controller_name(row.kind), row.name);
+    std::unique_ptr<Controller> c = make_controller(row.kind);
+    EXPECT_EQ(c != nullptr, row.job_level);
+    if (c) {
+      EXPECT_EQ(c->kind(), row.kind);
+      chain.push_back(row.name);
+    }
+  }
+  EXPECT_EQ(kinds.size(), kControllerKindCount);
+  EXPECT_EQ(chain, (std::vector<std::string>{"accuracy", "gradnorm", "budget", "frequency", "bandwidth", "cost"}));
+  EXPECT_EQ(controller_choices(), "static|schedule|layerwise|gradnorm|frequency|bandwidth|accuracy|budget|cost");
+  auto bad = parse_controllers("bogus");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find(
+                "(known: static, schedule, layerwise, gradnorm, frequency, bandwidth, accuracy, budget, cost)"),
+            std::string::npos)
+      << bad.status().message();
 }
 
 }  // namespace

@@ -10,7 +10,7 @@
 //
 // Adding a selector: its kernel, an id below, its row in selectors.cc, its test and docs.
 // Adding a parameter also needs its fields in policies::Plan/StaticSettings/TensorOverride and
-// daemon::Config (not derived yet).
+// daemon::Config, and its knob row (knobs.cc) naming its StaticSettings field (not derived yet).
 //
 // Ids are frozen like every enum of types.h (names travel in knob changes and metrics labels; an
 // id may travel in a plan): add new ones at the end; never renumber or reuse one.

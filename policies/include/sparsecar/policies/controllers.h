@@ -109,15 +109,16 @@ struct ControlKnobs {
 };
 bool operator==(const ControlKnobs& a, const ControlKnobs& b);
 
-// Every controller parameter; each is a knob (daemon/pipeline/settings.cc fills this).
+// Every controller parameter; each is the knob of the same name (`active`: `controller`), and
+// the knob table writes them (daemon/config/knobs.cc, through daemon/pipeline/settings.h).
 struct ControllerSettings {
   ControllerSet active = 0;
   uint32_t world_size = 1;
   double density_min = 1e-5;
   double density_max = 1.0;
-  uint64_t min_interval_steps = 2;  // at least this many steps between two proposals
-  double hysteresis = 0.1;          // relative density change needed to propose (lambda: a quarter)
-  uint64_t warmup_steps = 0;        // the schedule's dense warm-up (accuracy fits its trend)
+  uint64_t controller_interval_steps = 2;  // at least this many steps between two proposals
+  double controller_hysteresis = 0.1;      // relative density change needed to propose (lambda: a quarter)
+  uint64_t schedule_warmup_steps = 0;      // the schedule's dense warm-up (accuracy fits its trend)
   // gradnorm
   double gradnorm_jump = 2.0;        // norm / running mean above this = a jump
   double gradnorm_boost = 4.0;       // density multiplier after a jump
@@ -127,11 +128,11 @@ struct ControllerSettings {
   double gradnorm_steady_scale = 0.5;
   // frequency
   double frequency_max_scale = 4.0;
-  double frequency_alpha = 0.2;
+  double frequency_alpha = 0.2;      // EMA weight of a tensor's new repeat fraction
   // bandwidth
   double exchange_budget_ms = 0;     // > 0: fixed exchange budget per step
   double exchange_budget_fraction = 1.0;  // else: this fraction of the reported compute time
-  double goodput_alpha = 0.3;        // EMA weight (log domain) of a new goodput / compute-time sample
+  double goodput_smoothing = 0.3;    // EMA weight (log domain) of a new goodput / compute-time sample
   uint64_t goodput_confirm_steps = 2;  // consecutive samples beyond 2x on one side that move the
                                        // estimate at once (a step change of the link, not noise)
   double bandwidth_margin = 0.15;    // aim at (1 - margin) of the budget
@@ -146,11 +147,12 @@ struct ControllerSettings {
   double accuracy_backoff = 2.0;     // density multiplier when behind
   double accuracy_tighten = 0.9;     // density multiplier when on track (gap < tolerance / 2)
   uint64_t accuracy_hold_steps = 5;  // steps between two moves (lets the last one show)
-  double accuracy_alpha = 0.3;       // EMA weight of the loss
+  double accuracy_alpha = 0.3;       // EMA weight of a new relative gap to the target
   // budget
   double budget_total_elements = 0;  // elements each node may send over the run (0 = off)
   uint64_t budget_steps = 0;         // length of the run in steps
   uint64_t budget_settle_steps = 3;  // steps between two lambda moves (>= the decision latency, 2)
+  bool operator==(const ControllerSettings&) const = default;
 };
 
 // What one controller reports about itself (for status and metrics).
@@ -186,7 +188,31 @@ class Controller {
   // Refines *knobs (holding the previous controllers' proposal). Errors make the loop fall back.
   virtual Status update(const ControlContext& ctx, ControlKnobs* knobs) = 0;
 };
+// A new job-level controller of `kind` (its registry row's factory), or null for the per-tensor
+// ones (static, schedule, layerwise: tensor_plan.h).
 std::unique_ptr<Controller> make_controller(ControllerKind kind);
+
+// ---- the controller registry --------------------------------------------------------------------
+// One row per controller (policies/src/controllers.cc): its kind, its name (the word of the
+// `controller` knob), a one-line doc, whether rank 0's ControlLoop runs it, its factory and the
+// knobs it reads. The rows are in the order the ControlLoop chains the job-level controllers.
+// Derived from them: controller_name / parse_controllers / format_controllers, the `controller`
+// knob's doc, make_controller and the ControlLoop's order. Adding a controller: its class, a
+// ControllerKind, its row, its ControllerSettings fields and their knob rows, its test.
+struct ControllerInfo {
+  ControllerKind kind;
+  const char* name;
+  const char* doc;
+  bool job_level;                         // rank 0's ControlLoop runs it (else: per-tensor plans)
+  std::unique_ptr<Controller> (*make)();  // job-level rows; null for the per-tensor ones
+  const char* knobs;                      // the knobs only it reads, ' '-separated; "x_*" = a prefix
+};
+// Every controller once, in chain order (the per-tensor ones first).
+std::span<const ControllerInfo> controller_registry();
+// The row of `kind`, or null for a value no row has.
+const ControllerInfo* find_controller(ControllerKind kind);
+// "static|schedule|...": every name in ControllerKind order.
+std::string controller_choices();
 
 // ---- cost model ---------------------------------------------------------------------------------
 inline constexpr uint64_t kWireHeaderBytes = 80;

@@ -61,6 +61,7 @@ struct TensorOverride {
   std::optional<ErrorFeedback> error_feedback;
   std::optional<double> momentum;
   std::optional<double> clip_norm;
+  bool operator==(const TensorOverride&) const = default;
 };
 
 // Parses the text form; errors (kInvalidArgument) name the rule and the bad key or value.

@@ -69,17 +69,18 @@ struct StaticSettings {
   // Issue 3's selector parameters and error compensation (copied into every plan; see Plan).
   double quantile = 0.99;
   double approx_tolerance = 0.1;
-  uint64_t job_seed = 0;  // randomk / importance: Plan::seed = kernels::derive_seed(job_seed, tensor, step)
+  uint64_t random_seed = 0;  // randomk / importance: Plan::seed = kernels::derive_seed(random_seed, tensor, step)
   ErrorFeedback error_feedback = ErrorFeedback::kResidual;
   double momentum = 0.9;
   double clip_norm = 0.0;
   LrRescale lr_rescale = LrRescale::kOff;
   // Per-tensor overrides (overrides.h), applied by static_plan to tensors whose name matches.
-  // Every field here but hybrid_density, job_seed and lr_rescale (job-wide) has an override key.
+  // Every field here but hybrid_density, random_seed and lr_rescale (job-wide) has an override key.
   std::vector<TensorOverride> overrides;
   kernels::Format format = kernels::Format::kCoo;
   bool auto_format = false;  // `format` = auto
   kernels::ValueType value_type = kernels::ValueType::kF32;
+  bool operator==(const StaticSettings&) const = default;
 };
 
 // What a policy knows about the tensor and step it plans for.

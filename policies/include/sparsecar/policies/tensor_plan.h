@@ -64,6 +64,7 @@ struct ScheduleSettings {
   double end_density = 0.0;      // 0: the `density` knob (99.9 % sparsity = 0.001 in DGC)
   bool exponential = true;       // geometric interpolation (DGC's ramp); false: linear (a decay)
   uint64_t dense_every = 0;      // > 0: every dense_every-th step is dense (flushes residuals)
+  bool operator==(const ScheduleSettings&) const = default;
 };
 // The density the schedule wants at `step` (base_density when it has nothing to say); *dense is
 // set when the step must be dense (warm-up, periodic).
@@ -76,15 +77,17 @@ struct SensitivityRule {
   std::string pattern;
   bool dense = false;
   double scale = 1.0;
+  bool operator==(const SensitivityRule&) const = default;
 };
 // "bias:dense, embed:0.1, fc2:2" -> rules. kInvalidArgument names the bad entry.
 Expected<std::vector<SensitivityRule>> parse_sensitivity(std::string_view text);
 
 struct LayerwiseSettings {
   uint64_t dense_below = 4096;    // tensors with fewer elements are sent dense
-  double small_kind_scale = 10.0;  // names with bias/norm/bn/ln: density x this
+  double small_scale = 10.0;       // names with bias/norm/bn/ln: density x this
   double embedding_scale = 0.1;    // names with embed: density x this (very sparse)
   std::vector<SensitivityRule> rules;
+  bool operator==(const LayerwiseSettings&) const = default;
 };
 // Density multiplier for a tensor (1 when no rule applies); *dense when it must be dense.
 double layer_scale(const LayerwiseSettings& s, std::string_view name, uint64_t elements, bool* dense);
@@ -106,6 +109,7 @@ struct PlanSettings {
   double density_max = 1.0;
   double density_cap = 1.0;   // the bandwidth controller's cap (1 = none)
   double dense_above = 0.5;   // a scaled density at or above this is sent dense (cheaper, exact)
+  bool operator==(const PlanSettings&) const = default;
 };
 
 // The plan of one tensor at one step. Starts from static_plan(base) and applies the active
