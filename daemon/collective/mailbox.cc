@@ -175,7 +175,6 @@ void Mailbox::on_peer_rejoined(uint32_t peer) {
               std::chrono::duration<double>(Clock::now() - down_since_[peer]).count());
   peer_failures_[peer] = Status::Ok();
   rejoins_[peer] += 1;
-  rejoined_.fetch_add(1);
   cv_.notify_all();
 }
 
@@ -310,6 +309,13 @@ std::optional<Mailbox::PeerDown> Mailbox::first_peer_down() const {
     if (!first || down_since_[peer] < first->since) first = PeerDown{peer, peer_failures_[peer], down_since_[peer]};
   }
   return first;
+}
+
+uint64_t Mailbox::rejoined() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t all = 0;
+  for (uint64_t n : rejoins_) all += n;
+  return all;
 }
 
 uint64_t Mailbox::rejoined(uint32_t peer) const {

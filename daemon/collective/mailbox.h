@@ -122,7 +122,7 @@ class Mailbox final : public MessageSink {
   // Data and abort messages dropped because they belong to another job incarnation.
   uint64_t stale() const { return stale_.load(); }
   // Peers that came back as a new process (on_peer_rejoined), in all and for one peer.
-  uint64_t rejoined() const { return rejoined_.load(); }
+  uint64_t rejoined() const;
   uint64_t rejoined(uint32_t peer) const;
   // Payload bytes waiting from `peer` (for tests and status).
   uint64_t buffered_bytes(uint32_t peer) const;
@@ -147,7 +147,6 @@ class Mailbox final : public MessageSink {
   const uint64_t max_bytes_per_peer_;
   std::atomic<uint64_t> rejected_{0};
   std::atomic<uint64_t> stale_{0};
-  std::atomic<uint64_t> rejoined_{0};
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
