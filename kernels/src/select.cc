@@ -38,12 +38,7 @@ constexpr uint64_t kSampleSeed = 0x5ca1ab1e0ddba11ull;
 constexpr double kBracketSigmas = 3.0;
 constexpr double kBracketSlack = 2.0;
 
-// Key that |x| must reach to be selected by `|x| >= lambda`. A lambda that is not > 0 (zero,
-// negative, NaN) selects every element; +inf selects +-inf and NaN.
-uint32_t lambda_key(float lambda) {
-  if (!(lambda > 0.0f)) return 0;
-  return detail::magnitude_key(lambda);
-}
+using detail::lambda_key;
 
 // Walks bins from the top and returns the bin holding the k-th largest key (k >= 1 and
 // k <= total count); *above is the number of keys in higher bins.

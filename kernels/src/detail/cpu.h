@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <span>
 
+#include "bits.h"  // relative, as topk.h
 #include "sparsecar/common/status.h"
 
 #define SC_TARGET_AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,bmi,bmi2,popcnt")))
@@ -30,15 +31,6 @@ enum class Isa : int { kPortable = 0, kAvx512 = 1 };
 Isa best_isa();
 // SSE4.2 (crc32 instruction) present.
 bool has_sse42();
-
-// |v| as an unsigned key that orders like the magnitude: the float's bits without the sign.
-// Every NaN maps to one key just above +inf, so NaNs are "larger than every number" and equal
-// to each other (ties among NaNs are then broken by index like any other tie).
-inline constexpr uint32_t kNanKey = 0x7f800001u;
-inline uint32_t magnitude_key(float v) {
-  const uint32_t bits = std::bit_cast<uint32_t>(v) & 0x7fffffffu;
-  return bits < kNanKey ? bits : kNanKey;
-}
 
 // Top-k radix select works on 31-bit keys in three digits: 11 + 10 + 10 bits.
 inline constexpr int kTopkHiShift = 20;

@@ -49,22 +49,5 @@ Expected<size_t> topk_exact_two_pass_isa(Isa isa, std::span<const float> x, size
                                          std::span<std::byte> scratch, uint32_t* out_index,
                                          float* out_value);
 
-// murmur3's 32-bit finaliser (a bijection with full avalanche) and splitmix64's.
-inline uint32_t fmix32(uint32_t h) {
-  h ^= h >> 16;
-  h *= 0x85ebca6bu;
-  h ^= h >> 13;
-  h *= 0xc2b2ae35u;
-  h ^= h >> 16;
-  return h;
-}
-inline uint64_t splitmix64(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-// random_draw(seed, i) with splitmix64(seed) already split into (a, b).
-inline uint32_t draw(uint32_t a, uint32_t b, uint32_t index) { return fmix32(fmix32(index ^ a) + b); }
 
 }  // namespace sparsecar::kernels::detail

@@ -1,0 +1,57 @@
+// The bit-level rules every backend shares, written once for the CPU and the CUDA kernels
+// (SC_HOST_DEVICE compiles them for both under nvcc): the magnitude key that orders |x|, and the
+// counter-based random draw of the random selectors. A CUDA kernel that calls these gives the
+// CPU's keys and draws bit for bit, which is what makes "equal to the CPU reference" possible.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define SC_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define SC_HOST_DEVICE inline
+#endif
+
+namespace sparsecar::kernels::detail {
+
+// |v| as an unsigned key that orders like the magnitude: the float's bits without the sign.
+// Every NaN maps to one key just above +inf, so NaNs are "larger than every number" and equal
+// to each other (ties among NaNs are then broken by index like any other tie).
+inline constexpr uint32_t kNanKey = 0x7f800001u;
+SC_HOST_DEVICE uint32_t float_bits(float v) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(v);
+#else
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  return bits;
+#endif
+}
+SC_HOST_DEVICE uint32_t magnitude_key(float v) {
+  const uint32_t bits = float_bits(v) & 0x7fffffffu;
+  return bits < kNanKey ? bits : kNanKey;
+}
+// The key a hard threshold lambda selects from: |x_i| >= lambda is magnitude_key(x_i) >= this.
+// A lambda that is not > 0 (zero, negative, NaN) selects everything.
+SC_HOST_DEVICE uint32_t lambda_key(float lambda) { return lambda > 0.0f ? magnitude_key(lambda) : 0u; }
+
+// murmur3's 32-bit finaliser (a bijection with full avalanche) and splitmix64's.
+SC_HOST_DEVICE uint32_t fmix32(uint32_t h) {
+  h ^= h >> 16;
+  h *= 0x85ebca6bu;
+  h ^= h >> 13;
+  h *= 0xc2b2ae35u;
+  h ^= h >> 16;
+  return h;
+}
+SC_HOST_DEVICE uint64_t splitmix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+// random_draw(seed, i) with splitmix64(seed) already split into (a, b).
+SC_HOST_DEVICE uint32_t draw(uint32_t a, uint32_t b, uint32_t index) { return fmix32(fmix32(index ^ a) + b); }
+
+}  // namespace sparsecar::kernels::detail
