@@ -23,14 +23,14 @@ using detail::Isa;
 constexpr size_t kScratchAlign = 64;
 constexpr size_t kHiHistBytes = detail::kTopkHistCopies * detail::kTopkHiBins * sizeof(uint32_t);
 constexpr size_t kMaxElements = std::numeric_limits<uint32_t>::max();  // indices are uint32
-// The sampled estimate of the k-th key: up to kSampleMax stratified sample keys (all of x when
+// The sampled estimate of the k-th key (detail/bits.h: kSampleMax keys at most, all of x when
 // n <= kSampleMax). Top-k uses it from kSampledMinN elements on; below that the two-pass path
 // is as fast (everything is in cache).
-constexpr size_t kSampleMax = 16384;
+using detail::kSampleMax;
+using detail::kSampleSeed;
+using detail::sample_size;
 constexpr size_t kSampleBytes = kSampleMax * sizeof(uint32_t);
 constexpr size_t kSampledMinN = 32768;
-// Fixed seed of the sample positions: every node samples the same positions.
-constexpr uint64_t kSampleSeed = 0x5ca1ab1e0ddba11ull;
 // Half-width of the bracket around the sample rank of the k-th key, in standard deviations of
 // that rank (binomial), plus a constant for small ranks. 3 sigma: the bracket misses (and the
 // exact fallback runs) in about 0.3 % of calls on continuous data, a cost of < 1 % on average
@@ -69,11 +69,6 @@ ScratchLayout layout_of(std::span<std::byte> scratch) {
   return {hist, sample, sample + kSampleBytes / sizeof(uint32_t)};
 }
 
-size_t sample_size(size_t n) {
-  if (n <= kSampleMax) return n;
-  return std::clamp<size_t>(n / 256, 4096, kSampleMax);
-}
-
 // Keys of a stratified sample: s strata of n / s elements, one pseudo-random position in each
 // (fixed seed: the same positions on every call and node). s == n samples every element.
 // With `add` non-null, the key of x[i] + add[i] (the residual after error feedback, unwritten).
@@ -83,10 +78,7 @@ void sample_keys(const float* x, const float* add, size_t n, size_t s, uint32_t*
   const auto a = static_cast<uint32_t>(mixed);
   const auto b = static_cast<uint32_t>(mixed >> 32);
   for (size_t j = 0; j < s; ++j) {
-    // A position in [0, stride) by multiply-shift (a division per key showed in profiles).
-    const size_t offset = static_cast<size_t>(
-        (uint64_t{detail::draw(a, b, static_cast<uint32_t>(j))} * stride) >> 32);
-    const size_t i = j * stride + offset;
+    const size_t i = detail::sample_position(j, stride, a, b);
     keys[j] = detail::magnitude_key(add ? x[i] + add[i] : x[i]);
   }
 }

@@ -4,6 +4,7 @@
 // CPU's keys and draws bit for bit, which is what makes "equal to the CPU reference" possible.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
@@ -53,5 +54,22 @@ SC_HOST_DEVICE uint64_t splitmix64(uint64_t z) {
 }
 // random_draw(seed, i) with splitmix64(seed) already split into (a, b).
 SC_HOST_DEVICE uint32_t draw(uint32_t a, uint32_t b, uint32_t index) { return fmix32(fmix32(index ^ a) + b); }
+
+// The fixed stratified sample that estimates a magnitude rank (approximate top-k, the
+// percentile selector's lambda, top-k's bracket): up to kSampleMax keys, all of x when n is at
+// most that; s strata of n / s elements with one position in each, drawn with a fixed seed, so
+// every call, node and backend samples the same positions.
+inline constexpr size_t kSampleMax = 16384;
+inline constexpr uint64_t kSampleSeed = 0x5ca1ab1e0ddba11ull;
+SC_HOST_DEVICE size_t sample_size(size_t n) {
+  if (n <= kSampleMax) return n;
+  const size_t s = n / 256;
+  return s < 4096 ? 4096 : (s > kSampleMax ? kSampleMax : s);
+}
+// The position of sample j (stride = n / s; a, b from splitmix64(kSampleSeed)): a position in
+// [0, stride) of stratum j by multiply-shift.
+SC_HOST_DEVICE size_t sample_position(size_t j, size_t stride, uint32_t a, uint32_t b) {
+  return j * stride + static_cast<size_t>((uint64_t{draw(a, b, static_cast<uint32_t>(j))} * stride) >> 32);
+}
 
 }  // namespace sparsecar::kernels::detail
