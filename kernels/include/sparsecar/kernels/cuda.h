@@ -1,0 +1,124 @@
+// Selectors and error feedback on an NVIDIA GPU: the CUDA backend of the selector registry.
+//
+// This header compiles without nvcc and without the CUDA headers: callers (the daemon, tests,
+// benchmarks) see plain pointers and an opaque stream. The functions are built from
+// kernels/src/cuda/ when CMake finds nvcc; otherwise a stub answers every call with
+// kUnavailable ("built without CUDA"), and device_count() is 0, so callers can always link.
+//
+// The contract of every selection function (CUB's pattern):
+// - Buffers are device memory the caller owns; nothing is allocated inside and the host never
+//   waits: work is queued on `stream` and the result count lands in device memory
+//   (DeviceSelection::count). Read it after the stream is synchronised, or let a later kernel on
+//   the stream read it.
+// - Workspace: device memory of select_workspace_bytes(n) bytes, sized once per tensor, used by
+//   one call at a time (calls on one stream may share it).
+// - The arguments are validated on the host before anything is queued; an error queues nothing.
+// - The selected set, its order (increasing index), the values and the residual afterwards
+//   equal the CPU functions of select.h / structured.h bit for bit, on any input (NaN and +-inf
+//   included: magnitude order as in select.h). The matching CPU composition is named with each
+//   function; tests/unit/kernels/cuda_select_test.cc checks every one against it.
+// - Output: pairs in increasing index order; `count` receives the number of matches, which may
+//   exceed `capacity` (only the first `capacity` pairs are written then; with clear_sent the
+//   residual keeps the unwritten ones, so nothing is lost).
+// - Tensors hold at most 2^32 - 1 elements (uint32 indices); byte sizes above 2^31 are fine.
+//
+// Thread-safety: the functions are reentrant; a workspace and the buffers belong to one call
+// at a time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "sparsecar/common/status.h"
+
+struct CUstream_st;  // cuda_runtime.h: typedef struct CUstream_st* cudaStream_t
+
+namespace sparsecar::kernels::cuda {
+
+using Stream = CUstream_st*;  // a cudaStream_t; nullptr is the legacy default stream
+
+// ---- the device ------------------------------------------------------------------------------
+
+// True when this library was built with the CUDA kernels.
+bool built();
+// GPUs this process can use: 0 when built without CUDA, without a driver or without a GPU.
+int device_count();
+// "NVIDIA H100 80GB HBM3, 132 SMs, compute 9.0, 79.1 GiB" (or the error that prevented it).
+std::string device_description(int device);
+
+// Thin wrappers so that callers need no CUDA headers. Asynchronous on `stream` where they take
+// one; errors name the CUDA error.
+Expected<void*> device_alloc(size_t bytes);
+void device_free(void* ptr);  // null is fine
+Status copy_async(void* dst, const void* src, size_t bytes, Stream stream);  // any direction
+Status zero_async(void* ptr, size_t bytes, Stream stream);
+Status synchronize(Stream stream);
+Expected<Stream> stream_create();
+void stream_destroy(Stream stream);
+
+// ---- selections ------------------------------------------------------------------------------
+
+// Where a selection goes: device buffers of `capacity` entries each and a device counter.
+struct DeviceSelection {
+  uint32_t* index = nullptr;
+  float* value = nullptr;
+  size_t capacity = 0;
+  uint64_t* count = nullptr;  // receives the number of matches
+};
+
+struct Workspace {
+  void* ptr = nullptr;  // device memory, any alignment of 256 bytes or more
+  size_t bytes = 0;
+};
+
+// Workspace bytes every selection function below needs for a tensor of n elements.
+size_t select_workspace_bytes(size_t n);
+
+// Error feedback + hard threshold, one pass over memory:
+//   r = residual + grad (grad null: r = residual, nothing added); select |r_i| >= lambda;
+//   residual_i = r_i, or 0 where a pair was written and clear_sent.
+// CPU: ef_threshold (grad, clear_sent), threshold_select (no grad, no clear_sent).
+Status ef_threshold(float* residual, const float* grad, size_t n, float lambda, bool clear_sent,
+                    const DeviceSelection& out, Workspace ws, Stream stream);
+
+// DGC momentum correction + hard threshold, one pass: u = momentum u + factor g (velocity);
+// v = residual + u; select |v_i| >= lambda; velocity and residual are zeroed where a pair was
+// written (factor masking), else they keep u and v.
+// CPU: momentum_accumulate, threshold_select, clear_selected on both.
+Status ef_momentum_threshold(float* velocity, float* residual, const float* grad, size_t n,
+                             float momentum, float factor, float lambda, const DeviceSelection& out,
+                             Workspace ws, Stream stream);
+
+// Exact top-k by magnitude fused with error feedback: residual += grad (grad may be null),
+// then the k largest |residual_i| (ties to the lower index), residual zeroed where written with
+// clear_sent. A radix select on the magnitude bits (11 + 10 + 10 bits, each digit one
+// histogram pass, the first fused with the accumulation), an exact tie count when the k-th
+// magnitude is shared, then one compaction pass. out.capacity >= min(k, n).
+// CPU: ef_accumulate, topk_exact, clear_selected.
+Status ef_topk(float* residual, const float* grad, size_t n, size_t k, bool clear_sent,
+               const DeviceSelection& out, Workspace ws, Stream stream);
+
+// Approximate top-k (DGC's sampled threshold) fused with error feedback: lambda from the fixed
+// sample of residual + grad, one threshold pass; the exact top-k when the count misses
+// k (1 +- tolerance) or does not fit the capacity. out.capacity >= min(k, n).
+// CPU: ef_accumulate, topk_approx, clear_selected.
+Status ef_topk_approx(float* residual, const float* grad, size_t n, size_t k, double tolerance,
+                      bool clear_sent, const DeviceSelection& out, Workspace ws, Stream stream);
+
+// The percentile selector fused with error feedback: lambda = the q-quantile of |residual +
+// grad| estimated from the fixed sample, then ef_threshold with that lambda.
+// CPU: magnitude_quantile(residual, q, scratch, grad), then ef_threshold.
+Status ef_percentile(float* residual, const float* grad, size_t n, double q, bool clear_sent,
+                     const DeviceSelection& out, Workspace ws, Stream stream);
+
+// Random-k: keeps i when random_draw(seed, i) < random_keep_threshold(p) (the same coordinates
+// as the CPU for the same seed); values x_i, or x_i / p' with unbiased. CPU: randomk_select.
+Status randomk(const float* x, size_t n, double p, uint64_t seed, bool unbiased,
+               const DeviceSelection& out, Workspace ws, Stream stream);
+
+// Random blocks of `block` elements, one draw per block index. CPU: randblock_select.
+Status randblock(const float* x, size_t n, size_t block, double p, uint64_t seed, bool unbiased,
+                 const DeviceSelection& out, Workspace ws, Stream stream);
+
+}  // namespace sparsecar::kernels::cuda

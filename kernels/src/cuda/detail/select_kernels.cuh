@@ -1,0 +1,505 @@
+// The device kernels behind cuda.h's selections (the bottom layer; select.cu validates and
+// launches them). They assume valid arguments.
+//
+// Three building blocks:
+// - compact_kernel<Op>: one pass that decides per element (Op::keep), writes the kept pairs in
+//   increasing index order and lets Op write its element back (error feedback). A tile of
+//   kTile elements per block, loaded striped (coalesced); the block's order is found with warp
+//   ballots and a scan of the (row, warp) counts; blocks are chained by a decoupled look-back
+//   (tiles numbered by an atomic counter, so a block only waits on tiles already running).
+// - radix select: histogram passes over the magnitude keys, 11 + 10 + 10 bits, each followed by
+//   one block that finds the digit of the k-th largest key (RadixState), then an exact tie cut
+//   (the index below which the ties at the k-th key are kept) when the ties outnumber the need.
+// - small kernels: the stratified sample, counting keys above a lambda, the approximate top-k's
+//   decision.
+// Every kernel may be gated by a device flag (`gate`): it returns at once unless *gate != 0, so
+// a data-dependent path (approximate top-k's exact fallback) needs no host round trip.
+#pragma once
+
+#include <cuda/atomic>
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "detail/bits.h"
+
+namespace sparsecar::kernels::cuda::detail {
+
+using kernels::detail::magnitude_key;
+
+inline constexpr int kThreads = 256;
+inline constexpr int kWarps = kThreads / 32;
+inline constexpr int kItems = 16;
+inline constexpr size_t kTile = size_t{kThreads} * kItems;  // elements per compaction tile
+inline constexpr int kHistBins = 2048;                      // the first digit's 11 bits
+inline constexpr int kFindThreads = 1024;
+
+// The radix select's progress, in device memory (zeroed before a call, then written by the
+// find kernels only).
+struct RadixState {
+  unsigned long long k;           // the rank wanted (1-based), min(k, n)
+  unsigned long long above;       // keys known to be above the current prefix's bin
+  unsigned long long ties_total;  // keys equal to the k-th key (after the last digit)
+  unsigned long long need;        // of those, how many belong to the top k
+  unsigned long long cut;         // ties with an index below this are kept
+  unsigned int prefix;            // the digits found so far
+  unsigned int kth;               // the k-th largest key (after the last digit)
+};
+
+struct SelectState {
+  RadixState main;                 // over the tensor
+  RadixState sample;               // over the sample keys
+  unsigned long long lambda_count; // keys >= lambda_key (approximate top-k)
+  unsigned int lambda_key;         // the threshold's key (set by the host or a kernel)
+  unsigned int exact;              // approximate top-k: 1 when the exact path runs
+  unsigned int tile_counter;       // compaction: the next tile number
+  unsigned int pad;
+};
+
+// ---- digits ----------------------------------------------------------------------------------
+
+// Digit d of a 31-bit key: bits 30..20 (11 bits), 19..10, 9..0.
+__host__ __device__ constexpr int digit_shift(int d) { return d == 0 ? 20 : (d == 1 ? 10 : 0); }
+__host__ __device__ constexpr int digit_bins(int d) { return d == 0 ? 2048 : 1024; }
+
+__device__ __forceinline__ bool gated_off(const unsigned* gate) { return gate != nullptr && *gate == 0; }
+
+// Keys of a float array, optionally of x + add (float addition, as the CPU's sample does).
+struct FloatKeys {
+  const float* x;
+  __device__ uint32_t operator()(size_t i) const { return magnitude_key(x[i]); }
+};
+struct SampleKeys {
+  const uint32_t* keys;
+  __device__ uint32_t operator()(size_t i) const { return keys[i]; }
+};
+
+// Histogram of digit d over the keys whose higher digits equal state->prefix.
+template <class Keys>
+__global__ void __launch_bounds__(kThreads) radix_hist_kernel(Keys keys, size_t n, int d, const RadixState* state,
+                                                              unsigned* hist, const unsigned* gate) {
+  if (gated_off(gate)) return;
+  __shared__ unsigned sh[kHistBins];
+  const int bins = digit_bins(d);
+  for (int b = threadIdx.x; b < bins; b += blockDim.x) sh[b] = 0;
+  __syncthreads();
+  const int shift = digit_shift(d);
+  const int high_shift = d == 0 ? 31 : digit_shift(d - 1);
+  const unsigned prefix = d == 0 ? 0u : state->prefix;
+  const unsigned mask = static_cast<unsigned>(bins - 1);
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    const uint32_t key = keys(i);
+    if (d == 0 || (key >> high_shift) == prefix) atomicAdd(&sh[(key >> shift) & mask], 1u);
+  }
+  __syncthreads();
+  for (int b = threadIdx.x; b < bins; b += blockDim.x) {
+    if (sh[b] != 0) atomicAdd(&hist[b], sh[b]);
+  }
+}
+
+// The first digit's histogram fused with error feedback: residual += grad, written back.
+__global__ void __launch_bounds__(kThreads) ef_hist_kernel(float* residual, const float* grad, size_t n,
+                                                           unsigned* hist) {
+  __shared__ unsigned sh[kHistBins];
+  for (int b = threadIdx.x; b < kHistBins; b += blockDim.x) sh[b] = 0;
+  __syncthreads();
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    float v = residual[i];
+    if (grad != nullptr) {
+      v = __fadd_rn(v, grad[i]);
+      residual[i] = v;
+    }
+    atomicAdd(&sh[magnitude_key(v) >> digit_shift(0)], 1u);
+  }
+  __syncthreads();
+  for (int b = threadIdx.x; b < kHistBins; b += blockDim.x) {
+    if (sh[b] != 0) atomicAdd(&hist[b], sh[b]);
+  }
+}
+
+// One block of kFindThreads: the bin of digit d that holds the k-th largest key. After the last
+// digit it sets kth, ties_total, need and (when every tie is kept) cut = n.
+__global__ void __launch_bounds__(kFindThreads) radix_find_kernel(RadixState* state, const unsigned* hist, int d,
+                                                                  size_t n, const unsigned* gate) {
+  if (gated_off(gate)) return;
+  using Scan = cub::BlockScan<unsigned long long, kFindThreads>;
+  __shared__ typename Scan::TempStorage temp;
+  const int bins = digit_bins(d);
+  constexpr int kPer = kHistBins / kFindThreads;  // 2 bins per thread (1 used for 1024 bins)
+  // Thread t holds the bins in descending order: positions t*kPer .. t*kPer+kPer-1 of the
+  // reversed histogram, so an exclusive scan gives the count of keys in higher bins.
+  unsigned long long counts[kPer];
+  unsigned long long mine = 0;
+#pragma unroll
+  for (int q = 0; q < kPer; ++q) {
+    const int r = threadIdx.x * kPer + q;
+    counts[q] = r < bins ? hist[bins - 1 - r] : 0;
+    mine += counts[q];
+  }
+  // Read before the scan's barrier: one thread writes the state after it.
+  const unsigned long long k = state->k;
+  const unsigned long long above0 = state->above;
+  const unsigned prefix0 = state->prefix;
+  unsigned long long before = 0;
+  Scan(temp).ExclusiveSum(mine, before);
+#pragma unroll
+  for (int q = 0; q < kPer; ++q) {
+    const int r = threadIdx.x * kPer + q;
+    const unsigned long long higher = above0 + before;
+    if (r < bins && counts[q] != 0 && higher < k && k <= higher + counts[q]) {
+      const unsigned bin = static_cast<unsigned>(bins - 1 - r);
+      const unsigned prefix = d == 0 ? bin : ((prefix0 << 10) | bin);
+      state->prefix = prefix;
+      state->above = higher;
+      if (d == 2) {
+        state->kth = prefix;
+        state->ties_total = counts[q];
+        state->need = k - higher;
+        state->cut = (counts[q] == k - higher) ? n : 0;
+      }
+    }
+    before += counts[q];
+  }
+}
+
+// Ties at the k-th key per compaction tile (only when some ties are not kept).
+template <class Keys>
+__global__ void __launch_bounds__(kThreads) tie_count_kernel(Keys keys, size_t n, const RadixState* state,
+                                                             unsigned* tile_ties, const unsigned* gate) {
+  if (gated_off(gate)) return;
+  if (state->ties_total == state->need) return;
+  using Reduce = cub::BlockReduce<unsigned, kThreads>;
+  __shared__ typename Reduce::TempStorage temp;
+  const unsigned kth = state->kth;
+  const size_t base = blockIdx.x * kTile;
+  unsigned mine = 0;
+  for (int j = 0; j < kItems; ++j) {
+    const size_t i = base + static_cast<size_t>(j) * kThreads + threadIdx.x;
+    if (i < n && keys(i) == kth) ++mine;
+  }
+  const unsigned total = Reduce(temp).Sum(mine);
+  if (threadIdx.x == 0) tile_ties[blockIdx.x] = total;
+}
+
+// One block of kFindThreads: the cut index after the need-th tie (in index order).
+template <class Keys>
+__global__ void __launch_bounds__(kFindThreads) tie_cut_kernel(Keys keys, size_t n, RadixState* state,
+                                                               const unsigned* tile_ties, size_t tiles,
+                                                               const unsigned* gate) {
+  if (gated_off(gate)) return;
+  if (state->ties_total == state->need) return;
+  using Scan = cub::BlockScan<unsigned long long, kFindThreads>;
+  __shared__ typename Scan::TempStorage temp;
+  __shared__ unsigned long long s_found_tile;
+  __shared__ unsigned long long s_before;
+  const unsigned long long need = state->need;
+  if (threadIdx.x == 0) s_found_tile = ~0ull;
+  __syncthreads();
+  // 1. The tile holding the need-th tie.
+  unsigned long long running = 0;
+  for (size_t chunk = 0; chunk < tiles; chunk += kFindThreads) {
+    const size_t t = chunk + threadIdx.x;
+    const unsigned long long c = t < tiles ? tile_ties[t] : 0;
+    unsigned long long excl = 0;
+    unsigned long long chunk_total = 0;
+    Scan(temp).ExclusiveSum(c, excl, chunk_total);
+    if (t < tiles && running + excl < need && need <= running + excl + c) {
+      s_found_tile = t;
+      s_before = running + excl;
+    }
+    __syncthreads();
+    if (s_found_tile != ~0ull) break;
+    running += chunk_total;
+  }
+  if (s_found_tile == ~0ull) return;  // unreachable: the tiles hold ties_total > need ties
+  // 2. Inside it: the element of the (need - before)-th tie. Thread t looks at kItems
+  // consecutive elements.
+  const size_t tile = s_found_tile;
+  const unsigned long long want = need - s_before;
+  const unsigned kth = state->kth;
+  const size_t base = tile * kTile;
+  constexpr int kPer = static_cast<int>(kTile / kFindThreads);
+  unsigned long long mine = 0;
+  for (int q = 0; q < kPer; ++q) {
+    const size_t i = base + size_t{threadIdx.x} * kPer + q;
+    if (i < n && keys(i) == kth) ++mine;
+  }
+  unsigned long long excl = 0;
+  Scan(temp).ExclusiveSum(mine, excl);
+  if (excl < want && want <= excl + mine) {
+    unsigned long long seen = excl;
+    for (int q = 0; q < kPer; ++q) {
+      const size_t i = base + size_t{threadIdx.x} * kPer + q;
+      if (i < n && keys(i) == kth && ++seen == want) {
+        state->cut = i + 1;
+        break;
+      }
+    }
+  }
+}
+
+// ---- compaction --------------------------------------------------------------------------------
+
+struct Output {
+  uint32_t* index;
+  float* value;
+  unsigned long long capacity;
+  unsigned long long* count;
+};
+
+// Tile status of the look-back: flag in the top two bits (1: the tile's own count, 2: the
+// inclusive prefix), the count below.
+inline constexpr unsigned long long kFlagAggregate = 1ull << 62;
+inline constexpr unsigned long long kFlagPrefix = 2ull << 62;
+inline constexpr unsigned long long kCountMask = (1ull << 62) - 1;
+
+__device__ __forceinline__ void publish(unsigned long long* status, unsigned long long word) {
+  ::cuda::atomic_ref<unsigned long long, ::cuda::thread_scope_device> ref(*status);
+  ref.store(word, ::cuda::memory_order_release);
+}
+__device__ __forceinline__ unsigned long long observe(unsigned long long* status) {
+  ::cuda::atomic_ref<unsigned long long, ::cuda::thread_scope_device> ref(*status);
+  return ref.load(::cuda::memory_order_acquire);
+}
+
+// Op: struct Item; __device__ Item load(size_t i); bool keep(const Item&, size_t i);
+// float value(const Item&, size_t i) (what is sent); void store(size_t i, const Item&, bool kept,
+// bool written) (the element's write-back, may do nothing).
+template <class Op>
+__global__ void __launch_bounds__(kThreads) compact_kernel(Op op, size_t n, Output out, unsigned long long* status,
+                                                           unsigned* tile_counter, size_t tiles, const unsigned* gate) {
+  if (gated_off(gate)) return;
+  __shared__ unsigned s_tile;
+  __shared__ unsigned s_offsets[kItems * kWarps];  // counts per (row, warp), then exclusive offsets
+  __shared__ unsigned long long s_prefix;
+  if (threadIdx.x == 0) s_tile = atomicAdd(tile_counter, 1u);
+  __syncthreads();
+  const size_t tile = s_tile;
+  const size_t base = tile * kTile;
+  const unsigned lane = threadIdx.x & 31u;
+  const unsigned warp = threadIdx.x >> 5;
+  typename Op::Item items[kItems];
+  unsigned masks[kItems];
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) {
+    const size_t i = base + static_cast<size_t>(j) * kThreads + threadIdx.x;
+    bool keep = false;
+    if (i < n) {
+      items[j] = op.load(i);
+      keep = op.keep(items[j], i);
+    }
+    masks[j] = __ballot_sync(0xffffffffu, keep);
+    if (lane == 0) s_offsets[j * kWarps + warp] = __popc(masks[j]);
+  }
+  __syncthreads();
+  if (warp == 0) {
+    // 128 counts in (row, warp) order, 4 per lane: scan them.
+    constexpr int kPerLane = kItems * kWarps / 32;
+    unsigned c[kPerLane];
+    unsigned sum = 0;
+#pragma unroll
+    for (int q = 0; q < kPerLane; ++q) {
+      c[q] = s_offsets[lane * kPerLane + q];
+      sum += c[q];
+    }
+    unsigned incl = sum;
+#pragma unroll
+    for (int delta = 1; delta < 32; delta <<= 1) {
+      const unsigned other = __shfl_up_sync(0xffffffffu, incl, delta);
+      if (lane >= static_cast<unsigned>(delta)) incl += other;
+    }
+    unsigned run = incl - sum;
+#pragma unroll
+    for (int q = 0; q < kPerLane; ++q) {
+      s_offsets[lane * kPerLane + q] = run;
+      run += c[q];
+    }
+    const unsigned long long total = __shfl_sync(0xffffffffu, incl, 31);
+    if (lane == 0) {
+      unsigned long long prefix = 0;
+      if (tile == 0) {
+        publish(&status[0], kFlagPrefix | total);
+      } else {
+        publish(&status[tile], kFlagAggregate | total);
+        size_t t = tile - 1;
+        while (true) {
+          const unsigned long long word = observe(&status[t]);
+          if ((word & ~kCountMask) == 0) continue;  // not yet published: spin
+          prefix += word & kCountMask;
+          if ((word & ~kCountMask) == kFlagPrefix) break;
+          --t;
+        }
+        publish(&status[tile], kFlagPrefix | (prefix + total));
+      }
+      s_prefix = prefix;
+      if (tile == tiles - 1) *out.count = prefix + total;
+    }
+  }
+  __syncthreads();
+  const unsigned long long prefix = s_prefix;
+  const unsigned lower = (1u << lane) - 1u;
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) {
+    const size_t i = base + static_cast<size_t>(j) * kThreads + threadIdx.x;
+    if (i >= n) continue;
+    const bool kept = (masks[j] >> lane) & 1u;
+    bool written = false;
+    if (kept) {
+      const unsigned long long pos = prefix + s_offsets[j * kWarps + warp] + __popc(masks[j] & lower);
+      if (pos < out.capacity) {
+        out.index[pos] = static_cast<uint32_t>(i);
+        out.value[pos] = op.value(items[j], i);
+        written = true;
+      }
+    }
+    op.store(i, items[j], kept, written);
+  }
+}
+
+// ---- the ops -------------------------------------------------------------------------------------
+
+// Hard threshold with error feedback: r = residual (+ grad), kept when key(r) >= lambda_key.
+struct EfThresholdOp {
+  float* residual;
+  const float* grad;
+  const unsigned* lambda_key;
+  bool clear_sent;
+  struct Item {
+    float v;
+  };
+  __device__ Item load(size_t i) const {
+    float v = residual[i];
+    if (grad != nullptr) v = __fadd_rn(v, grad[i]);
+    return {v};
+  }
+  __device__ bool keep(const Item& it, size_t) const { return magnitude_key(it.v) >= *lambda_key; }
+  __device__ float value(const Item& it, size_t) const { return it.v; }
+  __device__ void store(size_t i, const Item& it, bool, bool written) const {
+    if (written && clear_sent) {
+      residual[i] = 0.0f;
+    } else if (grad != nullptr) {
+      residual[i] = it.v;
+    }
+  }
+};
+
+// DGC momentum correction: u = m u + f g; v = r + u; kept when key(v) >= lambda_key.
+struct MomentumThresholdOp {
+  float* velocity;
+  float* residual;
+  const float* grad;
+  float momentum;
+  float factor;
+  unsigned lambda_key;
+  struct Item {
+    float u;
+    float v;
+  };
+  __device__ Item load(size_t i) const {
+    const float u = __fadd_rn(__fmul_rn(momentum, velocity[i]), __fmul_rn(factor, grad[i]));
+    return {u, __fadd_rn(residual[i], u)};
+  }
+  __device__ bool keep(const Item& it, size_t) const { return magnitude_key(it.v) >= lambda_key; }
+  __device__ float value(const Item& it, size_t) const { return it.v; }
+  __device__ void store(size_t i, const Item& it, bool, bool written) const {
+    velocity[i] = written ? 0.0f : it.u;
+    residual[i] = written ? 0.0f : it.v;
+  }
+};
+
+// Top-k after the radix select: key > kth, or key == kth below the tie cut. With `approx`, the
+// approximate top-k's threshold (key >= lambda_key) unless state->exact.
+struct TopkOp {
+  float* x;
+  const SelectState* state;
+  bool clear_sent;
+  bool approx;
+  struct Item {
+    float v;
+  };
+  __device__ Item load(size_t i) const { return {x[i]}; }
+  __device__ bool keep(const Item& it, size_t i) const {
+    const uint32_t key = magnitude_key(it.v);
+    if (approx && state->exact == 0) return key >= state->lambda_key;
+    const uint32_t kth = state->main.kth;
+    return key > kth || (key == kth && i < state->main.cut);
+  }
+  __device__ float value(const Item& it, size_t) const { return it.v; }
+  __device__ void store(size_t i, const Item&, bool, bool written) const {
+    if (written && clear_sent) x[i] = 0.0f;
+  }
+};
+
+// Random-k (block 1) and random blocks: kept when draw(a, b, i / block) < t; unbiased values
+// are x * inv_p computed in float64, as on the CPU.
+struct RandomOp {
+  const float* x;
+  uint32_t a;
+  uint32_t b;
+  unsigned long long t;
+  unsigned long long block;
+  double inv_p;
+  bool unbiased;
+  struct Item {
+    float v;
+  };
+  __device__ Item load(size_t i) const { return {x[i]}; }
+  __device__ bool keep(const Item&, size_t i) const {
+    return kernels::detail::draw(a, b, static_cast<uint32_t>(block == 1 ? i : i / block)) < t;
+  }
+  __device__ float value(const Item& it, size_t) const {
+    return unbiased ? static_cast<float>(__dmul_rn(static_cast<double>(it.v), inv_p)) : it.v;
+  }
+  __device__ void store(size_t, const Item&, bool, bool) const {}
+};
+
+// ---- small kernels ---------------------------------------------------------------------------
+
+// Keys of the stratified sample of x (+ add), as the CPU's sample_keys.
+__global__ void sample_kernel(const float* x, const float* add, size_t n, size_t s, uint32_t* keys) {
+  const size_t j = blockIdx.x * size_t{blockDim.x} + threadIdx.x;
+  if (j >= s) return;
+  const uint64_t mixed = kernels::detail::splitmix64(kernels::detail::kSampleSeed);
+  const size_t i = kernels::detail::sample_position(j, n / s, static_cast<uint32_t>(mixed),
+                                                    static_cast<uint32_t>(mixed >> 32));
+  keys[j] = magnitude_key(add != nullptr ? __fadd_rn(x[i], add[i]) : x[i]);
+}
+
+// lambda_key from the sample's radix select: the key found, +inf's key for a NaN key (the
+// CPU's magnitude_quantile returns +inf then).
+__global__ void lambda_from_sample_kernel(SelectState* state) {
+  const unsigned key = state->sample.kth;
+  state->lambda_key = key >= kernels::detail::kNanKey ? 0x7f800000u : key;
+}
+
+// Approximate top-k: residual += grad (written back) and the count of keys >= lambda_key.
+__global__ void __launch_bounds__(kThreads) ef_count_kernel(float* residual, const float* grad, size_t n,
+                                                            SelectState* state) {
+  using Reduce = cub::BlockReduce<unsigned long long, kThreads>;
+  __shared__ typename Reduce::TempStorage temp;
+  const unsigned lambda = state->lambda_key;
+  unsigned long long mine = 0;
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    float v = residual[i];
+    if (grad != nullptr) {
+      v = __fadd_rn(v, grad[i]);
+      residual[i] = v;
+    }
+    if (magnitude_key(v) >= lambda) ++mine;
+  }
+  const unsigned long long total = Reduce(temp).Sum(mine);
+  if (threadIdx.x == 0 && total != 0) atomicAdd(&state->lambda_count, total);
+}
+
+// Approximate top-k's decision, as the CPU's: the threshold's selection stands when it fits
+// and lies within [low, high]; otherwise the exact top-k runs (which is also what the CPU's
+// overshoot path returns).
+__global__ void approx_decide_kernel(SelectState* state, double low, double high, unsigned long long capacity) {
+  const unsigned long long count = state->lambda_count;
+  const double c = static_cast<double>(count);
+  state->exact = (count <= capacity && c >= low && c <= high) ? 0u : 1u;
+}
+
+}  // namespace sparsecar::kernels::cuda::detail

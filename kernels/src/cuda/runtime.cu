@@ -1,0 +1,65 @@
+// cuda.h's device queries and the thin memory/stream wrappers.
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <string>
+
+#include "cuda/detail/status.h"
+#include "sparsecar/kernels/cuda.h"
+
+namespace sparsecar::kernels::cuda {
+
+using detail::cuda_status;
+
+bool built() { return true; }
+
+int device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no driver / no device" error
+    return 0;
+  }
+  return count;
+}
+
+std::string device_description(int device) {
+  cudaDeviceProp prop{};
+  const cudaError_t err = cudaGetDeviceProperties(&prop, device);
+  if (err != cudaSuccess) return cuda_status("cudaGetDeviceProperties", err).message();
+  char text[512];
+  std::snprintf(text, sizeof text, "%s, %d SMs, compute %d.%d, %.1f GiB", prop.name, prop.multiProcessorCount,
+                prop.major, prop.minor, static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0));
+  return text;
+}
+
+Expected<void*> device_alloc(size_t bytes) {
+  void* ptr = nullptr;
+  SC_RETURN_IF_ERROR(cuda_status("cudaMalloc", cudaMalloc(&ptr, bytes)));
+  return ptr;
+}
+
+void device_free(void* ptr) {
+  if (ptr != nullptr) cudaFree(ptr);
+}
+
+Status copy_async(void* dst, const void* src, size_t bytes, Stream stream) {
+  return cuda_status("cudaMemcpyAsync", cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
+}
+
+Status zero_async(void* ptr, size_t bytes, Stream stream) {
+  return cuda_status("cudaMemsetAsync", cudaMemsetAsync(ptr, 0, bytes, stream));
+}
+
+Status synchronize(Stream stream) { return cuda_status("cudaStreamSynchronize", cudaStreamSynchronize(stream)); }
+
+Expected<Stream> stream_create() {
+  cudaStream_t stream = nullptr;
+  SC_RETURN_IF_ERROR(cuda_status("cudaStreamCreate", cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)));
+  return stream;
+}
+
+void stream_destroy(Stream stream) {
+  if (stream != nullptr) cudaStreamDestroy(stream);
+}
+
+}  // namespace sparsecar::kernels::cuda

@@ -1,0 +1,49 @@
+// cuda.h without CUDA: the library was built where CMake found no nvcc (or SPARSECAR_CUDA=OFF).
+// Every call answers kUnavailable, so callers link and fall back to the CPU path.
+#include "sparsecar/kernels/cuda.h"
+
+namespace sparsecar::kernels::cuda {
+namespace {
+
+Status unavailable_here(const char* what) {
+  return unavailable(std::string(what) + ": sparsecar was built without CUDA (no nvcc found, or SPARSECAR_CUDA=OFF)");
+}
+
+}  // namespace
+
+bool built() { return false; }
+int device_count() { return 0; }
+std::string device_description(int) { return "built without CUDA"; }
+Expected<void*> device_alloc(size_t) { return unavailable_here("cuda::device_alloc"); }
+void device_free(void*) {}
+Status copy_async(void*, const void*, size_t, Stream) { return unavailable_here("cuda::copy_async"); }
+Status zero_async(void*, size_t, Stream) { return unavailable_here("cuda::zero_async"); }
+Status synchronize(Stream) { return unavailable_here("cuda::synchronize"); }
+Expected<Stream> stream_create() { return unavailable_here("cuda::stream_create"); }
+void stream_destroy(Stream) {}
+size_t select_workspace_bytes(size_t) { return 0; }
+
+Status ef_threshold(float*, const float*, size_t, float, bool, const DeviceSelection&, Workspace, Stream) {
+  return unavailable_here("cuda::ef_threshold");
+}
+Status ef_momentum_threshold(float*, float*, const float*, size_t, float, float, float, const DeviceSelection&,
+                             Workspace, Stream) {
+  return unavailable_here("cuda::ef_momentum_threshold");
+}
+Status ef_topk(float*, const float*, size_t, size_t, bool, const DeviceSelection&, Workspace, Stream) {
+  return unavailable_here("cuda::ef_topk");
+}
+Status ef_topk_approx(float*, const float*, size_t, size_t, double, bool, const DeviceSelection&, Workspace, Stream) {
+  return unavailable_here("cuda::ef_topk_approx");
+}
+Status ef_percentile(float*, const float*, size_t, double, bool, const DeviceSelection&, Workspace, Stream) {
+  return unavailable_here("cuda::ef_percentile");
+}
+Status randomk(const float*, size_t, double, uint64_t, bool, const DeviceSelection&, Workspace, Stream) {
+  return unavailable_here("cuda::randomk");
+}
+Status randblock(const float*, size_t, size_t, double, uint64_t, bool, const DeviceSelection&, Workspace, Stream) {
+  return unavailable_here("cuda::randblock");
+}
+
+}  // namespace sparsecar::kernels::cuda
