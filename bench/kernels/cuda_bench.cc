@@ -1,0 +1,226 @@
+// The CUDA selections' speed on this machine's GPU, against a device-to-device copy of the bytes
+// the fused pass must move at least (its memory-speed floor), measured in the same run.
+//
+//   sparsecar_cuda_bench [--n N] [--density D] [--reps R]
+//
+// Timing: CUDA events around each call, after warm-up, median of R runs; inputs rotate among
+// three buffer sets larger than L2 so repeated runs do not measure the cache. Every timed call
+// starts from the same data (the residual is restored by a copy outside the timed region).
+// "floor" is the minimum traffic of the operation (e.g. EF + threshold: read residual and grad,
+// write residual = 12 bytes an element, plus the pairs) at the copy's measured bandwidth;
+// "x floor" = time / floor. Prints a table; nothing is asserted.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "sparsecar/kernels/cuda.h"
+#include "sparsecar/kernels/select.h"
+
+namespace {
+
+namespace cu = sparsecar::kernels::cuda;
+
+#define CHECK_CUDA(expr)                                                                      \
+  do {                                                                                        \
+    const cudaError_t e_ = (expr);                                                            \
+    if (e_ != cudaSuccess) {                                                                  \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                           \
+    }                                                                                         \
+  } while (0)
+#define CHECK_OK(expr)                                                                          \
+  do {                                                                                          \
+    const sparsecar::Status s_ = (expr);                                                        \
+    if (!s_.ok()) {                                                                             \
+      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, s_.to_string().c_str());          \
+      std::exit(1);                                                                             \
+    }                                                                                           \
+  } while (0)
+
+constexpr int kSets = 3;
+
+struct Buffers {
+  float* pristine[kSets];  // the data each timed call starts from
+  float* residual[kSets];
+  float* grad[kSets];
+  float* velocity;
+  uint32_t* index;
+  float* value;
+  uint64_t* count;
+  void* ws;
+  size_t ws_bytes;
+};
+
+// Median milliseconds of `reps` calls of fn(set) (each preceded by an untimed reset(set)).
+double time_ms(int reps, const std::function<void(int)>& reset, const std::function<void(int)>& fn) {
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+  for (int w = 0; w < 3; ++w) {  // warm-up
+    reset(w % kSets);
+    fn(w % kSets);
+  }
+  std::vector<float> ms;
+  for (int r = 0; r < reps; ++r) {
+    const int set = r % kSets;
+    reset(set);
+    CHECK_CUDA(cudaEventRecord(start));
+    fn(set);
+    CHECK_CUDA(cudaEventRecord(stop));
+    CHECK_CUDA(cudaEventSynchronize(stop));
+    float t = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&t, start, stop));
+    ms.push_back(t);
+  }
+  CHECK_CUDA(cudaGetLastError());
+  CHECK_CUDA(cudaEventDestroy(start));
+  CHECK_CUDA(cudaEventDestroy(stop));
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  size_t n = size_t{1} << 26;  // 64 Mi elements, 256 MiB a buffer
+  double density = 0.001;
+  int reps = 30;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a == "--n") n = std::strtoull(argv[i + 1], nullptr, 10);
+    else if (a == "--density") density = std::strtod(argv[i + 1], nullptr);
+    else if (a == "--reps") reps = std::atoi(argv[i + 1]);
+    else {
+      std::fprintf(stderr, "usage: %s [--n N] [--density D] [--reps R]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (cu::device_count() == 0) {
+    std::printf("no CUDA GPU here: nothing to measure\n");
+    return 0;
+  }
+  std::printf("GPU: %s\n", cu::device_description(0).c_str());
+  const size_t k = sparsecar::kernels::topk_count(n, density);
+  const size_t bytes = n * sizeof(float);
+
+  Buffers b{};
+  for (int s = 0; s < kSets; ++s) {
+    CHECK_CUDA(cudaMalloc(&b.pristine[s], bytes));
+    CHECK_CUDA(cudaMalloc(&b.residual[s], bytes));
+    CHECK_CUDA(cudaMalloc(&b.grad[s], bytes));
+  }
+  CHECK_CUDA(cudaMalloc(&b.velocity, bytes));
+  CHECK_CUDA(cudaMalloc(&b.index, n * sizeof(uint32_t)));
+  CHECK_CUDA(cudaMalloc(&b.value, bytes));
+  CHECK_CUDA(cudaMalloc(&b.count, sizeof(uint64_t)));
+  b.ws_bytes = cu::select_workspace_bytes(n);
+  CHECK_CUDA(cudaMalloc(&b.ws, b.ws_bytes));
+  {
+    std::mt19937_64 rng(1);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> host(n);
+    for (int s = 0; s < kSets; ++s) {
+      for (float& v : host) v = normal(rng);
+      CHECK_CUDA(cudaMemcpy(b.pristine[s], host.data(), bytes, cudaMemcpyHostToDevice));
+      for (float& v : host) v = normal(rng) * 0.1f;
+      CHECK_CUDA(cudaMemcpy(b.grad[s], host.data(), bytes, cudaMemcpyHostToDevice));
+    }
+  }
+  // lambda that keeps about `density` of |r + g| (normal with sigma ~ 1.005): the two-sided
+  // normal quantile, found by bisection on erfc.
+  double lo = 0, hi = 10;
+  for (int it = 0; it < 100; ++it) {
+    const double mid = (lo + hi) / 2;
+    (std::erfc(mid / (1.005 * std::sqrt(2.0))) > density ? lo : hi) = mid;
+  }
+  const auto lambda = static_cast<float>(lo);
+  const cu::DeviceSelection out{b.index, b.value, n, b.count};
+  const cu::Workspace ws{b.ws, b.ws_bytes};
+  auto reset = [&](int s) { CHECK_CUDA(cudaMemcpyAsync(b.residual[s], b.pristine[s], bytes, cudaMemcpyDeviceToDevice)); };
+  auto no_reset = [](int) {};
+
+  // Baseline: a device-to-device copy of one buffer (read n + write n floats).
+  const double copy_ms = time_ms(reps, no_reset, [&](int s) {
+    CHECK_CUDA(cudaMemcpyAsync(b.residual[s], b.pristine[s], bytes, cudaMemcpyDeviceToDevice));
+  });
+  const double copy_gbps = 2.0 * static_cast<double>(bytes) / (copy_ms * 1e6);
+
+  struct Row {
+    std::string name;
+    double ms;
+    double floor_bytes;
+  };
+  std::vector<Row> rows;
+  const double pairs = 8.0 * static_cast<double>(k);
+  const auto N = static_cast<double>(n);
+  rows.push_back({"device copy (baseline)", copy_ms, 8.0 * N});
+  rows.push_back({"ef_threshold (fused EF)", time_ms(reps, reset, [&](int s) {
+                    CHECK_OK(cu::ef_threshold(b.residual[s], b.grad[s], n, lambda, true, out, ws, nullptr));
+                  }),
+                  12.0 * N + pairs});
+  rows.push_back({"threshold (no EF)", time_ms(reps, reset, [&](int s) {
+                    CHECK_OK(cu::ef_threshold(b.residual[s], nullptr, n, lambda, false, out, ws, nullptr));
+                  }),
+                  4.0 * N + pairs});
+  rows.push_back({"ef_momentum_threshold (DGC)", time_ms(reps, reset, [&](int s) {
+                    CHECK_OK(cu::ef_momentum_threshold(b.velocity, b.residual[s], b.grad[s], n, 0.9f, 1.0f, lambda,
+                                                       out, ws, nullptr));
+                  }),
+                  20.0 * N + pairs});
+  rows.push_back({"ef_topk exact (fused EF)", time_ms(reps, reset, [&](int s) {
+                    CHECK_OK(cu::ef_topk(b.residual[s], b.grad[s], n, k, true, out, ws, nullptr));
+                  }),
+                  12.0 * N + pairs});
+  rows.push_back({"topk exact (no EF)", time_ms(reps, reset, [&](int s) {
+                    CHECK_OK(cu::ef_topk(b.residual[s], nullptr, n, k, false, out, ws, nullptr));
+                  }),
+                  4.0 * N + pairs});
+  rows.push_back({"ef_topk_approx tol 0.1", time_ms(reps, reset, [&](int s) {
+                    CHECK_OK(cu::ef_topk_approx(b.residual[s], b.grad[s], n, k, 0.1, true, out, ws, nullptr));
+                  }),
+                  12.0 * N + pairs});
+  rows.push_back({"ef_percentile", time_ms(reps, reset, [&](int s) {
+                    CHECK_OK(cu::ef_percentile(b.residual[s], b.grad[s], n, 1.0 - density, true, out, ws, nullptr));
+                  }),
+                  12.0 * N + pairs});
+  rows.push_back({"randomk", time_ms(reps, no_reset, [&](int s) {
+                    CHECK_OK(cu::randomk(b.pristine[s], n, density, 7, false, out, ws, nullptr));
+                  }),
+                  4.0 * N + pairs});
+  rows.push_back({"randblock 64", time_ms(reps, no_reset, [&](int s) {
+                    CHECK_OK(cu::randblock(b.pristine[s], n, 64, density, 7, false, out, ws, nullptr));
+                  }),
+                  4.0 * N + pairs});
+  uint64_t count = 0;
+  CHECK_CUDA(cudaMemcpy(&count, b.count, sizeof count, cudaMemcpyDeviceToHost));
+
+  std::printf("n = %zu (%.0f MiB a buffer), density %.4g (k = %zu), %d reps, median\n", n,
+              static_cast<double>(bytes) / 1048576.0, density, k, reps);
+  std::printf("device copy: %.3f ms = %.0f GB/s (read + write)\n\n", copy_ms, copy_gbps);
+  std::printf("| kernel | ms | GB/s (floor bytes / time) | x floor (floor = floor bytes at copy GB/s) |\n");
+  std::printf("| --- | --- | --- | --- |\n");
+  for (const Row& r : rows) {
+    const double gbps = r.floor_bytes / (r.ms * 1e6);
+    const double floor_ms = r.floor_bytes / (copy_gbps * 1e6);
+    std::printf("| %s | %.3f | %.0f | %.2f |\n", r.name.c_str(), r.ms, gbps, r.ms / floor_ms);
+  }
+  for (int s = 0; s < kSets; ++s) {
+    cudaFree(b.pristine[s]);
+    cudaFree(b.residual[s]);
+    cudaFree(b.grad[s]);
+  }
+  cudaFree(b.velocity);
+  cudaFree(b.index);
+  cudaFree(b.value);
+  cudaFree(b.count);
+  cudaFree(b.ws);
+  return 0;
+}

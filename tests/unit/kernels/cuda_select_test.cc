@@ -1,0 +1,483 @@
+// The CUDA selections (cuda.h) against the CPU functions they must equal bit for bit: the same
+// pairs in the same order, the same values, the same residual (and velocity) afterwards, the
+// same count. Inputs are drawn fresh per case: normal values, NaN/+-inf sprinkled in, all-equal
+// magnitudes (every element ties), many exact zeros; sizes 0, 1, around the tile size (4096)
+// and large ones, and one tensor above 2^31 bytes where the GPU has the memory.
+// Without a GPU (CI) every test skips with a message.
+#include "sparsecar/kernels/cuda.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "sparsecar/kernels/ef.h"
+#include "sparsecar/kernels/select.h"
+#include "sparsecar/kernels/structured.h"
+
+namespace sparsecar::kernels {
+namespace {
+
+namespace cu = sparsecar::kernels::cuda;
+
+#define SKIP_WITHOUT_GPU()                                                                        \
+  do {                                                                                            \
+    if (cu::device_count() == 0) {                                                                \
+      GTEST_SKIP() << "no CUDA GPU here (" << (cu::built() ? "built with CUDA" : "built without CUDA") \
+                   << "): the CUDA kernels are checked on a GPU machine";                         \
+    }                                                                                             \
+  } while (0)
+
+// A device buffer of T, freed at scope exit.
+template <class T>
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t count) : count_(count) {
+    auto p = cu::device_alloc(std::max<size_t>(count, 1) * sizeof(T));
+    EXPECT_TRUE(p.ok()) << p.status().to_string();
+    if (p.ok()) ptr_ = static_cast<T*>(*p);
+  }
+  ~DeviceBuffer() { cu::device_free(ptr_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  T* get() const { return ptr_; }
+  void upload(const std::vector<T>& v) {
+    ASSERT_EQ(v.size(), count_);
+    ASSERT_TRUE(cu::copy_async(ptr_, v.data(), v.size() * sizeof(T), nullptr).ok());
+  }
+  std::vector<T> download(size_t count) const {
+    std::vector<T> v(count);
+    EXPECT_TRUE(cu::copy_async(v.data(), ptr_, count * sizeof(T), nullptr).ok());
+    EXPECT_TRUE(cu::synchronize(nullptr).ok());
+    return v;
+  }
+  // Fills with a byte pattern (poison) so unwritten entries show.
+  void poison() {
+    std::vector<unsigned char> bytes(std::max<size_t>(count_, 1) * sizeof(T), 0xA5);
+    ASSERT_TRUE(cu::copy_async(ptr_, bytes.data(), bytes.size(), nullptr).ok());
+  }
+
+ private:
+  size_t count_;
+  T* ptr_ = nullptr;
+};
+
+enum class Data { kNormal, kSpecials, kAllEqual, kZeros };
+
+std::vector<float> make_data(size_t n, Data kind, std::mt19937_64& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> coin(0, 1);
+  std::uniform_int_distribution<int> pick(0, 99);
+  std::vector<float> x(n);
+  for (size_t i = 0; i < n; ++i) {
+    switch (kind) {
+      case Data::kNormal:
+        x[i] = normal(rng);
+        break;
+      case Data::kSpecials: {
+        const int p = pick(rng);
+        x[i] = p == 0   ? std::numeric_limits<float>::quiet_NaN()
+               : p == 1 ? (coin(rng) ? 1.0f : -1.0f) * std::numeric_limits<float>::infinity()
+               : p == 2 ? -0.0f
+               : p == 3 ? std::numeric_limits<float>::denorm_min() * static_cast<float>(pick(rng) + 1)
+                        : normal(rng);
+        break;
+      }
+      case Data::kAllEqual:
+        x[i] = coin(rng) ? 0.5f : -0.5f;
+        break;
+      case Data::kZeros:
+        x[i] = pick(rng) < 90 ? 0.0f : normal(rng);
+        break;
+    }
+  }
+  return x;
+}
+
+std::string name_of(Data d) {
+  switch (d) {
+    case Data::kNormal: return "normal";
+    case Data::kSpecials: return "nan/inf/denormal";
+    case Data::kAllEqual: return "all-equal magnitudes";
+    case Data::kZeros: return "90% zeros";
+  }
+  return "?";
+}
+
+// SPARSECAR_GPU_TEST_MAX_N caps the sizes (compute-sanitizer runs are 10-100x slower).
+const std::vector<size_t>& sizes() {
+  static const std::vector<size_t> s = [] {
+    std::vector<size_t> all = {0, 1, 2, 31, 4095, 4096, 4097, 65537, 100003, (size_t{1} << 20) + 7,
+                               (size_t{1} << 24) + 3};
+    if (const char* cap = std::getenv("SPARSECAR_GPU_TEST_MAX_N")) {
+      const size_t max_n = std::strtoull(cap, nullptr, 10);
+      std::erase_if(all, [&](size_t n) { return n > max_n; });
+    }
+    return all;
+  }();
+  return s;
+}
+// The largest sizes run the normal data only (the special patterns are covered below them).
+bool skip_case(size_t n, int kind) { return n > (size_t{1} << 21) && kind != 0; }
+const Data kKinds[] = {Data::kNormal, Data::kSpecials, Data::kAllEqual, Data::kZeros};
+
+bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+// Compares pairs and (optionally) a residual bit for bit; reports the first difference.
+void expect_same(const std::string& what, const std::vector<uint32_t>& ref_index, const std::vector<float>& ref_value,
+                 size_t ref_count, const std::vector<uint32_t>& index, const std::vector<float>& value, uint64_t count,
+                 size_t written) {
+  ASSERT_EQ(count, ref_count) << what;
+  for (size_t j = 0; j < written; ++j) {
+    ASSERT_EQ(index[j], ref_index[j]) << what << ": pair " << j;
+    ASSERT_TRUE(same_bits(value[j], ref_value[j])) << what << ": value of pair " << j << " (index " << index[j]
+                                                   << "): " << value[j] << " vs " << ref_value[j];
+  }
+}
+void expect_same_floats(const std::string& what, const std::vector<float>& got, const std::vector<float>& want) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(same_bits(got[i], want[i])) << what << ": element " << i << ": " << got[i] << " vs " << want[i];
+  }
+}
+
+// One GPU run's buffers for a tensor of n elements.
+struct GpuRun {
+  GpuRun(size_t elements, size_t pairs)
+      : n(elements), capacity(pairs), residual(elements), grad(elements), index(pairs), value(pairs), count(1),
+        ws(cu::select_workspace_bytes(elements)) {
+    index.poison();
+    value.poison();
+  }
+  cu::DeviceSelection out() const { return {index.get(), value.get(), capacity, count.get()}; }
+  cu::Workspace workspace() const { return {ws.get(), cu::select_workspace_bytes(n)}; }
+  uint64_t fetch_count() const { return count.download(1)[0]; }
+  size_t n;
+  size_t capacity;
+  DeviceBuffer<float> residual;
+  DeviceBuffer<float> grad;
+  DeviceBuffer<uint32_t> index;
+  DeviceBuffer<float> value;
+  DeviceBuffer<uint64_t> count;
+  DeviceBuffer<unsigned char> ws;
+};
+
+TEST(CudaSelect, DeviceIsNamed) {
+  SKIP_WITHOUT_GPU();
+  const std::string d = cu::device_description(0);
+  std::printf("GPU 0: %s\n", d.c_str());
+  EXPECT_NE(d.find("SMs"), std::string::npos) << d;
+}
+
+TEST(CudaSelect, EfThresholdEqualsCpu) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(1);
+  for (size_t n : sizes()) {
+    for (Data kind : kKinds) {
+      if (skip_case(n, static_cast<int>(kind))) continue;
+      for (bool with_grad : {true, false}) {
+        const auto r0 = make_data(n, kind, rng);
+        const auto g = make_data(n, kind, rng);
+        const float lambda = kind == Data::kAllEqual ? 0.5f : 1.5f;
+        const std::string what = "n=" + std::to_string(n) + " " + name_of(kind) + (with_grad ? " ef" : " plain");
+        // CPU: ef_threshold (clears what it wrote) or threshold_select (no grad, residual untouched).
+        std::vector<float> ref_r = r0;
+        std::vector<uint32_t> ref_index(n + 1);
+        std::vector<float> ref_value(n + 1);
+        const size_t ref_count = with_grad ? ef_threshold(ref_r, g, lambda, ref_index.data(), ref_value.data(), n)
+                                           : threshold_select(ref_r, lambda, ref_index.data(), ref_value.data(), n);
+        GpuRun run(n, n);
+        run.residual.upload(r0);
+        run.grad.upload(g);
+        ASSERT_TRUE(cu::ef_threshold(run.residual.get(), with_grad ? run.grad.get() : nullptr, n, lambda, with_grad,
+                                     run.out(), run.workspace(), nullptr)
+                        .ok());
+        const uint64_t count = run.fetch_count();
+        expect_same(what, ref_index, ref_value, ref_count, run.index.download(n), run.value.download(n), count,
+                    std::min<size_t>(count, n));
+        expect_same_floats(what + " residual", run.residual.download(n), ref_r);
+      }
+    }
+  }
+}
+
+TEST(CudaSelect, EfThresholdOverCapacityKeepsTheRestInTheResidual) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(2);
+  const size_t n = 100003;
+  const auto r0 = make_data(n, Data::kNormal, rng);
+  const auto g = make_data(n, Data::kNormal, rng);
+  const size_t capacity = 1000;  // about 16 % of the elements pass |r| >= 1.5: far more than 1000
+  std::vector<float> ref_r = r0;
+  std::vector<uint32_t> ref_index(capacity);
+  std::vector<float> ref_value(capacity);
+  const size_t ref_count = ef_threshold(ref_r, g, 1.5f, ref_index.data(), ref_value.data(), capacity);
+  ASSERT_GT(ref_count, capacity);
+  GpuRun run(n, capacity);
+  run.residual.upload(r0);
+  run.grad.upload(g);
+  ASSERT_TRUE(cu::ef_threshold(run.residual.get(), run.grad.get(), n, 1.5f, true, run.out(), run.workspace(), nullptr)
+                  .ok());
+  expect_same("capacity 1000", ref_index, ref_value, ref_count, run.index.download(capacity),
+              run.value.download(capacity), run.fetch_count(), capacity);
+  expect_same_floats("capacity 1000 residual", run.residual.download(n), ref_r);
+}
+
+TEST(CudaSelect, MomentumThresholdEqualsCpu) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(3);
+  for (size_t n : sizes()) {
+    for (Data kind : {Data::kNormal, Data::kSpecials}) {
+      if (skip_case(n, static_cast<int>(kind))) continue;
+      const auto u0 = make_data(n, kind, rng);
+      const auto r0 = make_data(n, kind, rng);
+      const auto g = make_data(n, kind, rng);
+      const float momentum = 0.9f;
+      const float factor = 0.37f;
+      const float lambda = 1.2f;
+      // CPU: momentum_accumulate, threshold_select, clear_selected on both.
+      std::vector<float> ref_u = u0;
+      std::vector<float> ref_r = r0;
+      momentum_accumulate(ref_u, ref_r, g, momentum, factor);
+      std::vector<uint32_t> ref_index(n + 1);
+      std::vector<float> ref_value(n + 1);
+      const size_t ref_count = threshold_select(ref_r, lambda, ref_index.data(), ref_value.data(), n);
+      const std::span<const uint32_t> sent(ref_index.data(), ref_count);
+      clear_selected(ref_r, sent);
+      clear_selected(ref_u, sent);
+
+      GpuRun run(n, n);
+      DeviceBuffer<float> velocity(n);
+      velocity.upload(u0);
+      run.residual.upload(r0);
+      run.grad.upload(g);
+      ASSERT_TRUE(cu::ef_momentum_threshold(velocity.get(), run.residual.get(), run.grad.get(), n, momentum, factor,
+                                            lambda, run.out(), run.workspace(), nullptr)
+                      .ok());
+      const std::string what = "momentum n=" + std::to_string(n) + " " + name_of(kind);
+      const uint64_t count = run.fetch_count();
+      expect_same(what, ref_index, ref_value, ref_count, run.index.download(n), run.value.download(n), count, count);
+      expect_same_floats(what + " residual", run.residual.download(n), ref_r);
+      expect_same_floats(what + " velocity", velocity.download(n), ref_u);
+    }
+  }
+}
+
+// CPU: ef_accumulate, then `select`, then clear_selected: the composition the fused GPU
+// functions must equal.
+template <class CpuSelect>
+void check_topk_like(const std::string& name, size_t n, Data kind, size_t k, bool with_grad, std::mt19937_64& rng,
+                     const CpuSelect& cpu_select,
+                     const std::function<Status(GpuRun&, bool)>& gpu_select) {
+  const auto r0 = make_data(n, kind, rng);
+  const auto g = make_data(n, kind, rng);
+  std::vector<float> ref_r = r0;
+  if (with_grad) ef_accumulate(ref_r, g);
+  std::vector<uint32_t> ref_index(n + 1);
+  std::vector<float> ref_value(n + 1);
+  const size_t ref_count = cpu_select(ref_r, k, ref_index.data(), ref_value.data());
+  clear_selected(ref_r, std::span<const uint32_t>(ref_index.data(), ref_count));
+
+  GpuRun run(n, n);
+  run.residual.upload(r0);
+  run.grad.upload(g);
+  const Status st = gpu_select(run, with_grad);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  const std::string what = name + " n=" + std::to_string(n) + " k=" + std::to_string(k) + " " + name_of(kind) +
+                           (with_grad ? " ef" : " plain");
+  const uint64_t count = run.fetch_count();
+  expect_same(what, ref_index, ref_value, ref_count, run.index.download(n), run.value.download(n), count,
+              std::min<size_t>(count, n));
+  expect_same_floats(what + " residual", run.residual.download(n), ref_r);
+}
+
+std::vector<size_t> ks_for(size_t n) {
+  std::vector<size_t> ks = {0, 1, n / 1000 + 1, n / 100 + 1, n / 3, n, n + 5};
+  std::sort(ks.begin(), ks.end());
+  ks.erase(std::unique(ks.begin(), ks.end()), ks.end());
+  return ks;
+}
+
+TEST(CudaSelect, EfTopkEqualsCpu) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(4);
+  for (size_t n : sizes()) {
+    std::vector<std::byte> scratch(topk_scratch_bytes(n));
+    for (Data kind : kKinds) {
+      if (skip_case(n, static_cast<int>(kind))) continue;
+      for (size_t k : ks_for(n)) {
+        for (bool with_grad : {true, false}) {
+          check_topk_like(
+              "topk", n, kind, k, with_grad, rng,
+              [&](std::span<const float> x, size_t kk, uint32_t* idx, float* val) {
+                return *topk_exact(x, kk, scratch, idx, val);
+              },
+              [&](GpuRun& run, bool grad) {
+                return cu::ef_topk(run.residual.get(), grad ? run.grad.get() : nullptr, n, k, true, run.out(),
+                                   run.workspace(), nullptr);
+              });
+          if (HasFatalFailure()) return;
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaSelect, EfTopkApproxEqualsCpu) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(5);
+  for (size_t n : sizes()) {
+    std::vector<std::byte> scratch(topk_scratch_bytes(n));
+    for (Data kind : kKinds) {
+      if (skip_case(n, static_cast<int>(kind))) continue;
+      for (size_t k : ks_for(n)) {
+        for (double tol : {0.0, 0.1, 0.5}) {
+          check_topk_like(
+              "topk_approx tol=" + std::to_string(tol), n, kind, k, true, rng,
+              [&](std::span<const float> x, size_t kk, uint32_t* idx, float* val) {
+                return *topk_approx(x, kk, tol, scratch, idx, val, n);
+              },
+              [&](GpuRun& run, bool grad) {
+                return cu::ef_topk_approx(run.residual.get(), grad ? run.grad.get() : nullptr, n, k, tol, true,
+                                          run.out(), run.workspace(), nullptr);
+              });
+          if (HasFatalFailure()) return;
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaSelect, EfPercentileEqualsCpu) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(6);
+  for (size_t n : sizes()) {
+    std::vector<std::byte> scratch(topk_scratch_bytes(n));
+    for (Data kind : kKinds) {
+      if (skip_case(n, static_cast<int>(kind))) continue;
+      for (double q : {0.0, 0.5, 0.99, 0.999, 1.0}) {
+        const auto r0 = make_data(n, kind, rng);
+        const auto g = make_data(n, kind, rng);
+        // CPU: lambda from the sample of residual + grad, then ef_threshold.
+        std::vector<float> ref_r = r0;
+        const float lambda = magnitude_quantile(ref_r, q, scratch, g);
+        std::vector<uint32_t> ref_index(n + 1);
+        std::vector<float> ref_value(n + 1);
+        const size_t ref_count = ef_threshold(ref_r, g, lambda, ref_index.data(), ref_value.data(), n);
+        GpuRun run(n, n);
+        run.residual.upload(r0);
+        run.grad.upload(g);
+        ASSERT_TRUE(
+            cu::ef_percentile(run.residual.get(), run.grad.get(), n, q, true, run.out(), run.workspace(), nullptr).ok());
+        const std::string what = "percentile q=" + std::to_string(q) + " n=" + std::to_string(n) + " " + name_of(kind);
+        const uint64_t count = run.fetch_count();
+        expect_same(what, ref_index, ref_value, ref_count, run.index.download(n), run.value.download(n), count,
+                    std::min<size_t>(count, n));
+        expect_same_floats(what + " residual", run.residual.download(n), ref_r);
+      }
+    }
+  }
+}
+
+TEST(CudaSelect, RandomSelectorsEqualCpu) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(7);
+  for (size_t n : sizes()) {
+    const auto x = make_data(n, Data::kSpecials, rng);
+    for (double p : {0.0, 1e-4, 0.01, 0.3, 1.0}) {
+      for (bool unbiased : {false, true}) {
+        const uint64_t seed = derive_seed(42, 3, n);
+        std::vector<uint32_t> ref_index(n + 1);
+        std::vector<float> ref_value(n + 1);
+        const size_t ref_count = randomk_select(x, p, seed, unbiased, ref_index.data(), ref_value.data(), n);
+        GpuRun run(n, n);
+        run.residual.upload(x);
+        ASSERT_TRUE(cu::randomk(run.residual.get(), n, p, seed, unbiased, run.out(), run.workspace(), nullptr).ok());
+        const std::string what = "randomk p=" + std::to_string(p) + " n=" + std::to_string(n);
+        const uint64_t count = run.fetch_count();
+        expect_same(what, ref_index, ref_value, ref_count, run.index.download(n), run.value.download(n), count,
+                    std::min<size_t>(count, n));
+        for (size_t block : {size_t{kMinBlock}, size_t{64}, size_t{1000}}) {
+          const auto ref_blocks =
+              randblock_select(x, block, p, seed, unbiased, ref_index.data(), ref_value.data(), n);
+          ASSERT_TRUE(ref_blocks.ok());
+          GpuRun rb(n, n);
+          rb.residual.upload(x);
+          ASSERT_TRUE(
+              cu::randblock(rb.residual.get(), n, block, p, seed, unbiased, rb.out(), rb.workspace(), nullptr).ok());
+          const uint64_t c = rb.fetch_count();
+          expect_same(what + " randblock " + std::to_string(block), ref_index, ref_value, *ref_blocks,
+                      rb.index.download(n), rb.value.download(n), c, std::min<size_t>(c, n));
+        }
+      }
+    }
+  }
+}
+
+// Above 2^31 bytes per array: 64-bit offsets everywhere (indices stay uint32).
+TEST(CudaSelect, TensorAboveTwoGiB) {
+  SKIP_WITHOUT_GPU();
+  if (sizes().back() < (size_t{1} << 24)) GTEST_SKIP() << "sizes capped by SPARSECAR_GPU_TEST_MAX_N";
+  const size_t n = (size_t{1} << 29) + 12345;  // 2 GiB + 48 KiB of floats
+  std::mt19937_64 rng(8);
+  auto r0 = make_data(n, Data::kNormal, rng);
+  std::vector<float> ref_r = r0;
+  const size_t k = 1000;
+  std::vector<std::byte> scratch(topk_scratch_bytes(n));
+  std::vector<uint32_t> ref_index(k);
+  std::vector<float> ref_value(k);
+  const size_t ref_count = *topk_exact(ref_r, k, scratch, ref_index.data(), ref_value.data());
+  clear_selected(ref_r, std::span<const uint32_t>(ref_index.data(), ref_count));
+  GpuRun run(n, k);
+  if (run.residual.get() == nullptr || run.ws.get() == nullptr) GTEST_SKIP() << "not enough GPU memory";
+  run.residual.upload(r0);
+  ASSERT_TRUE(cu::ef_topk(run.residual.get(), nullptr, n, k, true, run.out(), run.workspace(), nullptr).ok());
+  const uint64_t count = run.fetch_count();
+  expect_same("topk n=2^29+12345", ref_index, ref_value, ref_count, run.index.download(k), run.value.download(k),
+              count, count);
+  // And the last element with a threshold that selects only it.
+  r0.back() = 1e30f;
+  GpuRun last(n, 4);
+  last.residual.upload(r0);
+  ASSERT_TRUE(cu::ef_threshold(last.residual.get(), nullptr, n, 1e29f, false, last.out(), last.workspace(), nullptr)
+                  .ok());
+  ASSERT_EQ(last.fetch_count(), 1u);
+  EXPECT_EQ(last.index.download(1)[0], static_cast<uint32_t>(n - 1));
+}
+
+TEST(CudaSelect, BadArgumentsQueueNothing) {
+  if (!cu::built()) {
+    float x = 0;
+    EXPECT_EQ(cu::ef_threshold(&x, nullptr, 1, 1.0f, false, {}, {}, nullptr).code(), Code::kUnavailable);
+    return;
+  }
+  SKIP_WITHOUT_GPU();
+  GpuRun run(100, 10);
+  // Workspace too small, null count, capacity below k, tolerance out of range, block out of range.
+  EXPECT_EQ(cu::ef_threshold(run.residual.get(), nullptr, 100, 1.0f, false, run.out(), {run.ws.get(), 16}, nullptr)
+                .code(),
+            Code::kInvalidArgument);
+  cu::DeviceSelection no_count = run.out();
+  no_count.count = nullptr;
+  EXPECT_EQ(cu::ef_threshold(run.residual.get(), nullptr, 100, 1.0f, false, no_count, run.workspace(), nullptr).code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(cu::ef_topk(run.residual.get(), nullptr, 100, 11, false, run.out(), run.workspace(), nullptr).code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(cu::ef_topk_approx(run.residual.get(), nullptr, 100, 5, 1.5, false, run.out(), run.workspace(), nullptr)
+                .code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(cu::randblock(run.residual.get(), 100, 1, 0.5, 1, false, run.out(), run.workspace(), nullptr).code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(cu::ef_threshold(nullptr, nullptr, 100, 1.0f, false, run.out(), run.workspace(), nullptr).code(),
+            Code::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace sparsecar::kernels
