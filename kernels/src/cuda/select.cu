@@ -75,7 +75,7 @@ __global__ void init_kernel(SelectState* state, unsigned long long main_k, unsig
 
 __global__ void add_kernel(float* residual, const float* grad, size_t n) {
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
-    residual[i] = __fadd_rn(residual[i], grad[i]);
+    residual[i] = kernels::detail::cpu_add(residual[i], grad[i]);
   }
 }
 

@@ -37,6 +37,53 @@ SC_HOST_DEVICE uint32_t magnitude_key(float v) {
 // A lambda that is not > 0 (zero, negative, NaN) selects everything.
 SC_HOST_DEVICE uint32_t lambda_key(float lambda) { return lambda > 0.0f ? magnitude_key(lambda) : 0u; }
 
+// Float arithmetic as the CPU does it, NaN payloads included, so that a NaN the GPU sends or
+// keeps has the CPU's bits. x86-64 (SSE/AVX) returns the first operand's NaN (quieted), else
+// the second's, and the "default NaN" 0xffc00000 for inf - inf or 0 * inf; a GPU returns the
+// canonical NaN 0x7fffffff. Only the NaN results are patched, so the device code's speed is that
+// of a plain add.
+SC_HOST_DEVICE float bits_float(uint32_t bits) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(bits);
+#else
+  float v;
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
+#endif
+}
+SC_HOST_DEVICE bool is_nan(float v) { return (float_bits(v) & 0x7fffffffu) > 0x7f800000u; }
+SC_HOST_DEVICE float quieted(float v) { return bits_float(float_bits(v) | 0x00400000u); }
+SC_HOST_DEVICE float x86_nan(float a, float b) {
+  if (is_nan(a)) return quieted(a);
+  if (is_nan(b)) return quieted(b);
+  return bits_float(0xffc00000u);
+}
+SC_HOST_DEVICE float cpu_add(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  const float r = __fadd_rn(a, b);
+  return is_nan(r) ? x86_nan(a, b) : r;
+#else
+  return a + b;
+#endif
+}
+SC_HOST_DEVICE float cpu_mul(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  const float r = __fmul_rn(a, b);
+  return is_nan(r) ? x86_nan(a, b) : r;
+#else
+  return a * b;
+#endif
+}
+// static_cast<float>(static_cast<double>(v) * scale) with a finite scale: a NaN keeps its payload
+// (quieted) through both conversions on the CPU.
+SC_HOST_DEVICE float cpu_scale_f64(float v, double scale) {
+#if defined(__CUDA_ARCH__)
+  return is_nan(v) ? quieted(v) : static_cast<float>(__dmul_rn(static_cast<double>(v), scale));
+#else
+  return static_cast<float>(static_cast<double>(v) * scale);
+#endif
+}
+
 // murmur3's 32-bit finaliser (a bijection with full avalanche) and splitmix64's.
 SC_HOST_DEVICE uint32_t fmix32(uint32_t h) {
   h ^= h >> 16;

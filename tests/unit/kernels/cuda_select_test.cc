@@ -404,7 +404,7 @@ TEST(CudaSelect, RandomSelectorsEqualCpu) {
         const uint64_t count = run.fetch_count();
         expect_same(what, ref_index, ref_value, ref_count, run.index.download(n), run.value.download(n), count,
                     std::min<size_t>(count, n));
-        for (size_t block : {size_t{kMinBlock}, size_t{64}, size_t{1000}}) {
+        for (size_t block : {size_t{kMinBlock}, size_t{64}, size_t{kMaxBlock}}) {
           const auto ref_blocks =
               randblock_select(x, block, p, seed, unbiased, ref_index.data(), ref_value.data(), n);
           ASSERT_TRUE(ref_blocks.ok());

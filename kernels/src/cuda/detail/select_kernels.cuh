@@ -27,6 +27,8 @@
 
 namespace sparsecar::kernels::cuda::detail {
 
+using kernels::detail::cpu_add;
+using kernels::detail::cpu_mul;
 using kernels::detail::magnitude_key;
 
 inline constexpr int kThreads = 256;
@@ -108,7 +110,7 @@ __global__ void __launch_bounds__(kThreads) ef_hist_kernel(float* residual, cons
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
     float v = residual[i];
     if (grad != nullptr) {
-      v = __fadd_rn(v, grad[i]);
+      v = cpu_add(v, grad[i]);
       residual[i] = v;
     }
     atomicAdd(&sh[magnitude_key(v) >> digit_shift(0)], 1u);
@@ -371,7 +373,7 @@ struct EfThresholdOp {
   };
   __device__ Item load(size_t i) const {
     float v = residual[i];
-    if (grad != nullptr) v = __fadd_rn(v, grad[i]);
+    if (grad != nullptr) v = cpu_add(v, grad[i]);
     return {v};
   }
   __device__ bool keep(const Item& it, size_t) const { return magnitude_key(it.v) >= *lambda_key; }
@@ -398,8 +400,8 @@ struct MomentumThresholdOp {
     float v;
   };
   __device__ Item load(size_t i) const {
-    const float u = __fadd_rn(__fmul_rn(momentum, velocity[i]), __fmul_rn(factor, grad[i]));
-    return {u, __fadd_rn(residual[i], u)};
+    const float u = cpu_add(cpu_mul(momentum, velocity[i]), cpu_mul(factor, grad[i]));
+    return {u, cpu_add(residual[i], u)};
   }
   __device__ bool keep(const Item& it, size_t) const { return magnitude_key(it.v) >= lambda_key; }
   __device__ float value(const Item& it, size_t) const { return it.v; }
@@ -450,7 +452,7 @@ struct RandomOp {
     return kernels::detail::draw(a, b, static_cast<uint32_t>(block == 1 ? i : i / block)) < t;
   }
   __device__ float value(const Item& it, size_t) const {
-    return unbiased ? static_cast<float>(__dmul_rn(static_cast<double>(it.v), inv_p)) : it.v;
+    return unbiased ? kernels::detail::cpu_scale_f64(it.v, inv_p) : it.v;
   }
   __device__ void store(size_t, const Item&, bool, bool) const {}
 };
@@ -464,7 +466,7 @@ __global__ void sample_kernel(const float* x, const float* add, size_t n, size_t
   const uint64_t mixed = kernels::detail::splitmix64(kernels::detail::kSampleSeed);
   const size_t i = kernels::detail::sample_position(j, n / s, static_cast<uint32_t>(mixed),
                                                     static_cast<uint32_t>(mixed >> 32));
-  keys[j] = magnitude_key(add != nullptr ? __fadd_rn(x[i], add[i]) : x[i]);
+  keys[j] = magnitude_key(add != nullptr ? cpu_add(x[i], add[i]) : x[i]);
 }
 
 // lambda_key from the sample's radix select: the key found, +inf's key for a NaN key (the
@@ -484,7 +486,7 @@ __global__ void __launch_bounds__(kThreads) ef_count_kernel(float* residual, con
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
     float v = residual[i];
     if (grad != nullptr) {
-      v = __fadd_rn(v, grad[i]);
+      v = cpu_add(v, grad[i]);
       residual[i] = v;
     }
     if (magnitude_key(v) >= lambda) ++mine;
