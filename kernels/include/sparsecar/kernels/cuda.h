@@ -15,8 +15,11 @@
 // - The arguments are validated on the host before anything is queued; an error queues nothing.
 // - The selected set, its order (increasing index), the values and the residual afterwards
 //   equal the CPU functions of select.h / structured.h bit for bit, on any input (NaN and +-inf
-//   included: magnitude order as in select.h). The matching CPU composition is named with each
-//   function; tests/unit/kernels/cuda_select_test.cc checks every one against it.
+//   included: magnitude order as in select.h; a NaN the arithmetic makes carries the payload
+//   x86 gives it). One exception: where two NaN operands meet in the momentum variant's
+//   m u + f g, x86 returns one of them and the compiler picks which, so that element may be a
+//   different NaN. The matching CPU composition is named with each function;
+//   tests/unit/kernels/cuda_select_test.cc checks every one against it.
 // - Output: pairs in increasing index order; `count` receives the number of matches, which may
 //   exceed `capacity` (only the first `capacity` pairs are written then; with clear_sent the
 //   residual keeps the unwritten ones, so nothing is lost).

@@ -66,6 +66,15 @@ struct SelectState {
 __host__ __device__ constexpr int digit_shift(int d) { return d == 0 ? 20 : (d == 1 ? 10 : 0); }
 __host__ __device__ constexpr int digit_bins(int d) { return d == 0 ? 2048 : 1024; }
 
+// sh[bin] += 1 for every lane of the warp that passes `take`, one shared atomic per distinct bin
+// (skewed keys put many lanes of a warp on one bin; their atomics would serialise).
+__device__ __forceinline__ void hist_add(unsigned* sh, unsigned bin, bool take) {
+  const unsigned active = __ballot_sync(0xffffffffu, take);
+  if (!take) return;
+  const unsigned peers = __match_any_sync(active, bin);
+  if ((threadIdx.x & 31u) == static_cast<unsigned>(__ffs(peers) - 1)) atomicAdd(&sh[bin], __popc(peers));
+}
+
 __device__ __forceinline__ bool gated_off(const unsigned* gate) { return gate != nullptr && *gate == 0; }
 
 // Keys of a float array, optionally of x + add (float addition, as the CPU's sample does).
@@ -91,9 +100,11 @@ __global__ void __launch_bounds__(kThreads) radix_hist_kernel(Keys keys, size_t 
   const int high_shift = d == 0 ? 31 : digit_shift(d - 1);
   const unsigned prefix = d == 0 ? 0u : state->prefix;
   const unsigned mask = static_cast<unsigned>(bins - 1);
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
-    const uint32_t key = keys(i);
-    if (d == 0 || (key >> high_shift) == prefix) atomicAdd(&sh[(key >> shift) & mask], 1u);
+  // Whole warps step together (hist_add's warp intrinsics): the loop bound is block-uniform.
+  for (size_t i0 = blockIdx.x * size_t{blockDim.x}; i0 < n; i0 += size_t{gridDim.x} * blockDim.x) {
+    const size_t i = i0 + threadIdx.x;
+    const uint32_t key = i < n ? keys(i) : 0u;
+    hist_add(sh, (key >> shift) & mask, i < n && (d == 0 || (key >> high_shift) == prefix));
   }
   __syncthreads();
   for (int b = threadIdx.x; b < bins; b += blockDim.x) {
@@ -107,13 +118,18 @@ __global__ void __launch_bounds__(kThreads) ef_hist_kernel(float* residual, cons
   __shared__ unsigned sh[kHistBins];
   for (int b = threadIdx.x; b < kHistBins; b += blockDim.x) sh[b] = 0;
   __syncthreads();
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
-    float v = residual[i];
-    if (grad != nullptr) {
-      v = cpu_add(v, grad[i]);
-      residual[i] = v;
+  for (size_t i0 = blockIdx.x * size_t{blockDim.x}; i0 < n; i0 += size_t{gridDim.x} * blockDim.x) {
+    const size_t i = i0 + threadIdx.x;
+    uint32_t key = 0;
+    if (i < n) {
+      float v = residual[i];
+      if (grad != nullptr) {
+        v = cpu_add(v, grad[i]);
+        residual[i] = v;
+      }
+      key = magnitude_key(v);
     }
-    atomicAdd(&sh[magnitude_key(v) >> digit_shift(0)], 1u);
+    hist_add(sh, key >> digit_shift(0), i < n);
   }
   __syncthreads();
   for (int b = threadIdx.x; b < kHistBins; b += blockDim.x) {
@@ -266,6 +282,46 @@ __device__ __forceinline__ unsigned long long observe(unsigned long long* status
   return ref.load(::cuda::memory_order_acquire);
 }
 
+__device__ __forceinline__ unsigned long long warp_sum(unsigned long long v) {
+#pragma unroll
+  for (int delta = 16; delta > 0; delta >>= 1) v += __shfl_down_sync(0xffffffffu, v, delta);
+  return __shfl_sync(0xffffffffu, v, 0);
+}
+
+// The decoupled look-back of one warp (CUB's scheme): publish this tile's count, then read the
+// 32 tiles before it at once; if one of them has its inclusive prefix, the prefix is that plus
+// the counts of the tiles after it; else add the 32 counts and look 32 further back. Returns the
+// exclusive prefix of `tile` (to every lane) after publishing its inclusive one.
+__device__ __forceinline__ unsigned long long look_back(unsigned long long* status, size_t tile,
+                                                        unsigned long long total, unsigned lane) {
+  if (tile == 0) {
+    if (lane == 0) publish(&status[0], kFlagPrefix | total);
+    return 0;
+  }
+  if (lane == 0) publish(&status[tile], kFlagAggregate | total);
+  unsigned long long prefix = 0;
+  long long nearest = static_cast<long long>(tile) - 1;  // lane 0 reads this one, lane j nearest - j
+  while (true) {
+    const long long t = nearest - static_cast<long long>(lane);
+    unsigned long long word = kFlagPrefix;  // before tile 0: an inclusive prefix of 0
+    if (t >= 0) {
+      do {
+        word = observe(&status[t]);
+      } while ((word & ~kCountMask) == 0);  // not yet published: spin
+    }
+    const unsigned with_prefix = __ballot_sync(0xffffffffu, (word & ~kCountMask) == kFlagPrefix);
+    if (with_prefix != 0) {
+      const unsigned stop = __ffs(with_prefix) - 1;  // the nearest tile that has its prefix
+      prefix += warp_sum(lane <= stop ? (word & kCountMask) : 0);
+      break;
+    }
+    prefix += warp_sum(word & kCountMask);
+    nearest -= 32;
+  }
+  if (lane == 0) publish(&status[tile], kFlagPrefix | (prefix + total));
+  return prefix;
+}
+
 // Op: struct Item; __device__ Item load(size_t i); bool keep(const Item&, size_t i);
 // float value(const Item&, size_t i) (what is sent); void store(size_t i, const Item&, bool kept,
 // bool written) (the element's write-back, may do nothing).
@@ -319,22 +375,8 @@ __global__ void __launch_bounds__(kThreads) compact_kernel(Op op, size_t n, Outp
       run += c[q];
     }
     const unsigned long long total = __shfl_sync(0xffffffffu, incl, 31);
+    const unsigned long long prefix = look_back(status, tile, total, lane);
     if (lane == 0) {
-      unsigned long long prefix = 0;
-      if (tile == 0) {
-        publish(&status[0], kFlagPrefix | total);
-      } else {
-        publish(&status[tile], kFlagAggregate | total);
-        size_t t = tile - 1;
-        while (true) {
-          const unsigned long long word = observe(&status[t]);
-          if ((word & ~kCountMask) == 0) continue;  // not yet published: spin
-          prefix += word & kCountMask;
-          if ((word & ~kCountMask) == kFlagPrefix) break;
-          --t;
-        }
-        publish(&status[tile], kFlagPrefix | (prefix + total));
-      }
       s_prefix = prefix;
       if (tile == tiles - 1) *out.count = prefix + total;
     }
