@@ -46,4 +46,6 @@ Status randblock(const float*, size_t, size_t, double, uint64_t, bool, const Dev
   return unavailable_here("cuda::randblock");
 }
 
+SelectFn find_select(Selector) { return nullptr; }
+
 }  // namespace sparsecar::kernels::cuda

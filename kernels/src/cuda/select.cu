@@ -23,15 +23,21 @@ constexpr size_t kAlign = 256;
 
 size_t align_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 size_t tiles_of(size_t n) { return (n + kTile - 1) / kTile; }
+// Keys the top-k's filter pass may keep (digit 0's bin of the k-th key): 1/16 of the tensor
+// and 4096 more; a fuller bin (few distinct magnitudes) takes the full passes instead.
+size_t candidate_capacity(size_t n) { return std::min(n, n / 16 + 4096); }
 
 // The workspace, carved in this order; the first four are zeroed before every call.
 struct Layout {
   SelectState* state;
   unsigned* hist_main;    // 3 digits x kHistBins
   unsigned* hist_sample;  // 3 digits x kHistBins
+  unsigned* hist_band;    // 3 digits x kHistBins
+  unsigned* hist_bracket; // kHistBins
   unsigned long long* status;  // one look-back word per tile
   size_t zeroed_bytes;
   unsigned* tile_ties;    // one count per tile
+  uint32_t* candidates;   // candidate_capacity(n) keys
   uint32_t* sample;       // kSampleMax keys
   size_t bytes;
 };
@@ -49,9 +55,12 @@ Layout layout(void* base, size_t n) {
   l.state = reinterpret_cast<SelectState*>(take(sizeof(SelectState)));
   l.hist_main = reinterpret_cast<unsigned*>(take(3 * kHistBins * sizeof(unsigned)));
   l.hist_sample = reinterpret_cast<unsigned*>(take(3 * kHistBins * sizeof(unsigned)));
+  l.hist_band = reinterpret_cast<unsigned*>(take(3 * kHistBins * sizeof(unsigned)));
+  l.hist_bracket = reinterpret_cast<unsigned*>(take(kHistBins * sizeof(unsigned)));
   l.status = reinterpret_cast<unsigned long long*>(take(tiles * sizeof(unsigned long long)));
   l.zeroed_bytes = off;
   l.tile_ties = reinterpret_cast<unsigned*>(take(tiles * sizeof(unsigned)));
+  l.candidates = reinterpret_cast<uint32_t*>(take(candidate_capacity(n) * sizeof(uint32_t)));
   l.sample = reinterpret_cast<uint32_t*>(take(kernels::detail::kSampleMax * sizeof(uint32_t)));
   l.bytes = off;
   return l;
@@ -69,6 +78,7 @@ unsigned stride_blocks(size_t n) {
 __global__ void init_kernel(SelectState* state, unsigned long long main_k, unsigned long long sample_k,
                             unsigned lambda_key) {
   state->main.k = main_k;
+  state->band.k = main_k;
   state->sample.k = sample_k;
   state->lambda_key = lambda_key;
 }
@@ -119,16 +129,28 @@ Status compact(const char* what, const Op& op, size_t n, const DeviceSelection& 
 }
 
 // Digits 1 and 2 of the radix select (digit 0's histogram is queued by the caller) and the tie
-// cut, over `keys`.
+// cut, over `keys`. With a candidate buffer, digit 1 also filters digit 0's bin into it when it
+// fits, and digit 2 reads only the candidates; gated kernels pick the path on the device.
+// filter: the tensor's radix select (the sample's is small); with_cut: queue the tie cut too.
 template <class Keys>
 void radix_rest(Keys keys, size_t n, RadixState* state, unsigned* hist, const unsigned* gate, const Layout& l,
-                bool with_cut, Stream stream) {
-  radix_find_kernel<<<1, kFindThreads, 0, stream>>>(state, hist, 0, n, gate);
-  for (int d = 1; d < 3; ++d) {
-    unsigned* h = hist + d * kHistBins;
-    radix_hist_kernel<Keys><<<stride_blocks(n), kThreads, 0, stream>>>(keys, n, d, state, h, gate);
-    radix_find_kernel<<<1, kFindThreads, 0, stream>>>(state, h, d, n, gate);
+                bool filter, bool with_cut, Stream stream) {
+  const size_t cand_capacity = filter ? candidate_capacity(n) : 0;
+  radix_find_kernel<<<1, kFindThreads, 0, stream>>>(state, hist, 0, n, cand_capacity, gate);
+  unsigned* h1 = hist + kHistBins;
+  unsigned* h2 = hist + 2 * kHistBins;
+  const unsigned* full = filter ? &state->full_passes : nullptr;
+  if (filter) {
+    filter_kernel<Keys><<<stride_blocks(n), kThreads, 0, stream>>>(keys, n, state, l.candidates, h1, gate);
   }
+  radix_hist_kernel<Keys><<<stride_blocks(n), kThreads, 0, stream>>>(keys, n, nullptr, 1, state, h1, gate, full);
+  radix_find_kernel<<<1, kFindThreads, 0, stream>>>(state, h1, 1, n, 0, gate);
+  if (filter) {
+    radix_hist_kernel<SampleKeys><<<stride_blocks(cand_capacity), kThreads, 0, stream>>>(
+        SampleKeys{l.candidates}, cand_capacity, &state->candidates, 2, state, h2, gate, &state->use_candidates);
+  }
+  radix_hist_kernel<Keys><<<stride_blocks(n), kThreads, 0, stream>>>(keys, n, nullptr, 2, state, h2, gate, full);
+  radix_find_kernel<<<1, kFindThreads, 0, stream>>>(state, h2, 2, n, 0, gate);
   if (!with_cut) return;
   const size_t tiles = tiles_of(n);
   tie_count_kernel<Keys><<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(keys, n, state, l.tile_ties, gate);
@@ -140,9 +162,9 @@ void sample_lambda(float* x, const float* add, size_t n, const Layout& l, Stream
   const size_t s = kernels::detail::sample_size(n);
   sample_kernel<<<static_cast<unsigned>((s + kThreads - 1) / kThreads), kThreads, 0, stream>>>(x, add, n, s, l.sample);
   const SampleKeys keys{l.sample};
-  radix_hist_kernel<SampleKeys><<<stride_blocks(s), kThreads, 0, stream>>>(keys, s, 0, &l.state->sample,
-                                                                           l.hist_sample, nullptr);
-  radix_rest(keys, s, &l.state->sample, l.hist_sample, nullptr, l, false, stream);
+  radix_hist_kernel<SampleKeys><<<stride_blocks(s), kThreads, 0, stream>>>(keys, s, nullptr, 0, &l.state->sample,
+                                                                           l.hist_sample, nullptr, nullptr);
+  radix_rest(keys, s, &l.state->sample, l.hist_sample, nullptr, l, false, false, stream);
   lambda_from_sample_kernel<<<1, 1, 0, stream>>>(l.state);
 }
 
@@ -197,8 +219,48 @@ Status ef_topk(float* residual, const float* grad, size_t n, size_t k, bool clea
   }
   const Layout l = layout(ws.ptr, n);
   SC_RETURN_IF_ERROR(begin(kWhat, l, k, 0, 0, stream));
-  ef_hist_kernel<<<stride_blocks(n), kThreads, 0, stream>>>(residual, grad, n, l.hist_main);
-  radix_rest(FloatKeys{residual}, n, &l.state->main, l.hist_main, nullptr, l, true, stream);
+  // 1. The band: from the sample of residual + grad, the digit-0 bins that hold the k-th key's
+  //    sample rank +- 3 sigma + 2 (as the CPU's sampled path brackets it).
+  const size_t s = kernels::detail::sample_size(n);
+  sample_kernel<<<static_cast<unsigned>((s + kThreads - 1) / kThreads), kThreads, 0, stream>>>(residual, grad, n, s,
+                                                                                               l.sample);
+  radix_hist_kernel<SampleKeys><<<stride_blocks(s), kThreads, 0, stream>>>(SampleKeys{l.sample}, s, nullptr, 0,
+                                                                           &l.state->sample, l.hist_bracket,
+                                                                           nullptr, nullptr);
+  const double r = static_cast<double>(k) * static_cast<double>(s) / static_cast<double>(n);
+  const double margin = 3.0 * std::sqrt(r) + 2.0;
+  const double hi_rank = std::floor(r - margin);
+  const auto lo_rank = static_cast<unsigned long long>(std::min(std::ceil(r + margin), static_cast<double>(s)));
+  bracket_kernel<<<1, kFindThreads, 0, stream>>>(l.state, l.hist_bracket,
+                                                 hi_rank < 1.0 ? 0ull : static_cast<unsigned long long>(hi_rank),
+                                                 lo_rank);
+  // 2. One pass over the tensor (with the error feedback): keys above the band counted, the
+  //    band's keys appended.
+  const size_t cap = candidate_capacity(n);
+  band_kernel<<<stride_blocks(n), kThreads, 0, stream>>>(residual, grad, n, l.state, l.candidates, cap);
+  band_decide_kernel<<<1, 1, 0, stream>>>(l.state, cap);
+  // 3a. The band holds the k-th key: a radix select over the candidates alone.
+  const unsigned* ok = &l.state->band_ok;
+  RadixState* band = &l.state->band;
+  const SampleKeys cand{l.candidates};
+  for (int d = 0; d < 3; ++d) {
+    radix_hist_kernel<SampleKeys><<<stride_blocks(cap), kThreads, 0, stream>>>(
+        cand, cap, &band->candidates, d, band, l.hist_band + d * kHistBins, ok, nullptr);
+    radix_find_kernel<<<1, kFindThreads, 0, stream>>>(band, l.hist_band + d * kHistBins, d, n, 0, ok);
+  }
+  band_finish_kernel<<<1, 1, 0, stream>>>(l.state);
+  // 3b. It does not (rare: a miss of the bracket, or few distinct magnitudes): the full radix
+  //     select over the tensor, whose residual already holds the sum.
+  const unsigned* missed = &l.state->band_missed;
+  const FloatKeys keys{residual};
+  radix_hist_kernel<FloatKeys><<<stride_blocks(n), kThreads, 0, stream>>>(keys, n, nullptr, 0, &l.state->main,
+                                                                          l.hist_main, missed, nullptr);
+  radix_rest(keys, n, &l.state->main, l.hist_main, missed, l, true, false, stream);
+  // 4. The ties at the k-th key beyond the need: the index cut (either path's answer).
+  const size_t tiles = tiles_of(n);
+  tie_count_kernel<FloatKeys><<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(keys, n, &l.state->main,
+                                                                                     l.tile_ties, nullptr);
+  tie_cut_kernel<FloatKeys><<<1, kFindThreads, 0, stream>>>(keys, n, &l.state->main, l.tile_ties, tiles, nullptr);
   SC_RETURN_IF_ERROR(cuda_status(kWhat, cudaGetLastError()));
   return compact(kWhat, TopkOp{residual, l.state, clear_sent, false}, n, out, l, stream);
 }
@@ -237,9 +299,9 @@ Status ef_topk_approx(float* residual, const float* grad, size_t n, size_t k, do
   approx_decide_kernel<<<1, 1, 0, stream>>>(l.state, low, high, out.capacity);
   const unsigned* gate = &l.state->exact;
   const FloatKeys keys{residual};
-  radix_hist_kernel<FloatKeys><<<stride_blocks(n), kThreads, 0, stream>>>(keys, n, 0, &l.state->main, l.hist_main,
-                                                                          gate);
-  radix_rest(keys, n, &l.state->main, l.hist_main, gate, l, true, stream);
+  radix_hist_kernel<FloatKeys><<<stride_blocks(n), kThreads, 0, stream>>>(keys, n, nullptr, 0, &l.state->main,
+                                                                          l.hist_main, gate, nullptr);
+  radix_rest(keys, n, &l.state->main, l.hist_main, gate, l, true, true, stream);
   SC_RETURN_IF_ERROR(cuda_status(kWhat, cudaGetLastError()));
   return compact(kWhat, TopkOp{residual, l.state, clear_sent, true}, n, out, l, stream);
 }
@@ -292,6 +354,84 @@ Status randblock(const float* x, size_t n, size_t block, double p, uint64_t seed
                             std::to_string(kMinBlock) + ".." + std::to_string(kMaxBlock));
   }
   return random_select(kWhat, x, n, block, p, seed, unbiased, out, ws, stream);
+}
+
+// ---- the registry's CUDA column --------------------------------------------------------------
+
+namespace {
+
+Status params_ok(const SelectArgs& a) {
+  return a.params != nullptr ? Status::Ok() : invalid_argument("cuda::find_select: null params");
+}
+
+Status add_then(const SelectArgs& a, const char* what) {
+  return add_only(what, a.residual, a.grad, a.n, a.stream);
+}
+
+__global__ void clear_kernel(float* x, const uint32_t* index, const unsigned long long* count, size_t capacity) {
+  const unsigned long long written = *count < capacity ? *count : capacity;
+  for (size_t j = blockIdx.x * size_t{blockDim.x} + threadIdx.x; j < written; j += size_t{gridDim.x} * blockDim.x) {
+    x[index[j]] = 0.0f;
+  }
+}
+
+// Random rows: the residual after error feedback, the selection, then the sent ones cleared.
+Status random_row(const SelectArgs& a, size_t block) {
+  constexpr const char* kWhat = "cuda::find_select(random)";
+  SC_RETURN_IF_ERROR(params_ok(a));
+  SC_RETURN_IF_ERROR(check_common(kWhat, a.residual, a.n, a.out, a.ws));
+  SC_RETURN_IF_ERROR(add_then(a, kWhat));
+  const double p = a.params->density;
+  SC_RETURN_IF_ERROR(block == 1 ? randomk(a.residual, a.n, p, a.params->seed, a.unbiased, a.out, a.ws, a.stream)
+                                : randblock(a.residual, a.n, block, p, a.params->seed, a.unbiased, a.out, a.ws,
+                                            a.stream));
+  if (a.clear_sent && a.n > 0 && a.out.capacity > 0) {
+    clear_kernel<<<stride_blocks(std::min(a.n, a.out.capacity)), kThreads, 0, a.stream>>>(
+        a.residual, a.out.index, reinterpret_cast<const unsigned long long*>(a.out.count), a.out.capacity);
+  }
+  return cuda_status(kWhat, cudaGetLastError());
+}
+
+Status topk_row(const SelectArgs& a) {
+  SC_RETURN_IF_ERROR(params_ok(a));
+  return ef_topk(a.residual, a.grad, a.n, topk_count(a.n, a.params->density), a.clear_sent, a.out, a.ws, a.stream);
+}
+Status threshold_row(const SelectArgs& a) {
+  SC_RETURN_IF_ERROR(params_ok(a));
+  return ef_threshold(a.residual, a.grad, a.n, a.params->threshold, a.clear_sent, a.out, a.ws, a.stream);
+}
+Status topk_approx_row(const SelectArgs& a) {
+  SC_RETURN_IF_ERROR(params_ok(a));
+  return ef_topk_approx(a.residual, a.grad, a.n, topk_count(a.n, a.params->density), a.params->approx_tolerance,
+                        a.clear_sent, a.out, a.ws, a.stream);
+}
+Status percentile_row(const SelectArgs& a) {
+  SC_RETURN_IF_ERROR(params_ok(a));
+  return ef_percentile(a.residual, a.grad, a.n, a.params->quantile, a.clear_sent, a.out, a.ws, a.stream);
+}
+Status randomk_row(const SelectArgs& a) { return random_row(a, 1); }
+Status randblock_row(const SelectArgs& a) { return random_row(a, a.params->block_size); }
+
+struct Row {
+  Selector id;
+  SelectFn fn;
+};
+constexpr Row kRows[] = {
+    {Selector::kTopk, topk_row},
+    {Selector::kThreshold, threshold_row},
+    {Selector::kTopkApprox, topk_approx_row},
+    {Selector::kPercentile, percentile_row},
+    {Selector::kRandomk, randomk_row},
+    {Selector::kRandblock, randblock_row},
+};
+
+}  // namespace
+
+SelectFn find_select(Selector s) {
+  for (const Row& row : kRows) {
+    if (row.id == s) return row.fn;
+  }
+  return nullptr;
 }
 
 }  // namespace sparsecar::kernels::cuda

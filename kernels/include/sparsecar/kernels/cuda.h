@@ -34,6 +34,7 @@
 #include <string>
 
 #include "sparsecar/common/status.h"
+#include "sparsecar/kernels/selectors.h"
 
 struct CUstream_st;  // cuda_runtime.h: typedef struct CUstream_st* cudaStream_t
 
@@ -123,5 +124,30 @@ Status randomk(const float* x, size_t n, double p, uint64_t seed, bool unbiased,
 // Random blocks of `block` elements, one draw per block index. CPU: randblock_select.
 Status randblock(const float* x, size_t n, size_t block, double p, uint64_t seed, bool unbiased,
                  const DeviceSelection& out, Workspace ws, Stream stream);
+
+// ---- the selector registry's CUDA column ------------------------------------------------------
+// The CPU library must not link CUDA, so the CUDA functions of the registry's rows live here,
+// keyed by the same frozen ids (selectors.h): find_select(id) is the row's CUDA backend.
+
+// One call shape for every selector (what the daemon's GPU path fills from a plan).
+struct SelectArgs {
+  float* residual = nullptr;        // the tensor selected from; with grad, the residual
+  const float* grad = nullptr;      // null: select from residual as it is (no error feedback)
+  size_t n = 0;
+  const SelectorParams* params = nullptr;
+  bool clear_sent = false;          // error feedback: residual_i = 0 where a pair was written
+  bool unbiased = false;            // random rows: values scaled by 1/p (error feedback off)
+  DeviceSelection out;
+  Workspace ws;                     // select_workspace_bytes(n)
+  Stream stream = nullptr;
+};
+// Equals, bit for bit: residual += grad (if grad), the row's CPU select function on the
+// residual (SelectInput with no shape, no pool), then residual cleared where written (if
+// clear_sent) — tests/unit/kernels/cuda_select_test.cc runs every row that has one.
+using SelectFn = Status (*)(const SelectArgs& args);
+
+// The CUDA function of selector `s`, or null (that selector runs on the CPU only, so far: the
+// structured, importance, periodic-mask and hybrid rows).
+SelectFn find_select(Selector s);
 
 }  // namespace sparsecar::kernels::cuda

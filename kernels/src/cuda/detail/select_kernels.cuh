@@ -46,13 +46,22 @@ struct RadixState {
   unsigned long long ties_total;  // keys equal to the k-th key (after the last digit)
   unsigned long long need;        // of those, how many belong to the top k
   unsigned long long cut;         // ties with an index below this are kept
+  unsigned long long candidates;   // keys the filter pass has appended
   unsigned int prefix;            // the digits found so far
   unsigned int kth;               // the k-th largest key (after the last digit)
+  unsigned int use_candidates;    // digit 0's bin fits the candidate buffer: digits 1 and 2 run
+  unsigned int full_passes;       // over it (filter pass), else over the whole tensor
 };
 
 struct SelectState {
-  RadixState main;                 // over the tensor
+  RadixState main;                 // over the tensor (the result top-k's compaction reads)
   RadixState sample;               // over the sample keys
+  RadixState band;                 // top-k: over the sampled band's candidates
+  unsigned int band_lo_bin;        // top-k: digit-0 bins of the band, inclusive; keys in bins
+  unsigned int band_hi_bin;        //   above band_hi_bin are counted in band.above
+  unsigned int band_ok;            // top-k: the k-th key lies in the band (band path runs)
+  unsigned int band_missed;        //   else the full radix runs
+
   unsigned long long lambda_count; // keys >= lambda_key (approximate top-k)
   unsigned int lambda_key;         // the threshold's key (set by the host or a kernel)
   unsigned int exact;              // approximate top-k: 1 when the exact path runs
@@ -76,6 +85,9 @@ __device__ __forceinline__ void hist_add(unsigned* sh, unsigned bin, bool take) 
 }
 
 __device__ __forceinline__ bool gated_off(const unsigned* gate) { return gate != nullptr && *gate == 0; }
+__device__ __forceinline__ bool gated_off(const unsigned* gate, const unsigned* gate2) {
+  return gated_off(gate) || gated_off(gate2);
+}
 
 // Keys of a float array, optionally of x + add (float addition, as the CPU's sample does).
 struct FloatKeys {
@@ -88,10 +100,13 @@ struct SampleKeys {
 };
 
 // Histogram of digit d over the keys whose higher digits equal state->prefix.
+// n_dev (optional): the key count is *n_dev (at most n), e.g. the candidates appended.
 template <class Keys>
-__global__ void __launch_bounds__(kThreads) radix_hist_kernel(Keys keys, size_t n, int d, const RadixState* state,
-                                                              unsigned* hist, const unsigned* gate) {
-  if (gated_off(gate)) return;
+__global__ void __launch_bounds__(kThreads) radix_hist_kernel(Keys keys, size_t n, const unsigned long long* n_dev,
+                                                              int d, const RadixState* state, unsigned* hist,
+                                                              const unsigned* gate, const unsigned* gate2) {
+  if (gated_off(gate, gate2)) return;
+  if (n_dev != nullptr && *n_dev < n) n = *n_dev;
   __shared__ unsigned sh[kHistBins];
   const int bins = digit_bins(d);
   for (int b = threadIdx.x; b < bins; b += blockDim.x) sh[b] = 0;
@@ -112,12 +127,51 @@ __global__ void __launch_bounds__(kThreads) radix_hist_kernel(Keys keys, size_t 
   }
 }
 
-// The first digit's histogram fused with error feedback: residual += grad, written back.
-__global__ void __launch_bounds__(kThreads) ef_hist_kernel(float* residual, const float* grad, size_t n,
-                                                           unsigned* hist) {
-  __shared__ unsigned sh[kHistBins];
-  for (int b = threadIdx.x; b < kHistBins; b += blockDim.x) sh[b] = 0;
+// Top-k's bracket from the sample's digit-0 histogram: the bins of the sample ranks r - margin
+// (hi) and r + margin (lo), where r = k s / n is the k-th key's expected sample rank. One block
+// of kFindThreads. A rank below 1 leaves no upper cut (hi = the top bin, nothing above it).
+__global__ void __launch_bounds__(kFindThreads) bracket_kernel(SelectState* state, const unsigned* hist,
+                                                               unsigned long long rank_hi, unsigned long long rank_lo) {
+  using Scan = cub::BlockScan<unsigned long long, kFindThreads>;
+  __shared__ typename Scan::TempStorage temp;
+  constexpr int kPer = kHistBins / kFindThreads;
+  unsigned long long counts[kPer];
+  unsigned long long mine = 0;
+#pragma unroll
+  for (int q = 0; q < kPer; ++q) {
+    counts[q] = hist[kHistBins - 1 - (threadIdx.x * kPer + q)];
+    mine += counts[q];
+  }
+  unsigned long long before = 0;
+  unsigned long long total = 0;
+  Scan(temp).ExclusiveSum(mine, before, total);
+  if (threadIdx.x == 0) {
+    state->band_hi_bin = kHistBins - 1;
+    state->band_lo_bin = 0;
+  }
   __syncthreads();
+#pragma unroll
+  for (int q = 0; q < kPer; ++q) {
+    const unsigned bin = kHistBins - 1 - (threadIdx.x * kPer + q);
+    if (counts[q] != 0) {
+      if (rank_hi >= 1 && before < rank_hi && rank_hi <= before + counts[q]) state->band_hi_bin = bin;
+      if (rank_lo <= total && before < rank_lo && rank_lo <= before + counts[q]) state->band_lo_bin = bin;
+    }
+    before += counts[q];
+  }
+}
+
+// Top-k's one pass over the tensor (fused with error feedback: residual += grad, written back):
+// counts the keys above the band into band.above and appends the band's keys to `cand` (at
+// most cand_capacity; band.candidates counts them all).
+__global__ void __launch_bounds__(kThreads) band_kernel(float* residual, const float* grad, size_t n,
+                                                        SelectState* state, uint32_t* cand, size_t cand_capacity) {
+  using Reduce = cub::BlockReduce<unsigned long long, kThreads>;
+  __shared__ typename Reduce::TempStorage temp;
+  const unsigned lo = state->band_lo_bin;
+  const unsigned hi = state->band_hi_bin;
+  const unsigned lane = threadIdx.x & 31u;
+  unsigned long long above = 0;
   for (size_t i0 = blockIdx.x * size_t{blockDim.x}; i0 < n; i0 += size_t{gridDim.x} * blockDim.x) {
     const size_t i = i0 + threadIdx.x;
     uint32_t key = 0;
@@ -129,18 +183,70 @@ __global__ void __launch_bounds__(kThreads) ef_hist_kernel(float* residual, cons
       }
       key = magnitude_key(v);
     }
-    hist_add(sh, key >> digit_shift(0), i < n);
+    const unsigned bin = key >> digit_shift(0);
+    above += (i < n && bin > hi) ? 1 : 0;
+    const bool take = i < n && bin >= lo && bin <= hi;
+    const unsigned mask = __ballot_sync(0xffffffffu, take);
+    if (mask == 0) continue;
+    unsigned long long base = 0;
+    if (lane == static_cast<unsigned>(__ffs(mask) - 1)) base = atomicAdd(&state->band.candidates, __popc(mask));
+    base = __shfl_sync(0xffffffffu, base, __ffs(mask) - 1);
+    const unsigned long long at = base + __popc(mask & ((1u << lane) - 1u));
+    if (take && at < cand_capacity) cand[at] = key;
+  }
+  const unsigned long long total = Reduce(temp).Sum(above);
+  if (threadIdx.x == 0 && total != 0) atomicAdd(&state->band.above, total);
+}
+
+// Whether the k-th key lies in the band: then the band path finds it among the candidates.
+__global__ void band_decide_kernel(SelectState* state, unsigned long long cand_capacity) {
+  const RadixState& b = state->band;
+  const bool ok = b.candidates <= cand_capacity && b.above < b.k && b.k <= b.above + b.candidates;
+  state->band_ok = ok ? 1u : 0u;
+  state->band_missed = ok ? 0u : 1u;
+}
+
+// The band path's answer becomes the result.
+__global__ void band_finish_kernel(SelectState* state) {
+  if (state->band_ok == 0) return;
+  state->main = state->band;
+}
+
+// Digit 1 over the tensor once more, appending the keys in digit 0's bin to `cand` (AIR top-k's
+// filtering) so that digit 2 reads only those. Runs when state->use_candidates.
+template <class Keys>
+__global__ void __launch_bounds__(kThreads) filter_kernel(Keys keys, size_t n, RadixState* state, uint32_t* cand,
+                                                          unsigned* hist, const unsigned* gate) {
+  if (gated_off(gate, &state->use_candidates)) return;
+  __shared__ unsigned sh[kHistBins];
+  for (int b = threadIdx.x; b < 1024; b += blockDim.x) sh[b] = 0;
+  __syncthreads();
+  const unsigned prefix = state->prefix;
+  const unsigned lane = threadIdx.x & 31u;
+  for (size_t i0 = blockIdx.x * size_t{blockDim.x}; i0 < n; i0 += size_t{gridDim.x} * blockDim.x) {
+    const size_t i = i0 + threadIdx.x;
+    const uint32_t key = i < n ? keys(i) : 0u;
+    const bool take = i < n && (key >> digit_shift(0)) == prefix;
+    hist_add(sh, (key >> digit_shift(1)) & 1023u, take);
+    const unsigned mask = __ballot_sync(0xffffffffu, take);
+    if (mask == 0) continue;
+    unsigned long long base = 0;
+    if (lane == static_cast<unsigned>(__ffs(mask) - 1)) base = atomicAdd(&state->candidates, __popc(mask));
+    base = __shfl_sync(0xffffffffu, base, __ffs(mask) - 1);
+    if (take) cand[base + __popc(mask & ((1u << lane) - 1u))] = key;
   }
   __syncthreads();
-  for (int b = threadIdx.x; b < kHistBins; b += blockDim.x) {
+  for (int b = threadIdx.x; b < 1024; b += blockDim.x) {
     if (sh[b] != 0) atomicAdd(&hist[b], sh[b]);
   }
 }
 
 // One block of kFindThreads: the bin of digit d that holds the k-th largest key. After the last
 // digit it sets kth, ties_total, need and (when every tie is kept) cut = n.
+// cand_capacity: after digit 0, digits 1 and 2 run over the candidates when the bin's count fits
+// (0: always over the tensor).
 __global__ void __launch_bounds__(kFindThreads) radix_find_kernel(RadixState* state, const unsigned* hist, int d,
-                                                                  size_t n, const unsigned* gate) {
+                                                                  size_t n, size_t cand_capacity, const unsigned* gate) {
   if (gated_off(gate)) return;
   using Scan = cub::BlockScan<unsigned long long, kFindThreads>;
   __shared__ typename Scan::TempStorage temp;
@@ -171,6 +277,10 @@ __global__ void __launch_bounds__(kFindThreads) radix_find_kernel(RadixState* st
       const unsigned prefix = d == 0 ? bin : ((prefix0 << 10) | bin);
       state->prefix = prefix;
       state->above = higher;
+      if (d == 0) {
+        state->use_candidates = counts[q] <= cand_capacity ? 1u : 0u;
+        state->full_passes = 1u - state->use_candidates;
+      }
       if (d == 2) {
         state->kth = prefix;
         state->ties_total = counts[q];
