@@ -1,12 +1,54 @@
-// Error-compensation building blocks (see ef.h). Plain loops: the compiler vectorises them for
-// the baseline ISA; they run once per step next to a selection that dominates.
+// Error-compensation building blocks (see ef.h) and the element-wise helpers of select.h
+// (ef_accumulate, add, scale, clear_selected). Plain loops, the compiler vectorises them for the
+// baseline ISA, except add and scale, which dispatch to the AVX-512 variants where present.
 #include "sparsecar/kernels/ef.h"
+
+#include "detail/cpu.h"
+#include "sparsecar/kernels/select.h"
 
 #include <cmath>
 
 #include "sparsecar/common/log.h"
 
 namespace sparsecar::kernels {
+
+namespace detail {
+
+void add_isa(Isa isa, std::span<float> dst, std::span<const float> src) {
+  SC_CHECK(dst.size() == src.size(), "add: %zu vs %zu elements", dst.size(), src.size());
+  if (isa == Isa::kAvx512) {
+    detail::add_avx512(dst.data(), src.data(), dst.size());
+  } else {
+    detail::add_portable(dst.data(), src.data(), dst.size());
+  }
+}
+
+void scale_isa(Isa isa, std::span<float> x, float factor) {
+  if (isa == Isa::kAvx512) {
+    detail::scale_avx512(x.data(), x.size(), factor);
+  } else {
+    detail::scale_portable(x.data(), x.size(), factor);
+  }
+}
+
+}  // namespace detail
+
+void ef_accumulate(std::span<float> residual, std::span<const float> grad) { add(residual, grad); }
+
+void add(std::span<float> dst, std::span<const float> src) {
+  detail::add_isa(detail::best_isa(), dst, src);
+}
+
+void scale(std::span<float> x, float factor) { detail::scale_isa(detail::best_isa(), x, factor); }
+
+void clear_selected(std::span<float> residual, std::span<const uint32_t> index) {
+  const size_t n = residual.size();
+  for (const uint32_t i : index) {
+    SC_CHECK(i < n, "clear_selected: index %u outside %zu elements", i, n);
+    residual[i] = 0.0f;
+  }
+}
+
 
 void ef_accumulate_scaled(std::span<float> residual, std::span<const float> grad, float factor) {
   SC_CHECK(residual.size() == grad.size(), "ef_accumulate_scaled: %zu vs %zu elements",

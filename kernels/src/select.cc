@@ -179,27 +179,6 @@ Status check_topk_args(const char* what, size_t n, std::span<std::byte> scratch)
 
 }  // namespace
 
-namespace detail {
-
-void add_isa(Isa isa, std::span<float> dst, std::span<const float> src) {
-  SC_CHECK(dst.size() == src.size(), "add: %zu vs %zu elements", dst.size(), src.size());
-  if (isa == Isa::kAvx512) {
-    detail::add_avx512(dst.data(), src.data(), dst.size());
-  } else {
-    detail::add_portable(dst.data(), src.data(), dst.size());
-  }
-}
-
-void scale_isa(Isa isa, std::span<float> x, float factor) {
-  if (isa == Isa::kAvx512) {
-    detail::scale_avx512(x.data(), x.size(), factor);
-  } else {
-    detail::scale_portable(x.data(), x.size(), factor);
-  }
-}
-
-}  // namespace detail
-
 size_t topk_count(size_t n, double density) {
   if (n == 0) return 0;
   if (!(density > 0.0)) return 1;
@@ -598,14 +577,6 @@ size_t ef_threshold_isa(Isa isa, std::span<float> residual, std::span<const floa
 
 // ---- public API: the best variant for this CPU -----------------------------------------------
 
-void ef_accumulate(std::span<float> residual, std::span<const float> grad) { add(residual, grad); }
-
-void add(std::span<float> dst, std::span<const float> src) {
-  detail::add_isa(detail::best_isa(), dst, src);
-}
-
-void scale(std::span<float> x, float factor) { detail::scale_isa(detail::best_isa(), x, factor); }
-
 Expected<size_t> topk_exact(std::span<const float> x, size_t k, std::span<std::byte> scratch,
                             uint32_t* out_index, float* out_value, ThreadPool* pool,
                             size_t capacity) {
@@ -619,13 +590,6 @@ size_t threshold_select(std::span<const float> x, float lambda, uint32_t* out_in
                                       capacity, pool);
 }
 
-void clear_selected(std::span<float> residual, std::span<const uint32_t> index) {
-  const size_t n = residual.size();
-  for (const uint32_t i : index) {
-    SC_CHECK(i < n, "clear_selected: index %u outside %zu elements", i, n);
-    residual[i] = 0.0f;
-  }
-}
 
 size_t ef_threshold(std::span<float> residual, std::span<const float> grad, float lambda,
                     uint32_t* out_index, float* out_value, size_t capacity, ThreadPool* pool) {

@@ -1,4 +1,5 @@
-// Sparsifiers and error feedback on the CPU.
+// Sparsifiers and error feedback on the CPU (the element-wise helpers declared here,
+// ef_accumulate / add / scale / clear_selected, live in ef.cc with the other EF building blocks).
 //
 // Pure functions over spans: no allocation, no I/O, and no threads of their own; the large
 // kernels (top-k exact/approx, threshold, fused EF + threshold) take an optional caller-owned
