@@ -32,69 +32,16 @@
 #include <vector>
 
 #include "sparsecar/common/status.h"
+#include "sparsecar/policies/cost_model.h"
+#include "sparsecar/policies/goodput.h"
+#include "sparsecar/policies/observations.h"
 #include "sparsecar/policies/plan.h"
 #include "sparsecar/policies/tensor_plan.h"
 
 namespace sparsecar::policies {
 
-// ---- observations -----------------------------------------------------------------------------
-struct TensorStepObservation {
-  uint32_t tensor_id = 0;
-  uint64_t elements = 0;
-  uint64_t nnz = 0;               // selected this step (elements for a dense step)
-  double repeat_fraction = -1.0;  // share of this step's selection also selected last step; < 0 unknown
-};
-
-// What one node measured for one step (all its tensors). Times are durations in seconds.
-struct NodeObservation {
-  uint32_t rank = 0;
-  uint64_t step = 0;
-  uint64_t elements = 0;        // Σ tensor elements
-  uint64_t nnz = 0;             // Σ selected elements
-  uint64_t bytes_sent = 0;      // Σ bytes this node sent for the step, headers included
-  uint64_t dense_bytes = 0;     // what a dense ring would have sent
-  double exchange_s = 0;        // Σ wall time of the collectives (send to last receive)
-  double encode_s = 0;          // Σ time in EF + select + encode
-  // The link, from the transport's own send completions (daemon/collective/collective.h,
-  // ExchangeStats::link_*): bytes of the sends large enough to cross the link before they
-  // complete, and the time at least one of them was in flight. Unlike exchange_s it excludes
-  // waiting for slow peers to reach the step, so link_bytes / link_s is the link's goodput.
-  uint64_t link_bytes = 0;
-  double link_s = 0;            // 0: no such send this step (all small, eager: goodput unknown)
-  double grad_norm2 = 0;        // Σ ||local sum||^2 (this node's gradient)
-  double residual_norm2 = 0;    // Σ ||residual||^2 after the step (the compression error e_t)
-  double compute_s = -1;        // trainer-reported compute time of the step; < 0 unknown
-  double loss = 0;              // trainer-reported metric (controller_metric), if has_loss
-  bool has_loss = false;
-  double loss_target = 0;       // trainer-reported "<metric>_target", if has_loss_target
-  bool has_loss_target = false;
-  std::vector<TensorStepObservation> tensors;
-};
-
-// One step of the whole job (merge_observations of every node's NodeObservation).
-struct JobObservation {
-  uint64_t step = 0;
-  uint32_t world_size = 1;
-  uint32_t nodes = 0;           // observations merged (== world_size when complete)
-  uint64_t elements = 0;        // per node
-  double nnz = 0;               // mean selected elements per node
-  uint64_t bytes_sent = 0;      // the most any node sent
-  double exchange_s = 0;        // the slowest node's exchange time
-  double goodput_Bps = 0;       // min over nodes of link_bytes / link_s (0 unknown)
-  double wall_goodput_Bps = 0;  // min over nodes of bytes_sent / exchange_s: a lower bound of the
-                                // link's goodput (wall time includes waiting for peers); 0 unknown
-  double encode_s = 0;          // the slowest node's encode time
-  double compute_s = -1;        // the slowest trainer's compute time; < 0 unknown
-  double grad_norm2 = 0;        // Σ over nodes
-  double residual_norm2 = 0;    // Σ over nodes: this step's ||e_t||^2
-  double loss = 0;              // mean over nodes that reported
-  bool has_loss = false;
-  double loss_target = 0;
-  bool has_loss_target = false;
-  std::vector<TensorStepObservation> tensors;  // per tensor: nnz and repeat averaged over nodes
-};
-
-JobObservation merge_observations(std::span<const NodeObservation> nodes, uint32_t world_size);
+// Observations (TensorStepObservation, NodeObservation, JobObservation, merge_observations):
+// observations.h. The cost model (sparse_allgather_bytes, step_sparse_bytes, ...): cost_model.h.
 
 // ---- what controllers change ------------------------------------------------------------------
 // Mirrors the live knobs of the same names (daemon/config/knobs.h).
@@ -214,21 +161,6 @@ const ControllerInfo* find_controller(ControllerKind kind);
 // "static|schedule|...": every name in ControllerKind order.
 std::string controller_choices();
 
-// ---- cost model ---------------------------------------------------------------------------------
-inline constexpr uint64_t kWireHeaderBytes = 80;
-// Bytes one node sends for a sparse all-gather of a tensor with nnz kept, in the smallest format
-// of the codec registry (kernels/codecs.h; rows that carry every element aside) by its largest
-// size (kernels::encoded_bytes, fp32 values); *format gets that format (ties: the lower id).
-uint64_t sparse_allgather_bytes(uint64_t elements, uint64_t nnz, uint32_t world, kernels::Format* format);
-// The same in a given format (the largest size for formats whose size varies).
-uint64_t sparse_allgather_bytes_as(uint64_t elements, uint64_t nnz, uint32_t world, kernels::Format format);
-// Bytes one node sends in a dense ring all-reduce (2(W-1) chunks of about n/W fp32).
-uint64_t ring_allreduce_bytes(uint64_t elements, uint32_t world);
-// Per node bytes of a whole step at `density` (top-k counts per tensor), sparse vs dense.
-uint64_t step_sparse_bytes(std::span<const TensorStepObservation> tensors, double density, uint32_t world,
-                           kernels::Format format = kernels::Format::kCoo);
-uint64_t step_dense_bytes(std::span<const TensorStepObservation> tensors, uint32_t world);
-
 // ---- the loop -------------------------------------------------------------------------------
 class ControlLoop {
  public:
@@ -248,12 +180,7 @@ class ControlLoop {
  private:
   std::array<std::unique_ptr<Controller>, kControllerKindCount> controllers_{};
   ControlStatus status_;
-  bool has_goodput_ = false;
-  bool has_link_goodput_ = false;  // a completion-based sample was seen (else: wall lower bound)
-  double goodput_ = 0;
-  int goodput_outlier_side_ = 0;   // -1 below est/2, +1 above 2 est
-  uint64_t goodput_outliers_ = 0;
-  double goodput_outlier_log_sum_ = 0;
+  GoodputEstimator goodput_;
   bool proposed_ = false;
   uint64_t last_proposal_step_ = 0;
   bool fallback_sent_ = false;
