@@ -37,16 +37,16 @@ class AccuracyController final : public Controller {
       }
       if (has_target) {
         const double gap = (o.loss - target) / std::max(std::fabs(target), 1e-12);
-        gap_ = has_gap_ ? s.accuracy_alpha * gap + (1 - s.accuracy_alpha) * gap_ : gap;
+        gap_ = has_gap_ ? s.accuracy.alpha * gap + (1 - s.accuracy.alpha) * gap_ : gap;
         has_gap_ = true;
         ctx.status->accuracy_gap = gap_;
         ctx.status->accuracy_target = target;
-        if (!moved_ || o.step >= last_move_ + s.accuracy_hold_steps) {
+        if (!moved_ || o.step >= last_move_ + s.accuracy.hold_steps) {
           double next = multiplier_;
-          if (gap_ > s.accuracy_tolerance) {
-            next *= s.accuracy_backoff;
-          } else if (gap_ < s.accuracy_tolerance / 2) {
-            next *= s.accuracy_tighten;
+          if (gap_ > s.accuracy.tolerance) {
+            next *= s.accuracy.backoff;
+          } else if (gap_ < s.accuracy.tolerance / 2) {
+            next *= s.accuracy.tighten;
           }
           // Bounds: the density this multiplier gives stays within [density_min, density_max].
           const double d0 = std::max(ctx.base.density, 1e-12);

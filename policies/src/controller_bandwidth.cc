@@ -35,17 +35,18 @@ class BandwidthController final : public Controller {
     const auto& s = ctx.settings;
     const auto& o = ctx.obs;
     double budget_sample = 0;
-    if (s.exchange_budget_ms > 0) {
-      budget_sample = s.exchange_budget_ms / 1e3;
+    if (s.bandwidth.exchange_budget_ms > 0) {
+      budget_sample = s.bandwidth.exchange_budget_ms / 1e3;
     } else if (o.compute_s > 0) {
-      budget_sample = o.compute_s * s.exchange_budget_fraction;
+      budget_sample = o.compute_s * s.bandwidth.exchange_budget_fraction;
     }
     // Decisions look at slow averages (a third of the loop's EMA weight) of the loop's goodput
     // estimate and of the budget: a stationary link's noise averages out, and a step change of
     // the link (the loop's estimate moved 2x) is taken at once.
     const double slow = std::clamp(s.goodput_smoothing / 3, 1e-3, 1.0);
     if (budget_sample > 0) {
-      budget_ = budget_ > 0 && s.exchange_budget_ms <= 0 ? smooth(budget_, budget_sample, slow) : budget_sample;
+      const bool computed = s.bandwidth.exchange_budget_ms <= 0;  // from the noisy compute time
+      budget_ = budget_ > 0 && computed ? smooth(budget_, budget_sample, slow) : budget_sample;
     }
     if (ctx.goodput_Bps > 0) {
       goodput_ = goodput_ > 0 && ctx.goodput_Bps < goodput_ * 2 && ctx.goodput_Bps > goodput_ / 2
@@ -60,7 +61,7 @@ class BandwidthController final : public Controller {
     }
     const double g = goodput_;
     if (budget <= 0 || g <= 0 || o.tensors.empty() || s.world_size < 2) return apply(knobs);
-    const double target = budget * (1 - s.bandwidth_margin);
+    const double target = budget * (1 - s.bandwidth.margin);
     const uint32_t w = s.world_size;
     const double dense_s = static_cast<double>(step_dense_bytes(o.tensors, w)) / g;
     if (knobs->selector == kernels::Selector::kThreshold) {
@@ -90,7 +91,7 @@ class BandwidthController final : public Controller {
       }
       fit = std::max(round_down3(hi), floor);
     }
-    const bool dense_fits = s.bandwidth_allow_dense && (dense_s <= target || time_at(fit) >= dense_s);
+    const bool dense_fits = s.bandwidth.allow_dense && (dense_s <= target || time_at(fit) >= dense_s);
     const double held = std::min(desired, cap_);
     const double held_s = dense_ ? dense_s : time_at(held);
     const bool over = held_s > budget && (dense_ ? true : held > floor || dense_fits);
@@ -98,8 +99,8 @@ class BandwidthController final : public Controller {
     over_ = over ? over_ + 1 : 0;
     room_ = room ? room_ + 1 : 0;
     const bool first = !decided_;
-    const bool may = first || o.step >= last_decision_step_ + s.bandwidth_hold_steps;
-    const uint64_t confirm = first ? 1 : std::max<uint64_t>(s.bandwidth_confirm_steps, 1);
+    const bool may = first || o.step >= last_decision_step_ + s.bandwidth.hold_steps;
+    const uint64_t confirm = first ? 1 : std::max<uint64_t>(s.bandwidth.confirm_steps, 1);
     if (may && (over_ >= confirm || room_ >= confirm)) {
       if (dense_fits) {
         dense_ = true;
@@ -109,8 +110,8 @@ class BandwidthController final : public Controller {
         cap_ = fit >= desired ? 1.0 : fit;
       } else {
         // Bounded move from the density in force towards the fitting one.
-        double next = std::clamp(fit, held / std::max(s.bandwidth_lower_max, 1.0),
-                                 held * std::max(s.bandwidth_raise_max, 1.0));
+        double next = std::clamp(fit, held / std::max(s.bandwidth.lower_max, 1.0),
+                                 held * std::max(s.bandwidth.raise_max, 1.0));
         next = std::max(round_down3(next), floor);
         cap_ = next >= desired ? 1.0 : next;
       }

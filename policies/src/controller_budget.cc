@@ -16,7 +16,7 @@ class BudgetController final : public Controller {
   Status update(const ControlContext& ctx, ControlKnobs* knobs) override {
     const auto& s = ctx.settings;
     const auto& o = ctx.obs;
-    if (s.budget_total_elements <= 0 || s.budget_steps == 0) return Status::Ok();
+    if (s.budget.total_elements <= 0 || s.budget.steps == 0) return Status::Ok();
     knobs->selector = kernels::Selector::kThreshold;
     if (!init_) {
       lambda_ = initial_ = knobs->threshold;
@@ -36,12 +36,12 @@ class BudgetController final : public Controller {
       ++rate_n_;
     }
     const uint64_t done = o.step + 1;
-    const bool settling = changed_ && o.step < last_change_ + std::max<uint64_t>(s.budget_settle_steps, 2);
-    if (done < s.budget_steps && !settling && rate_n_ > 0) {
+    const bool settling = changed_ && o.step < last_change_ + std::max<uint64_t>(s.budget.settle_steps, 2);
+    if (done < s.budget.steps && !settling && rate_n_ > 0) {
       // What is left of the budget, spread over what is left of the run: cumulative volume
       // tracks the budget because every overshoot or undershoot is paid back over the rest.
-      const double remaining = static_cast<double>(s.budget_steps - done);
-      const double target_rate = std::max(s.budget_total_elements - used_, 0.0) / remaining;
+      const double remaining = static_cast<double>(s.budget.steps - done);
+      const double target_rate = std::max(s.budget.total_elements - used_, 0.0) / remaining;
       // Newton steps in log(lambda) on log(rate / wanted rate). The slope of log nnz against
       // log lambda is measured from the last two lambdas (secant; it is about -1 for error
       // feedback in steady state, steeper on a real gradient's tail) so a steep curve does not

@@ -20,7 +20,7 @@ class FrequencyController final : public Controller {
     for (const auto& t : ctx.obs.tensors) {
       if (t.repeat_fraction < 0 || !std::isfinite(t.repeat_fraction)) continue;
       auto [it, fresh] = ema_.try_emplace(t.tensor_id, t.repeat_fraction);
-      if (!fresh) it->second = s.frequency_alpha * t.repeat_fraction + (1 - s.frequency_alpha) * it->second;
+      if (!fresh) it->second = s.frequency.alpha * t.repeat_fraction + (1 - s.frequency.alpha) * it->second;
       weight_[t.tensor_id] = static_cast<double>(std::max<uint64_t>(t.nnz, 1));
     }
     double sw = 0, swr = 0;
@@ -31,7 +31,7 @@ class FrequencyController final : public Controller {
     TensorScales scales;
     if (sw > 0 && swr > 0) {
       const double mean = swr / sw;
-      const double max_scale = std::max(s.frequency_max_scale, 1.0);
+      const double max_scale = std::max(s.frequency.max_scale, 1.0);
       for (const auto& [id, r] : ema_) {
         double scale = std::clamp(r / mean, 1.0 / max_scale, max_scale);
         // Half powers of two: small wobbles of the repeat rate do not churn decisions.

@@ -18,20 +18,20 @@ class GradNormController final : public Controller {
     const auto& s = ctx.settings;
     const double g = std::sqrt(std::max(ctx.obs.grad_norm2, 0.0));
     if (g > 0 && std::isfinite(g)) {
-      if (has_mean_ && g > s.gradnorm_jump * mean_) {
-        boost_left_ = s.gradnorm_boost_steps;
+      if (has_mean_ && g > s.gradnorm.jump * mean_) {
+        boost_left_ = s.gradnorm.boost_steps;
         window_.clear();
       }
       mean_ = has_mean_ ? 0.9 * mean_ + 0.1 * g : g;
       has_mean_ = true;
       window_.push_back(g);
-      while (window_.size() > std::max<uint64_t>(s.gradnorm_window, 2)) window_.pop_front();
+      while (window_.size() > std::max<uint64_t>(s.gradnorm.window, 2)) window_.pop_front();
     }
     double mult = 1.0;
     if (boost_left_ > 0) {
-      mult = s.gradnorm_boost;
+      mult = s.gradnorm.boost;
       --boost_left_;
-    } else if (window_.size() >= std::max<uint64_t>(s.gradnorm_window, 2)) {
+    } else if (window_.size() >= std::max<uint64_t>(s.gradnorm.window, 2)) {
       double sum = 0, sum2 = 0;
       for (double v : window_) {
         sum += v;
@@ -40,7 +40,7 @@ class GradNormController final : public Controller {
       const double n = static_cast<double>(window_.size());
       const double mean = sum / n;
       const double var = std::max(sum2 / n - mean * mean, 0.0);
-      if (mean > 0 && std::sqrt(var) / mean < s.gradnorm_steady_cv) mult = s.gradnorm_steady_scale;
+      if (mean > 0 && std::sqrt(var) / mean < s.gradnorm.steady_cv) mult = s.gradnorm.steady_scale;
     }
     knobs->density = clamp_density(knobs->density * mult, s);
     knobs->threshold /= mult;

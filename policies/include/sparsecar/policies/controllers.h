@@ -56,8 +56,53 @@ struct ControlKnobs {
 };
 bool operator==(const ControlKnobs& a, const ControlKnobs& b);
 
-// Every controller parameter; each is the knob of the same name (`active`: `controller`), and
-// the knob table writes them (daemon/config/knobs.cc, through daemon/pipeline/settings.h).
+// Each job-level controller's parameters, its part of ControllerSettings named after it. A field
+// is the knob of its part's name plus the field's (`gradnorm.jump`: `gradnorm_jump`); fields whose
+// knob has another prefix keep the whole knob name (`bandwidth.exchange_budget_ms`).
+struct GradNormSettings {
+  double jump = 2.0;           // norm / running mean above this = a jump
+  double boost = 4.0;          // density multiplier after a jump
+  uint64_t boost_steps = 20;
+  uint64_t window = 20;        // steadiness window
+  double steady_cv = 0.05;     // coefficient of variation below this = steady
+  double steady_scale = 0.5;
+  bool operator==(const GradNormSettings&) const = default;
+};
+struct FrequencySettings {
+  double max_scale = 4.0;
+  double alpha = 0.2;          // EMA weight of a tensor's new repeat fraction
+  bool operator==(const FrequencySettings&) const = default;
+};
+struct BandwidthSettings {
+  double exchange_budget_ms = 0;          // > 0: fixed exchange budget per step
+  double exchange_budget_fraction = 1.0;  // else: this fraction of the reported compute time
+  double margin = 0.15;                   // aim at (1 - margin) of the budget
+  bool allow_dense = true;                // go dense (ring) when even that fits the budget
+  uint64_t confirm_steps = 3;             // consecutive observations over budget (or room to grow)
+                                          // before the bandwidth controller moves
+  uint64_t hold_steps = 6;                // at least this many steps between its decisions
+  double raise_max = 2.0;                 // a decision raises the density cap at most this factor
+  double lower_max = 16.0;                // and lowers it at most this factor
+  bool operator==(const BandwidthSettings&) const = default;
+};
+struct AccuracySettings {
+  double tolerance = 0.02;     // relative loss gap that triggers a back-off
+  double backoff = 2.0;        // density multiplier when behind
+  double tighten = 0.9;        // density multiplier when on track (gap < tolerance / 2)
+  uint64_t hold_steps = 5;     // steps between two moves (lets the last one show)
+  double alpha = 0.3;          // EMA weight of a new relative gap to the target
+  bool operator==(const AccuracySettings&) const = default;
+};
+struct BudgetSettings {
+  double total_elements = 0;   // elements each node may send over the run (0 = off)
+  uint64_t steps = 0;          // length of the run in steps
+  uint64_t settle_steps = 3;   // steps between two lambda moves (>= the decision latency, 2)
+  bool operator==(const BudgetSettings&) const = default;
+};
+
+// Every controller parameter: the loop's own and those every controller may read here, each
+// controller's in its part. Each is a knob (`active`: `controller`), and the knob table writes
+// them (daemon/config/knobs.cc, through daemon/pipeline/settings.h).
 struct ControllerSettings {
   ControllerSet active = 0;
   uint32_t world_size = 1;
@@ -66,39 +111,15 @@ struct ControllerSettings {
   uint64_t controller_interval_steps = 2;  // at least this many steps between two proposals
   double controller_hysteresis = 0.1;      // relative density change needed to propose (lambda: a quarter)
   uint64_t schedule_warmup_steps = 0;      // the schedule's dense warm-up (accuracy fits its trend)
-  // gradnorm
-  double gradnorm_jump = 2.0;        // norm / running mean above this = a jump
-  double gradnorm_boost = 4.0;       // density multiplier after a jump
-  uint64_t gradnorm_boost_steps = 20;
-  uint64_t gradnorm_window = 20;     // steadiness window
-  double gradnorm_steady_cv = 0.05;  // coefficient of variation below this = steady
-  double gradnorm_steady_scale = 0.5;
-  // frequency
-  double frequency_max_scale = 4.0;
-  double frequency_alpha = 0.2;      // EMA weight of a tensor's new repeat fraction
-  // bandwidth
-  double exchange_budget_ms = 0;     // > 0: fixed exchange budget per step
-  double exchange_budget_fraction = 1.0;  // else: this fraction of the reported compute time
-  double goodput_smoothing = 0.3;    // EMA weight (log domain) of a new goodput / compute-time sample
+  // The link goodput estimate (goodput.h) that bandwidth and cost read.
+  double goodput_smoothing = 0.3;      // EMA weight (log domain) of a new goodput / compute-time sample
   uint64_t goodput_confirm_steps = 2;  // consecutive samples beyond 2x on one side that move the
                                        // estimate at once (a step change of the link, not noise)
-  double bandwidth_margin = 0.15;    // aim at (1 - margin) of the budget
-  bool bandwidth_allow_dense = true; // go dense (ring) when even that fits the budget
-  uint64_t bandwidth_confirm_steps = 3;  // consecutive observations over budget (or room to grow)
-                                         // before the bandwidth controller moves
-  uint64_t bandwidth_hold_steps = 6;     // at least this many steps between its decisions
-  double bandwidth_raise_max = 2.0;      // a decision raises the density cap at most this factor
-  double bandwidth_lower_max = 16.0;     // and lowers it at most this factor
-  // accuracy
-  double accuracy_tolerance = 0.02;  // relative loss gap that triggers a back-off
-  double accuracy_backoff = 2.0;     // density multiplier when behind
-  double accuracy_tighten = 0.9;     // density multiplier when on track (gap < tolerance / 2)
-  uint64_t accuracy_hold_steps = 5;  // steps between two moves (lets the last one show)
-  double accuracy_alpha = 0.3;       // EMA weight of a new relative gap to the target
-  // budget
-  double budget_total_elements = 0;  // elements each node may send over the run (0 = off)
-  uint64_t budget_steps = 0;         // length of the run in steps
-  uint64_t budget_settle_steps = 3;  // steps between two lambda moves (>= the decision latency, 2)
+  GradNormSettings gradnorm;
+  FrequencySettings frequency;
+  BandwidthSettings bandwidth;
+  AccuracySettings accuracy;
+  BudgetSettings budget;
   bool operator==(const ControllerSettings&) const = default;
 };
 
