@@ -20,6 +20,20 @@
 // The ControlLoop then rate-limits (min steps between proposals) and applies hysteresis
 // (relative change needed) against the knobs in force.
 //
+// Files: this header (knobs, settings, the Controller interface, the registry, the loop);
+// observations.h (what the loop is fed), cost_model.h (bytes of a step, sparse or dense),
+// goodput.h (the link estimate the loop keeps). policies/src/controllers.cc holds the registry
+// rows and the loop, controller_<name>.cc one job-level controller each (its class private to
+// the file), controller_internal.h their factories and shared helpers.
+//
+// Adding a job-level controller: its ControllerKind (tensor_plan.h), its controller_<name>.cc
+// and line in policies/CMakeLists.txt, its factory in controller_internal.h, its registry row
+// (controllers.cc; the row's place is its place in the chain), its settings part here (a struct
+// nested in ControllerSettings) with one knob per field (Config member in daemon/config/knobs.h,
+// row in knobs.cc writing in<&ControllerSettings::part, &Part::field>), its test
+// (tests/unit/policies/controllers_test.cc) and docs/controllers.md. The `controller` knob's
+// words, make_controller and the chain order come from the row.
+//
 // Thread-safety: none; a ControlLoop is owned by one thread.
 #pragma once
 
@@ -165,8 +179,7 @@ std::unique_ptr<Controller> make_controller(ControllerKind kind);
 // `controller` knob), a one-line doc, whether rank 0's ControlLoop runs it, its factory and the
 // knobs it reads. The rows are in the order the ControlLoop chains the job-level controllers.
 // Derived from them: controller_name / parse_controllers / format_controllers, the `controller`
-// knob's doc, make_controller and the ControlLoop's order. Adding a controller: its class, a
-// ControllerKind, its row, its ControllerSettings fields and their knob rows, its test.
+// knob's doc, make_controller and the ControlLoop's order (adding one: the top of this header).
 struct ControllerInfo {
   ControllerKind kind;
   const char* name;
