@@ -115,6 +115,14 @@ std::string controller_choices() {
   return out;
 }
 
+ControllerSet job_level_controllers() {
+  ControllerSet set = 0;
+  for (const ControllerInfo& row : kRows) {
+    if (row.job_level) set |= bit(row.kind);
+  }
+  return set;
+}
+
 std::unique_ptr<Controller> make_controller(ControllerKind kind) {
   const ControllerInfo* row = find_controller(kind);
   return row != nullptr && row->make != nullptr ? row->make() : nullptr;

@@ -500,5 +500,16 @@ TEST(ControllerRegistryTest, EveryKindOnceAndTheChainInItsDocumentedOrder) {
       << bad.status().message();
 }
 
+// The set rank 0 measures for (daemon/pipeline/observations.cc) is the rows that make a
+// controller, the six of the chain above, and none of the per-tensor ones.
+TEST(ControllerRegistryTest, JobLevelSetIsTheKindsThatMakeAController) {
+  ControllerSet made = 0;
+  for (uint32_t i = 0; i < kControllerKindCount; ++i) {
+    if (make_controller(static_cast<ControllerKind>(i)) != nullptr) made |= ControllerSet{1} << i;
+  }
+  EXPECT_EQ(job_level_controllers(), made);
+  EXPECT_EQ(job_level_controllers(), *parse_controllers("accuracy,gradnorm,budget,frequency,bandwidth,cost"));
+}
+
 }  // namespace
 }  // namespace sparsecar::policies

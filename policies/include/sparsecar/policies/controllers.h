@@ -194,6 +194,9 @@ std::span<const ControllerInfo> controller_registry();
 const ControllerInfo* find_controller(ControllerKind kind);
 // "static|schedule|...": every name in ControllerKind order.
 std::string controller_choices();
+// The job-level rows' kinds: the controllers rank 0's ControlLoop runs (and feeds with what every
+// node measures).
+ControllerSet job_level_controllers();
 
 // ---- the loop -------------------------------------------------------------------------------
 class ControlLoop {
