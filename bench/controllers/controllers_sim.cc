@@ -204,8 +204,8 @@ class Simulation {
       row.bytes = max_bytes;
       const uint64_t messages = plan.dense ? 2ull * (W - 1) : W - 1;
       row.exchange_s = static_cast<double>(max_bytes) / link_.bandwidth(step) + link_.latency_s * messages;
-      row.budget_s = rc.settings.exchange_budget_ms > 0 ? rc.settings.exchange_budget_ms / 1e3
-                                                        : rc.compute_s * rc.settings.exchange_budget_fraction;
+      const policies::BandwidthSettings& bw = rc.settings.bandwidth;
+      row.budget_s = bw.exchange_budget_ms > 0 ? bw.exchange_budget_ms / 1e3 : rc.compute_s * bw.exchange_budget_fraction;
       row.total_error = total_error;
       if (rc.track_loss) row.loss = p_.loss(model);
       if (rc.target) row.target = (*rc.target)[step];
@@ -356,14 +356,14 @@ int main(int argc, char** argv) {
   budget.base.threshold = 1e-3;  // about 10x too low
   budget.settings.active = policies::bit(ControllerKind::kBudget);
   budget.settings.world_size = W;
-  budget.settings.budget_steps = budget_steps;
-  budget.settings.budget_total_elements = 0.05 * 2000 * static_cast<double>(budget_steps);  // 5 % on average
+  budget.settings.budget.steps = budget_steps;
+  budget.settings.budget.total_elements = 0.05 * 2000 * static_cast<double>(budget_steps);  // 5 % on average
   budget.track_loss = !short_run;
   policies::ControlStatus b_status;
   auto b_rows = b_sim.run(budget, &b_status);
   double volume = 0;
   for (const auto& r : b_rows) volume += r.nnz;
-  const double budget_fraction = std::fabs(volume - budget.settings.budget_total_elements) / budget.settings.budget_total_elements;
+  const double budget_fraction = std::fabs(volume - budget.settings.budget.total_elements) / budget.settings.budget.total_elements;
   // Top-k at the same average density, for the total error comparison (hard-threshold paper).
   RunConfig topk = budget;
   topk.base.selector = kernels::Selector::kTopk;
@@ -399,7 +399,7 @@ int main(int argc, char** argv) {
                 "}\n",
                 short_run ? "true" : "false", W, static_cast<unsigned long long>(drop), steps_to_budget, worst_after,
                 worst_before, bw_rows.back().cap, static_cast<unsigned long long>(push), gap_before, gap_after, gap_static,
-                acc_rows.back().density, budget.settings.budget_total_elements, volume, budget_fraction,
+                acc_rows.back().density, budget.settings.budget.total_elements, volume, budget_fraction,
                 b_rows.back().threshold, b_rows.back().total_error, t_rows.back().total_error,
                 [&] {
                   double v = 0;

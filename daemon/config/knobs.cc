@@ -23,7 +23,8 @@ namespace {
 // A row's KnobField is knob_field<&Config::x, targets...>: the value of Config::x is written into
 // every target. A target is a pointer to a field of one of the settings structs (the value is
 // converted to the field's type by convert() below; a type with no conversion does not compile),
-// or, where one field is not enough, a function void(const V&, const KnobTargets&).
+// a field of a part of one (in<&ControllerSettings::gradnorm, &GradNormSettings::jump>), or,
+// where one field is not enough, a function void(const V&, const KnobTargets&).
 
 using policies::ControlKnobs;
 using policies::ControllerSettings;
@@ -110,11 +111,23 @@ struct member_of<M C::*> {
   using owner = C;
 };
 
+// A target inside a part of a settings struct: Part is the part's member, Field the field's.
+template <auto Part, auto Field>
+struct In {
+  static constexpr auto part = Part;
+  static constexpr auto field = Field;
+};
+template <auto Part, auto Field>
+constexpr In<Part, Field> in{};
+
 template <auto Target, typename V>
 void write_one(const V& value, const KnobTargets& to) {
-  using Type = decltype(Target);
+  using Type = std::remove_cv_t<decltype(Target)>;
   if constexpr (std::is_member_object_pointer_v<Type>) {
     if (auto* settings = target<typename member_of<Type>::owner>(to)) convert(value, settings->*Target);
+  } else if constexpr (requires { Type::part; Type::field; }) {
+    using Owner = typename member_of<std::remove_cv_t<decltype(Type::part)>>::owner;
+    if (auto* settings = target<Owner>(to)) convert(value, settings->*Type::part.*Type::field);
   } else {
     static_assert(std::is_same_v<Type, void (*)(const V&, const KnobTargets&)>,
                   "a target is a settings field or a function (const V&, const KnobTargets&)");
@@ -148,6 +161,11 @@ const std::vector<KnobSpec>& knobs() {
   using Schedule = ScheduleSettings;
   using Layerwise = LayerwiseSettings;
   using CS = ControllerSettings;
+  using GradNorm = policies::GradNormSettings;
+  using Frequency = policies::FrequencySettings;
+  using Bandwidth = policies::BandwidthSettings;
+  using Accuracy = policies::AccuracySettings;
+  using Budget = policies::BudgetSettings;
   using CK = ControlKnobs;
   namespace R = policies;  // ranges and choices shared with the per-tensor overrides (compression_knobs.h)
   using P = kernels::SelectorParam;
@@ -423,44 +441,45 @@ const std::vector<KnobSpec>& knobs() {
       {.name = "gradnorm_jump", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 1.0, .max = 1e6, .choices = "",
        .doc = "gradnorm: norm / running mean above this is a jump",
-       .field = knob_field<&Config::gradnorm_jump, &CS::gradnorm_jump>},
+       .field = knob_field<&Config::gradnorm_jump, in<&CS::gradnorm, &GradNorm::jump>>},
       {.name = "gradnorm_boost", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 1.0, .max = 1e6, .choices = "",
        .doc = "gradnorm: density multiplier after a jump",
-       .field = knob_field<&Config::gradnorm_boost, &CS::gradnorm_boost>},
+       .field = knob_field<&Config::gradnorm_boost, in<&CS::gradnorm, &GradNorm::boost>>},
       {.name = "gradnorm_boost_steps", .type = K::kUint, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 0, .max = 1e9, .choices = "",
        .doc = "gradnorm: steps the boost lasts",
-       .field = knob_field<&Config::gradnorm_boost_steps, &CS::gradnorm_boost_steps>},
+       .field = knob_field<&Config::gradnorm_boost_steps, in<&CS::gradnorm, &GradNorm::boost_steps>>},
       {.name = "gradnorm_window", .type = K::kUint, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 2, .max = 1e6, .choices = "",
        .doc = "gradnorm: steps over which steadiness is judged",
-       .field = knob_field<&Config::gradnorm_window, &CS::gradnorm_window>},
+       .field = knob_field<&Config::gradnorm_window, in<&CS::gradnorm, &GradNorm::window>>},
       {.name = "gradnorm_steady_cv", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 0, .max = 10, .choices = "",
        .doc = "gradnorm: coefficient of variation below which the norm is steady",
-       .field = knob_field<&Config::gradnorm_steady_cv, &CS::gradnorm_steady_cv>},
+       .field = knob_field<&Config::gradnorm_steady_cv, in<&CS::gradnorm, &GradNorm::steady_cv>>},
       {.name = "gradnorm_steady_scale", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 1e-6, .max = 1.0, .choices = "",
        .doc = "gradnorm: density multiplier while steady",
-       .field = knob_field<&Config::gradnorm_steady_scale, &CS::gradnorm_steady_scale>},
+       .field = knob_field<&Config::gradnorm_steady_scale, in<&CS::gradnorm, &GradNorm::steady_scale>>},
       {.name = "frequency_max_scale", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 1.0, .max = 1e3, .choices = "",
        .doc = "frequency: largest per-tensor density multiplier (and 1/x smallest)",
-       .field = knob_field<&Config::frequency_max_scale, &CS::frequency_max_scale>},
+       .field = knob_field<&Config::frequency_max_scale, in<&CS::frequency, &Frequency::max_scale>>},
       {.name = "frequency_alpha", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 1e-3, .max = 1.0, .choices = "",
        .doc = "frequency: EMA weight of a tensor's new repeat fraction (share of its selection also selected the "
               "step before)",
-       .field = knob_field<&Config::frequency_alpha, &CS::frequency_alpha>},
+       .field = knob_field<&Config::frequency_alpha, in<&CS::frequency, &Frequency::alpha>>},
       {.name = "exchange_budget_ms", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 0, .max = 3.6e6, .choices = "",
        .doc = "bandwidth: exchange time budget per step in ms (0 = exchange_budget_fraction x reported compute time)",
-       .field = knob_field<&Config::exchange_budget_ms, &CS::exchange_budget_ms>},
+       .field = knob_field<&Config::exchange_budget_ms, in<&CS::bandwidth, &Bandwidth::exchange_budget_ms>>},
       {.name = "exchange_budget_fraction", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 1e-3, .max = 1e3, .choices = "",
        .doc = "bandwidth: budget as a fraction of the trainer's compute time",
-       .field = knob_field<&Config::exchange_budget_fraction, &CS::exchange_budget_fraction>},
+       .field = knob_field<&Config::exchange_budget_fraction,
+                           in<&CS::bandwidth, &Bandwidth::exchange_budget_fraction>>},
       {.name = "goodput_smoothing", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 1e-3, .max = 1.0, .choices = "",
        .doc = "bandwidth: EMA weight (log domain) of a new goodput sample",
@@ -468,11 +487,11 @@ const std::vector<KnobSpec>& knobs() {
       {.name = "bandwidth_margin", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 0, .max = 0.9, .choices = "",
        .doc = "bandwidth: aim at (1 - margin) of the budget",
-       .field = knob_field<&Config::bandwidth_margin, &CS::bandwidth_margin>},
+       .field = knob_field<&Config::bandwidth_margin, in<&CS::bandwidth, &Bandwidth::margin>>},
       {.name = "bandwidth_allow_dense", .type = K::kBool, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 0, .max = 0, .choices = "",
        .doc = "bandwidth: switch to the dense ring when it fits the budget",
-       .field = knob_field<&Config::bandwidth_allow_dense, &CS::bandwidth_allow_dense>},
+       .field = knob_field<&Config::bandwidth_allow_dense, in<&CS::bandwidth, &Bandwidth::allow_dense>>},
       {.name = "goodput_confirm_steps", .type = K::kUint, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 1, .max = 100, .choices = "",
        .doc = "bandwidth: consecutive goodput samples more than 2x off the estimate before it follows them",
@@ -480,52 +499,52 @@ const std::vector<KnobSpec>& knobs() {
       {.name = "bandwidth_confirm_steps", .type = K::kUint, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 1, .max = 100, .choices = "",
        .doc = "bandwidth: consecutive observations over budget (or with room) before the controller moves",
-       .field = knob_field<&Config::bandwidth_confirm_steps, &CS::bandwidth_confirm_steps>},
+       .field = knob_field<&Config::bandwidth_confirm_steps, in<&CS::bandwidth, &Bandwidth::confirm_steps>>},
       {.name = "bandwidth_hold_steps", .type = K::kUint, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 0, .max = 10000, .choices = "",
        .doc = "bandwidth: at least this many steps between its decisions",
-       .field = knob_field<&Config::bandwidth_hold_steps, &CS::bandwidth_hold_steps>},
+       .field = knob_field<&Config::bandwidth_hold_steps, in<&CS::bandwidth, &Bandwidth::hold_steps>>},
       {.name = "bandwidth_raise_max", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 1.01, .max = 1000, .choices = "",
        .doc = "bandwidth: one decision raises the density cap at most this factor",
-       .field = knob_field<&Config::bandwidth_raise_max, &CS::bandwidth_raise_max>},
+       .field = knob_field<&Config::bandwidth_raise_max, in<&CS::bandwidth, &Bandwidth::raise_max>>},
       {.name = "bandwidth_lower_max", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 1.01, .max = 1e6, .choices = "",
        .doc = "bandwidth: one decision lowers the density cap at most this factor",
-       .field = knob_field<&Config::bandwidth_lower_max, &CS::bandwidth_lower_max>},
+       .field = knob_field<&Config::bandwidth_lower_max, in<&CS::bandwidth, &Bandwidth::lower_max>>},
       {.name = "accuracy_tolerance", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 0, .max = 10, .choices = "",
        .doc = "accuracy: relative metric gap to the target that triggers a back-off",
-       .field = knob_field<&Config::accuracy_tolerance, &CS::accuracy_tolerance>},
+       .field = knob_field<&Config::accuracy_tolerance, in<&CS::accuracy, &Accuracy::tolerance>>},
       {.name = "accuracy_backoff", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 1.0, .max = 1e3, .choices = "",
        .doc = "accuracy: density multiplier when behind",
-       .field = knob_field<&Config::accuracy_backoff, &CS::accuracy_backoff>},
+       .field = knob_field<&Config::accuracy_backoff, in<&CS::accuracy, &Accuracy::backoff>>},
       {.name = "accuracy_tighten", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 1e-3, .max = 1.0, .choices = "",
        .doc = "accuracy: density multiplier when on track",
-       .field = knob_field<&Config::accuracy_tighten, &CS::accuracy_tighten>},
+       .field = knob_field<&Config::accuracy_tighten, in<&CS::accuracy, &Accuracy::tighten>>},
       {.name = "accuracy_hold_steps", .type = K::kUint, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 1, .max = 1e9, .choices = "",
        .doc = "accuracy: steps between two moves",
-       .field = knob_field<&Config::accuracy_hold_steps, &CS::accuracy_hold_steps>},
+       .field = knob_field<&Config::accuracy_hold_steps, in<&CS::accuracy, &Accuracy::hold_steps>>},
       {.name = "accuracy_alpha", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 1e-3, .max = 1.0, .choices = "",
        .doc = "accuracy: EMA weight of a new relative gap between the metric and its target",
-       .field = knob_field<&Config::accuracy_alpha, &CS::accuracy_alpha>},
+       .field = knob_field<&Config::accuracy_alpha, in<&CS::accuracy, &Accuracy::alpha>>},
       {.name = "budget_total_elements", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 0, .max = 1e18, .choices = "",
        .doc = "budget: elements each node may send over the whole run (hard threshold; 0 = off)",
-       .field = knob_field<&Config::budget_total_elements, &CS::budget_total_elements>},
+       .field = knob_field<&Config::budget_total_elements, in<&CS::budget, &Budget::total_elements>>},
       {.name = "budget_steps", .type = K::kUint, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 0, .max = 1e15, .choices = "",
        .doc = "budget: length of the run in steps",
-       .field = knob_field<&Config::budget_steps, &CS::budget_steps>},
+       .field = knob_field<&Config::budget_steps, in<&CS::budget, &Budget::steps>>},
       {.name = "budget_settle_steps", .type = K::kUint, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 2, .max = 1e6, .choices = "",
        .doc = "budget: steps between two lambda moves, so that the last move shows in the measured volume (at "
               "least the decision latency, 2)",
-       .field = knob_field<&Config::budget_settle_steps, &CS::budget_settle_steps>},
+       .field = knob_field<&Config::budget_settle_steps, in<&CS::budget, &Budget::settle_steps>>},
       {.name = "step_timeout_ms", .type = K::kUint, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 10, .max = 3.6e6, .choices = "",
        .doc = "deadline for peers to deliver a step",

@@ -19,11 +19,8 @@ namespace {
 constexpr size_t kMaxMetricNames = 64;
 constexpr size_t kMaxTensorLines = 1 << 20;
 
-// Controllers that run on rank 0 (and so need measurements).
-constexpr policies::ControllerSet kRank0Controllers =
-    policies::bit(policies::ControllerKind::kGradNorm) | policies::bit(policies::ControllerKind::kFrequency) |
-    policies::bit(policies::ControllerKind::kBandwidth) | policies::bit(policies::ControllerKind::kAccuracy) |
-    policies::bit(policies::ControllerKind::kBudget) | policies::bit(policies::ControllerKind::kCost);
+// Controllers that run on rank 0 (and so need measurements): the registry's job-level rows.
+const policies::ControllerSet kRank0Controllers = policies::job_level_controllers();
 
 double norm2(std::span<const float> x) {
   double s = 0;

@@ -22,6 +22,7 @@
 #include "daemon/pipeline/observations.h"
 #include "sparsecar/common/session_protocol.h"
 #include "sparsecar/common/shm_layout.h"
+#include "sparsecar/policies/controllers.h"
 #include "sparsecar/policies/tensor_plan.h"
 
 namespace {
@@ -403,9 +404,12 @@ void dictionaries() {
     }
     if (!choices.empty()) words.insert(choices);
   }
-  for (const char* w : {"static", "schedule", "layerwise", "gradnorm", "frequency", "bandwidth", "accuracy",
-                        "budget", "cost", "dense", "l1", "l2", "fp32", "fp16", "bf16", "int8", "coo", "coo_varint",
-                        "bitmap", "csr", "rle", "residual", "momentum", "randomk", "block_topk", "head_topk"}) {
+  // The `controller` knob's words (its choices are free text): the controller registry's names.
+  for (const sparsecar::policies::ControllerInfo& row : sparsecar::policies::controller_registry()) {
+    words.insert(row.name);
+  }
+  for (const char* w : {"dense", "l1", "l2", "fp32", "fp16", "bf16", "int8", "coo", "coo_varint", "bitmap", "csr",
+                        "rle", "residual", "momentum", "randomk", "block_topk", "head_topk"}) {
     words.insert(w);
   }
   std::string dict;

@@ -208,9 +208,9 @@ TEST(KnobSettingsTest, KnobsLandInTheFieldsOfTheirNames) {
   EXPECT_EQ(s.plan.base.random_seed, 42u);
   EXPECT_EQ(settings_from_config(c).random_seed, 42u);
   EXPECT_EQ(s.plan.layerwise.small_scale, 3.0);
-  EXPECT_EQ(s.controllers.frequency_alpha, 0.6);
-  EXPECT_EQ(s.controllers.accuracy_alpha, 0.125);
-  EXPECT_EQ(s.controllers.budget_settle_steps, 8u);
+  EXPECT_EQ(s.controllers.frequency.alpha, 0.6);
+  EXPECT_EQ(s.controllers.accuracy.alpha, 0.125);
+  EXPECT_EQ(s.controllers.budget.settle_steps, 8u);
   EXPECT_EQ(s.plan.dense_above, 0.25);
   EXPECT_EQ(s.controllers.world_size, 4u);
   const policies::ControllerSet active =

@@ -105,7 +105,7 @@ TEST(BandwidthControllerTest, TenfoldDropIsBackWithinBudgetInAFewStepsAndStays) 
   EXPECT_TRUE(end.compression);
   EXPECT_LT(end.density_cap, 0.05);
   EXPECT_GE(end.density_cap, job.settings.density_min);
-  EXPECT_LE(job.loop.status().predicted_exchange_s, budget * (1 - job.settings.bandwidth_margin) * 1.001);
+  EXPECT_LE(job.loop.status().predicted_exchange_s, budget * (1 - job.settings.bandwidth.margin) * 1.001);
   // Rate limit: proposals at least controller_interval_steps apart.
   for (size_t i = 1; i < job.proposal_steps.size(); ++i) {
     EXPECT_GE(job.proposal_steps[i] - job.proposal_steps[i - 1], job.settings.controller_interval_steps);
@@ -118,8 +118,8 @@ TEST(BandwidthControllerTest, BandwidthRecoveryLiftsTheCapAndTheFloorHolds) {
   ControlKnobs base;
   base.density = 0.01;
   ControllerSettings s = with(bit(ControllerKind::kBandwidth));
-  s.exchange_budget_ms = 5;
-  s.bandwidth_allow_dense = false;
+  s.bandwidth.exchange_budget_ms = 5;
+  s.bandwidth.allow_dense = false;
   s.density_min = 0.001;
   FakeJob job(s, base);
   for (uint64_t step = 0; step < 80; ++step) {
@@ -195,7 +195,7 @@ TEST(BandwidthControllerTest, FastLinkWhereDenseFitsChoosesTheDenseRing) {
   ControlKnobs base;
   base.density = 0.01;
   ControllerSettings s = with(bit(ControllerKind::kBandwidth));
-  s.bandwidth_margin = 0.1;
+  s.bandwidth.margin = 0.1;
   FakeJob job(s, base);
   Noise noise{3};
   for (uint64_t step = 0; step < 200; ++step) {
@@ -246,9 +246,9 @@ TEST(AccuracyControllerTest, BacksOffWhenBehindTightensWhenOnTrackWithinBounds) 
       EXPECT_GE(job.at(step).density, 0.004) << "backed off within 40 steps";
     }
   }
-  EXPECT_LT(std::fabs(job.loop.status().accuracy_gap), s.accuracy_tolerance) << "gap recovered";
+  EXPECT_LT(std::fabs(job.loop.status().accuracy_gap), s.accuracy.tolerance) << "gap recovered";
   // Hysteresis: it settles near the boundary instead of flapping every hold period.
-  for (size_t i = 1; i < moves.size(); ++i) EXPECT_GE(moves[i] - moves[i - 1], s.accuracy_hold_steps);
+  for (size_t i = 1; i < moves.size(); ++i) EXPECT_GE(moves[i] - moves[i - 1], s.accuracy.hold_steps);
   EXPECT_LT(moves.size(), 60u);
 }
 
@@ -279,11 +279,11 @@ TEST(BudgetControllerTest, LandsWithin5PercentOfTheRunBudgetAndExportsTotalError
   ControlKnobs base;
   base.threshold = 0.01;  // 10x too low: would send 2e6 per step
   ControllerSettings s = with(bit(ControllerKind::kBudget));
-  s.budget_total_elements = 4e7;
-  s.budget_steps = 400;  // 1e5 per step -> lambda 0.2
+  s.budget.total_elements = 4e7;
+  s.budget.steps = 400;  // 1e5 per step -> lambda 0.2
   FakeJob job(s, base);
   double sent = 0, error = 0;
-  for (uint64_t step = 0; step < s.budget_steps; ++step) {
+  for (uint64_t step = 0; step < s.budget.steps; ++step) {
     const ControlKnobs k = job.at(step);
     JobObservation o;
     o.step = step;
@@ -296,7 +296,7 @@ TEST(BudgetControllerTest, LandsWithin5PercentOfTheRunBudgetAndExportsTotalError
     error += o.residual_norm2;
     job.feed(o);
   }
-  EXPECT_LT(std::fabs(sent - s.budget_total_elements) / s.budget_total_elements, 0.05) << sent;
+  EXPECT_LT(std::fabs(sent - s.budget.total_elements) / s.budget.total_elements, 0.05) << sent;
   EXPECT_NEAR(job.loop.status().total_error, error, 1e-6 * error);
   EXPECT_NEAR(job.loop.status().budget_used_elements, sent, 1e-6 * sent);
   // "Slowly" once calibrated: the last 300 steps change lambda by at most 20 % a time.
@@ -312,8 +312,8 @@ TEST(GradNormControllerTest, JumpBoostsSteadyRelaxes) {
   ControlKnobs base;
   base.density = 0.01;
   ControllerSettings s = with(bit(ControllerKind::kGradNorm));
-  s.gradnorm_window = 10;
-  s.gradnorm_boost_steps = 10;
+  s.gradnorm.window = 10;
+  s.gradnorm.boost_steps = 10;
   FakeJob job(s, base);
   auto feed = [&](uint64_t step, double norm) {
     JobObservation o;
@@ -334,7 +334,7 @@ TEST(GradNormControllerTest, JumpBoostsSteadyRelaxes) {
 TEST(FrequencyControllerTest, OftenReselectedTensorsGetMoreDensityBounded) {
   ControlKnobs base;
   ControllerSettings s = with(bit(ControllerKind::kFrequency));
-  s.frequency_max_scale = 4;
+  s.frequency.max_scale = 4;
   FakeJob job(s, base);
   for (uint64_t t = 0; t < 30; ++t) {
     JobObservation o;
@@ -385,8 +385,8 @@ TEST(ControlLoopTest, AFailingControllerFallsBackToStaticOnce) {
   ControlKnobs base;
   base.threshold = 0;  // the budget controller cannot scale a zero lambda: its output is invalid
   ControllerSettings s = with(bit(ControllerKind::kBudget));
-  s.budget_total_elements = 1e6;
-  s.budget_steps = 100;
+  s.budget.total_elements = 1e6;
+  s.budget.steps = 100;
   FakeJob job(s, base);
   JobObservation o;
   o.nnz = 1e5;
@@ -498,6 +498,17 @@ TEST(ControllerRegistryTest, EveryKindOnceAndTheChainInItsDocumentedOrder) {
                 "(known: static, schedule, layerwise, gradnorm, frequency, bandwidth, accuracy, budget, cost)"),
             std::string::npos)
       << bad.status().message();
+}
+
+// The set rank 0 measures for (daemon/pipeline/observations.cc) is the rows that make a
+// controller, the six of the chain above, and none of the per-tensor ones.
+TEST(ControllerRegistryTest, JobLevelSetIsTheKindsThatMakeAController) {
+  ControllerSet made = 0;
+  for (uint32_t i = 0; i < kControllerKindCount; ++i) {
+    if (make_controller(static_cast<ControllerKind>(i)) != nullptr) made |= ControllerSet{1} << i;
+  }
+  EXPECT_EQ(job_level_controllers(), made);
+  EXPECT_EQ(job_level_controllers(), *parse_controllers("accuracy,gradnorm,budget,frequency,bandwidth,cost"));
 }
 
 }  // namespace

@@ -20,6 +20,20 @@
 // The ControlLoop then rate-limits (min steps between proposals) and applies hysteresis
 // (relative change needed) against the knobs in force.
 //
+// Files: this header (knobs, settings, the Controller interface, the registry, the loop);
+// observations.h (what the loop is fed), cost_model.h (bytes of a step, sparse or dense),
+// goodput.h (the link estimate the loop keeps). policies/src/controllers.cc holds the registry
+// rows and the loop, controller_<name>.cc one job-level controller each (its class private to
+// the file), controller_internal.h their factories and shared helpers.
+//
+// Adding a job-level controller: its ControllerKind (tensor_plan.h), its controller_<name>.cc
+// and line in policies/CMakeLists.txt, its factory in controller_internal.h, its registry row
+// (controllers.cc; the row's place is its place in the chain), its settings part here (a struct
+// nested in ControllerSettings) with one knob per field (Config member in daemon/config/knobs.h,
+// row in knobs.cc writing in<&ControllerSettings::part, &Part::field>), its test
+// (tests/unit/policies/controllers_test.cc) and docs/controllers.md. The `controller` knob's
+// words, make_controller and the chain order come from the row.
+//
 // Thread-safety: none; a ControlLoop is owned by one thread.
 #pragma once
 
@@ -32,69 +46,16 @@
 #include <vector>
 
 #include "sparsecar/common/status.h"
+#include "sparsecar/policies/cost_model.h"
+#include "sparsecar/policies/goodput.h"
+#include "sparsecar/policies/observations.h"
 #include "sparsecar/policies/plan.h"
 #include "sparsecar/policies/tensor_plan.h"
 
 namespace sparsecar::policies {
 
-// ---- observations -----------------------------------------------------------------------------
-struct TensorStepObservation {
-  uint32_t tensor_id = 0;
-  uint64_t elements = 0;
-  uint64_t nnz = 0;               // selected this step (elements for a dense step)
-  double repeat_fraction = -1.0;  // share of this step's selection also selected last step; < 0 unknown
-};
-
-// What one node measured for one step (all its tensors). Times are durations in seconds.
-struct NodeObservation {
-  uint32_t rank = 0;
-  uint64_t step = 0;
-  uint64_t elements = 0;        // Σ tensor elements
-  uint64_t nnz = 0;             // Σ selected elements
-  uint64_t bytes_sent = 0;      // Σ bytes this node sent for the step, headers included
-  uint64_t dense_bytes = 0;     // what a dense ring would have sent
-  double exchange_s = 0;        // Σ wall time of the collectives (send to last receive)
-  double encode_s = 0;          // Σ time in EF + select + encode
-  // The link, from the transport's own send completions (daemon/collective/collective.h,
-  // ExchangeStats::link_*): bytes of the sends large enough to cross the link before they
-  // complete, and the time at least one of them was in flight. Unlike exchange_s it excludes
-  // waiting for slow peers to reach the step, so link_bytes / link_s is the link's goodput.
-  uint64_t link_bytes = 0;
-  double link_s = 0;            // 0: no such send this step (all small, eager: goodput unknown)
-  double grad_norm2 = 0;        // Σ ||local sum||^2 (this node's gradient)
-  double residual_norm2 = 0;    // Σ ||residual||^2 after the step (the compression error e_t)
-  double compute_s = -1;        // trainer-reported compute time of the step; < 0 unknown
-  double loss = 0;              // trainer-reported metric (controller_metric), if has_loss
-  bool has_loss = false;
-  double loss_target = 0;       // trainer-reported "<metric>_target", if has_loss_target
-  bool has_loss_target = false;
-  std::vector<TensorStepObservation> tensors;
-};
-
-// One step of the whole job (merge_observations of every node's NodeObservation).
-struct JobObservation {
-  uint64_t step = 0;
-  uint32_t world_size = 1;
-  uint32_t nodes = 0;           // observations merged (== world_size when complete)
-  uint64_t elements = 0;        // per node
-  double nnz = 0;               // mean selected elements per node
-  uint64_t bytes_sent = 0;      // the most any node sent
-  double exchange_s = 0;        // the slowest node's exchange time
-  double goodput_Bps = 0;       // min over nodes of link_bytes / link_s (0 unknown)
-  double wall_goodput_Bps = 0;  // min over nodes of bytes_sent / exchange_s: a lower bound of the
-                                // link's goodput (wall time includes waiting for peers); 0 unknown
-  double encode_s = 0;          // the slowest node's encode time
-  double compute_s = -1;        // the slowest trainer's compute time; < 0 unknown
-  double grad_norm2 = 0;        // Σ over nodes
-  double residual_norm2 = 0;    // Σ over nodes: this step's ||e_t||^2
-  double loss = 0;              // mean over nodes that reported
-  bool has_loss = false;
-  double loss_target = 0;
-  bool has_loss_target = false;
-  std::vector<TensorStepObservation> tensors;  // per tensor: nnz and repeat averaged over nodes
-};
-
-JobObservation merge_observations(std::span<const NodeObservation> nodes, uint32_t world_size);
+// Observations (TensorStepObservation, NodeObservation, JobObservation, merge_observations):
+// observations.h. The cost model (sparse_allgather_bytes, step_sparse_bytes, ...): cost_model.h.
 
 // ---- what controllers change ------------------------------------------------------------------
 // Mirrors the live knobs of the same names (daemon/config/knobs.h).
@@ -109,8 +70,53 @@ struct ControlKnobs {
 };
 bool operator==(const ControlKnobs& a, const ControlKnobs& b);
 
-// Every controller parameter; each is the knob of the same name (`active`: `controller`), and
-// the knob table writes them (daemon/config/knobs.cc, through daemon/pipeline/settings.h).
+// Each job-level controller's parameters, its part of ControllerSettings named after it. A field
+// is the knob of its part's name plus the field's (`gradnorm.jump`: `gradnorm_jump`); fields whose
+// knob has another prefix keep the whole knob name (`bandwidth.exchange_budget_ms`).
+struct GradNormSettings {
+  double jump = 2.0;           // norm / running mean above this = a jump
+  double boost = 4.0;          // density multiplier after a jump
+  uint64_t boost_steps = 20;
+  uint64_t window = 20;        // steadiness window
+  double steady_cv = 0.05;     // coefficient of variation below this = steady
+  double steady_scale = 0.5;
+  bool operator==(const GradNormSettings&) const = default;
+};
+struct FrequencySettings {
+  double max_scale = 4.0;
+  double alpha = 0.2;          // EMA weight of a tensor's new repeat fraction
+  bool operator==(const FrequencySettings&) const = default;
+};
+struct BandwidthSettings {
+  double exchange_budget_ms = 0;          // > 0: fixed exchange budget per step
+  double exchange_budget_fraction = 1.0;  // else: this fraction of the reported compute time
+  double margin = 0.15;                   // aim at (1 - margin) of the budget
+  bool allow_dense = true;                // go dense (ring) when even that fits the budget
+  uint64_t confirm_steps = 3;             // consecutive observations over budget (or room to grow)
+                                          // before the bandwidth controller moves
+  uint64_t hold_steps = 6;                // at least this many steps between its decisions
+  double raise_max = 2.0;                 // a decision raises the density cap at most this factor
+  double lower_max = 16.0;                // and lowers it at most this factor
+  bool operator==(const BandwidthSettings&) const = default;
+};
+struct AccuracySettings {
+  double tolerance = 0.02;     // relative loss gap that triggers a back-off
+  double backoff = 2.0;        // density multiplier when behind
+  double tighten = 0.9;        // density multiplier when on track (gap < tolerance / 2)
+  uint64_t hold_steps = 5;     // steps between two moves (lets the last one show)
+  double alpha = 0.3;          // EMA weight of a new relative gap to the target
+  bool operator==(const AccuracySettings&) const = default;
+};
+struct BudgetSettings {
+  double total_elements = 0;   // elements each node may send over the run (0 = off)
+  uint64_t steps = 0;          // length of the run in steps
+  uint64_t settle_steps = 3;   // steps between two lambda moves (>= the decision latency, 2)
+  bool operator==(const BudgetSettings&) const = default;
+};
+
+// Every controller parameter: the loop's own and those every controller may read here, each
+// controller's in its part. Each is a knob (`active`: `controller`), and the knob table writes
+// them (daemon/config/knobs.cc, through daemon/pipeline/settings.h).
 struct ControllerSettings {
   ControllerSet active = 0;
   uint32_t world_size = 1;
@@ -119,39 +125,15 @@ struct ControllerSettings {
   uint64_t controller_interval_steps = 2;  // at least this many steps between two proposals
   double controller_hysteresis = 0.1;      // relative density change needed to propose (lambda: a quarter)
   uint64_t schedule_warmup_steps = 0;      // the schedule's dense warm-up (accuracy fits its trend)
-  // gradnorm
-  double gradnorm_jump = 2.0;        // norm / running mean above this = a jump
-  double gradnorm_boost = 4.0;       // density multiplier after a jump
-  uint64_t gradnorm_boost_steps = 20;
-  uint64_t gradnorm_window = 20;     // steadiness window
-  double gradnorm_steady_cv = 0.05;  // coefficient of variation below this = steady
-  double gradnorm_steady_scale = 0.5;
-  // frequency
-  double frequency_max_scale = 4.0;
-  double frequency_alpha = 0.2;      // EMA weight of a tensor's new repeat fraction
-  // bandwidth
-  double exchange_budget_ms = 0;     // > 0: fixed exchange budget per step
-  double exchange_budget_fraction = 1.0;  // else: this fraction of the reported compute time
-  double goodput_smoothing = 0.3;    // EMA weight (log domain) of a new goodput / compute-time sample
+  // The link goodput estimate (goodput.h) that bandwidth and cost read.
+  double goodput_smoothing = 0.3;      // EMA weight (log domain) of a new goodput / compute-time sample
   uint64_t goodput_confirm_steps = 2;  // consecutive samples beyond 2x on one side that move the
                                        // estimate at once (a step change of the link, not noise)
-  double bandwidth_margin = 0.15;    // aim at (1 - margin) of the budget
-  bool bandwidth_allow_dense = true; // go dense (ring) when even that fits the budget
-  uint64_t bandwidth_confirm_steps = 3;  // consecutive observations over budget (or room to grow)
-                                         // before the bandwidth controller moves
-  uint64_t bandwidth_hold_steps = 6;     // at least this many steps between its decisions
-  double bandwidth_raise_max = 2.0;      // a decision raises the density cap at most this factor
-  double bandwidth_lower_max = 16.0;     // and lowers it at most this factor
-  // accuracy
-  double accuracy_tolerance = 0.02;  // relative loss gap that triggers a back-off
-  double accuracy_backoff = 2.0;     // density multiplier when behind
-  double accuracy_tighten = 0.9;     // density multiplier when on track (gap < tolerance / 2)
-  uint64_t accuracy_hold_steps = 5;  // steps between two moves (lets the last one show)
-  double accuracy_alpha = 0.3;       // EMA weight of a new relative gap to the target
-  // budget
-  double budget_total_elements = 0;  // elements each node may send over the run (0 = off)
-  uint64_t budget_steps = 0;         // length of the run in steps
-  uint64_t budget_settle_steps = 3;  // steps between two lambda moves (>= the decision latency, 2)
+  GradNormSettings gradnorm;
+  FrequencySettings frequency;
+  BandwidthSettings bandwidth;
+  AccuracySettings accuracy;
+  BudgetSettings budget;
   bool operator==(const ControllerSettings&) const = default;
 };
 
@@ -197,8 +179,7 @@ std::unique_ptr<Controller> make_controller(ControllerKind kind);
 // `controller` knob), a one-line doc, whether rank 0's ControlLoop runs it, its factory and the
 // knobs it reads. The rows are in the order the ControlLoop chains the job-level controllers.
 // Derived from them: controller_name / parse_controllers / format_controllers, the `controller`
-// knob's doc, make_controller and the ControlLoop's order. Adding a controller: its class, a
-// ControllerKind, its row, its ControllerSettings fields and their knob rows, its test.
+// knob's doc, make_controller and the ControlLoop's order (adding one: the top of this header).
 struct ControllerInfo {
   ControllerKind kind;
   const char* name;
@@ -213,21 +194,9 @@ std::span<const ControllerInfo> controller_registry();
 const ControllerInfo* find_controller(ControllerKind kind);
 // "static|schedule|...": every name in ControllerKind order.
 std::string controller_choices();
-
-// ---- cost model ---------------------------------------------------------------------------------
-inline constexpr uint64_t kWireHeaderBytes = 80;
-// Bytes one node sends for a sparse all-gather of a tensor with nnz kept, in the smallest format
-// of the codec registry (kernels/codecs.h; rows that carry every element aside) by its largest
-// size (kernels::encoded_bytes, fp32 values); *format gets that format (ties: the lower id).
-uint64_t sparse_allgather_bytes(uint64_t elements, uint64_t nnz, uint32_t world, kernels::Format* format);
-// The same in a given format (the largest size for formats whose size varies).
-uint64_t sparse_allgather_bytes_as(uint64_t elements, uint64_t nnz, uint32_t world, kernels::Format format);
-// Bytes one node sends in a dense ring all-reduce (2(W-1) chunks of about n/W fp32).
-uint64_t ring_allreduce_bytes(uint64_t elements, uint32_t world);
-// Per node bytes of a whole step at `density` (top-k counts per tensor), sparse vs dense.
-uint64_t step_sparse_bytes(std::span<const TensorStepObservation> tensors, double density, uint32_t world,
-                           kernels::Format format = kernels::Format::kCoo);
-uint64_t step_dense_bytes(std::span<const TensorStepObservation> tensors, uint32_t world);
+// The job-level rows' kinds: the controllers rank 0's ControlLoop runs (and feeds with what every
+// node measures).
+ControllerSet job_level_controllers();
 
 // ---- the loop -------------------------------------------------------------------------------
 class ControlLoop {
@@ -248,12 +217,7 @@ class ControlLoop {
  private:
   std::array<std::unique_ptr<Controller>, kControllerKindCount> controllers_{};
   ControlStatus status_;
-  bool has_goodput_ = false;
-  bool has_link_goodput_ = false;  // a completion-based sample was seen (else: wall lower bound)
-  double goodput_ = 0;
-  int goodput_outlier_side_ = 0;   // -1 below est/2, +1 above 2 est
-  uint64_t goodput_outliers_ = 0;
-  double goodput_outlier_log_sum_ = 0;
+  GoodputEstimator goodput_;
   bool proposed_ = false;
   uint64_t last_proposal_step_ = 0;
   bool fallback_sent_ = false;

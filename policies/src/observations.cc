@@ -1,0 +1,72 @@
+#include "sparsecar/policies/observations.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+
+namespace sparsecar::policies {
+
+JobObservation merge_observations(std::span<const NodeObservation> nodes, uint32_t world_size) {
+  JobObservation j;
+  j.world_size = world_size;
+  j.nodes = static_cast<uint32_t>(nodes.size());
+  if (nodes.empty()) return j;
+  j.step = nodes.front().step;
+  j.elements = nodes.front().elements;
+  double loss_sum = 0, target_sum = 0;
+  int losses = 0, targets = 0;
+  double goodput = std::numeric_limits<double>::infinity();
+  double wall_goodput = std::numeric_limits<double>::infinity();
+  std::map<uint32_t, TensorStepObservation> tensors;
+  std::map<uint32_t, int> repeats;
+  for (const auto& n : nodes) {
+    j.nnz += static_cast<double>(n.nnz) / static_cast<double>(nodes.size());
+    j.bytes_sent = std::max(j.bytes_sent, n.bytes_sent);
+    j.exchange_s = std::max(j.exchange_s, n.exchange_s);
+    j.encode_s = std::max(j.encode_s, n.encode_s);
+    if (n.compute_s >= 0) j.compute_s = std::max(j.compute_s, n.compute_s);
+    j.grad_norm2 += n.grad_norm2;
+    j.residual_norm2 += n.residual_norm2;
+    if (n.link_s > 0 && n.link_bytes > 0) goodput = std::min(goodput, static_cast<double>(n.link_bytes) / n.link_s);
+    if (n.exchange_s > 0 && n.bytes_sent > 0) {
+      wall_goodput = std::min(wall_goodput, static_cast<double>(n.bytes_sent) / n.exchange_s);
+    }
+    if (n.has_loss) {
+      loss_sum += n.loss;
+      ++losses;
+    }
+    if (n.has_loss_target) {
+      target_sum += n.loss_target;
+      ++targets;
+    }
+    for (const auto& t : n.tensors) {
+      auto& m = tensors[t.tensor_id];
+      m.tensor_id = t.tensor_id;
+      m.elements = t.elements;
+      m.nnz += t.nnz;
+      if (t.repeat_fraction >= 0) {
+        m.repeat_fraction = (repeats[t.tensor_id] == 0 ? 0 : m.repeat_fraction) + t.repeat_fraction;
+        ++repeats[t.tensor_id];
+      }
+    }
+  }
+  j.goodput_Bps = std::isfinite(goodput) ? goodput : 0;
+  j.wall_goodput_Bps = std::isfinite(wall_goodput) ? wall_goodput : 0;
+  if (losses > 0) {
+    j.has_loss = true;
+    j.loss = loss_sum / losses;
+  }
+  if (targets > 0) {
+    j.has_loss_target = true;
+    j.loss_target = target_sum / targets;
+  }
+  for (auto& [id, t] : tensors) {
+    t.nnz /= nodes.size();
+    if (repeats[id] > 0) t.repeat_fraction /= repeats[id];
+    j.tensors.push_back(t);
+  }
+  return j;
+}
+
+}  // namespace sparsecar::policies
