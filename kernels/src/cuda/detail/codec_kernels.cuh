@@ -19,6 +19,17 @@
 //   its peers' values in the CPU's order, one __fadd_rn each (no atomics in the sums).
 // Float arithmetic is spelled __fadd_rn / __fmul_rn / __fdiv_rn: nvcc must not contract a
 // decode's q * scale + sum into an FMA, which would round once where the CPU rounds twice.
+//
+// Written to be obviously right first, not fast. Where the speed would come from (none of it
+// changes a byte or a sum):
+// - byte loads and stores everywhere: the host knows each payload's alignment and could pick
+//   word-wide variants for the aligned case (coo indices and fp32 values almost always are);
+// - coo decode reads the indices twice (check, then scatter) and runs ~4 launches per peer: a
+//   validation pass over all W payloads first, then one scatter kernel that loops over the
+//   peers per entry range (peers still in order per element) would read them once;
+// - the scan reads its items twice (see above), and coo_varint decode runs two scans;
+// - bitmap decode gives a thread 32 elements and loops over set bits; a warp per 32-bit word
+//   group with ballots would coalesce the value reads.
 #pragma once
 
 #include <cub/block/block_reduce.cuh>
@@ -405,9 +416,8 @@ __global__ void coo_finish_kernel(PayloadArgs a) {
 }
 
 // One thread per entry: the indices are distinct (checked), so no two threads of one payload
-// touch one element. Speed later: the scatter is one 4-byte read-modify-write per entry, bound
-// by the touched lines; sorting nothing and reading the indices as aligned words when the
-// payload is 4-byte aligned is the cheap first step.
+// touch one element. The scatter is one 4-byte read-modify-write per entry, bound by the touched
+// lines.
 __global__ void __launch_bounds__(kCodecThreads) coo_scatter_kernel(PayloadArgs a) {
   if (a.rejected()) return;
   const float scale = block_scale(a.vt, a.values);
