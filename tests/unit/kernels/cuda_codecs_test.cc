@@ -2,8 +2,9 @@
 // every device format x value type encodes the CPU encoder's bytes (memcmp) on selections of many
 // sizes and values (0 and 1 entries, sizes that are not multiples of the block or scan tile, a
 // dense length of 2^32 - 1, NaN/inf, all-equal, saturating, subnormal and all-zero values); W = 1..4
-// peers' payloads decode into the CPU's sums bit for bit (NaN bits aside: the device's NaN
-// results are its canonical NaN) with the same 1/W scaling; malformed payloads are rejected with
+// peers' payloads decode into the CPU's sums bit for bit, NaN payloads included, with the same
+// 1/W scaling (one exception, as cuda.h's: where two NaN operands meet at an element, either
+// may come out); malformed payloads are rejected with
 // the CPU decoder's message and add nothing while the other peers' payloads still add.
 // The device tests skip (with a message) where no GPU is present; CudaCodecStatus (the host-side
 // message text of every DecodeError against the CPU decoder's) runs everywhere. Uses only
@@ -13,6 +14,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -35,6 +37,16 @@ namespace cu = kernels::cuda;
 constexpr Format kDeviceFormats[] = {Format::kCoo, Format::kCooVarint, Format::kBitmap};
 constexpr ValueType kValueTypes[] = {ValueType::kF32, ValueType::kF16, ValueType::kBf16, ValueType::kI8};
 constexpr size_t kMax32 = 0xFFFFFFFFull;
+
+// SPARSECAR_GPU_TEST_MAX_N caps the dense lengths (compute-sanitizer runs are 10-100x slower);
+// the tests above it skip.
+size_t max_n() {
+  static const size_t cap = [] {
+    const char* text = std::getenv("SPARSECAR_GPU_TEST_MAX_N");
+    return text != nullptr ? static_cast<size_t>(std::strtoull(text, nullptr, 10)) : ~size_t{0};
+  }();
+  return cap;
+}
 
 std::string name_of(Format f, ValueType vt) {
   return std::string(format_name(f)) + "/" + std::string(value_type_name(vt));
@@ -70,9 +82,6 @@ void copy(void* dst, const void* src, size_t bytes, cu::Stream s) {
 void upload(void* dst, const void* src, size_t bytes, cu::Stream s) { copy(dst, src, bytes, s); }
 void download(void* dst, const void* src, size_t bytes, cu::Stream s) { copy(dst, src, bytes, s); }
 
-// Equal bits, or both NaN (the device's float operations return its canonical NaN where the
-// CPU returns the operand's).
-bool same_float(float a, float b) { return testing::same_bits(a, b) || (std::isnan(a) && std::isnan(b)); }
 
 // About k sorted indices below n, fast for large k: gaps uniform in [0, 2n/k - 2].
 std::vector<uint32_t> spread_indices(size_t n, size_t k, uint64_t seed) {
@@ -273,12 +282,47 @@ class CudaCodecs : public ::testing::Test {
                                                        << "', cpu says '" << want_status[j].message() << "'";
       EXPECT_EQ(verdict.message(), want_status[j].message()) << "payload " << j;
     }
+    // Bits must be equal; where both are NaN but differ, two NaN operands must have met there
+    // (x86 returns one of them, the compiler picks which) and the device's NaN must be one that
+    // reached the element: a payload's value there (decoded alone: 0 + NaN is the NaN,
+    // quieted) or x86's default NaN (inf - inf).
+    std::vector<size_t> both_nan;
     size_t bad = 0;
-    for (size_t i = 0; i < dense_len; ++i) {
-      if (!same_float(got[i], want[i]) && bad++ < 5) {
+    auto report = [&](size_t i, const char* why) {
+      if (bad++ < 5) {
         ADD_FAILURE() << "element " << i << ": device " << got[i] << " (0x" << std::hex
                       << std::bit_cast<uint32_t>(got[i]) << "), cpu " << want[i] << " (0x"
-                      << std::bit_cast<uint32_t>(want[i]) << std::dec << ")";
+                      << std::bit_cast<uint32_t>(want[i]) << std::dec << ")" << why;
+      }
+    };
+    for (size_t i = 0; i < dense_len; ++i) {
+      if (testing::same_bits(got[i], want[i])) continue;
+      if (std::isnan(got[i]) && std::isnan(want[i])) {
+        both_nan.push_back(i);
+      } else {
+        report(i, "");
+      }
+    }
+    if (!both_nan.empty()) {
+      std::vector<std::vector<uint32_t>> reached(both_nan.size());
+      std::vector<unsigned> sources(both_nan.size(), 0);
+      for (size_t j = 0; j < payloads.size(); ++j) {
+        if (!want_status[j].ok()) continue;
+        std::vector<float> alone(dense_len, 0.0f);
+        ASSERT_TRUE(decode_accumulate(payloads[j].format, payloads[j].value_type, payloads[j].bytes,
+                                      payloads[j].nnz, alone)
+                        .ok());
+        for (size_t q = 0; q < both_nan.size(); ++q) {
+          const float v = alone[both_nan[q]];
+          if (std::isnan(v)) reached[q].push_back(std::bit_cast<uint32_t>(v));
+          if (std::isnan(v) || std::isinf(v)) ++sources[q];
+        }
+      }
+      for (size_t q = 0; q < both_nan.size(); ++q) {
+        const uint32_t bits = std::bit_cast<uint32_t>(got[both_nan[q]]);
+        const bool known =
+            bits == 0xffc00000u || std::find(reached[q].begin(), reached[q].end(), bits) != reached[q].end();
+        if (sources[q] < 2 || !known) report(both_nan[q], " (a NaN no two NaN operands explain)");
       }
     }
     EXPECT_EQ(bad, 0u) << "elements differ";
@@ -312,6 +356,7 @@ TEST_F(CudaCodecs, EncodeEqualsCpuBytes) {
   for (Format f : kDeviceFormats) {
     for (ValueType vt : kValueTypes) {
       for (const Shape& sh : kShapes) {
+        if (sh.dense_len > max_n()) continue;
         for (Values kind : kAllValues) {
           ++seed;
           const auto index = random_indices(sh.dense_len, sh.k, seed);
@@ -347,6 +392,7 @@ TEST_F(CudaCodecs, EncodeTakesMinOfCountAndCapacity) {
 
 // Indices up to 2^32 - 2 and gaps that need 5-byte varints; the bitmap's bytes past 2^31 bits.
 TEST_F(CudaCodecs, EncodeAtTheLargestDenseLength) {
+  if (max_n() < kMax32) GTEST_SKIP() << "sizes capped by SPARSECAR_GPU_TEST_MAX_N";
   std::vector<uint32_t> index = random_indices(kMax32, 3000, 11);
   index.front() = 0;
   index.back() = static_cast<uint32_t>(kMax32 - 1);
@@ -368,6 +414,7 @@ TEST_F(CudaCodecs, DecodeEqualsCpuSums) {
   for (Format f : kDeviceFormats) {
     for (ValueType vt : kValueTypes) {
       for (const Shape& sh : kShapes) {
+        if (sh.dense_len > max_n()) continue;
         for (uint32_t w = 1; w <= 4; ++w) {
           std::vector<HostPayload> payloads;
           for (uint32_t r = 0; r < w; ++r) {
@@ -402,6 +449,7 @@ TEST_F(CudaCodecs, DecodeMixedPeersAndNoAverage) {
 // varints over ~4.5 M entries, and 2^22 + 3126 bitmap words.
 TEST_F(CudaCodecs, DecodeLargeScans) {
   const size_t n = (size_t{1} << 27) + 100003;
+  if (max_n() < n) GTEST_SKIP() << "sizes capped by SPARSECAR_GPU_TEST_MAX_N";
   std::vector<HostPayload> payloads;
   payloads.push_back(encoded_at(Format::kCooVarint, ValueType::kF32, n, spread_indices(n, 4500000, 31),
                                 Values::kNormal, 31));

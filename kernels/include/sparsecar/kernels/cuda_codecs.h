@@ -24,9 +24,11 @@
 // no bytes after the last varint, bitmap bits past dense_len clear and popcount == nnz, int8
 // scale not negative or infinite and no code -128) and added into one dense buffer, peer after
 // peer in the given order, one float addition per entry (the CPU's order, so the sums equal
-// the CPU's bit for bit; NaN payload bits aside). A payload that fails adds nothing; its
-// DecodeStatus in device memory says why, and decode_status() turns that into the CPU
-// decoder's kDataLoss message once the caller has synchronised.
+// the CPU's bit for bit, a NaN carrying the payload x86 gives it — except where two NaN
+// operands meet at one element: x86 returns one of them and the compiler picks which). A
+// payload that fails adds nothing; its DecodeStatus in device memory says why, and
+// decode_status() turns that into the CPU decoder's kDataLoss message once the caller has
+// synchronised.
 //
 // The codec registry's cuda_encode/cuda_decode slots stay null: their signatures return the
 // size to the host (a host synchronisation) and the CPU library must not link CUDA. A caller

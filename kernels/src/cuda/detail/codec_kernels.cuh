@@ -16,9 +16,10 @@
 //   smallest key wins, as the CPU's sequential first pass would report it), a one-thread
 //   finish kernel per payload that turns that into its DecodeStatus, then a scatter gated on
 //   the status. Peers are decoded one after another on the stream, so each element receives
-//   its peers' values in the CPU's order, one __fadd_rn each (no atomics in the sums).
-// Float arithmetic is spelled __fadd_rn / __fmul_rn / __fdiv_rn: nvcc must not contract a
-// decode's q * scale + sum into an FMA, which would round once where the CPU rounds twice.
+//   its peers' values in the CPU's order, one addition each (no atomics in the sums).
+// Float arithmetic is detail/bits.h's cpu_add / cpu_mul (round to nearest, never contracted into
+// an FMA, which would round once where the CPU rounds twice; a NaN result carries the NaN x86
+// gives) and __fdiv_rn.
 //
 // Written to be obviously right first, not fast. Where the speed would come from (none of it
 // changes a byte or a sum):
@@ -46,6 +47,8 @@
 namespace sparsecar::kernels::cuda::detail {
 
 using kernels::detail::bits_float;
+using kernels::detail::cpu_add;
+using kernels::detail::cpu_mul;
 using kernels::detail::float_bits;
 
 inline constexpr int kCodecThreads = 256;
@@ -124,7 +127,7 @@ __device__ __forceinline__ float get_value(ValueType vt, const uint8_t* block, u
     case ValueType::kF32: return bits_float(get_u32(block + 4 * j));
     case ValueType::kF16: return kernels::detail::half_bits_to_float(get_u16(block + 2 * j));
     case ValueType::kBf16: return kernels::detail::bf16_bits_to_float(get_u16(block + 2 * j));
-    case ValueType::kI8: return __fmul_rn(static_cast<float>(static_cast<int8_t>(block[4 + j])), scale);
+    case ValueType::kI8: return cpu_mul(static_cast<float>(static_cast<int8_t>(block[4 + j])), scale);
   }
   return 0.0f;
 }
@@ -423,7 +426,7 @@ __global__ void __launch_bounds__(kCodecThreads) coo_scatter_kernel(PayloadArgs 
   const float scale = block_scale(a.vt, a.values);
   for (size_t j = blockIdx.x * size_t{blockDim.x} + threadIdx.x; j < a.n; j += size_t{gridDim.x} * blockDim.x) {
     const uint32_t at = get_u32(a.data + 4 * j);
-    a.dense[at] = __fadd_rn(a.dense[at], get_value(a.vt, a.values, j, scale));
+    a.dense[at] = cpu_add(a.dense[at], get_value(a.vt, a.values, j, scale));
   }
 }
 
@@ -452,7 +455,7 @@ struct BitmapScatterOp {
     uint32_t bits = bitmap_word(a, w);
     while (bits != 0) {
       const size_t at = 32 * w + static_cast<size_t>(__ffs(bits) - 1);
-      a.dense[at] = __fadd_rn(a.dense[at], get_value(a.vt, a.values, rank++, scale));
+      a.dense[at] = cpu_add(a.dense[at], get_value(a.vt, a.values, rank++, scale));
       bits &= bits - 1u;
     }
   }
@@ -568,14 +571,14 @@ __global__ void __launch_bounds__(kCodecThreads) varint_scatter_kernel(PayloadAr
   const float scale = block_scale(a.vt, a.values);
   for (size_t j = blockIdx.x * size_t{blockDim.x} + threadIdx.x; j < a.n; j += size_t{gridDim.x} * blockDim.x) {
     const size_t at = index[j];
-    a.dense[at] = __fadd_rn(a.dense[at], get_value(a.vt, a.values, j, scale));
+    a.dense[at] = cpu_add(a.dense[at], get_value(a.vt, a.values, j, scale));
   }
 }
 
 // The average: x *= factor, as kernels::scale.
 __global__ void __launch_bounds__(kCodecThreads) scale_kernel(float* x, size_t n, float factor) {
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
-    x[i] = __fmul_rn(x[i], factor);
+    x[i] = cpu_mul(x[i], factor);
   }
 }
 
