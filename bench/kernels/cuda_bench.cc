@@ -9,6 +9,11 @@
 // "floor" is the minimum traffic of the operation (e.g. EF + threshold: read residual and grad,
 // write residual = 12 bytes an element, plus the pairs) at the copy's measured bandwidth;
 // "x floor" = time / floor. Prints a table; nothing is asserted.
+//
+// Codecs (cuda_codecs.h): the randomk selection at `density` encoded in each device format
+// (floor: read the pairs, write the payload), and W = 8 peers' COO fp32 payloads (8 seeds)
+// decoded and added into n floats (floor, as issue 12 counts it: read the payloads, read and
+// write every 64-byte line a peer touches; the 1/W scaling is left out: a plain scale pass).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -22,6 +27,7 @@
 #include <vector>
 
 #include "sparsecar/kernels/cuda.h"
+#include "sparsecar/kernels/cuda_codecs.h"
 #include "sparsecar/kernels/select.h"
 
 namespace {
@@ -201,6 +207,85 @@ int main(int argc, char** argv) {
                   4.0 * N + pairs});
   uint64_t count = 0;
   CHECK_CUDA(cudaMemcpy(&count, b.count, sizeof count, cudaMemcpyDeviceToHost));
+
+  // ---- codecs --------------------------------------------------------------------------------
+  namespace kn = sparsecar::kernels;
+  constexpr int kPeers = 8;
+  std::vector<void*> owned;
+  auto dmalloc = [&](size_t size) {
+    void* p = nullptr;
+    CHECK_CUDA(cudaMalloc(&p, std::max<size_t>(size, 1)));
+    owned.push_back(p);
+    return p;
+  };
+  // The peers' selections: randomk with 8 seeds, each into its own pairs.
+  std::vector<cu::DeviceSelection> peer_sel(kPeers);
+  double touched_lines = 0;
+  for (int r = 0; r < kPeers; ++r) {
+    peer_sel[r] = {static_cast<uint32_t*>(dmalloc(n * 4)), static_cast<float*>(dmalloc(n * 4)), n,
+                   static_cast<uint64_t*>(dmalloc(8))};
+    CHECK_OK(cu::randomk(b.pristine[r % kSets], n, density, 100 + r, false, peer_sel[r], ws, nullptr));
+    uint64_t c = 0;
+    CHECK_CUDA(cudaMemcpy(&c, peer_sel[r].count, 8, cudaMemcpyDeviceToHost));
+    std::vector<uint32_t> idx(c);
+    CHECK_CUDA(cudaMemcpy(idx.data(), peer_sel[r].index, c * 4, cudaMemcpyDeviceToHost));
+    uint64_t last = ~uint64_t{0};
+    for (uint32_t i : idx) {
+      if (i / 16 != last) ++touched_lines;
+      last = i / 16;
+    }
+  }
+  const cu::DeviceSelection& sel0 = peer_sel[0];
+  uint64_t k0 = 0;
+  CHECK_CUDA(cudaMemcpy(&k0, sel0.count, 8, cudaMemcpyDeviceToHost));
+  auto* sizes = static_cast<uint64_t*>(dmalloc(2 * sizeof(uint64_t)));
+  const struct {
+    kn::Format f;
+    kn::ValueType vt;
+    const char* name;
+  } encodes[] = {{kn::Format::kCoo, kn::ValueType::kF32, "encode coo fp32"},
+                 {kn::Format::kCoo, kn::ValueType::kI8, "encode coo int8"},
+                 {kn::Format::kCooVarint, kn::ValueType::kF32, "encode coo_varint fp32"},
+                 {kn::Format::kBitmap, kn::ValueType::kF32, "encode bitmap fp32"}};
+  for (const auto& e : encodes) {
+    const size_t bound = cu::encode_bound_bytes(e.f, e.vt, n, n);
+    const size_t ews = cu::encode_workspace_bytes(e.f, e.vt, n);
+    const cu::DevicePayloadOut o{static_cast<std::byte*>(dmalloc(bound)), bound, sizes, sizes + 1};
+    const cu::Workspace w{dmalloc(ews), ews};
+    kn::EncodeParams params;
+    params.format = e.f;
+    params.value_type = e.vt;
+    const double ms = time_ms(reps, no_reset, [&](int) { CHECK_OK(cu::encode(params, n, sel0, o, w, nullptr)); });
+    uint64_t payload = 0;
+    CHECK_CUDA(cudaMemcpy(&payload, sizes, 8, cudaMemcpyDeviceToHost));
+    rows.push_back({e.name, ms, 8.0 * static_cast<double>(k0) + static_cast<double>(payload)});
+  }
+  {
+    // The 8 peers' COO fp32 payloads, encoded once (untimed).
+    std::vector<cu::DevicePayload> payloads(kPeers);
+    double payload_bytes = 0;
+    size_t max_bytes = 0;
+    for (int r = 0; r < kPeers; ++r) {
+      const size_t bound = cu::encode_bound_bytes(kn::Format::kCoo, kn::ValueType::kF32, n, n);
+      const size_t ews = cu::encode_workspace_bytes(kn::Format::kCoo, kn::ValueType::kF32, n);
+      auto* data = static_cast<std::byte*>(dmalloc(bound));
+      CHECK_OK(cu::encode(kn::EncodeParams{}, n, peer_sel[r], {data, bound, sizes, sizes + 1}, {dmalloc(ews), ews},
+                          nullptr));
+      uint64_t meta[2] = {0, 0};
+      CHECK_CUDA(cudaMemcpy(meta, sizes, 16, cudaMemcpyDeviceToHost));
+      payloads[r] = {kn::Format::kCoo, kn::ValueType::kF32, data, meta[0], meta[1]};
+      payload_bytes += static_cast<double>(meta[0]);
+      max_bytes = std::max<size_t>(max_bytes, meta[0]);
+    }
+    const size_t dws = cu::decode_workspace_bytes(n, max_bytes);
+    const cu::Workspace w{dmalloc(dws), dws};
+    auto* status = static_cast<cu::DecodeStatus*>(dmalloc(kPeers * sizeof(cu::DecodeStatus)));
+    const double ms = time_ms(reps, reset, [&](int s) {
+      CHECK_OK(cu::decode_accumulate(payloads, b.residual[s], n, 0, status, w, nullptr));
+    });
+    rows.push_back({"decode + add 8 peers' coo fp32", ms, payload_bytes + 128.0 * touched_lines});
+  }
+  for (void* p : owned) cudaFree(p);
 
   std::printf("n = %zu (%.0f MiB a buffer), density %.4g (k = %zu), %d reps, median\n", n,
               static_cast<double>(bytes) / 1048576.0, density, k, reps);

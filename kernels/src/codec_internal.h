@@ -19,6 +19,7 @@
 #include <span>
 #include <string>
 
+#include "detail/value_bits.h"
 #include "sparsecar/common/status.h"
 #include "sparsecar/kernels/codec.h"
 #include "sparsecar/kernels/parallel.h"
@@ -103,12 +104,8 @@ size_t value_bytes(ValueType vt, size_t m);  // kSizeMax for an unknown type (ca
 bool known_value_type(ValueType vt);
 // The int8 scale for these values: max|v| / 127, NaN if any value is not finite, 0 if all are 0.
 float int8_scale(std::span<const float> value);
-inline int8_t int8_code(float v, float scale) {
-  if (!(scale > 0.0f) || !std::isfinite(scale)) return 0;
-  float q = std::nearbyint(v / scale);
-  q = q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : q);
-  return static_cast<int8_t>(q);
-}
+// detail/value_bits.h's, shared with the CUDA codecs.
+inline int8_t int8_code(float v, float scale) { return detail::int8_code_of(v, scale); }
 // Writes V(m) for `value` in order; returns the bytes written (value_bytes(vt, m)).
 size_t write_values(ValueType vt, std::span<const float> value, std::byte* out);
 // Writes V(n): zeros except value[j] at index[j].

@@ -1,6 +1,9 @@
-// cuda.h without CUDA: the library was built where CMake found no nvcc (or SPARSECAR_CUDA=OFF).
-// Every call answers kUnavailable, so callers link and fall back to the CPU path.
+// cuda.h and cuda_codecs.h without CUDA: the library was built where CMake found no nvcc (or
+// SPARSECAR_CUDA=OFF). Every call answers kUnavailable (no device codec, workspaces of 0 bytes),
+// so callers link and fall back to the CPU path. decode_status() is host-only and comes from
+// cuda_codecs_host.cc in both builds.
 #include "sparsecar/kernels/cuda.h"
+#include "sparsecar/kernels/cuda_codecs.h"
 
 namespace sparsecar::kernels::cuda {
 namespace {
@@ -47,5 +50,16 @@ Status randblock(const float*, size_t, size_t, double, uint64_t, bool, const Dev
 }
 
 SelectFn find_select(Selector) { return nullptr; }
+
+bool has_device_codec(Format) { return false; }
+size_t encode_bound_bytes(Format, ValueType, size_t, size_t) { return 0; }
+size_t encode_workspace_bytes(Format, ValueType, size_t) { return 0; }
+Status encode(const EncodeParams&, size_t, const DeviceSelection&, const DevicePayloadOut&, Workspace, Stream) {
+  return unavailable_here("cuda::encode");
+}
+size_t decode_workspace_bytes(size_t, size_t) { return 0; }
+Status decode_accumulate(std::span<const DevicePayload>, float*, size_t, uint32_t, DecodeStatus*, Workspace, Stream) {
+  return unavailable_here("cuda::decode_accumulate");
+}
 
 }  // namespace sparsecar::kernels::cuda

@@ -3,52 +3,15 @@
 #include <cmath>
 
 #include "codec_internal.h"
+#include "detail/value_bits.h"
 
 namespace sparsecar::kernels {
 
-uint16_t float_to_half(float x) {
-  const uint32_t bits = std::bit_cast<uint32_t>(x);
-  const auto sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
-  const uint32_t ax = bits & 0x7fffffffu;
-  if (ax > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));  // NaN, quiet
-  if (ax == 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00u);                         // inf
-  if (ax >= 0x477fe000u) return static_cast<uint16_t>(sign | 0x7bffu);  // >= 65504: saturate
-  if (ax < 0x38800000u) {
-    // Below 2^-14: a half subnormal, m * 2^-24. Scaling by 2^24 is exact; lrint rounds to even.
-    const float scaled = std::bit_cast<float>(ax) * 16777216.0f;
-    return static_cast<uint16_t>(sign | static_cast<uint16_t>(std::lrint(scaled)));
-  }
-  // Normal: rebias the exponent (127 -> 15) and round the 13 dropped bits to nearest even; a
-  // mantissa carry correctly bumps the exponent (the saturation above keeps it below inf).
-  uint32_t r = ax - (uint32_t{127 - 15} << 23);
-  r += 0x0fffu + ((r >> 13) & 1u);
-  return static_cast<uint16_t>(sign | (r >> 13));
-}
-
-float half_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t e = (h >> 10) & 0x1fu;
-  const uint32_t m = h & 0x3ffu;
-  if (e == 0) {
-    const float mag = static_cast<float>(m) * 5.9604644775390625e-8f;  // m * 2^-24, exact
-    return sign ? -mag : mag;
-  }
-  if (e == 31) return std::bit_cast<float>(sign | 0x7f800000u | (m << 13));
-  return std::bit_cast<float>(sign | ((e + 112u) << 23) | (m << 13));
-}
-
-uint16_t float_to_bf16(float x) {
-  uint32_t bits = std::bit_cast<uint32_t>(x);
-  const uint32_t ax = bits & 0x7fffffffu;
-  if (ax > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);  // NaN, quiet
-  if (ax >= 0x7f7f8000u && ax < 0x7f800000u) {
-    return static_cast<uint16_t>(((bits >> 16) & 0x8000u) | 0x7f7fu);  // would round to inf
-  }
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
-}
-
-float bf16_to_float(uint16_t b) { return std::bit_cast<float>(uint32_t{b} << 16); }
+// The conversions themselves are detail/value_bits.h's, shared with the CUDA codecs.
+uint16_t float_to_half(float x) { return detail::float_to_half_bits(x); }
+float half_to_float(uint16_t h) { return detail::half_bits_to_float(h); }
+uint16_t float_to_bf16(float x) { return detail::float_to_bf16_bits(x); }
+float bf16_to_float(uint16_t b) { return detail::bf16_bits_to_float(b); }
 
 namespace codec {
 
