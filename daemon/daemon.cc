@@ -45,6 +45,8 @@ struct Daemon::Parts {
   std::unique_ptr<control::Dispatcher> dispatcher;
   std::unique_ptr<control::ControlServer> control;
   std::chrono::milliseconds peer_down_grace{0};
+  // What every part reads time through (the production clock; tests of the parts pass a fake).
+  const Clock* clock = &steady_clock();
 };
 
 // "auto" -> ipc://<trainer socket minus ".sock">-control.sock
@@ -62,13 +64,15 @@ Expected<std::unique_ptr<Daemon>> Daemon::start(const Config& config) {
   // The same checks as --check-config (one function), before anything is opened.
   SC_RETURN_IF_ERROR(validate(config).with_context("configuration"));
   auto parts = std::make_unique<Parts>();
+  const Clock& clock = steady_clock();
+  parts->clock = &clock;
   parts->peer_down_grace = std::chrono::milliseconds(config.peer_down_grace_ms);
   MetricsOptions mo;
   mo.rank = config.rank;
   mo.world_size = config.world_size;
   SC_ASSIGN_OR_RETURN(parts->metrics, Metrics::create(config.metrics_listen, mo));
   parts->mailbox = std::make_unique<Mailbox>(config.job_id, config.world_size, parts->metrics.get(),
-                                             config.mailbox_max_bytes);
+                                             config.mailbox_max_bytes, clock);
 
   // The job secret is read once, here, and only its derived key is kept (never logged).
   auto key = auth::load_job_key(config.job_secret_file);
@@ -89,6 +93,7 @@ Expected<std::unique_ptr<Daemon>> Daemon::start(const Config& config) {
     t.rendezvous_timeout = std::chrono::milliseconds(config.join_timeout_ms);
     t.key = *key;
     t.accept_replacements = config.accept_replacements;
+    t.clock = &clock;
     SC_LOG_INFO("rank %u of %u: joining the job through %s", config.rank, config.world_size,
                 config.coordinator.c_str());
     auto transport = UcxTransport::start(t, parts->mailbox.get());
@@ -104,15 +109,15 @@ Expected<std::unique_ptr<Daemon>> Daemon::start(const Config& config) {
       if (!faults.ok()) return faults.status();
       SC_LOG_WARN("SPARSECAR_TEST_FAULTS is set: this daemon drops, corrupts, duplicates, delays and reorders "
                   "its messages on purpose (%s); never use it outside tests", spec);
-      parts->faults = std::make_unique<FaultyTransport>(parts->transport.get(), *faults);
+      parts->faults = std::make_unique<FaultyTransport>(parts->transport.get(), *faults, clock);
       parts->net = parts->faults.get();
     }
   }
 
-  parts->decisions = std::make_unique<DecisionBoard>(config, parts->net);
+  parts->decisions = std::make_unique<DecisionBoard>(config, parts->net, clock);
   // Controllers run on rank 0; every node measures its steps and sends them there.
   if (config.rank == 0) {
-    parts->controllers = std::make_unique<ControllerRunner>(config, parts->decisions.get());
+    parts->controllers = std::make_unique<ControllerRunner>(config, parts->decisions.get(), clock);
     parts->controllers->set_decision_listener(
         [metrics = parts->metrics.get()](const std::string& controllers, const std::string& outcome) {
           metrics->count_decision(controllers, outcome);
@@ -147,7 +152,7 @@ Expected<std::unique_ptr<Daemon>> Daemon::start(const Config& config) {
   p.join_timeout = std::chrono::milliseconds(config.join_timeout_ms);
   p.kernel_threads = config.kernel_threads;
   parts->pipeline = std::make_unique<Pipeline>(p, parts->net, parts->mailbox.get(), parts->metrics.get(),
-                                               parts->decisions.get());
+                                               parts->decisions.get(), clock);
 
   SessionServerOptions s;
   s.socket_path = config.socket;
@@ -169,6 +174,7 @@ Expected<std::unique_ptr<Daemon>> Daemon::start(const Config& config) {
   dp.decisions = parts->decisions.get();
   dp.pipeline = parts->pipeline.get();
   dp.sessions = parts->sessions.get();
+  dp.clock = &clock;
   parts->backend = std::make_unique<control::DaemonBackend>(dp);
   parts->metrics->set_scrape_hook([backend = parts->backend.get()] { backend->refresh_metrics(); });
   const std::string endpoint = resolved_control_endpoint(config);
@@ -205,7 +211,7 @@ void Daemon::stop() {
 
 Status Daemon::drain(std::chrono::milliseconds timeout) {
   if (!parts_ || !parts_->pipeline) return Status::Ok();
-  return parts_->pipeline->drain(std::chrono::steady_clock::now() + timeout);
+  return parts_->pipeline->drain(parts_->clock->now() + timeout);
 }
 
 Status Daemon::reload(const Config& before, const Config& after) {
@@ -232,7 +238,7 @@ Status Daemon::reload(const Config& before, const Config& after) {
       if (parse_log_level(value, &level)) set_log_level(level);
     }
   }
-  auto d = parts_->decisions->propose(changes, "reload", std::chrono::steady_clock::now() + std::chrono::seconds(5));
+  auto d = parts_->decisions->propose(changes, "reload", parts_->clock->now() + std::chrono::seconds(5));
   if (!d.ok()) {
     SC_LOG_ERROR("reload: %s", d.status().to_string().c_str());
     return d.status();
@@ -245,8 +251,8 @@ Status Daemon::reload(const Config& before, const Config& after) {
 
 Status Daemon::fatal() const {
   if (!parts_ || !parts_->mailbox || parts_->peer_down_grace.count() == 0) return Status::Ok();
-  auto down = parts_->mailbox->first_peer_down();
-  if (!down || std::chrono::steady_clock::now() - down->since < parts_->peer_down_grace) return Status::Ok();
+  auto down = parts_->mailbox->peer_down_past(parts_->peer_down_grace);
+  if (!down) return Status::Ok();
   return unavailable("rank " + std::to_string(down->peer) + " has been down for more than peer_down_grace_ms = " +
                      std::to_string(parts_->peer_down_grace.count()) + " (" + down->why.message() + ")");
 }

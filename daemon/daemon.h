@@ -2,6 +2,7 @@
 //   metrics -> mailbox -> transport (rendezvous with the other nodes) -> pipeline -> sessions
 //   -> control socket.
 // Start-up fails with a Status naming the part and the cause. stop() takes them down in reverse.
+// Every part is given the production Clock (steady_clock()) here and reads time only through it.
 //
 // Threads: start()/stop() from main; each part runs its own thread(s).
 #pragma once

@@ -8,6 +8,7 @@
 
 #include "daemon/metrics/metrics.h"
 #include "daemon/transport/wire.h"
+#include "sparsecar/common/clock_wait.h"
 #include "sparsecar/common/log.h"
 #include "sparsecar/kernels/codec.h"
 #include "sparsecar/kernels/select.h"
@@ -16,23 +17,23 @@ namespace sparsecar {
 namespace {
 
 using HeaderBytes = std::array<std::byte, wire::kHeaderBytes>;
-using SteadyClock = std::chrono::steady_clock;
 
-double seconds_since(SteadyClock::time_point t0) {
-  return std::chrono::duration<double>(SteadyClock::now() - t0).count();
+double seconds_since(const Clock& clock, Clock::time_point t0) {
+  return std::chrono::duration<double>(clock.now() - t0).count();
 }
 
-// Adds the time the enclosing scope took to `*sink`.
+// Adds the time the enclosing scope took on `clock` to `*sink`.
 class StageTimer {
  public:
-  explicit StageTimer(double* sink) : sink_(sink), t0_(SteadyClock::now()) {}
-  ~StageTimer() { *sink_ += seconds_since(t0_); }
+  StageTimer(const Clock& clock, double* sink) : clock_(clock), sink_(sink), t0_(clock.now()) {}
+  ~StageTimer() { *sink_ += seconds_since(clock_, t0_); }
   StageTimer(const StageTimer&) = delete;
   StageTimer& operator=(const StageTimer&) = delete;
 
  private:
+  const Clock& clock_;
   double* sink_;
-  SteadyClock::time_point t0_;
+  Clock::time_point t0_;
 };
 
 // Tracks the sends of one step. Shared with the transport's callbacks, so it outlives an
@@ -53,14 +54,15 @@ class SendGroup {
     const uint64_t size = wire::kHeaderBytes + payload.size();
     const bool sample = size >= kLinkSampleMinBytes;
     Metrics* metrics = ctx.metrics;
-    const auto started = SteadyClock::now();
+    const Clock* clock = ctx.clock;
+    const auto started = clock->now();
     if (sample) {
       std::lock_guard<std::mutex> lock(group->mu_);
       if (group->link_in_flight_++ == 0) group->link_busy_since_ = started;
     }
-    Status queued = ctx.transport->send(peer, *bytes, payload, [group, peer, &ctx_name = *ctx.transport, metrics, size,
-                                                                 sample, started](const Status& s) {
-      const auto now = SteadyClock::now();
+    Status queued = ctx.transport->send(peer, *bytes, payload, [group, peer, &ctx_name = *ctx.transport, metrics, clock,
+                                                                 size, sample, started](const Status& s) {
+      const auto now = clock->now();
       if (metrics && s.ok()) metrics->observe_link(peer, size, std::chrono::duration<double>(now - started).count());
       std::lock_guard<std::mutex> lock(group->mu_);
       if (!s.ok() && group->first_error_.ok()) {
@@ -72,7 +74,7 @@ class SendGroup {
     });
     if (!queued.ok()) {
       std::lock_guard<std::mutex> lock(group->mu_);
-      if (sample) group->link_done(0, SteadyClock::now());
+      if (sample) group->link_done(0, clock->now());
       --group->outstanding_;
       return queued.with_context("sending to " + ctx.transport->peer_name(peer));
     }
@@ -82,10 +84,10 @@ class SendGroup {
     return Status::Ok();
   }
 
-  // Waits until every send completed or the deadline passed.
-  Status wait(std::chrono::steady_clock::time_point deadline) {
+  // Waits until every send completed or `deadline` on `clock` passed.
+  Status wait(const Clock& clock, Clock::time_point deadline) {
     std::unique_lock<std::mutex> lock(mu_);
-    if (!cv_.wait_until(lock, deadline, [&] { return outstanding_ == 0; })) {
+    if (!wait_until(cv_, lock, clock, deadline, [&] { return outstanding_ == 0; })) {
       return deadline_exceeded(std::to_string(outstanding_) + " send(s) did not complete in time");
     }
     return first_error_;
@@ -102,7 +104,7 @@ class SendGroup {
 
  private:
   // A sampled send finished (`bytes` 0 when it failed). Caller holds mu_.
-  void link_done(uint64_t bytes, SteadyClock::time_point now) {
+  void link_done(uint64_t bytes, Clock::time_point now) {
     link_bytes_ += bytes;
     if (--link_in_flight_ == 0) link_seconds_ += std::chrono::duration<double>(now - link_busy_since_).count();
   }
@@ -114,7 +116,7 @@ class SendGroup {
   int outstanding_ = 0;              // guarded by mu_
   Status first_error_;               // guarded by mu_
   int link_in_flight_ = 0;           // guarded by mu_: sampled sends posted, not completed
-  SteadyClock::time_point link_busy_since_;  // guarded by mu_
+  Clock::time_point link_busy_since_;  // guarded by mu_
   uint64_t link_bytes_ = 0;          // guarded by mu_
   double link_seconds_ = 0;          // guarded by mu_
 };
@@ -143,8 +145,8 @@ std::pair<size_t, size_t> chunk_range(size_t n, uint32_t world, uint32_t c) {
 // Waits for every send of `group` (bounded by the step deadline) whatever `body` returned: a
 // zero-copy send owns its buffers until it completes, on error paths too.
 Status finish_sends(const ExchangeContext& ctx, SendGroup& group, Status body, ExchangeStats* stats) {
-  StageTimer timer(&stats->send_seconds);
-  Status sent = group.wait(ctx.deadline);
+  StageTimer timer(*ctx.clock, &stats->send_seconds);
+  Status sent = group.wait(*ctx.clock, ctx.deadline);
   group.add_link(stats);
   if (body.ok()) return sent;
   if (sent.code() == Code::kDeadlineExceeded) {
@@ -164,7 +166,7 @@ Status sparse_allgather_body(const ExchangeContext& ctx, const std::shared_ptr<S
   h.nnz = nnz;
   h.payload_bytes = payload.size();
   {
-    StageTimer timer(&stats->send_seconds);
+    StageTimer timer(*ctx.clock, &stats->send_seconds);
     for (uint32_t peer = 0; peer < ctx.world_size; ++peer) {
       if (peer == ctx.rank) continue;
       SC_RETURN_IF_ERROR(SendGroup::send(group, ctx, peer, h, payload, stats));
@@ -173,15 +175,15 @@ Status sparse_allgather_body(const ExchangeContext& ctx, const std::shared_ptr<S
   // Sum in rank order so that every node computes the same bits.
   for (uint32_t r = 0; r < ctx.world_size; ++r) {
     if (r == ctx.rank) {
-      StageTimer timer(&stats->decode_seconds);
+      StageTimer timer(*ctx.clock, &stats->decode_seconds);
       SC_RETURN_IF_ERROR(kernels::decode_accumulate(format, value_type, payload, nnz, out, ctx.kernel_pool)
                              .with_context("decoding own selection"));
       continue;
     }
     std::string name = ctx.transport->peer_name(r);
-    auto waited = SteadyClock::now();
+    auto waited = ctx.clock->now();
     auto taken = ctx.mailbox->take(wire::Kind::kData, r, tensor_id, step, 0, ctx.incarnation, ctx.deadline, name);
-    stats->wait_seconds += seconds_since(waited);
+    stats->wait_seconds += seconds_since(*ctx.clock, waited);
     SC_ASSIGN_OR_RETURN(Envelope e, std::move(taken));
     if (e.header.dense_len != out.size()) {
       return data_loss(name + " sent tensor " + std::to_string(tensor_id) + " with " +
@@ -192,7 +194,7 @@ Status sparse_allgather_body(const ExchangeContext& ctx, const std::shared_ptr<S
                                  std::to_string(e.header.epoch) + "; this node is at epoch " +
                                  std::to_string(ctx.epoch));
     }
-    StageTimer timer(&stats->decode_seconds);
+    StageTimer timer(*ctx.clock, &stats->decode_seconds);
     SC_RETURN_IF_ERROR(kernels::decode_accumulate(static_cast<kernels::Format>(e.header.format),
                                                   static_cast<kernels::ValueType>(e.header.value_type), e.payload,
                                                   e.header.nnz, out, ctx.kernel_pool)
@@ -226,13 +228,13 @@ Status ring_allreduce_body(const ExchangeContext& ctx, const std::shared_ptr<Sen
     h.payload_bytes = send_span.size();
     h.chunk = phase;
     {
-      StageTimer timer(&stats->send_seconds);
+      StageTimer timer(*ctx.clock, &stats->send_seconds);
       SC_RETURN_IF_ERROR(SendGroup::send(group, ctx, right, h, send_span, stats));
     }
-    auto waited = SteadyClock::now();
+    auto waited = ctx.clock->now();
     auto taken = ctx.mailbox->take(wire::Kind::kData, left, tensor_id, step, phase, ctx.incarnation, ctx.deadline,
                                      left_name);
-    stats->wait_seconds += seconds_since(waited);
+    stats->wait_seconds += seconds_since(*ctx.clock, waited);
     SC_ASSIGN_OR_RETURN(Envelope e, std::move(taken));
     auto [rb, re] = chunk_range(n, w, recv_c);
     if (e.header.dense_len != re - rb || e.header.format != static_cast<uint16_t>(kernels::Format::kDense)) {
@@ -247,12 +249,12 @@ Status ring_allreduce_body(const ExchangeContext& ctx, const std::shared_ptr<Sen
     // The chunk we are about to overwrite was sent in an earlier phase: make sure that send is
     // complete before touching it.
     {
-      StageTimer timer(&stats->send_seconds);
-      SC_RETURN_IF_ERROR(group->wait(ctx.deadline));
+      StageTimer timer(*ctx.clock, &stats->send_seconds);
+      SC_RETURN_IF_ERROR(group->wait(*ctx.clock, ctx.deadline));
     }
     std::span<float> target(data.data() + rb, re - rb);
     if (target.empty()) continue;  // more nodes than elements: this chunk is empty
-    StageTimer timer(reduce ? &stats->reduce_seconds : &stats->decode_seconds);
+    StageTimer timer(*ctx.clock, reduce ? &stats->reduce_seconds : &stats->decode_seconds);
     if (reduce) {
       SC_RETURN_IF_ERROR(kernels::decode_accumulate(kernels::Format::kDense, kernels::ValueType::kF32, e.payload,
                                                     e.header.nnz, target, ctx.kernel_pool)

@@ -12,6 +12,9 @@
 // for the whole step. Errors name the peer and the step. Neither returns, on any path, before
 // every send it queued has completed or failed (or the step deadline passed, which the error
 // then says): the caller may rewrite the payload and the data as soon as they return.
+//
+// Time: both read time (stage timings, link samples, the step deadline) only through the Clock of
+// the ExchangeContext; waits for sends are bounded real-time slices (clock_wait.h).
 #pragma once
 
 #include <chrono>
@@ -21,6 +24,7 @@
 
 #include "daemon/collective/mailbox.h"
 #include "daemon/transport/transport.h"
+#include "sparsecar/common/clock.h"
 #include "sparsecar/common/status.h"
 #include "sparsecar/kernels/types.h"
 
@@ -39,7 +43,8 @@ struct ExchangeContext {
   uint32_t world_size = 1;
   uint32_t epoch = 0;
   uint64_t incarnation = 0;  // the job's incarnation (mailbox.h): carried by every message
-  std::chrono::steady_clock::time_point deadline;
+  const Clock* clock = &steady_clock();  // what `deadline` and the stage timings are read on
+  Clock::time_point deadline;
   std::shared_ptr<const void> keepalive;  // owner of every buffer handed to send()
   Metrics* metrics = nullptr;  // optional: bytes per peer and link bandwidth estimates
   kernels::ThreadPool* kernel_pool = nullptr;  // optional: the decoders split large scatters over it

@@ -3,15 +3,18 @@
 #include <algorithm>
 
 #include "daemon/metrics/metrics.h"
+#include "sparsecar/common/clock_wait.h"
 #include "sparsecar/common/log.h"
 
 namespace sparsecar {
 
-Mailbox::Mailbox(uint64_t job_id, uint32_t world_size, Metrics* metrics, uint64_t max_bytes_per_peer)
+Mailbox::Mailbox(uint64_t job_id, uint32_t world_size, Metrics* metrics, uint64_t max_bytes_per_peer,
+                 const Clock& clock)
     : job_id_(job_id),
       world_size_(world_size),
       metrics_(metrics),
       max_bytes_per_peer_(max_bytes_per_peer),
+      clock_(clock),
       peer_failures_(world_size),
       down_since_(world_size),
       rejoins_(world_size, 0),
@@ -157,7 +160,7 @@ void Mailbox::on_peer_failed(uint32_t peer, const Status& why) {
   std::lock_guard<std::mutex> lock(mu_);
   if (peer < peer_failures_.size() && peer_failures_[peer].ok()) {
     peer_failures_[peer] = unavailable("rank " + std::to_string(peer) + " failed: " + why.message());
-    down_since_[peer] = Clock::now();
+    down_since_[peer] = clock_.now();
     // What the lost process sent is of no use to anyone now (every take from it fails), and must
     // not be taken once a replacement of that rank is back.
     for (auto it = messages_.begin(); it != messages_.end();) {
@@ -172,7 +175,7 @@ void Mailbox::on_peer_rejoined(uint32_t peer) {
   std::lock_guard<std::mutex> lock(mu_);
   if (peer >= peer_failures_.size() || peer_failures_[peer].ok()) return;
   SC_LOG_INFO("rank %u is back (a replacement process) after %.1f s down", peer,
-              std::chrono::duration<double>(Clock::now() - down_since_[peer]).count());
+              std::chrono::duration<double>(clock_.now() - down_since_[peer]).count());
   peer_failures_[peer] = Status::Ok();
   rejoins_[peer] += 1;
   cv_.notify_all();
@@ -198,12 +201,14 @@ Expected<Envelope> Mailbox::take(wire::Kind kind, uint32_t peer, uint32_t tensor
     }
     auto failed = step_failures_.find({peer, tensor, step, incarnation});
     if (failed != step_failures_.end()) return failed->second;
-    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
-      // One last look: the message may have arrived with the timeout.
-      if (messages_.count(key)) continue;
+    // The deadline is the clock's: wait in bounded real-time slices and look again after each.
+    // Everything above has just been looked at, so a passed deadline is the answer.
+    const Clock::duration slice = wait_slice(clock_, deadline);
+    if (slice == Clock::duration::zero()) {
       return deadline_exceeded(peer_name + " did not deliver tensor " + std::to_string(tensor) + " step " +
                                std::to_string(step) + " in time");
     }
+    cv_.wait_for(lock, slice);
   }
 }
 
@@ -309,6 +314,12 @@ std::optional<Mailbox::PeerDown> Mailbox::first_peer_down() const {
     if (!first || down_since_[peer] < first->since) first = PeerDown{peer, peer_failures_[peer], down_since_[peer]};
   }
   return first;
+}
+
+std::optional<Mailbox::PeerDown> Mailbox::peer_down_past(Clock::duration grace) const {
+  std::optional<PeerDown> down = first_peer_down();
+  if (!down || clock_.now() - down->since < grace) return std::nullopt;
+  return down;
 }
 
 uint64_t Mailbox::rejoined() const {

@@ -29,6 +29,9 @@
 // A failed peer's stored messages and step failures are dropped when it fails: a replacement of
 // that rank (on_peer_rejoined) starts clean, and nothing of the lost process is summed after.
 //
+// Time: the mailbox reads time only through the Clock it is given (when a peer went down, the
+// grace period, take()'s deadline); take() waits in bounded real-time slices (clock_wait.h).
+//
 // Thread-safety: on_message/on_peer_failed/on_peer_rejoined run on the transport thread; everything else on the
 // pipeline thread; one mutex guards the state (messages are per tensor step, not per element).
 #pragma once
@@ -47,6 +50,7 @@
 
 #include "daemon/transport/transport.h"
 #include "daemon/transport/wire.h"
+#include "sparsecar/common/clock.h"
 
 namespace sparsecar {
 
@@ -59,11 +63,10 @@ struct Envelope {
 
 class Mailbox final : public MessageSink {
  public:
-  using Clock = std::chrono::steady_clock;
-
   static constexpr uint64_t kDefaultMaxBytesPerPeer = uint64_t{4} << 30;
+  // `clock` must outlive the mailbox.
   Mailbox(uint64_t job_id, uint32_t world_size, Metrics* metrics,
-          uint64_t max_bytes_per_peer = kDefaultMaxBytesPerPeer);
+          uint64_t max_bytes_per_peer = kDefaultMaxBytesPerPeer, const Clock& clock = steady_clock());
 
   // MessageSink (transport thread).
   void on_message(uint32_t peer, std::span<const std::byte> header,
@@ -118,6 +121,9 @@ class Mailbox final : public MessageSink {
   };
   // (The earliest failure among the peers that are down now: a peer that rejoined no longer counts.)
   std::optional<PeerDown> first_peer_down() const;
+  // first_peer_down() once that peer has been down for `grace` or longer by the mailbox's clock
+  // (the daemon's peer_down_grace_ms: past it the daemon gives up); nullopt before.
+  std::optional<PeerDown> peer_down_past(Clock::duration grace) const;
   uint64_t rejected() const { return rejected_.load(); }
   // Data and abort messages dropped because they belong to another job incarnation.
   uint64_t stale() const { return stale_.load(); }
@@ -145,6 +151,7 @@ class Mailbox final : public MessageSink {
   const uint32_t world_size_;
   Metrics* const metrics_;
   const uint64_t max_bytes_per_peer_;
+  const Clock& clock_;
   std::atomic<uint64_t> rejected_{0};
   std::atomic<uint64_t> stale_{0};
 

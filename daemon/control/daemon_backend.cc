@@ -14,7 +14,6 @@
 namespace sparsecar::control {
 
 using json = nlohmann::json;
-using Clock = std::chrono::steady_clock;
 
 namespace {
 constexpr auto kProposeTimeout = std::chrono::seconds(5);
@@ -96,7 +95,7 @@ Expected<Decision> DaemonBackend::propose(const KnobChanges& changes, const std:
     const KnobSpec* spec = find_knob(name);
     if (spec && spec->secret) return failed_precondition("knob '" + name + "' cannot change while the daemon runs");
   }
-  return p_.decisions->propose(changes, reason, Clock::now() + kProposeTimeout);
+  return p_.decisions->propose(changes, reason, p_.clock->now() + kProposeTimeout);
 }
 
 Status DaemonBackend::report_metric(const std::string& name, double value, uint64_t step) {
@@ -109,11 +108,11 @@ Expected<json> DaemonBackend::drain(std::chrono::milliseconds timeout, bool canc
     p_.pipeline->undrain();
     return json{{"draining", false}};
   }
-  const auto started = Clock::now();
+  const auto started = p_.clock->now();
   SC_RETURN_IF_ERROR(p_.pipeline->drain(started + timeout));
   return json{{"draining", true},
               {"drained", true},
-              {"seconds", std::chrono::duration<double>(Clock::now() - started).count()}};
+              {"seconds", std::chrono::duration<double>(p_.clock->now() - started).count()}};
 }
 
 namespace {
@@ -127,12 +126,12 @@ json checkpoint_json(const std::string& path, const CheckpointInfo& info) {
 }  // namespace
 
 Expected<json> DaemonBackend::checkpoint(const std::string& path) {
-  SC_ASSIGN_OR_RETURN(CheckpointInfo info, p_.pipeline->checkpoint(path, Clock::now() + std::chrono::seconds(60)));
+  SC_ASSIGN_OR_RETURN(CheckpointInfo info, p_.pipeline->checkpoint(path, p_.clock->now() + std::chrono::seconds(60)));
   return checkpoint_json(path, info);
 }
 
 Expected<json> DaemonBackend::restore(const std::string& path) {
-  auto restored = p_.pipeline->restore(path, Clock::now() + std::chrono::seconds(60));
+  auto restored = p_.pipeline->restore(path, p_.clock->now() + std::chrono::seconds(60));
   if (!restored.ok()) {
     if (p_.metrics) p_.metrics->count_error(ErrorKind::kRestoreRejected);
     return restored.status();

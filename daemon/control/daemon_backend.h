@@ -4,6 +4,8 @@
 // set/pause/resume/policy go through DecisionBoard::propose (rank 0 decides, every node applies
 // at one step); checkpoint/restore/drain are queued on the pipeline thread; status reads
 // snapshots. Also refreshes the mirrored gauges before each scrape (refresh_metrics()).
+// Time: deadlines (propose, drain, checkpoint, restore) and drain's duration are read only
+// through the parts' Clock (DaemonParts::clock).
 // Thread-safety: commands run on the control thread; refresh_metrics() on the exposer's thread;
 // both only read thread-safe snapshots of the parts.
 #pragma once
@@ -11,6 +13,7 @@
 #include <chrono>
 
 #include "daemon/control/commands.h"
+#include "sparsecar/common/clock.h"
 
 namespace sparsecar {
 class Mailbox;
@@ -30,6 +33,7 @@ struct DaemonParts {
   DecisionBoard* decisions = nullptr;
   Pipeline* pipeline = nullptr;
   SessionServer* sessions = nullptr;
+  const Clock* clock = &steady_clock();  // the one the parts above read time through
 };
 
 class DaemonBackend final : public ControlBackend {

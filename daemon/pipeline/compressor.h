@@ -10,6 +10,8 @@
 // "Nothing lost": after rollback() the residual holds everything it held before the step plus
 // the step's local sum.
 //
+// Time: the encoding time it reports is read only through the Clock it is given.
+//
 // Threads: owned and used by the pipeline thread only. Buffers handed out (payload, work) stay
 // valid while the compressor lives; the pipeline keeps it alive (shared_ptr) for in-flight sends.
 #pragma once
@@ -21,6 +23,7 @@
 
 #include "daemon/pipeline/step.h"
 #include "daemon/pipeline/structured_select.h"
+#include "sparsecar/common/clock.h"
 #include "sparsecar/common/large_vector.h"
 #include "sparsecar/common/status.h"
 #include "sparsecar/kernels/types.h"
@@ -34,7 +37,9 @@ class ThreadPool;  // sparsecar/kernels/parallel.h
 class TensorCompressor {
  public:
   // pool (optional, must outlive the compressor): the selection kernels split this tensor over it.
-  TensorCompressor(uint32_t id, const TensorSpec& spec, kernels::ThreadPool* pool = nullptr);
+  // `clock` (must outlive the compressor) times the encoding.
+  TensorCompressor(uint32_t id, const TensorSpec& spec, kernels::ThreadPool* pool = nullptr,
+                   const Clock& clock = steady_clock());
   // The most memory a compressor for `spec` can hold: what the constructor allocates plus what a
   // later plan may (momentum velocity, the structured selection's mask state). A registration is
   // charged this worst case, so no later plan change can take the node over its budget.
@@ -95,6 +100,7 @@ class TensorCompressor {
   const uint32_t id_;
   const TensorSpec spec_;
   kernels::ThreadPool* const pool_;
+  const Clock& clock_;
   LargeVector<float> residual_;
   LargeVector<float> work_;
   LargeVector<uint32_t> index_;

@@ -38,8 +38,8 @@ KnobChanges knob_changes(const Config& config, const policies::ControlKnobs& k) 
   return out;
 }
 
-ControllerRunner::ControllerRunner(const Config& initial, DecisionBoard* board)
-    : board_(board), world_size_(initial.world_size), base_(initial) {}
+ControllerRunner::ControllerRunner(const Config& initial, DecisionBoard* board, const Clock& clock)
+    : board_(board), clock_(clock), world_size_(initial.world_size), base_(initial) {}
 
 void ControllerRunner::add(const policies::NodeObservation& o) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -102,7 +102,7 @@ void ControllerRunner::poll() {
     if (!proposal) continue;
     KnobChanges changes = knob_changes(in_force, proposal->knobs);
     if (changes.empty()) continue;
-    auto d = board_->propose(changes, proposal->reason, std::chrono::steady_clock::now() + std::chrono::seconds(1));
+    auto d = board_->propose(changes, proposal->reason, clock_.now() + std::chrono::seconds(1));
     if (!d.ok()) {
       SC_LOG_WARN("%s: not applied: %s", proposal->reason.c_str(), d.status().to_string().c_str());
     }

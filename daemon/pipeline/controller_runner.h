@@ -11,6 +11,8 @@
 // what it changed, and operator changes (control socket `set`/`policy`) are never overwritten
 // by a stale controller value.
 //
+// Time: a proposal's deadline is read only through the Clock it is given (the board's).
+//
 // Threads: add() from the transport thread (peers) and the pipeline thread (own); poll() from
 // rank 0's pipeline thread; status() from any thread. One mutex.
 #pragma once
@@ -24,13 +26,15 @@
 
 #include "daemon/config/knobs.h"
 #include "daemon/pipeline/decisions.h"
+#include "sparsecar/common/clock.h"
 #include "sparsecar/policies/controllers.h"
 
 namespace sparsecar {
 
 class ControllerRunner {
  public:
-  ControllerRunner(const Config& initial, DecisionBoard* board);
+  // `board` and `clock` (the board's) must outlive the runner.
+  ControllerRunner(const Config& initial, DecisionBoard* board, const Clock& clock = steady_clock());
 
   void add(const policies::NodeObservation& observation);
   // Runs the controllers over every step all nodes have reported, proposing decisions.
@@ -56,6 +60,7 @@ class ControllerRunner {
   void refresh_base_locked();
 
   DecisionBoard* const board_;
+  const Clock& clock_;
   const uint32_t world_size_;
   DecisionListener listener_;
 

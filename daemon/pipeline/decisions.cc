@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "daemon/transport/text_message.h"
+#include "sparsecar/common/clock_wait.h"
 #include "sparsecar/common/log.h"
 
 namespace sparsecar {
@@ -36,8 +37,9 @@ Expected<KnobChanges> parse_changes(std::string_view text) {
   return out;
 }
 
-DecisionBoard::DecisionBoard(const Config& initial, Transport* transport)
-    : rank_(initial.rank), world_size_(initial.world_size), job_id_(initial.job_id), transport_(transport) {
+DecisionBoard::DecisionBoard(const Config& initial, Transport* transport, const Clock& clock)
+    : rank_(initial.rank), world_size_(initial.world_size), job_id_(initial.job_id), transport_(transport),
+      clock_(clock) {
   Decision base;
   base.config = std::make_shared<const Config>(initial);
   base.reason = "start-up configuration";
@@ -94,7 +96,7 @@ Expected<Decision> DecisionBoard::propose(const KnobChanges& changes, const std:
   }
   send_text(0, wire::Kind::kKnobRequest, request, 0, format_changes(changes));
   std::unique_lock<std::mutex> lock(mu_);
-  if (!cv_.wait_until(lock, deadline, [&] { return replies_.count(request) > 0; })) {
+  if (!wait_until(cv_, lock, clock_, deadline, [&] { return replies_.count(request) > 0; })) {
     return deadline_exceeded("rank 0 did not answer the knob change in time");
   }
   std::string reply = std::move(replies_[request]);

@@ -27,6 +27,9 @@
 // decision while still holding it: epochs decided e+1, e+2 are queued on every endpoint in that
 // order (deciding under the lock and sending after it could send e+2 first, and the peers would
 // then refuse every later epoch).
+//
+// Time: propose()'s deadline is a time on the Clock the board is given; the wait for rank 0's
+// reply reads time only through it, in bounded real-time slices (clock_wait.h).
 #pragma once
 
 #include <chrono>
@@ -43,6 +46,7 @@
 #include "daemon/config/knobs.h"
 #include "daemon/transport/transport.h"
 #include "daemon/transport/wire.h"
+#include "sparsecar/common/clock.h"
 #include "sparsecar/common/status.h"
 
 namespace sparsecar {
@@ -63,10 +67,8 @@ using KnobChanges = std::vector<std::pair<std::string, std::string>>;
 
 class DecisionBoard {
  public:
-  using Clock = std::chrono::steady_clock;
-
-  // `transport` may be null when world_size == 1.
-  DecisionBoard(const Config& initial, Transport* transport);
+  // `transport` may be null when world_size == 1. `clock` must outlive the board.
+  DecisionBoard(const Config& initial, Transport* transport, const Clock& clock = steady_clock());
 
   // Changes live knobs for the whole job; returns the decision that carries them (its epoch and
   // the step it takes effect at). Errors: unknown or non-live knob, bad value (kInvalidArgument /
@@ -113,6 +115,7 @@ class DecisionBoard {
   const uint32_t world_size_;
   const uint64_t job_id_;
   Transport* const transport_;
+  const Clock& clock_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -54,8 +54,9 @@ uint64_t random_nonzero_u64() {
   return v;
 }
 
-JobAgreement::JobAgreement(const Options& options, Transport* transport, Mailbox* mailbox, DecisionBoard* decisions)
-    : options_(options), transport_(transport), mailbox_(mailbox), decisions_(decisions) {}
+JobAgreement::JobAgreement(const Options& options, Transport* transport, Mailbox* mailbox, DecisionBoard* decisions,
+                           const Clock& clock)
+    : options_(options), transport_(transport), mailbox_(mailbox), decisions_(decisions), clock_(clock) {}
 
 // A manifest carries its attempt nonce in `incarnation` (step 0); an ack echoes it in `step` and
 // carries the agreed job's incarnation (WIRE.md, "Job incarnations").
@@ -133,7 +134,7 @@ Expected<AgreedJob> JobAgreement::agree_as_leader(const std::string& mine, Clock
     // Answer the peers whose manifest is already here too, so they fail now, not at their deadline.
     for (uint32_t peer = 1; peer < options_.world_size; ++peer) {
       if (attempts[peer] != 0) continue;
-      auto got = mailbox_->take(wire::Kind::kManifest, peer, 0, 0, 0, 0, Clock::now(), transport_->peer_name(peer));
+      auto got = mailbox_->take(wire::Kind::kManifest, peer, 0, 0, 0, 0, clock_.now(), transport_->peer_name(peer));
       if (got.ok()) attempts[peer] = got->header.incarnation;
     }
   }

@@ -15,6 +15,9 @@
 // mailbox's manifest handler); reset() on the pipeline thread. The running job is guarded by a
 // mutex; rank 0's ack is sent under the decision board's lock (with_snapshot), so no decision can
 // overtake the snapshot it carries.
+//
+// Time: agree()'s deadline is a time on the Clock it is given (the mailbox's); it reads time only
+// through it.
 #pragma once
 
 #include <chrono>
@@ -28,6 +31,7 @@
 #include "daemon/pipeline/decisions.h"
 #include "daemon/transport/transport.h"
 #include "daemon/transport/wire.h"
+#include "sparsecar/common/clock.h"
 #include "sparsecar/common/status.h"
 
 namespace sparsecar {
@@ -40,7 +44,6 @@ struct AgreedJob {
 
 class JobAgreement {
  public:
-  using Clock = std::chrono::steady_clock;
   struct Options {
     uint32_t rank = 0;
     uint32_t world_size = 1;
@@ -49,7 +52,9 @@ class JobAgreement {
   };
 
   // `transport` may be null only when world_size == 1; `decisions` may be null (no snapshot).
-  JobAgreement(const Options& options, Transport* transport, Mailbox* mailbox, DecisionBoard* decisions);
+  // `clock` (the mailbox's) must outlive the agreement.
+  JobAgreement(const Options& options, Transport* transport, Mailbox* mailbox, DecisionBoard* decisions,
+               const Clock& clock = steady_clock());
 
   // Agrees on the job this node's `manifest` describes (Pipeline::manifest()); on success the
   // mailbox holds the incarnation. Errors: FAILED_PRECONDITION (the nodes disagree: the first
@@ -72,6 +77,7 @@ class JobAgreement {
   Transport* const transport_;
   Mailbox* const mailbox_;
   DecisionBoard* const decisions_;
+  const Clock& clock_;
 
   // Rank 0: the job as agreed.
   struct RunningJob {

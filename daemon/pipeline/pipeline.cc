@@ -15,6 +15,7 @@
 #include "daemon/pipeline/checkpoint.h"
 #include "daemon/pipeline/job_agreement.h"
 #include "daemon/pipeline/settings.h"
+#include "sparsecar/common/clock_wait.h"
 #include "sparsecar/common/log.h"
 #include "sparsecar/kernels/codec.h"
 #include "sparsecar/kernels/parallel.h"
@@ -22,12 +23,11 @@
 
 namespace sparsecar {
 
-using Clock = std::chrono::steady_clock;
-
 // Per-tensor state: the compressor (residual and buffers, sized at registration) and the step
 // order check.
 struct Pipeline::TensorState {
-  TensorState(uint32_t id, const TensorSpec& spec, kernels::ThreadPool* pool) : compressor(id, spec, pool) {}
+  TensorState(uint32_t id, const TensorSpec& spec, kernels::ThreadPool* pool, const Clock& clock)
+      : compressor(id, spec, pool, clock) {}
   TensorCompressor compressor;
   bool has_step = false;
   uint64_t last_step = 0;
@@ -39,7 +39,9 @@ struct Pipeline::TensorState {
 
 namespace {
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(const Clock& clock, Clock::time_point t0) {
+  return std::chrono::duration<double>(clock.now() - t0).count();
+}
 
 PipelineSnapshot empty_snapshot() {
   PipelineSnapshot s;
@@ -50,10 +52,11 @@ PipelineSnapshot empty_snapshot() {
 }  // namespace
 
 Pipeline::Pipeline(const PipelineOptions& options, Transport* transport, Mailbox* mailbox, Metrics* metrics,
-                   DecisionBoard* decisions)
+                   DecisionBoard* decisions, const Clock& clock)
     : options_(options), transport_(transport), mailbox_(mailbox), metrics_(metrics), decisions_(decisions),
+      clock_(clock),
       agreement_(JobAgreement::Options{options.rank, options.world_size, options.job_id, options.local_clients},
-                 transport, mailbox, decisions),
+                 transport, mailbox, decisions, clock),
       stats_(empty_snapshot()) {
   plan_settings_.base = options.settings;
   SC_CHECK(options.world_size == 1 || transport != nullptr, "a multi-node pipeline needs a transport");
@@ -196,7 +199,7 @@ void Pipeline::run() {
       queue_.pop_front();
     }
     if (auto* reg = std::get_if<Register>(&cmd)) {
-      auto t = std::make_shared<TensorState>(reg->id, reg->spec, kernel_pool_.get());
+      auto t = std::make_shared<TensorState>(reg->id, reg->spec, kernel_pool_.get(), clock_);
       t->compressor.structured().set_pool(&pooled_);
       const size_t n = reg->spec.count;
       if (tensors_.size() != reg->id) tensors_.resize(reg->id);
@@ -230,10 +233,10 @@ void Pipeline::run() {
     } else if (auto* fail = std::get_if<FailStep>(&cmd)) {
       run_fail_step(*fail);
     } else {
-      const auto started = Clock::now();
+      const auto started = clock_.now();
       StepResult r = process(std::get<StepJob>(cmd));
       if (metrics_) {
-        metrics_->observe_step(seconds_since(started));
+        metrics_->observe_step(seconds_since(clock_, started));
         if (r.status.ok()) {
           metrics_->steps_ok.Increment();
         } else {
@@ -268,7 +271,7 @@ StepResult Pipeline::process(const StepJob& job) {
   // Before anything else: from here on rank 0 never decides a change effective before step+2.
   Decision decision = decisions_ ? decisions_->at_step(job.step) : Decision{};
   if (!agreed_) {
-    Status agreed = agree_on_job(Clock::now() + options_.join_timeout);
+    Status agreed = agree_on_job(clock_.now() + options_.join_timeout);
     if (!agreed.ok()) {
       r.status = agreed;
       SC_LOG_ERROR("job agreement failed: %s", agreed.to_string().c_str());
@@ -329,18 +332,18 @@ Status Pipeline::run_step(TensorState& t, const StepJob& job, const Decision& de
   if (metrics_) metrics_->elements_total.Increment(static_cast<double>(n));
 
   Status s;
-  const Clock::time_point encode_started = Clock::now();
+  const Clock::time_point encode_started = clock_.now();
   Clock::time_point exchange_started = encode_started;
   if (plan.dense) {
     std::span<float> work = c.dense_input(job.local_sum, plan, job.lr);
-    exchange_started = Clock::now();
+    exchange_started = clock_.now();
     s = ring_allreduce(ctx, id, job.step, work, &stats);
     if (s.ok()) {
       std::copy(work.begin(), work.end(), job.result.begin());
       result->nnz = n;
     }
   } else {
-    const auto compress_started = Clock::now();
+    const auto compress_started = clock_.now();
     // Hybrid: the first hybrid tensor of a new step closes the last step's pool into lambda.
     if (plan.selector == kernels::Selector::kHybrid) pooled_.begin_step(job.step, plan.hybrid_density);
     Expected<TensorCompressor::Encoded> compressed = c.compress(plan, job.local_sum, job.lr);
@@ -352,10 +355,10 @@ Status Pipeline::run_step(TensorState& t, const StepJob& job, const Decision& de
       return s;
     }
     const TensorCompressor::Encoded& e = *compressed;
-    exchange_started = Clock::now();
+    exchange_started = clock_.now();
     // compress() folds, selects and encodes; it reports the encoding part.
     if (metrics_) {
-      metrics_->observe_stage(Stage::kSelect, std::max(0.0, seconds_since(compress_started) - e.encode_seconds));
+      metrics_->observe_stage(Stage::kSelect, std::max(0.0, seconds_since(clock_, compress_started) - e.encode_seconds));
       metrics_->observe_stage(Stage::kEncode, e.encode_seconds);
     }
     s = sparse_allgather(ctx, id, job.step, e.format, e.value_type, e.nnz, e.payload, job.result, &stats);
@@ -365,7 +368,7 @@ Status Pipeline::run_step(TensorState& t, const StepJob& job, const Decision& de
   if (metrics_ && plan.dense) {
     metrics_->count_messages(kernels::Format::kDense, kernels::Selector::kNone, static_cast<double>(stats.messages_sent));
   }
-  const Clock::time_point exchange_ended = Clock::now();
+  const Clock::time_point exchange_ended = clock_.now();
   auto observe = [&] {
     if (!observer_) return;
     TensorStepRecord rec;
@@ -395,9 +398,9 @@ Status Pipeline::run_step(TensorState& t, const StepJob& job, const Decision& de
   }
   c.commit();
   observe();
-  const auto reduce_started = Clock::now();
+  const auto reduce_started = clock_.now();
   kernels::scale(job.result, inv_trainers);
-  stats.reduce_seconds += seconds_since(reduce_started);
+  stats.reduce_seconds += seconds_since(clock_, reduce_started);
   if (metrics_) {
     metrics_->elements_selected.Increment(static_cast<double>(result->nnz));
     metrics_->dense_equivalent_bytes.Increment(static_cast<double>(result->dense_bytes));
@@ -463,7 +466,7 @@ Status Pipeline::call_on_thread(std::function<Status()> fn, Clock::time_point de
     cv_.notify_all();
   }
   std::unique_lock<std::mutex> lock(state->mu);
-  if (!state->cv.wait_until(lock, deadline, [&] { return state->done || state->started; })) {
+  if (!wait_until(state->cv, lock, clock_, deadline, [&] { return state->done || state->started; })) {
     state->abandoned = true;  // not started: it never will be
     return deadline_exceeded("the pipeline did not get to the request in time (a step is still running); "
                              "it was not run");
@@ -666,7 +669,8 @@ ExchangeContext Pipeline::exchange_context(uint32_t epoch) const {
   ctx.world_size = options_.world_size;
   ctx.epoch = epoch;
   ctx.incarnation = incarnation_;
-  ctx.deadline = Clock::now() + options_.step_timeout;
+  ctx.clock = &clock_;
+  ctx.deadline = clock_.now() + options_.step_timeout;
   ctx.metrics = metrics_;
   return ctx;
 }

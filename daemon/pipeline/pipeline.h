@@ -34,6 +34,11 @@
 // the pipeline thread broadcasts to every peer in queue order, so peers waiting for this node's
 // part of (tensor, step) fail at once with this node's reason.
 //
+// Time: the pipeline reads time (stage timings, step and join deadlines) only through the Clock it
+// is given, and hands it to the parts it runs (job agreement, compressors, collectives). Deadlines
+// given to checkpoint(), restore() and drain() are times on that clock; waits for them are
+// bounded real-time slices (clock_wait.h).
+//
 // Threads: one pipeline thread (start()) runs every step in submission order. The StepSink
 // methods are called from the session thread and only queue work. checkpoint(), restore(),
 // drain(), snapshot() may be called from any other thread (the control thread).
@@ -63,6 +68,7 @@
 #include "daemon/pipeline/settings.h"
 #include "daemon/pipeline/step.h"
 #include "daemon/transport/transport.h"
+#include "sparsecar/common/clock.h"
 #include "sparsecar/kernels/parallel.h"
 #include "sparsecar/policies/plan.h"
 #include "sparsecar/policies/tensor_plan.h"
@@ -110,9 +116,10 @@ struct PipelineOptions {
 class Pipeline final : public StepSink {
  public:
   // `transport` may be null only when world_size == 1. `decisions` may be null: then the plan
-  // inputs are options.settings for ever (epoch 0). All pointers must outlive the pipeline.
+  // inputs are options.settings for ever (epoch 0). All pointers and `clock` (the mailbox's) must
+  // outlive the pipeline.
   Pipeline(const PipelineOptions& options, Transport* transport, Mailbox* mailbox, Metrics* metrics,
-           DecisionBoard* decisions = nullptr);
+           DecisionBoard* decisions = nullptr, const Clock& clock = steady_clock());
   ~Pipeline() override;
 
   // Must be called before start().
@@ -133,11 +140,11 @@ class Pipeline final : public StepSink {
 
   // Control operations (any thread but the pipeline thread). Each waits at most until
   // `deadline`; a request given up on is never run later.
-  Expected<CheckpointInfo> checkpoint(const std::string& path, std::chrono::steady_clock::time_point deadline);
-  Expected<CheckpointInfo> restore(const std::string& path, std::chrono::steady_clock::time_point deadline);
+  Expected<CheckpointInfo> checkpoint(const std::string& path, Clock::time_point deadline);
+  Expected<CheckpointInfo> restore(const std::string& path, Clock::time_point deadline);
   // Refuses new steps from now on and waits for the queued ones (kDeadlineExceeded if they are
   // not done in time; draining stays on). undrain() accepts steps again.
-  Status drain(std::chrono::steady_clock::time_point deadline);
+  Status drain(Clock::time_point deadline);
   void undrain();
   PipelineSnapshot snapshot() const;
   // Tests: runs on the pipeline thread as each control operation starts (before it runs), e.g. to
@@ -173,7 +180,7 @@ class Pipeline final : public StepSink {
   };
   using Command = std::variant<Register, StepJob, Reset, Call, FailStep>;
 
-  Status call_on_thread(std::function<Status()> fn, std::chrono::steady_clock::time_point deadline);
+  Status call_on_thread(std::function<Status()> fn, Clock::time_point deadline);
   // Pipeline thread: the Call and FailStep commands.
   void run_call(Call& call);
   void run_fail_step(const FailStep& fail);
@@ -186,7 +193,7 @@ class Pipeline final : public StepSink {
   void run();
   StepResult process(const StepJob& job);
   Status run_step(TensorState& t, const StepJob& job, const Decision& decision, StepResult* result);
-  Status agree_on_job(std::chrono::steady_clock::time_point deadline);
+  Status agree_on_job(Clock::time_point deadline);
   // This job's identity for a collective or an abort under `epoch`, deadline one step_timeout
   // from now (pipeline thread).
   ExchangeContext exchange_context(uint32_t epoch) const;
@@ -201,6 +208,7 @@ class Pipeline final : public StepSink {
   Mailbox* const mailbox_;
   Metrics* const metrics_;
   DecisionBoard* const decisions_;
+  const Clock& clock_;
   JobAgreement agreement_;  // the first-step agreement; rank 0 also answers replacements with it
   StepResultSink* sink_ = nullptr;
   StepObserver* observer_ = nullptr;

@@ -3,12 +3,11 @@
 #include <charconv>
 #include <memory>
 
+#include "sparsecar/common/clock_wait.h"
 #include "sparsecar/common/log.h"
 
 namespace sparsecar {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 Expected<double> parse_rate(std::string_view key, std::string_view text) {
   double v = 0;
@@ -78,8 +77,8 @@ Expected<FaultOptions> parse_fault_spec(std::string_view spec) {
   return o;
 }
 
-FaultyTransport::FaultyTransport(Transport* inner, const FaultOptions& options)
-    : inner_(inner), options_(options), rng_(options.seed) {
+FaultyTransport::FaultyTransport(Transport* inner, const FaultOptions& options, const Clock& clock)
+    : inner_(inner), options_(options), clock_(clock), rng_(options.seed) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -106,11 +105,11 @@ Status FaultyTransport::send(uint32_t peer, std::span<const std::byte> header, s
   const bool eligible = options_.kinds.empty() || options_.kinds.count(kind) > 0;
   const double u = eligible ? std::uniform_real_distribution<double>(0.0, 1.0)(rng_) : 1.0;
   double edge = options_.drop;
-  const auto later = Clock::now() + std::chrono::milliseconds(options_.delay_ms);
+  const auto later = clock_.now() + std::chrono::milliseconds(options_.delay_ms);
 
   if (u < edge) {  // lost on the wire: the sender sees a completed send
     ++counts_.dropped;
-    schedule(Clock::now(), [done = std::move(done)](bool) { done(Status::Ok()); });
+    schedule(clock_.now(), [done = std::move(done)](bool) { done(Status::Ok()); });
     return Status::Ok();
   }
   if (u < (edge += options_.corrupt)) {  // one bit of a copy flipped; the caller's bytes untouched
@@ -206,8 +205,10 @@ void FaultyTransport::run() {
       continue;
     }
     auto first = pending_.begin();
-    if (first->first > Clock::now()) {
-      cv_.wait_until(lock, first->first);
+    if (first->first > clock_.now()) {
+      // Due on the clock, which need not be real time: wait a bounded slice and look again.
+      const Clock::duration slice = wait_slice(clock_, first->first);
+      if (slice > Clock::duration::zero()) cv_.wait_for(lock, slice);
       continue;
     }
     Action action = std::move(first->second);

@@ -17,6 +17,9 @@
 // exactly once (after the last copy of a duplicated message completed; at once — on the fault
 // thread — for a dropped one), and stop() fails what is still held.
 //
+// Time: delays are measured on the Clock it is given (when a message is due); the fault thread
+// waits for the next due message in bounded real-time slices and reads the clock after each.
+//
 // Threads: send() from any thread; delayed and held messages go out from one fault thread.
 #pragma once
 
@@ -34,6 +37,7 @@
 #include <vector>
 
 #include "daemon/transport/transport.h"
+#include "sparsecar/common/clock.h"
 
 namespace sparsecar {
 
@@ -49,8 +53,8 @@ Expected<FaultOptions> parse_fault_spec(std::string_view spec);
 
 class FaultyTransport final : public Transport {
  public:
-  // `inner` must outlive this object.
-  FaultyTransport(Transport* inner, const FaultOptions& options);
+  // `inner` and `clock` must outlive this object.
+  FaultyTransport(Transport* inner, const FaultOptions& options, const Clock& clock = steady_clock());
   ~FaultyTransport() override;
 
   uint32_t rank() const override { return inner_->rank(); }
@@ -68,16 +72,17 @@ class FaultyTransport final : public Transport {
 
  private:
   using Action = std::function<void(bool cancelled)>;
-  void schedule(std::chrono::steady_clock::time_point due, Action action);  // mu_ held
+  void schedule(Clock::time_point due, Action action);  // mu_ held
   void run();
 
   Transport* const inner_;
   const FaultOptions options_;
+  const Clock& clock_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::mt19937_64 rng_;                                                    // guarded by mu_
-  std::multimap<std::chrono::steady_clock::time_point, Action> pending_;  // guarded by mu_
+  std::multimap<Clock::time_point, Action> pending_;  // guarded by mu_: by the time each is due
   std::map<uint32_t, uint64_t> held_;  // guarded by mu_: peer -> token of its held message
   uint64_t next_token_ = 1;            // guarded by mu_
   std::map<uint64_t, Action> held_actions_;  // guarded by mu_: token -> send it

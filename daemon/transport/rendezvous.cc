@@ -18,13 +18,12 @@
 #include <optional>
 #include <thread>
 
+#include "sparsecar/common/clock_wait.h"
 #include "sparsecar/common/fd.h"
 #include "sparsecar/common/log.h"
 
 namespace sparsecar::rendezvous {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 constexpr uint32_t kMagic = 0x5A524353;  // "SCRZ"
 constexpr uint16_t kVersion = 2;
@@ -45,9 +44,16 @@ constexpr char kWelcomeDomain[] = "sparsecar rendezvous welcome v2";
 constexpr char kRefusalDomain[] = "sparsecar rendezvous refusal v2";
 constexpr char kAuthFailed[] = "authentication failed";
 
-int remaining_ms(Clock::time_point deadline) {
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+// Milliseconds from now to `deadline` on `clock`; 0 once it has passed.
+int remaining_ms(const Clock& clock, Clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock.now()).count();
   return left <= 0 ? 0 : static_cast<int>(std::min<long long>(left, 1 << 30));
+}
+
+// A poll() timeout for `deadline` on `clock`: remaining_ms, at most one kClockWaitSlice (the
+// clock need not be real time; the caller looks at it again after the poll).
+int poll_ms(const Clock& clock, Clock::time_point deadline) {
+  return std::min(remaining_ms(clock, deadline), static_cast<int>(kClockWaitSlice.count()));
 }
 
 void put32(std::string& out, uint32_t v) {
@@ -66,7 +72,8 @@ uint64_t get_le(const char* p, int bytes) {
 }
 
 // Writes all of `data`, bounded by `deadline`.
-Status write_all(int fd, const std::string& data, Clock::time_point deadline, const std::string& who) {
+Status write_all(int fd, const std::string& data, const Clock& clock, Clock::time_point deadline,
+                 const std::string& who) {
   size_t done = 0;
   while (done < data.size()) {
     ssize_t n = ::send(fd, data.data() + done, data.size() - done, MSG_NOSIGNAL);
@@ -77,7 +84,7 @@ Status write_all(int fd, const std::string& data, Clock::time_point deadline, co
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
       pollfd p{fd, POLLOUT, 0};
-      int left = remaining_ms(deadline);
+      int left = poll_ms(clock, deadline);
       if (left == 0) return deadline_exceeded("rendezvous: timed out writing to " + who);
       int r = ::poll(&p, 1, left);
       if (r < 0 && errno != EINTR) return errno_status("rendezvous: poll on " + who, errno);
@@ -89,7 +96,8 @@ Status write_all(int fd, const std::string& data, Clock::time_point deadline, co
 }
 
 // Reads exactly `size` bytes, bounded by `deadline`.
-Status read_exact(int fd, char* out, size_t size, Clock::time_point deadline, const std::string& who) {
+Status read_exact(int fd, char* out, size_t size, const Clock& clock, Clock::time_point deadline,
+                  const std::string& who) {
   size_t done = 0;
   while (done < size) {
     ssize_t n = ::recv(fd, out + done, size - done, 0);
@@ -101,7 +109,7 @@ Status read_exact(int fd, char* out, size_t size, Clock::time_point deadline, co
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
       pollfd p{fd, POLLIN, 0};
-      int left = remaining_ms(deadline);
+      int left = poll_ms(clock, deadline);
       if (left == 0) return deadline_exceeded("rendezvous: timed out waiting for " + who);
       int r = ::poll(&p, 1, left);
       if (r < 0 && errno != EINTR) return errno_status("rendezvous: poll on " + who, errno);
@@ -146,12 +154,14 @@ std::span<const uint8_t> domain(const char (&text)[N]) {
   return {reinterpret_cast<const uint8_t*>(text), N - 1};
 }
 
-// Logs at most a few lines per second per kind; says how many it left out.
+// Logs at most a few lines per second of `clock` per kind; says how many it left out.
 class RateLimitedLog {
  public:
+  explicit RateLimitedLog(const Clock& clock) : clock_(clock) {}
+
   template <typename... Args>
   void warn(const char* fmt, Args... args) {
-    const auto now = Clock::now();
+    const auto now = clock_.now();
     if (now - window_start_ >= std::chrono::seconds(1)) {
       if (suppressed_ > 0) SC_LOG_WARN("rendezvous: %llu similar lines suppressed", static_cast<unsigned long long>(suppressed_));
       window_start_ = now;
@@ -166,6 +176,7 @@ class RateLimitedLog {
   }
 
  private:
+  const Clock& clock_;
   Clock::time_point window_start_{};
   uint64_t in_window_ = 0;
   uint64_t suppressed_ = 0;
@@ -321,7 +332,8 @@ void bump(std::atomic<uint64_t> Stats::*counter, const Options& o) {
 class Server {
  public:
   Server(const Options& o, const std::string& my_address, Clock::time_point deadline)
-      : o_(o), key_(auth::rendezvous_key(o.key)), deadline_(deadline), table_(o.world_size), joined_(o.world_size) {
+      : o_(o), clock_(*o.clock), key_(auth::rendezvous_key(o.key)), deadline_(deadline), table_(o.world_size),
+        joined_(o.world_size) {
     table_[0] = Peer{o.label, my_address};
   }
 
@@ -333,7 +345,7 @@ class Server {
     if (o_.on_listening) o_.on_listening(bound_port(listener_.get()));
 
     while (count_ < o_.world_size) {
-      const auto now = Clock::now();
+      const auto now = clock_.now();
       if (now >= deadline_) return timed_out();
       expire(now);
       std::vector<pollfd> fds;
@@ -345,7 +357,7 @@ class Server {
       auto wake = deadline_;
       if (!pending_.empty()) wake = std::min(wake, pending_.front().accepted_at + o_.hello_timeout);
       if (!listening) wake = std::min(wake, listener_paused_until_);
-      int r = ::poll(fds.data(), fds.size(), std::max(1, remaining_ms(wake)));
+      int r = ::poll(fds.data(), fds.size(), std::max(1, poll_ms(clock_, wake)));
       if (r < 0) {
         if (errno == EINTR) continue;
         return errno_status("rendezvous: poll", errno);
@@ -388,7 +400,7 @@ class Server {
     is_down_ = std::move(is_down);
     admit_ = std::move(admit);
     for (;;) {
-      const auto now = Clock::now();
+      const auto now = clock_.now();
       expire(now);
       std::vector<pollfd> fds;
       const bool listening = now >= listener_paused_until_;
@@ -396,9 +408,9 @@ class Server {
       fds.push_back({listening ? listener_.get() : -1, POLLIN, 0});
       for (auto& p : pending_) fds.push_back({p.fd.get(), POLLIN, 0});
       int timeout = -1;
-      if (!pending_.empty()) timeout = std::max(1, remaining_ms(pending_.front().accepted_at + o_.hello_timeout));
-      if (!listening) timeout = timeout < 0 ? std::max(1, remaining_ms(listener_paused_until_))
-                                            : std::min(timeout, std::max(1, remaining_ms(listener_paused_until_)));
+      if (!pending_.empty()) timeout = std::max(1, poll_ms(clock_, pending_.front().accepted_at + o_.hello_timeout));
+      if (!listening) timeout = timeout < 0 ? std::max(1, poll_ms(clock_, listener_paused_until_))
+                                            : std::min(timeout, std::max(1, poll_ms(clock_, listener_paused_until_)));
       int r = ::poll(fds.data(), fds.size(), timeout);
       if (r < 0) {
         if (errno == EINTR) continue;
@@ -449,14 +461,14 @@ class Server {
         if (errno != EAGAIN && errno != EWOULDBLOCK) {
           // ENOBUFS/ENOMEM and the like: back off briefly instead of spinning on a readable listener.
           SC_LOG_WARN("rendezvous: accept: %s", std::strerror(errno));
-          listener_paused_until_ = Clock::now() + std::chrono::milliseconds(10);
+          listener_paused_until_ = clock_.now() + std::chrono::milliseconds(10);
         }
         return;
       }
       Pending p;
       p.fd = Fd(c);
       p.from = sockaddr_text(reinterpret_cast<sockaddr*>(&ss));
-      p.accepted_at = Clock::now();
+      p.accepted_at = clock_.now();
       p.challenge = auth::random_array<auth::kNonceBytes>();
       std::string challenge;
       put32(challenge, kMagic);
@@ -496,7 +508,7 @@ class Server {
       if (c >= 0) return;
     }
     // Nothing to free: do not spin on the readable listener; look again shortly.
-    listener_paused_until_ = Clock::now() + std::chrono::milliseconds(50);
+    listener_paused_until_ = clock_.now() + std::chrono::milliseconds(50);
   }
 
   void read_from(Pending& conn) {
@@ -598,7 +610,7 @@ class Server {
     std::string body = encode_welcome_body(f);
     put64(body, *generation);
     const std::string out = verdict_bytes(kVerdictReplacement, conn.challenge, h.nonce, body);
-    Status s = write_all(conn.fd.get(), out, Clock::now() + o_.hello_timeout, who);
+    Status s = write_all(conn.fd.get(), out, clock_, clock_.now() + o_.hello_timeout, who);
     if (!s.ok()) {
       // Rank 0 is ready for a process that went away: its endpoint fails and the rank stays lost.
       SC_LOG_ERROR("rendezvous: cannot send the table to replacement %s: %s", who.c_str(), s.message().c_str());
@@ -628,7 +640,7 @@ class Server {
     for (uint32_t r = 1; r < o_.world_size; ++r) {
       Joined& j = joined_[r];
       const std::string out = verdict_bytes(kVerdictAccepted, j.challenge, j.nonce, body);
-      Status s = write_all(j.fd.get(), out, deadline_, "rank " + std::to_string(r));
+      Status s = write_all(j.fd.get(), out, clock_, deadline_, "rank " + std::to_string(r));
       if (!s.ok()) {
         SC_LOG_ERROR("rendezvous: cannot send the address table to rank %u (%s): %s", r, f.peers[r].label.c_str(),
                      s.message().c_str());
@@ -645,6 +657,7 @@ class Server {
   };
 
   const Options o_;  // a copy: serve() outlives the caller's options
+  const Clock& clock_;
   const auth::Key key_;
   const Clock::time_point deadline_;
   std::vector<Peer> table_;
@@ -658,20 +671,20 @@ class Server {
   Fd listener_;
   Fd reserve_;  // a spare descriptor, given up to accept-and-close when none is left
   Clock::time_point listener_paused_until_{};
-  RateLimitedLog refuse_log_;
-  RateLimitedLog shed_log_;
+  RateLimitedLog refuse_log_{clock_};
+  RateLimitedLog shed_log_{clock_};
 };
 
 // ---- ranks 1..W-1 ---------------------------------------------------------------------------
 
 // One connect attempt, bounded by `deadline`; returns the connected socket or the errno.
-Expected<Fd> try_connect(const addrinfo* a, Clock::time_point deadline) {
+Expected<Fd> try_connect(const addrinfo* a, const Clock& clock, Clock::time_point deadline) {
   Fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol));
   if (fd.get() < 0) return errno_status("socket", errno);
   if (::connect(fd.get(), a->ai_addr, a->ai_addrlen) == 0) return fd;
   if (errno != EINPROGRESS) return errno_status("connect", errno);
   pollfd p{fd.get(), POLLOUT, 0};
-  int left = std::min(remaining_ms(deadline), 1000);
+  int left = std::min(remaining_ms(clock, deadline), 1000);
   int r = ::poll(&p, 1, left);
   if (r == 0) return deadline_exceeded("connect timed out");
   if (r < 0) return errno_status("poll", errno);
@@ -688,7 +701,7 @@ bool retryable(const Status& s) { return s.code() == Code::kUnavailable; }
 class Joiner {
  public:
   Joiner(const Options& o, const std::string& my_address, Clock::time_point deadline)
-      : o_(o), my_address_(my_address), key_(auth::rendezvous_key(o.key)), deadline_(deadline),
+      : o_(o), clock_(*o.clock), my_address_(my_address), key_(auth::rendezvous_key(o.key)), deadline_(deadline),
         who_("rank 0 at " + o.coordinator) {}
 
   Expected<Formation> run() {
@@ -699,7 +712,7 @@ class Joiner {
     for (;;) {
       Fd fd;
       for (const addrinfo* a = ai; a != nullptr && fd.get() < 0; a = a->ai_next) {
-        auto attempt = try_connect(a, deadline_);
+        auto attempt = try_connect(a, clock_, deadline_);
         if (attempt.ok()) {
           fd = std::move(*attempt);
         } else {
@@ -712,7 +725,7 @@ class Joiner {
         last = result.status();
         SC_LOG_DEBUG("rendezvous: %s; reconnecting", last.message().c_str());
       }
-      int left = remaining_ms(deadline_);
+      int left = remaining_ms(clock_, deadline_);
       if (left == 0) {
         return deadline_exceeded("rendezvous: rank " + std::to_string(o_.rank) + " could not reach " + who_ +
                                  " within " + std::to_string(o_.timeout.count()) + " ms (last error: " +
@@ -730,7 +743,7 @@ class Joiner {
     int one = 1;
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     char challenge_bytes[kChallengeBytes];
-    Status s = read_exact(fd, challenge_bytes, sizeof challenge_bytes, deadline_, who_);
+    Status s = read_exact(fd, challenge_bytes, sizeof challenge_bytes, clock_, deadline_, who_);
     if (s.code() == Code::kDeadlineExceeded) {
       return deadline_exceeded("rendezvous: " + who_ + " sent no challenge within " + std::to_string(o_.timeout.count()) +
                                " ms (an older sparsecar speaking rendezvous v1, or not sparsecar?)");
@@ -744,10 +757,10 @@ class Joiner {
     const auth::Nonce nonce = auth::random_array<auth::kNonceBytes>();
     const std::string hello = hello_bytes(
         HelloFields{o_.job_id, o_.world_size, o_.rank, o_.label, my_address_, nonce}, key_, challenge);
-    SC_RETURN_IF_ERROR(write_all(fd, hello, deadline_, who_));
+    SC_RETURN_IF_ERROR(write_all(fd, hello, clock_, deadline_, who_));
 
     char head[12];
-    SC_RETURN_IF_ERROR(read_exact(fd, head, sizeof head, deadline_, who_));
+    SC_RETURN_IF_ERROR(read_exact(fd, head, sizeof head, clock_, deadline_, who_));
     if (get_le(head, 4) != kMagic || get_le(head + 4, 2) != kVersion) {
       return data_loss("rendezvous: " + who_ + " answered with a bad magic or version");
     }
@@ -757,8 +770,8 @@ class Joiner {
       if (len > kMaxReason) return data_loss("rendezvous: " + who_ + " sent an oversized refusal");
       std::string reason(len, '\0');
       char their_mac[auth::kMac256Bytes];
-      SC_RETURN_IF_ERROR(read_exact(fd, reason.data(), len, deadline_, who_));
-      SC_RETURN_IF_ERROR(read_exact(fd, their_mac, sizeof their_mac, deadline_, who_));
+      SC_RETURN_IF_ERROR(read_exact(fd, reason.data(), len, clock_, deadline_, who_));
+      SC_RETURN_IF_ERROR(read_exact(fd, their_mac, sizeof their_mac, clock_, deadline_, who_));
       auth::Mac256 expect = auth::mac256(key_, {domain(kRefusalDomain), challenge, nonce, u8(head, sizeof head), u8(reason)});
       for (char& c : reason) {
         if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) == 0x7f) c = '?';
@@ -782,8 +795,8 @@ class Joiner {
     if (len < 36 + extra || len > limit) return data_loss("rendezvous: " + who_ + " sent a table of impossible size");
     std::string body_in(len, '\0');
     char their_mac[auth::kMac256Bytes];
-    SC_RETURN_IF_ERROR(read_exact(fd, body_in.data(), len, deadline_, who_));
-    SC_RETURN_IF_ERROR(read_exact(fd, their_mac, sizeof their_mac, deadline_, who_));
+    SC_RETURN_IF_ERROR(read_exact(fd, body_in.data(), len, clock_, deadline_, who_));
+    SC_RETURN_IF_ERROR(read_exact(fd, their_mac, sizeof their_mac, clock_, deadline_, who_));
     auth::Mac256 expect = auth::mac256(key_, {domain(kWelcomeDomain), challenge, nonce, u8(head, sizeof head), u8(body_in)});
     if (!auth::equal(expect, u8(their_mac, sizeof their_mac))) {
       Status st = permission_denied("rendezvous: " + who_ +
@@ -804,6 +817,7 @@ class Joiner {
   }
 
   const Options& o_;
+  const Clock& clock_;
   const std::string& my_address_;
   const auth::Key key_;
   const Clock::time_point deadline_;
@@ -887,7 +901,7 @@ struct Coordinator::State {
   Server server;
   int stop_fd = -1;
   std::thread thread;
-  State(const Options& o, const std::string& my_address) : server(o, my_address, Clock::now() + o.timeout) {}
+  State(const Options& o, const std::string& my_address) : server(o, my_address, o.clock->now() + o.timeout) {}
 };
 
 Expected<std::unique_ptr<Coordinator>> Coordinator::form(const Options& o, const std::string& my_address,
@@ -927,7 +941,7 @@ Expected<Formation> run(const Options& o, const std::string& my_address) {
   if (o.world_size == 0 || o.rank >= o.world_size) {
     return invalid_argument("rank " + std::to_string(o.rank) + " is not below world size " + std::to_string(o.world_size));
   }
-  const auto deadline = Clock::now() + o.timeout;
+  const auto deadline = o.clock->now() + o.timeout;
   if (o.world_size == 1) {
     Formation f;
     f.peers.push_back(Peer{o.label, my_address});

@@ -36,6 +36,9 @@
 // below): the hello is the same; rank 0 answers it with verdict 2, whose body is the welcome body
 // followed by the u64 generation of the replacement.
 //
+// Time: deadlines (the job's timeout, hello_timeout, a paused listener) are read only through
+// Options::clock; sockets are polled in bounded real-time slices and the clock read after each.
+//
 // Threads: run() is a blocking call on the caller's thread; no shared state. Coordinator: see there.
 #pragma once
 
@@ -51,6 +54,7 @@
 #include <vector>
 
 #include "daemon/transport/auth.h"
+#include "sparsecar/common/clock.h"
 #include "sparsecar/common/status.h"
 
 namespace sparsecar::rendezvous {
@@ -80,6 +84,8 @@ struct Options {
   std::chrono::milliseconds hello_timeout{5000};
   // Rank 0 only: optional counters (owned by the caller, outlives run()).
   Stats* stats = nullptr;
+  // What the deadlines are read on; must outlive run() and the Coordinator.
+  const Clock* clock = &steady_clock();
 };
 
 struct Peer {

@@ -28,8 +28,6 @@
 namespace sparsecar {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 // Active-message id of sparsecar messages and the route prefix in front of the caller's header.
 constexpr unsigned kAmId = kUcxDataAmId;
 // Sent to every live peer by an orderly stop(), so peers report "left the job" instead of a
@@ -112,12 +110,14 @@ uint64_t get_le64(const std::byte* in) {
 }
 std::span<const uint8_t> u8(const std::byte* p, size_t n) { return {reinterpret_cast<const uint8_t*>(p), n}; }
 
-// Logs at most a few lines per second; says how many it left out.
+// Logs at most a few lines per second of `clock`; says how many it left out.
 class RateLimitedLog {
  public:
+  explicit RateLimitedLog(const Clock& clock) : clock_(clock) {}
+
   template <typename... Args>
   void error(const char* fmt, Args... args) {
-    const auto now = std::chrono::steady_clock::now();
+    const auto now = clock_.now();
     if (now - window_start_ >= std::chrono::seconds(1)) {
       if (suppressed_ > 0) {
         SC_LOG_ERROR("transport: %llu more rejected messages not logged", static_cast<unsigned long long>(suppressed_));
@@ -134,7 +134,8 @@ class RateLimitedLog {
   }
 
  private:
-  std::chrono::steady_clock::time_point window_start_{};
+  const Clock& clock_;
+  Clock::time_point window_start_{};
   uint64_t in_window_ = 0;
   uint64_t suppressed_ = 0;
 };
@@ -236,7 +237,7 @@ class UcxTransport::Impl {
     std::array<std::byte, kRouteBytes> bye_header{};  // the sealed bye of stop()
   };
 
-  Impl(const UcxTransportOptions& o, MessageSink* sink) : options_(o), sink_(sink) {}
+  Impl(const UcxTransportOptions& o, MessageSink* sink) : options_(o), clock_(*o.clock), sink_(sink) {}
 
   ~Impl() {
     stop();
@@ -283,6 +284,7 @@ class UcxTransport::Impl {
     ro.max_pending = options_.rendezvous_max_pending;
     ro.hello_timeout = options_.rendezvous_hello_timeout;
     ro.stats = &rendezvous_stats_;
+    ro.clock = &clock_;
     rendezvous::Formation formation;
     if (options_.rank == 0 && options_.world_size > 1) {
       SC_ASSIGN_OR_RETURN(coordinator_, rendezvous::Coordinator::form(ro, my_address, &formation));
@@ -436,7 +438,7 @@ class UcxTransport::Impl {
   // A daemon started just before its network interface is up finds no usable device: UCX
   // refuses to create the context (or worker). Retry for up to device_wait, then give up.
   Status init_ucx() {
-    const auto begin = Clock::now();
+    const auto begin = clock_.now();
     const auto give_up = begin + std::min(options_.device_wait, options_.rendezvous_timeout);
     auto backoff = std::chrono::milliseconds(50);
     int attempts = 0;
@@ -447,12 +449,12 @@ class UcxTransport::Impl {
       if (s.ok()) {
         if (attempts > 1) {
           SC_LOG_INFO("transport: UCX came up after %d attempts (%lld ms)", attempts,
-                      static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - begin).count()));
+                      static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(clock_.now() - begin).count()));
         }
         return s;
       }
       destroy_ucx();
-      if (!retryable || Clock::now() >= give_up) {
+      if (!retryable || clock_.now() >= give_up) {
         if (retryable) s = s.with_context("no usable network device after " + std::to_string(attempts) + " attempts in " +
                                           std::to_string(options_.device_wait.count()) + " ms");
         SC_LOG_ERROR("transport: %s", s.message().c_str());
@@ -462,7 +464,7 @@ class UcxTransport::Impl {
         SC_LOG_WARN("transport: %s; retrying for up to %lld ms (network device not up yet?)", s.message().c_str(),
                     static_cast<long long>(options_.device_wait.count()));
       }
-      std::this_thread::sleep_for(std::min<Clock::duration>(backoff, give_up - Clock::now()));
+      std::this_thread::sleep_for(std::min<Clock::duration>(backoff, give_up - clock_.now()));
       backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
     }
   }
@@ -1191,7 +1193,7 @@ class UcxTransport::Impl {
     posting_.clear();
     admit_queued_replacements();  // refused: stop_requested_ is set
 
-    const auto deadline = Clock::now() + options_.stop_timeout;
+    const auto deadline = clock_.now() + options_.stop_timeout;
     for (Peer& p : peers_) {
       if (p.ep == nullptr || p.failed.load(std::memory_order_relaxed)) continue;
       // Best effort: the flush in the close below delivers it before the endpoint goes.
@@ -1216,12 +1218,12 @@ class UcxTransport::Impl {
       if (UCS_PTR_IS_PTR(r)) close_requests_.push_back(r);
     }
     auto closing = [&] { return !close_requests_.empty(); };
-    while (closing() && Clock::now() < deadline) {
+    while (closing() && clock_.now() < deadline) {
       while (ucp_worker_progress(worker_) != 0) {
       }
       progress_close_requests();
       if (!closing()) break;
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock_.now());
       sleep_until_event(std::clamp(left, std::chrono::milliseconds(1), std::chrono::milliseconds(10)));
     }
     if (closing()) SC_LOG_WARN("transport: endpoints did not close within %lld ms; dropping them",
@@ -1241,6 +1243,7 @@ class UcxTransport::Impl {
   }
 
   UcxTransportOptions options_;
+  const Clock& clock_;
   MessageSink* sink_;
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
@@ -1274,7 +1277,7 @@ class UcxTransport::Impl {
   ProcessIdentity me_;
   std::unique_ptr<rendezvous::Coordinator> coordinator_;  // rank 0 admitting replacements
   rendezvous::Stats rendezvous_stats_;
-  RateLimitedLog reject_log_;  // progress thread only
+  RateLimitedLog reject_log_{clock_};  // progress thread only
 
   // Progress thread only.
   std::vector<SendRequest> posting_;

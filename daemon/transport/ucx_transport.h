@@ -18,6 +18,9 @@
 // then joins — never destroy the transport from its own callback).
 // stats(), formation_id() and incarnation() may be called from any thread.
 //
+// Time: deadlines (rendezvous, device wait, stop) and the rate limit of its log read time only
+// through the Clock in its options; the waits themselves (event fd, poll) are bounded real time.
+//
 // Framing: one message = one UCP active message whose header is a 32-byte route prefix {sender
 // rank, magic "SCT2", per-(sender -> receiver) sequence number, 16-byte MAC} + the caller's header,
 // and whose data is the payload (eager or rendezvous, <= 1 GiB). The MAC (keyed BLAKE2b-128, the
@@ -42,6 +45,7 @@
 
 #include "daemon/transport/auth.h"
 #include "daemon/transport/transport.h"
+#include "sparsecar/common/clock.h"
 
 namespace sparsecar {
 
@@ -93,6 +97,8 @@ struct UcxTransportOptions {
   // formation (rendezvous::Coordinator; rank 0 keeps its rendezvous socket open either way). Off:
   // a replacement is refused with a reason that says so, and a lost rank stays lost.
   bool accept_replacements = true;
+  // What deadlines are read on (also the rendezvous'); must outlive the transport.
+  const Clock* clock = &steady_clock();
 
   // Tests only. Called on the progress thread with every sealed AM header the transport sends.
   std::function<void(uint32_t peer, unsigned am_id, std::span<const std::byte> am_header)> observe_sent_for_test;

@@ -2,9 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 #include "fake_clock.h"
+#include "sparsecar/common/clock_wait.h"
 
 namespace sparsecar {
 namespace {
@@ -33,6 +36,42 @@ TEST(Clock, FakeClockMovesOnlyWhenTold) {
   EXPECT_EQ(clock.now() - t0, 250ms);
   clock.set(t0 + 10s);
   EXPECT_EQ(clock.now() - t0, 10s);
+}
+
+// A deadline on a fake clock: the real wait is at most one slice, the time left when that is
+// less, and nothing once the clock has passed it.
+TEST(ClockWait, SliceIsWhatIsLeftAtMostOneSlice) {
+  testing::FakeClock clock;
+  const auto deadline = clock.now() + 1h;
+  EXPECT_EQ(wait_slice(clock, deadline), kClockWaitSlice);
+  clock.set(deadline - 3ms);
+  EXPECT_EQ(wait_slice(clock, deadline), 3ms);
+  clock.set(deadline);
+  EXPECT_EQ(wait_slice(clock, deadline), Clock::duration::zero());
+  clock.advance(1h);
+  EXPECT_EQ(wait_slice(clock, deadline), Clock::duration::zero());
+}
+
+// wait_until ends when the condition holds, or once the fake clock passed the deadline (and not
+// while it stands still, however long that is in real time).
+TEST(ClockWait, WaitUntilFollowsTheClockNotRealTime) {
+  testing::FakeClock clock;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::unique_lock<std::mutex> lock(mu);
+  EXPECT_TRUE(wait_until(cv, lock, clock, clock.now(), [] { return true; }));  // already true: no wait
+  EXPECT_FALSE(wait_until(cv, lock, clock, clock.now(), [] { return false; }));  // deadline now: no wait
+  int looks = 0;
+  const auto deadline = clock.now() + 10s;
+  // The condition advances the fake clock 1 s per look: the wait ends after the 10th second,
+  // whatever real time that took (each slice is at most kClockWaitSlice of it).
+  EXPECT_FALSE(wait_until(cv, lock, clock, deadline, [&] {
+    ++looks;
+    clock.advance(1s);
+    return false;
+  }));
+  EXPECT_EQ(looks, 10);
+  EXPECT_EQ(clock.now(), deadline);
 }
 
 }  // namespace

@@ -1,9 +1,11 @@
 // Decision epochs: live knob changes proposed on any rank take effect on every node at the same
-// step, and a node that runs a step under another epoch fails it loudly.
+// step, and a node that runs a step under another epoch fails it loudly. A proposal's deadline
+// is a time on the board's clock.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <condition_variable>
+#include <future>
 #include <map>
 #include <mutex>
 #include <random>
@@ -13,6 +15,7 @@
 #include "daemon/collective/mailbox.h"
 #include "daemon/pipeline/decisions.h"
 #include "daemon/pipeline/pipeline.h"
+#include "tests/unit/common/fake_clock.h"
 #include "tests/unit/daemon/fake_transport.h"
 #include "tests/unit/daemon/step_results.h"
 
@@ -196,7 +199,7 @@ TEST(DecisionsTest, ConcurrentProposalsKeepEpochsInOrderOnEveryNode) {
     proposers.emplace_back([&, t, rank] {
       for (int i = 0; i < 40; ++i) {
         const std::string density = std::to_string(0.001 * (1 + (t * 40 + i) % 200));
-        auto d = job.nodes[rank]->board->propose({{"density", density}}, "test", DecisionBoard::Clock::now() + 5s);
+        auto d = job.nodes[rank]->board->propose({{"density", density}}, "test", std::chrono::steady_clock::now() + 5s);
         if (d.ok()) ++accepted;
       }
     });
@@ -207,8 +210,8 @@ TEST(DecisionsTest, ConcurrentProposalsKeepEpochsInOrderOnEveryNode) {
   ASSERT_EQ(want.size(), 241u);
   for (uint32_t r = 1; r < 3; ++r) {
     // Decisions reach the peers asynchronously: wait (bounded) for the last one.
-    const auto deadline = DecisionBoard::Clock::now() + 10s;
-    while (job.nodes[r]->board->latest().epoch < want.back().epoch && DecisionBoard::Clock::now() < deadline) {
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (job.nodes[r]->board->latest().epoch < want.back().epoch && std::chrono::steady_clock::now() < deadline) {
       std::this_thread::yield();
     }
     const auto got = job.nodes[r]->board->history();
@@ -310,6 +313,35 @@ TEST(DecisionsTest, ChangeLinesRoundTrip) {
   EXPECT_EQ(*back, c);
   EXPECT_FALSE(parse_changes("density").ok());
   EXPECT_FALSE(parse_changes("=3\n").ok());
+}
+
+// A rank other than 0 waits for rank 0's answer until the deadline on the board's clock: with a
+// fake clock that stands still it keeps waiting, and it gives up once the clock passes the
+// deadline, not before.
+TEST(DecisionsClock, AnUnansweredProposalTimesOutOnTheBoardsClock) {
+  testing::FakeClock clock;
+  Config c;
+  c.rank = 1;
+  c.world_size = 2;
+  DecisionBoard board(c, nullptr, clock);  // no transport: rank 0 never hears of it
+  std::atomic<bool> passed{false};
+  std::promise<std::pair<Code, bool>> result;  // propose()'s code, and whether the deadline had passed
+  auto done = result.get_future();
+  std::thread proposer([&] {
+    auto d = board.propose({{"density", "0.05"}}, "test", clock.now() + 5s);
+    result.set_value({d.status().code(), passed.load()});
+  });
+  EXPECT_EQ(done.wait_for(100ms), std::future_status::timeout) << "gave up before the deadline";
+  clock.advance(5s - 1ms);
+  EXPECT_EQ(done.wait_for(100ms), std::future_status::timeout) << "gave up 1 ms before the deadline";
+  passed = true;
+  clock.advance(1ms);
+  ASSERT_EQ(done.wait_for(10s), std::future_status::ready) << "missed the deadline on the fake clock";
+  const auto [code, after_deadline] = done.get();
+  EXPECT_EQ(code, Code::kDeadlineExceeded);
+  EXPECT_TRUE(after_deadline);
+  proposer.join();
+  EXPECT_EQ(board.latest().epoch, 0u);
 }
 
 }  // namespace

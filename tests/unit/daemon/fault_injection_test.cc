@@ -1,6 +1,6 @@
 // The test-only fault switch (FaultyTransport) over the in-process FakeNetwork: each fault does
 // what it says at rate 1, the sender's `done` runs exactly once whatever happened, and the
-// caller's buffers are never written.
+// caller's buffers are never written. A delay is measured on the clock the switch is given.
 #include "daemon/transport/fault_injection.h"
 
 #include <gtest/gtest.h>
@@ -10,6 +10,7 @@
 #include <chrono>
 #include <thread>
 
+#include "tests/unit/common/fake_clock.h"
 #include "tests/unit/daemon/fake_transport.h"
 
 namespace sparsecar {
@@ -48,7 +49,10 @@ struct Message {
 };
 
 struct Harness {
-  explicit Harness(const FaultOptions& o) : net(2), faulty(net.transport(0), o) { net.attach(1, &sink); }
+  explicit Harness(const FaultOptions& o, const Clock& clock = steady_clock())
+      : net(2), faulty(net.transport(0), o, clock) {
+    net.attach(1, &sink);
+  }
   Status send(const Message& m) {
     return faulty.send(1, m.header, m.payload, [this](const Status& s) {
       ++done;
@@ -159,6 +163,33 @@ TEST(FaultyTransport, KindsLimitTheFaults) {
   auto got = h.sink.got();
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].payload, decision.payload);
+}
+
+// delay_ms is time on the switch's clock: a delayed message stays held while the (fake) clock
+// stands still, however much real time passes, and goes out once the clock reaches its due time.
+TEST(FaultyTransport, DelayIsMeasuredOnTheGivenClock) {
+  FaultOptions o;
+  o.delay = 1;
+  o.delay_ms = 30;
+  testing::FakeClock clock;
+  Harness h(o, clock);
+  Message m(5);
+  ASSERT_TRUE(h.send(m).ok());
+  EXPECT_EQ(h.faulty.counts().delayed, 1u);
+  // More than delay_ms of real time: on real time it would have gone out by now.
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(h.done.load(), 0);
+  clock.advance(29ms);
+  std::this_thread::sleep_for(100ms);  // a slice of the fault thread's wait, and more
+  EXPECT_EQ(h.done.load(), 0) << "sent 1 ms before its due time";
+  EXPECT_TRUE(h.sink.got().empty());
+  clock.advance(1ms);
+  ASSERT_TRUE(h.wait_done(1)) << "not sent once the clock reached its due time";
+  EXPECT_EQ(h.failed.load(), 0);
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (h.sink.got().empty() && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  ASSERT_EQ(h.sink.got().size(), 1u);
+  EXPECT_EQ(h.sink.got()[0].payload, m.payload);
 }
 
 TEST(FaultyTransport, StopFailsWhatIsStillDelayedExactlyOnce) {

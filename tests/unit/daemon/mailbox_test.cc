@@ -4,6 +4,8 @@
 // replacing messages give their bytes back.
 // Job incarnations: a message of another job is never handed out for this one, whether it
 // arrived before or after the job was agreed, and each one dropped is counted.
+// Time: the peer-down grace period and take()'s deadline run on the Clock the mailbox is given
+// (a FakeClock here), not on real time.
 #include "daemon/collective/mailbox.h"
 
 #include <gtest/gtest.h>
@@ -11,6 +13,9 @@
 #include <thread>
 
 #include <array>
+#include <atomic>
+#include <future>
+#include <utility>
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -18,6 +23,7 @@
 
 #include "daemon/metrics/metrics.h"
 #include "sparsecar/kernels/types.h"
+#include "tests/unit/common/fake_clock.h"
 
 namespace sparsecar {
 namespace {
@@ -245,17 +251,77 @@ TEST(MailboxPeers, ALostPeersMessagesAreDroppedAndItsReplacementIsTaken) {
 
 // With two peers down, the one down longest is reported; once it is back, the other.
 TEST(MailboxPeers, FirstPeerDownIsTheEarliestOfThoseStillDown) {
-  Mailbox box(kJob, 3, nullptr);
+  testing::FakeClock clock;
+  Mailbox box(kJob, 3, nullptr, Mailbox::kDefaultMaxBytesPerPeer, clock);
   box.on_peer_failed(2, unavailable("first"));
-  std::this_thread::sleep_for(5ms);
+  const auto first_down = clock.now();
+  clock.advance(5ms);
   box.on_peer_failed(1, unavailable("second"));
   ASSERT_TRUE(box.first_peer_down().has_value());
   EXPECT_EQ(box.first_peer_down()->peer, 2u);
+  EXPECT_EQ(box.first_peer_down()->since, first_down);
   box.on_peer_rejoined(2);
   ASSERT_TRUE(box.first_peer_down().has_value());
   EXPECT_EQ(box.first_peer_down()->peer, 1u);
   box.on_peer_rejoined(0);  // alive: nothing to do
   EXPECT_EQ(box.rejoined(), 1u);
+}
+
+// The daemon gives up on a lost peer once it has been down for peer_down_grace_ms, measured on the
+// mailbox's clock: not a moment before, at once after, and the grace starts again when a rank that
+// came back fails again.
+TEST(MailboxClock, PeerDownGraceExpiresOnTheGivenClock) {
+  testing::FakeClock clock;
+  Mailbox box(kJob, 3, nullptr, Mailbox::kDefaultMaxBytesPerPeer, clock);
+  constexpr auto kGrace = 10s;
+  EXPECT_FALSE(box.peer_down_past(0s).has_value());  // nobody is down
+  box.on_peer_failed(1, unavailable("killed"));
+  const auto failed_at = clock.now();
+  ASSERT_TRUE(box.first_peer_down().has_value());
+  EXPECT_EQ(box.first_peer_down()->since, failed_at);
+  EXPECT_FALSE(box.peer_down_past(kGrace).has_value());
+  clock.advance(kGrace - 1ms);
+  EXPECT_FALSE(box.peer_down_past(kGrace).has_value());
+  clock.advance(1ms);
+  auto expired = box.peer_down_past(kGrace);
+  ASSERT_TRUE(expired.has_value());
+  EXPECT_EQ(expired->peer, 1u);
+  EXPECT_EQ(expired->since, failed_at);
+  EXPECT_EQ(expired->why.code(), Code::kUnavailable);
+
+  // Back: no longer down, however long ago it failed.
+  box.on_peer_rejoined(1);
+  clock.advance(1h);
+  EXPECT_FALSE(box.peer_down_past(kGrace).has_value());
+  // Down again: a fresh grace period from the new failure.
+  box.on_peer_failed(1, unavailable("killed again"));
+  clock.advance(kGrace / 2);
+  EXPECT_FALSE(box.peer_down_past(kGrace).has_value());
+  clock.advance(kGrace / 2);
+  EXPECT_TRUE(box.peer_down_past(kGrace).has_value());
+}
+
+// take()'s deadline is a time on the mailbox's clock: with a fake clock it passes when the clock
+// is advanced past it, and not before (however much real time goes by in between).
+TEST(MailboxClock, TakeDeadlineIsOnTheGivenClock) {
+  testing::FakeClock clock;
+  Mailbox box(kJob, 2, nullptr, Mailbox::kDefaultMaxBytesPerPeer, clock);
+  std::atomic<bool> advanced{false};
+  std::promise<std::pair<Code, bool>> result;  // take()'s code, and whether the clock had moved
+  auto done = result.get_future();
+  std::thread taker([&] {
+    auto got = box.take(wire::Kind::kData, 1, 0, 3, 0, 0, clock.now() + 1h, "rank 1");
+    result.set_value({got.status().code(), advanced.load()});
+  });
+  // Not needed for the outcome: gives the taker time to block, so the advance meets a wait.
+  EXPECT_EQ(done.wait_for(100ms), std::future_status::timeout) << "take() returned before its deadline";
+  advanced = true;
+  clock.advance(1h);
+  ASSERT_EQ(done.wait_for(10s), std::future_status::ready) << "take() missed its deadline on the fake clock";
+  const auto [code, after_advance] = done.get();
+  EXPECT_EQ(code, Code::kDeadlineExceeded);
+  EXPECT_TRUE(after_advance);
+  taker.join();
 }
 
 TEST(MailboxMetrics, StaleAndTransportRejectedMessagesAreCountedByKind) {
