@@ -9,8 +9,12 @@
 // switch), the kernel benchmark rows and the Python bindings' `kernels.selectors()`.
 //
 // Adding a selector: its kernel, an id below, its row in selectors.cc, its test and docs.
-// Adding a parameter also needs its fields in policies::Plan/StaticSettings/TensorOverride and
-// daemon::Config, and its knob row (knobs.cc) naming its StaticSettings field (not derived yet).
+// Adding a parameter: its SelectorParam value (at the end), its kSelectorParams row (naming its
+// field), its SelectorParams field and the select functions that read it. Everything else derives
+// from the row: its knob (daemon/config/knobs.cc: name, type, range, default, doc, live), its
+// value in daemon::Config, policies::StaticSettings and policies::Plan (each holds one
+// SelectorParams), its `tensor_overrides` key if per_tensor (policies/overrides.h), `--help` and
+// `sparsecarctl knobs`.
 //
 // Ids are frozen like every enum of types.h (names travel in knob changes and metrics labels; an
 // id may travel in a plan): add new ones at the end; never renumber or reuse one.
