@@ -146,8 +146,8 @@ class Simulation {
       policies::PlanSettings ps;
       ps.base.compression = k.compression;
       ps.base.selector = k.selector;
-      ps.base.density = k.density;
-      ps.base.threshold = k.threshold;
+      ps.base.params.density = k.density;
+      ps.base.params.threshold = k.threshold;
       ps.density_cap = k.density_cap;
       ps.tensor_scale = k.tensor_scale;
       ps.density_min = rc.settings.density_min;
@@ -176,10 +176,11 @@ class Simulation {
           max_bytes = std::max<uint64_t>(max_bytes, policies::ring_allreduce_bytes(d, W));
         } else {
           if (plan.selector == kernels::Selector::kThreshold) {
-            nnz = kernels::ef_threshold(r, g, plan.threshold, index.data(), value.data(), d);
+            nnz = kernels::ef_threshold(r, g, static_cast<float>(plan.params.threshold), index.data(), value.data(), d);
           } else {
             kernels::ef_accumulate(r, g);
-            nnz = kernels::topk_exact(r, kernels::topk_count(d, plan.density), scratch, index.data(), value.data())
+            nnz = kernels::topk_exact(r, kernels::topk_count(d, plan.params.density), scratch, index.data(),
+                                      value.data())
                       .value();
             kernels::clear_selected(r, std::span<const uint32_t>(index.data(), nnz));
           }
@@ -197,7 +198,7 @@ class Simulation {
       Row row;
       row.step = step;
       row.compression = !plan.dense;
-      row.density = plan.dense ? 1.0 : plan.density;
+      row.density = plan.dense ? 1.0 : plan.params.density;
       row.cap = k.density_cap;
       row.threshold = k.threshold;
       row.nnz = nnz_sum / W;

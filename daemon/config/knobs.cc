@@ -2,10 +2,12 @@
 
 #include <arpa/inet.h>
 
+#include <array>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <type_traits>
+#include <utility>
 #include <variant>
 
 #include "daemon/transport/auth.h"
@@ -67,7 +69,6 @@ void convert(const V& value, F& field) {
                 "no conversion from this knob's type to this settings field");
   field = static_cast<F>(value);
 }
-void convert(const std::string& text, kernels::GroupNorm& field) { kernels::parse_group_norm(text, &field); }
 void convert(const std::string& text, kernels::Format& field) { kernels::parse_format(text, &field); }  // auto: kept
 void convert(const std::string& text, kernels::ValueType& field) { kernels::parse_value_type(text, &field); }
 void convert(const std::string& text, policies::ErrorFeedback& field) { policies::parse_error_feedback(text, &field); }
@@ -143,6 +144,47 @@ void write_targets([[maybe_unused]] const Config& config, [[maybe_unused]] const
 template <auto Member, auto... Targets>
 constexpr KnobField knob_field{Member, &write_targets<Member, Targets...>};
 
+// ---- the selector parameters' knobs ---------------------------------------------------------------
+// One knob per row of kernels::kSelectorParams, made from the row alone: name, type, range,
+// choices, doc, live; every one is agreed (it shapes the plans). Its value is the row's field of
+// Config::selector_params, written into the same field of StaticSettings::params.
+
+template <size_t I>
+void write_param(const Config& config, const KnobTargets& to) {
+  constexpr auto p = static_cast<kernels::SelectorParam>(I);
+  if (to.base) kernels::set_param(to.base->params, p, kernels::get_param(config.selector_params, p));
+  // The controllers move density and lambda from the operator's values (policies::ControlKnobs).
+  if constexpr (p == kernels::SelectorParam::kDensity) {
+    if (to.control) to.control->density = config.selector_params.density;
+  } else if constexpr (p == kernels::SelectorParam::kThreshold) {
+    if (to.control) to.control->threshold = config.selector_params.threshold;
+  }
+}
+
+using WriteFn = void (*)(const Config&, const KnobTargets&);
+template <size_t... I>
+constexpr std::array<WriteFn, sizeof...(I)> param_writers(std::index_sequence<I...>) {
+  return {&write_param<I>...};
+}
+constexpr std::array<WriteFn, kernels::kSelectorParamCount> kParamWriters =
+    param_writers(std::make_index_sequence<kernels::kSelectorParamCount>());
+
+KnobType knob_type(kernels::ParamType t) {
+  switch (t) {
+    case kernels::ParamType::kNumber: return KnobType::kDouble;
+    case kernels::ParamType::kUint: return KnobType::kUint;
+    case kernels::ParamType::kChoice: return KnobType::kChoice;
+  }
+  return KnobType::kString;  // not reached: every ParamType is above
+}
+
+KnobSpec param_knob(const kernels::ParamInfo& p) {
+  return {.name = p.name, .type = knob_type(p.type), .live = p.live, .agreed = true, .secret = false,
+          .env = "", .min = p.min, .max = p.max, .choices = p.choices,
+          .doc = p.doc,
+          .field = {p.param, kParamWriters[static_cast<size_t>(p.param)]}};
+}
+
 // The selector knob's doc: every row of the selector registry (kernels/selectors.h) with its doc.
 std::string selector_knob_doc() {
   std::string doc = "how coordinates are chosen when compression is on:";
@@ -168,9 +210,7 @@ const std::vector<KnobSpec>& knobs() {
   using Budget = policies::BudgetSettings;
   using CK = ControlKnobs;
   namespace R = policies;  // ranges and choices shared with the per-tensor overrides (compression_knobs.h)
-  using P = kernels::SelectorParam;
-  // Names, docs and ranges of the selectors and their parameters: the selector registry.
-  auto doc = [](P p) { return kernels::selector_param(p).doc; };
+  // Names and docs of the selectors: the selector registry.
   static const std::string selector_choices = kernels::selector_choices();
   static const std::string selector_doc = selector_knob_doc();
   static const std::string error_feedback_doc = [] {
@@ -187,7 +227,7 @@ const std::vector<KnobSpec>& knobs() {
   static const std::string overrides_doc =
       "per-tensor settings, 'GLOB: key=value, ...; GLOB: ...' (keys " + policies::tensor_override_keys() +
       "; values as those knobs; later rules win); a config file's [tensor.\"GLOB\"] tables add to it";
-  static const std::vector<KnobSpec> table = {
+  static const std::vector<KnobSpec> before_params = {
       {.name = "rank", .type = K::kUint, .live = false, .agreed = false, .secret = false,
        .env = "RANK", .min = 0, .max = 65535, .choices = "",
        .doc = "rank of this node in the job (0 = leader/coordinator)",
@@ -289,47 +329,9 @@ const std::vector<KnobSpec>& knobs() {
        .env = "", .min = 0, .max = 0, .choices = selector_choices.c_str(),
        .doc = selector_doc.c_str(),
        .field = knob_field<&Config::selector, &S::selector, &CK::selector>},
-      {.name = "density", .type = K::kDouble, .live = true, .agreed = true, .secret = false,
-       .env = "", .min = R::kDensityRange.min, .max = R::kDensityRange.max, .choices = "",
-       .doc = doc(P::kDensity),
-       .field = knob_field<&Config::density, &S::density, &CK::density>},
-      {.name = "threshold", .type = K::kDouble, .live = true, .agreed = true, .secret = false,
-       .env = "", .min = R::kThresholdRange.min, .max = R::kThresholdRange.max, .choices = "",
-       .doc = doc(P::kThreshold),
-       .field = knob_field<&Config::threshold, &S::threshold, &CK::threshold>},
-      {.name = "block_size", .type = K::kUint, .live = true, .agreed = true, .secret = false,
-       .env = "", .min = R::kBlockSizeRange.min, .max = R::kBlockSizeRange.max, .choices = "",
-       .doc = doc(P::kBlockSize),
-       .field = knob_field<&Config::block_size, &S::block_size>},
-      {.name = "group_norm", .type = K::kChoice, .live = true, .agreed = true, .secret = false,
-       .env = "", .min = 0, .max = 0, .choices = R::kGroupNormChoices,
-       .doc = doc(P::kGroupNorm),
-       .field = knob_field<&Config::group_norm, &S::group_norm>},
-      {.name = "heads", .type = K::kUint, .live = true, .agreed = true, .secret = false,
-       .env = "", .min = R::kHeadsRange.min, .max = R::kHeadsRange.max, .choices = "",
-       .doc = doc(P::kHeads),
-       .field = knob_field<&Config::heads, &S::heads>},
-      {.name = "mask_period", .type = K::kUint, .live = true, .agreed = true, .secret = false,
-       .env = "", .min = R::kMaskPeriodRange.min, .max = R::kMaskPeriodRange.max, .choices = "",
-       .doc = doc(P::kMaskPeriod),
-       .field = knob_field<&Config::mask_period, &S::mask_period>},
-      {.name = "hybrid_density", .type = K::kDouble, .live = true, .agreed = true, .secret = false,
-       .env = "", .min = R::kHybridDensityRange.min, .max = R::kHybridDensityRange.max, .choices = "",
-       .doc = doc(P::kHybridDensity),
-       .field = knob_field<&Config::hybrid_density, &S::hybrid_density>},
-      {.name = "quantile", .type = K::kDouble, .live = true, .agreed = true, .secret = false,
-       .env = "", .min = R::kQuantileRange.min, .max = R::kQuantileRange.max, .choices = "",
-       .doc = doc(P::kQuantile),
-       .field = knob_field<&Config::quantile, &S::quantile>},
-      {.name = "approx_tolerance", .type = K::kDouble, .live = true, .agreed = true, .secret = false,
-       .env = "", .min = R::kApproxToleranceRange.min, .max = R::kApproxToleranceRange.max, .choices = "",
-       .doc = doc(P::kApproxTolerance),
-       .field = knob_field<&Config::approx_tolerance, &S::approx_tolerance>},
-      {.name = "random_seed", .type = K::kUint, .live = true, .agreed = true, .secret = false,
-       .env = "", .min = kernels::selector_param(P::kRandomSeed).min,
-       .max = kernels::selector_param(P::kRandomSeed).max, .choices = "",
-       .doc = doc(P::kRandomSeed),
-       .field = knob_field<&Config::random_seed, &S::random_seed>},
+      // Here: one knob per selector parameter (param_knob), in the registry's order.
+  };
+  static const std::vector<KnobSpec> after_params = {
       {.name = "error_feedback", .type = K::kChoice, .live = true, .agreed = true, .secret = false,
        .env = "", .min = 0, .max = 0, .choices = R::kErrorFeedbackChoices,
        .doc = error_feedback_doc.c_str(),
@@ -564,6 +566,12 @@ const std::vector<KnobSpec>& knobs() {
               "the running job; off: a lost rank stays lost until the job restarts",
        .field = knob_field<&Config::accept_replacements>},
   };
+  static const std::vector<KnobSpec> table = [] {
+    std::vector<KnobSpec> rows = before_params;
+    for (const kernels::ParamInfo& p : kernels::kSelectorParams) rows.push_back(param_knob(p));
+    rows.insert(rows.end(), after_params.begin(), after_params.end());
+    return rows;
+  }();
   return table;
 }
 
@@ -582,6 +590,34 @@ std::string format_double(double v) {
     if (std::strtod(shorter, nullptr) == v) return shorter;
   }
   return buf;
+}
+
+// A Config member's value as text, in the form set_knob() accepts.
+template <typename T>
+std::string member_text(const T& v) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return v ? "on" : "off";
+  } else if constexpr (std::is_same_v<T, double>) {
+    return format_double(v);
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    return v;
+  } else if constexpr (std::is_same_v<T, kernels::Selector>) {
+    return std::string(kernels::selector_name(v));
+  } else {
+    return std::to_string(v);
+  }
+}
+
+// A selector parameter's value as text, the same way (a choice by its name).
+std::string param_text(const kernels::SelectorParams& params, kernels::SelectorParam p) {
+  const kernels::ParamInfo& row = kernels::selector_param(p);
+  const kernels::ParamValue v = kernels::get_param(params, p);
+  switch (row.type) {
+    case kernels::ParamType::kNumber: return format_double(v.number);
+    case kernels::ParamType::kUint: return std::to_string(v.integer);
+    case kernels::ParamType::kChoice: return std::string(kernels::param_choice(row, v.integer));
+  }
+  return "";
 }
 
 bool in_choices(const char* choices, std::string_view value) {
@@ -676,6 +712,8 @@ Status set_knob(Config& config, std::string_view name, std::string_view value) {
       }
       if (auto* m = std::get_if<uint32_t Config::*>(&knob->field.member)) {
         config.**m = static_cast<uint32_t>(v);
+      } else if (auto* p = std::get_if<kernels::SelectorParam>(&knob->field.member)) {
+        kernels::set_param(config.selector_params, *p, {.integer = v});
       } else {
         config.*std::get<uint64_t Config::*>(knob->field.member) = v;
       }
@@ -689,7 +727,11 @@ Status set_knob(Config& config, std::string_view name, std::string_view value) {
           v > spec.max) {
         return bad_value(spec, value, range);
       }
-      config.*std::get<double Config::*>(knob->field.member) = v;
+      if (auto* p = std::get_if<kernels::SelectorParam>(&knob->field.member)) {
+        kernels::set_param(config.selector_params, *p, {.number = v});
+      } else {
+        config.*std::get<double Config::*>(knob->field.member) = v;
+      }
       return Status::Ok();
     }
     case KnobType::kString: {
@@ -705,6 +747,12 @@ Status set_knob(Config& config, std::string_view name, std::string_view value) {
         kernels::Selector s;
         if (!kernels::parse_selector(value, &s)) return bad_value(spec, value, spec.choices);
         config.**m = s;
+      } else if (auto* p = std::get_if<kernels::SelectorParam>(&knob->field.member)) {
+        kernels::ParamValue choice;
+        if (!kernels::parse_param_choice(kernels::selector_param(*p), value, &choice.integer)) {
+          return bad_value(spec, value, spec.choices);
+        }
+        kernels::set_param(config.selector_params, *p, choice);
       } else {
         config.*std::get<std::string Config::*>(knob->field.member) = std::string(value);
       }
@@ -719,18 +767,10 @@ Expected<std::string> get_knob(const Config& config, std::string_view name) {
   if (!knob) return not_found("unknown knob '" + std::string(name) + "'");
   return std::visit(
       [&](auto member) -> std::string {
-        const auto& v = config.*member;
-        using T = std::decay_t<decltype(v)>;
-        if constexpr (std::is_same_v<T, bool>) {
-          return v ? "on" : "off";
-        } else if constexpr (std::is_same_v<T, double>) {
-          return format_double(v);
-        } else if constexpr (std::is_same_v<T, std::string>) {
-          return v;
-        } else if constexpr (std::is_same_v<T, kernels::Selector>) {
-          return std::string(kernels::selector_name(v));
+        if constexpr (std::is_same_v<decltype(member), kernels::SelectorParam>) {
+          return param_text(config.selector_params, member);
         } else {
-          return std::to_string(v);
+          return member_text(config.*member);
         }
       },
       knob->field.member);

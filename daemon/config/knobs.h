@@ -7,6 +7,8 @@
 // the config file (`name = value`), the environment fallbacks, `--help`, the control socket and
 // the policies' settings (daemon/pipeline/settings.h, through write_knobs) all read this one
 // table, so they cannot drift apart. Adding a knob: its Config field and its row in knobs.cc.
+// The selector parameters' rows are not written here: knobs.cc makes one per row of the selector
+// registry's kSelectorParams (kernels/selectors.h), in its order, after the `selector` knob.
 //
 // Thread-safety: the table is immutable; a Config is a plain value owned by whoever holds it.
 #pragma once
@@ -18,6 +20,7 @@
 #include <vector>
 
 #include "sparsecar/common/status.h"
+#include "sparsecar/kernels/selectors.h"
 #include "sparsecar/kernels/types.h"
 #include "sparsecar/policies/overrides.h"
 
@@ -58,18 +61,10 @@ struct Config {
   // Compression: every node must agree on these.
   bool compression = true;
   kernels::Selector selector = kernels::Selector::kTopk;
-  double density = 0.01;    // fraction kept by top-k
-  double threshold = 1e-3;  // lambda of the hard-threshold selector
-  // Structured selectors (issue 3; agreed, live): see daemon/pipeline/structured_select.h.
-  uint32_t block_size = 64;         // block_topk: elements per block
-  std::string group_norm = "l2";    // l2|l1: how block/row/column/channel/head groups rank
-  uint32_t heads = 8;               // head_topk: attention heads in a tensor's leading dimension
-  uint32_t mask_period = 100;       // periodic_mask: steps between mask recomputations
-  double hybrid_density = 0.001;    // hybrid: fraction of the previous step's pooled elements lambda keeps
-  // Selector parameters and error compensation (issue 3; agreed).
-  double quantile = 0.99;                 // percentile selector: lambda = this quantile of |e|
-  double approx_tolerance = 0.1;          // topk_approx: accepted |nnz - k| / k
-  uint64_t random_seed = 0;               // randomk / importance: job seed of the draws
+  // Every selector parameter's knob, one field each (kernels/selectors.h: kSelectorParams names
+  // the knobs, their ranges, defaults and docs; `seed` is the random_seed knob).
+  kernels::SelectorParams selector_params;
+  // Error compensation (issue 3; agreed).
   std::string error_feedback = "residual";  // residual|momentum|off
   double momentum = 0.9;                  // error_feedback = momentum: DGC's m
   double clip_norm = 0;                   // > 0: local gradient clipping to this L2 norm
@@ -169,9 +164,11 @@ struct KnobTargets {
 // Where a knob's value lives: its Config field, and a function that writes the value into every
 // policy-settings field the knob feeds (converted: a choice name to its enum, a table text to
 // its parsed form). Rows make one with knob_field<&Config::x, targets...> (knobs.cc).
+// A selector parameter's knob has no Config member of its own: its `member` is the parameter, whose
+// value is the field of Config::selector_params it names (kernels::get_param / set_param).
 struct KnobField {
   std::variant<bool Config::*, uint32_t Config::*, uint64_t Config::*, double Config::*, std::string Config::*,
-               kernels::Selector Config::*>
+               kernels::Selector Config::*, kernels::SelectorParam>
       member;
   void (*write)(const Config& config, const KnobTargets& to);
 };

@@ -77,7 +77,7 @@ Expected<size_t> TensorCompressor::accumulate_and_select(const policies::Plan& p
     return invalid_argument("selector " + std::to_string(static_cast<unsigned>(plan.selector)) + " is not known");
   }
   if (row->cpu == nullptr) return invalid_argument("compress() needs a selector; dense plans use dense_input()");
-  const kernels::SelectorParams params = policies::selector_params(plan);
+  const kernels::SelectorParams& params = plan.params;
   if (row->fused_lambda != nullptr && plan.error_feedback == policies::ErrorFeedback::kResidual &&
       !(plan.clip_norm > 0.0f)) {
     // Plain EF + hard threshold: one fused pass (lambda may come from a sample of residual + sum,

@@ -345,7 +345,7 @@ Status Pipeline::run_step(TensorState& t, const StepJob& job, const Decision& de
   } else {
     const auto compress_started = clock_.now();
     // Hybrid: the first hybrid tensor of a new step closes the last step's pool into lambda.
-    if (plan.selector == kernels::Selector::kHybrid) pooled_.begin_step(job.step, plan.hybrid_density);
+    if (plan.selector == kernels::Selector::kHybrid) pooled_.begin_step(job.step, plan.params.hybrid_density);
     Expected<TensorCompressor::Encoded> compressed = c.compress(plan, job.local_sum, job.lr);
     if (!compressed.ok()) {
       // Nothing is pending (the gradient stays in the residual); the peers must not wait out
@@ -436,7 +436,7 @@ void Pipeline::record_step_metrics(TensorState& t, const policies::Plan& plan, c
   t.last_norm2 = norm2;
   t.plan = std::move(desc);
   if (metrics_) {
-    const double lambda = !plan.dense && plan.selector == kernels::Selector::kThreshold ? plan.threshold : 0.0;
+    const double lambda = !plan.dense && plan.selector == kernels::Selector::kThreshold ? plan.params.threshold : 0.0;
     metrics_->set_group(group, density, lambda, std::sqrt(group_norm2));
     metrics_->add_group_error(group, norm2);
   }

@@ -4,25 +4,25 @@
 //
 // Shape rules (the rows' kernels apply them) (a tensor whose shape does not fit falls back to exact top-k at the plan's density,
 // so one global selector knob can cover biases and norms too):
-//   block_topk     any tensor: contiguous blocks of plan.block_size elements (last one ragged)
+//   block_topk     any tensor: contiguous blocks of plan.params.block_size elements (last one ragged)
 //   row_topk       2-D shape [rows, cols]: whole rows
 //   column_topk    2-D shape [rows, cols]: whole columns
 //   channel_topk   4-D shape [c_out, c_in, kh, kw]: whole output channels
-//   head_topk      a shape whose leading dim is a multiple of plan.heads (>= 2): whole heads,
+//   head_topk      a shape whose leading dim is a multiple of plan.params.heads (>= 2): whole heads,
 //                  each leading/heads consecutive rows
-// Groups kept: kernels::topk_count(groups, plan.density), so at least one group per step; with
+// Groups kept: kernels::topk_count(groups, plan.params.density), so at least one group per step; with
 // few large groups (8 heads) the real density is coarser than the knob.
 //
 // Periodic masks are per node: every node computes its mask from its own accumulated |g|
 // (deterministically: same inputs, same mask), so nodes' masks differ and the sparse all-gather
 // carries each node's own indices. The mask is recomputed on the first step and then every
-// plan.mask_period steps of this tensor (counted in steps this node compressed), from
+// plan.params.mask_period steps of this tensor (counted in steps this node compressed), from
 // Σ|local sum| over the steps since the last mask (the step being compressed included), as the
-// top-k of that importance at plan.density; in between, every step sends the residual at the mask.
+// top-k of that importance at plan.params.density; in between, every step sends the residual at the mask.
 // A failed step (rollback) keeps its importance and the mask schedule.
 //
-// Hybrid: a tensor sends its own top-k (plan.density) plus every coordinate with |e_i| >= λ,
-// where λ is one threshold per node per step: the magnitude above which a plan.hybrid_density
+// Hybrid: a tensor sends its own top-k (plan.params.density) plus every coordinate with |e_i| >= λ,
+// where λ is one threshold per node per step: the magnitude above which a plan.params.hybrid_density
 // fraction of the previous step's pooled |e| lay (e = residual after the fold, before selection,
 // over every hybrid tensor this node compressed in that step; kernels::magnitude_histogram_*).
 // Tensors of one step are compressed one after another, so the previous step's pool is what all
@@ -51,7 +51,7 @@ class PooledThreshold {
   PooledThreshold();
   // Called before each step's first compress. A new step number closes the pool of the last
   // one: λ for this step comes from it. `budget_density`: the fraction of the pooled elements
-  // λ keeps (plan.hybrid_density).
+  // λ keeps (plan.params.hybrid_density).
   void begin_step(uint64_t step, double budget_density);
   // λ for the current step; +inf (top-k only) until a previous step pooled anything.
   float lambda() const { return lambda_; }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <type_traits>
 
 #include "sparsecar/kernels/select.h"
 #include "sparsecar/kernels/structured.h"
@@ -19,6 +20,29 @@ static_assert([] {
   }
   return true;
 }(), "kSelectorParams must list every SelectorParam in enum order");
+
+// A row's field has the C++ type its ParamType says (get_param / set_param rely on it), an
+// unsigned field holds its whole range, and a kChoice field is an enum.
+template <typename T>
+constexpr bool field_fits(const ParamInfo& p) {
+  if constexpr (std::is_floating_point_v<T>) {
+    return p.type == ParamType::kNumber;
+  } else if constexpr (std::is_enum_v<T>) {
+    return p.type == ParamType::kChoice;
+  } else {
+    return p.type == ParamType::kUint && std::is_unsigned_v<T> && p.min >= 0 &&
+           p.max <= static_cast<double>(std::numeric_limits<T>::max());
+  }
+}
+static_assert([] {
+  for (const ParamInfo& p : kSelectorParams) {
+    const bool fits = std::visit(
+        [&](auto field) { return field_fits<std::remove_reference_t<decltype(SelectorParams{}.*field)>>(p); },
+        p.field);
+    if (!fits) return false;
+  }
+  return true;
+}(), "a kSelectorParams row's field must have the type of its ParamType (and hold its range)");
 
 size_t keep_of(size_t n, const SelectInput& in) { return topk_count(n, in.params->density); }
 
@@ -39,12 +63,13 @@ Expected<size_t> select_topk_approx(const SelectInput& in, const SelectOutput& o
 }
 
 Expected<size_t> select_threshold(const SelectInput& in, const SelectOutput& out) {
-  return threshold_select(in.x, in.params->threshold, out.index, out.value, out.capacity, in.pool);
+  return threshold_select(in.x, static_cast<float>(in.params->threshold), out.index, out.value, out.capacity,
+                          in.pool);
 }
 
 float threshold_lambda(std::span<const float>, std::span<const float>, const SelectorParams& p,
                        std::span<std::byte>) {
-  return p.threshold;
+  return static_cast<float>(p.threshold);
 }
 
 Expected<size_t> select_percentile(const SelectInput& in, const SelectOutput& out) {
@@ -250,6 +275,58 @@ static_assert([] {
 }(), "selector rows must be in id order, ids 0..N-1, each with a CPU function (none aside)");
 
 }  // namespace
+
+ParamValue get_param(const SelectorParams& params, SelectorParam p) {
+  return std::visit(
+      [&](auto field) {
+        ParamValue v;
+        if constexpr (std::is_floating_point_v<std::remove_cvref_t<decltype(params.*field)>>) {
+          v.number = params.*field;
+        } else {
+          v.integer = static_cast<uint64_t>(params.*field);
+        }
+        return v;
+      },
+      selector_param(p).field);
+}
+
+void set_param(SelectorParams& params, SelectorParam p, ParamValue value) {
+  std::visit(
+      [&](auto field) {
+        using T = std::remove_cvref_t<decltype(params.*field)>;
+        if constexpr (std::is_floating_point_v<T>) {
+          params.*field = static_cast<T>(value.number);
+        } else {
+          params.*field = static_cast<T>(value.integer);
+        }
+      },
+      selector_param(p).field);
+}
+
+std::string_view param_choice(const ParamInfo& p, uint64_t index) {
+  std::string_view rest(p.choices);
+  for (uint64_t i = 0; !rest.empty(); ++i) {
+    const size_t bar = rest.find('|');
+    if (i == index) return rest.substr(0, bar);
+    if (bar == std::string_view::npos) break;
+    rest.remove_prefix(bar + 1);
+  }
+  return "";
+}
+
+bool parse_param_choice(const ParamInfo& p, std::string_view name, uint64_t* index) {
+  std::string_view rest(p.choices);
+  for (uint64_t i = 0; !rest.empty(); ++i) {
+    const size_t bar = rest.find('|');
+    if (rest.substr(0, bar) == name) {
+      *index = i;
+      return true;
+    }
+    if (bar == std::string_view::npos) break;
+    rest.remove_prefix(bar + 1);
+  }
+  return false;
+}
 
 std::span<const SelectorInfo> selector_registry() { return kRows; }
 

@@ -36,12 +36,12 @@ bool parse_number(std::string_view text, KnobRange range, double* out) {
 }
 
 // The knob table's unsigned-integer rule: decimal digits only, within the closed range.
-bool parse_uint(std::string_view text, KnobRange range, uint32_t* out) {
+bool parse_uint(std::string_view text, KnobRange range, uint64_t* out) {
   uint64_t v = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (text.empty() || ec != std::errc() || end != text.data() + text.size()) return false;
   if (static_cast<double>(v) < range.min || static_cast<double>(v) > range.max) return false;
-  *out = static_cast<uint32_t>(v);
+  *out = v;
   return true;
 }
 
@@ -62,33 +62,22 @@ const kernels::ParamInfo* per_tensor_param(std::string_view key) {
 // Parses `value` as the selector parameter `p` (its row's type, range and choices) into o.
 Status parse_param(const kernels::ParamInfo& p, std::string_view value, const std::string& bad, TensorOverride* o) {
   const KnobRange range{p.min, p.max};
-  double v = 0;
-  uint32_t u = 0;
-  if (p.type == kernels::ParamType::kNumber && !parse_number(value, range, &v)) {
-    return invalid_argument(bad + describe_range("a number", range));
-  }
-  if (p.type == kernels::ParamType::kUint && !parse_uint(value, range, &u)) {
-    return invalid_argument(bad + describe_range("an unsigned integer", range));
-  }
-  // No default: a new parameter must say where a per-tensor value goes (-Wswitch).
-  switch (p.param) {
-    case kernels::SelectorParam::kDensity: o->density = v; break;
-    case kernels::SelectorParam::kThreshold: o->threshold = v; break;
-    case kernels::SelectorParam::kQuantile: o->quantile = v; break;
-    case kernels::SelectorParam::kApproxTolerance: o->approx_tolerance = v; break;
-    case kernels::SelectorParam::kBlockSize: o->block_size = u; break;
-    case kernels::SelectorParam::kHeads: o->heads = u; break;
-    case kernels::SelectorParam::kMaskPeriod: o->mask_period = u; break;
-    case kernels::SelectorParam::kGroupNorm: {
-      kernels::GroupNorm g;
-      if (!kernels::parse_group_norm(value, &g)) return invalid_argument(bad + " (" + p.choices + ")");
-      o->group_norm = g;
+  kernels::ParamValue v;
+  switch (p.type) {
+    case kernels::ParamType::kNumber:
+      if (!parse_number(value, range, &v.number)) return invalid_argument(bad + describe_range("a number", range));
       break;
-    }
-    case kernels::SelectorParam::kHybridDensity:
-    case kernels::SelectorParam::kRandomSeed:
-      return invalid_argument(bad + " (" + p.name + " is job-wide, not a per-tensor key)");
+    case kernels::ParamType::kUint:
+      if (!parse_uint(value, range, &v.integer)) {
+        return invalid_argument(bad + describe_range("an unsigned integer", range));
+      }
+      break;
+    case kernels::ParamType::kChoice:
+      if (!kernels::parse_param_choice(p, value, &v.integer)) return invalid_argument(bad + " (" + p.choices + ")");
+      break;
   }
+  kernels::set_param(o->params, p.param, v);
+  o->params_set |= kernels::param_bit(p.param);
   return Status::Ok();
 }
 

@@ -181,14 +181,12 @@ Plan plan_tensor(const PlanSettings& settings, const TensorObservation& obs) {
   // What static_plan gives with compression off: dense, with the tensor's error compensation
   // (the compressor applies it on dense steps too: clipping, EF variant, lr rescale).
   Plan dense_plan;
-  dense_plan.quantile = plan.quantile;
-  dense_plan.approx_tolerance = plan.approx_tolerance;
-  dense_plan.seed = plan.seed;
+  dense_plan.params = plan.params;
   dense_plan.error_feedback = plan.error_feedback;
   dense_plan.momentum = plan.momentum;
   dense_plan.clip_norm = plan.clip_norm;
   dense_plan.lr_rescale = plan.lr_rescale;
-  double density = plan.density;
+  double density = plan.params.density;
   double scale = 1.0;
   bool dense = false;
   if (has(settings.active, ControllerKind::kSchedule)) {
@@ -208,12 +206,12 @@ Plan plan_tensor(const PlanSettings& settings, const TensorObservation& obs) {
   if (plan.selector == kernels::Selector::kThreshold) {
     // Hard threshold: a larger density scale means a lower lambda. The cap and bounds are
     // density-only notions and do not apply to lambda.
-    plan.threshold = static_cast<float>(static_cast<double>(plan.threshold) / scale);
+    plan.params.threshold /= scale;
     return plan;
   }
   density = std::clamp(density * scale, lo, hi);
   if (density >= settings.dense_above) return dense_plan;
-  plan.density = density;
+  plan.params.density = density;
   return plan;
 }
 

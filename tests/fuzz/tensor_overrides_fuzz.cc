@@ -4,8 +4,8 @@
 // Properties checked beyond "no crash, no sanitizer report":
 //   - an error is kInvalidArgument;
 //   - every rule has a non-empty, trimmed glob without ':' or ';' and sets at least one key; every
-//     number is finite and inside the range of its knob (compression_knobs.h); format=auto and a
-//     named format are exclusive;
+//     number is finite and inside the range of its knob (the selector registry's kSelectorParams,
+//     compression_knobs.h); format=auto and a named format are exclusive;
 //   - parse → format (below, in the documented text form) → parse gives the same rules;
 //   - glob_match agrees with a simple dynamic-programming matcher, on each rule's glob against
 //     the other globs and against a name taken from the input; a glob matches itself.
@@ -44,17 +44,18 @@ std::string format_rule(const sp::TensorOverride& o) {
   auto add = [&](const char* key, const std::string& value) { items.push_back(std::string(key) + "=" + value); };
   if (o.compression) add("compression", *o.compression ? "on" : "off");
   if (o.selector) add("selector", std::string(sk::selector_name(*o.selector)));
-  if (o.density) add("density", number(*o.density));
-  if (o.threshold) add("threshold", number(*o.threshold));
-  if (o.quantile) add("quantile", number(*o.quantile));
-  if (o.approx_tolerance) add("approx_tolerance", number(*o.approx_tolerance));
+  for (const sk::ParamInfo& p : sk::kSelectorParams) {
+    if (!o.sets(p.param)) continue;
+    const sk::ParamValue v = sk::get_param(o.params, p.param);
+    switch (p.type) {
+      case sk::ParamType::kNumber: add(p.name, number(v.number)); break;
+      case sk::ParamType::kUint: add(p.name, std::to_string(v.integer)); break;
+      case sk::ParamType::kChoice: add(p.name, std::string(sk::param_choice(p, v.integer))); break;
+    }
+  }
   if (o.auto_format && *o.auto_format) add("format", "auto");
   if (o.format) add("format", std::string(sk::format_name(*o.format)));
   if (o.value_type) add("value_type", std::string(sk::value_type_name(*o.value_type)));
-  if (o.block_size) add("block_size", std::to_string(*o.block_size));
-  if (o.group_norm) add("group_norm", std::string(sk::group_norm_name(*o.group_norm)));
-  if (o.heads) add("heads", std::to_string(*o.heads));
-  if (o.mask_period) add("mask_period", std::to_string(*o.mask_period));
   if (o.error_feedback) add("error_feedback", std::string(sp::error_feedback_name(*o.error_feedback)));
   if (o.momentum) add("momentum", number(*o.momentum));
   if (o.clip_norm) add("clip_norm", number(*o.clip_norm));
@@ -64,12 +65,26 @@ std::string format_rule(const sp::TensorOverride& o) {
 }
 
 bool same(const sp::TensorOverride& a, const sp::TensorOverride& b) {
-  return a.glob == b.glob && a.compression == b.compression && a.selector == b.selector && a.density == b.density &&
-         a.threshold == b.threshold && a.quantile == b.quantile && a.approx_tolerance == b.approx_tolerance &&
-         a.format == b.format && a.auto_format == b.auto_format && a.value_type == b.value_type &&
-         a.block_size == b.block_size && a.group_norm == b.group_norm && a.heads == b.heads &&
-         a.mask_period == b.mask_period && a.error_feedback == b.error_feedback && a.momentum == b.momentum &&
-         a.clip_norm == b.clip_norm;
+  return a.glob == b.glob && a.compression == b.compression && a.selector == b.selector &&
+         a.params_set == b.params_set && a.params == b.params && a.format == b.format &&
+         a.auto_format == b.auto_format && a.value_type == b.value_type && a.error_feedback == b.error_feedback &&
+         a.momentum == b.momentum && a.clip_norm == b.clip_norm;
+}
+
+// Every selector parameter the rule sets is a value its row allows (finite, in range, a choice).
+bool params_in_range(const sp::TensorOverride& o) {
+  for (const sk::ParamInfo& p : sk::kSelectorParams) {
+    if (!o.sets(p.param)) continue;
+    if (!p.per_tensor) return false;
+    const sk::ParamValue v = sk::get_param(o.params, p.param);
+    const double x = p.type == sk::ParamType::kNumber ? v.number : static_cast<double>(v.integer);
+    if (p.type == sk::ParamType::kChoice) {
+      if (sk::param_choice(p, v.integer).empty()) return false;
+    } else if (!std::isfinite(x) || x < p.min || x > p.max) {
+      return false;
+    }
+  }
+  return true;
 }
 
 template <typename T>
@@ -116,11 +131,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (const sp::TensorOverride& o : *rules) {
     CHECK(!o.glob.empty() && o.glob.find_first_of(":;") == std::string::npos);
     CHECK(o.glob.front() != ' ' && o.glob.front() != '\t' && o.glob.back() != ' ' && o.glob.back() != '\t');
-    CHECK(in(o.density, sp::kDensityRange) && in(o.threshold, sp::kThresholdRange) &&
-          in(o.quantile, sp::kQuantileRange) && in(o.approx_tolerance, sp::kApproxToleranceRange) &&
-          in(o.block_size, sp::kBlockSizeRange) && in(o.heads, sp::kHeadsRange) &&
-          in(o.mask_period, sp::kMaskPeriodRange) && in(o.momentum, sp::kMomentumRange) &&
-          in(o.clip_norm, sp::kClipNormRange));
+    CHECK(params_in_range(o) && in(o.momentum, sp::kMomentumRange) && in(o.clip_norm, sp::kClipNormRange));
     CHECK(!(o.auto_format.value_or(false) && o.format));
     CHECK(o.auto_format.has_value() == (o.auto_format.value_or(false) || o.format.has_value()));
     const std::string rule = format_rule(o);

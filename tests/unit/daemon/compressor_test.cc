@@ -35,10 +35,10 @@ policies::Plan sparse_plan(Selector s) {
   policies::Plan p;
   p.dense = false;
   p.selector = s;
-  p.density = 0.02;
-  p.threshold = 2.0f;
-  p.quantile = 0.97;
-  p.approx_tolerance = 0.1;
+  p.params.density = 0.02;
+  p.params.threshold = 2.0f;
+  p.params.quantile = 0.97;
+  p.params.approx_tolerance = 0.1;
   p.format = kernels::Format::kCoo;
   p.value_type = kernels::ValueType::kF32;
   p.collective = policies::Collective::kSparseAllGather;
@@ -74,7 +74,7 @@ TEST_P(ConservationTest, SentPlusResidualEqualsSumOfGradients) {
   policies::Plan plan = sparse_plan(GetParam());
   std::vector<double> sent(n, 0.0), grads(n, 0.0), bound(n, 0.0);
   for (uint64_t step = 0; step < 60; ++step) {
-    plan.seed = kernels::derive_seed(5, 0, step);
+    plan.params.seed = kernels::derive_seed(5, 0, step);
     const auto g = normal(n, 100 + step);
     const std::vector<float> before(c.residual().begin(), c.residual().end());
     auto e = c.compress(plan, g);
@@ -87,7 +87,7 @@ TEST_P(ConservationTest, SentPlusResidualEqualsSumOfGradients) {
       bound[i] += std::ldexp(std::fabs(before[i]) + std::fabs(g[i]) + std::fabs(got[i]), -23);
     }
     if (GetParam() == Selector::kTopk) {
-      EXPECT_EQ(e->nnz, kernels::topk_count(n, plan.density));  // COO: the header nnz is the count
+      EXPECT_EQ(e->nnz, kernels::topk_count(n, plan.params.density));  // COO: the header nnz is the count
     }
   }
   for (size_t i = 0; i < n; ++i) {
@@ -104,7 +104,7 @@ TEST_P(ConservationTest, ThreadPoolChangesNothing) {
   TensorCompressor parallel(0, TensorSpec{"w", n}, &pool);
   policies::Plan plan = sparse_plan(GetParam());
   for (uint64_t step = 0; step < 3; ++step) {
-    plan.seed = kernels::derive_seed(5, 0, step);
+    plan.params.seed = kernels::derive_seed(5, 0, step);
     const auto g = normal(n, 300 + step);
     auto a = serial.compress(plan, g);
     auto b = parallel.compress(plan, g);
@@ -145,7 +145,7 @@ TEST(CompressorTest, MomentumCorrectionFollowsTheFloat64Rule) {
   const size_t k = 40;
   TensorCompressor c(0, TensorSpec{"w", n});
   policies::Plan plan = sparse_plan(Selector::kTopk);
-  plan.density = static_cast<double>(k) / n;
+  plan.params.density = static_cast<double>(k) / n;
   plan.error_feedback = ErrorFeedback::kMomentum;
   plan.momentum = 0.9f;
   std::vector<double> u(n, 0.0), v(n, 0.0);
@@ -179,7 +179,7 @@ TEST(CompressorTest, ClippingScalesTheGradientToTheNorm) {
   const size_t n = 1000;
   TensorCompressor c(0, TensorSpec{"w", n});
   policies::Plan plan = sparse_plan(Selector::kThreshold);
-  plan.threshold = 1e30f;  // send nothing: the residual is the clipped gradient
+  plan.params.threshold = 1e30f;  // send nothing: the residual is the clipped gradient
   plan.clip_norm = 2.0f;
   const auto g = normal(n, 9);
   ASSERT_TRUE(c.compress(plan, g).ok());
@@ -198,7 +198,7 @@ TEST(CompressorTest, ResidualFollowsTheLearningRate) {
                     policies::LrRescale::kOff}) {
     TensorCompressor c(0, TensorSpec{"w", n});
     policies::Plan plan = sparse_plan(Selector::kThreshold);
-    plan.threshold = 1e30f;
+    plan.params.threshold = 1e30f;
     plan.lr_rescale = mode;
     const auto g = normal(n, 4);
     ASSERT_TRUE(c.compress(plan, g, 0.1f).ok());
@@ -217,13 +217,13 @@ TEST(CompressorTest, WithoutErrorFeedbackRandomkIsUnbiasedAndNothingIsKept) {
   const size_t n = 400;
   const auto g = normal(n, 8);
   policies::Plan plan = sparse_plan(Selector::kRandomk);
-  plan.density = 0.1;
+  plan.params.density = 0.1;
   plan.error_feedback = ErrorFeedback::kOff;
   std::vector<double> mean(n, 0.0);
   const int draws = 3000;
   TensorCompressor c(0, TensorSpec{"w", n});
   for (int d = 0; d < draws; ++d) {
-    plan.seed = kernels::derive_seed(1, 0, static_cast<uint64_t>(d));
+    plan.params.seed = kernels::derive_seed(1, 0, static_cast<uint64_t>(d));
     auto e = c.compress(plan, g);
     ASSERT_TRUE(e.ok());
     c.commit();
@@ -258,27 +258,27 @@ TEST(OverridesTest, ParseMatchAndApplyInOrder) {
   ASSERT_EQ(rules->size(), 3u);
   policies::StaticSettings s;
   s.selector = Selector::kTopk;
-  s.density = 0.01;
+  s.params.density = 0.01;
   s.overrides = *rules;
   policies::TensorObservation o;
   o.name = "embed.tok";
   auto p = policies::static_plan(s, o);
   EXPECT_EQ(p.selector, Selector::kRandomk);
-  EXPECT_EQ(p.density, 0.001);
+  EXPECT_EQ(p.params.density, 0.001);
   o.name = "embed.pos_table";  // both embed rules: the later density wins
   p = policies::static_plan(s, o);
   EXPECT_EQ(p.selector, Selector::kRandomk);
-  EXPECT_EQ(p.density, 0.5);
+  EXPECT_EQ(p.params.density, 0.5);
   o.name = "fc1.bias";
   EXPECT_TRUE(policies::static_plan(s, o).dense);
   o.name = "fc1.weight";
   p = policies::static_plan(s, o);
   EXPECT_EQ(p.selector, Selector::kTopk);
-  EXPECT_EQ(p.density, 0.01);
+  EXPECT_EQ(p.params.density, 0.01);
   // Seeds differ per tensor and step, are the same for the same (tensor, step).
   o.tensor_id = 3;
   o.step = 7;
-  EXPECT_EQ(policies::static_plan(s, o).seed, kernels::derive_seed(0, 3, 7));
+  EXPECT_EQ(policies::static_plan(s, o).params.seed, kernels::derive_seed(0, 3, 7));
   for (const char* bad : {"x", "a*: density=2", "a*: selector=nope", "a*: colour=red", ": density=0.1",
                           "a*: density"}) {
     EXPECT_FALSE(policies::parse_tensor_overrides(bad).ok()) << bad;

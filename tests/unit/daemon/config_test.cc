@@ -75,12 +75,12 @@ TEST(KnobsTest, RangesAndTypesAreEnforcedWithTheKnobNamed) {
   EXPECT_TRUE(set_knob(c, "compression", "off").ok());
   EXPECT_FALSE(c.compression);
   EXPECT_TRUE(set_knob(c, "density", "0.002").ok());
-  EXPECT_EQ(c.density, 0.002);
+  EXPECT_EQ(c.selector_params.density, 0.002);
 }
 
 TEST(KnobsTest, AgreedKnobsListExactlyTheAgreedOnes) {
   Config c;
-  c.density = 0.25;
+  c.selector_params.density = 0.25;
   std::string a = agreed_knobs(c);
   EXPECT_NE(a.find("density=0.25"), std::string::npos) << a;
   EXPECT_NE(a.find("compression=on"), std::string::npos) << a;
@@ -205,8 +205,8 @@ TEST(KnobSettingsTest, KnobsLandInTheFieldsOfTheirNames) {
   EXPECT_EQ(s.controllers.controller_hysteresis, 0.3);
   EXPECT_EQ(s.controllers.schedule_warmup_steps, 9u);
   EXPECT_EQ(s.plan.schedule.warmup_steps, 9u);
-  EXPECT_EQ(s.plan.base.random_seed, 42u);
-  EXPECT_EQ(settings_from_config(c).random_seed, 42u);
+  EXPECT_EQ(s.plan.base.params.seed, 42u);
+  EXPECT_EQ(settings_from_config(c).params.seed, 42u);
   EXPECT_EQ(s.plan.layerwise.small_scale, 3.0);
   EXPECT_EQ(s.controllers.frequency.alpha, 0.6);
   EXPECT_EQ(s.controllers.accuracy.alpha, 0.125);
@@ -264,7 +264,7 @@ TEST(ConfigTest, FlagsOverrideFileOverridesEnvOverridesDefaults) {
   ASSERT_TRUE(cmd.ok()) << cmd.status().to_string();
   EXPECT_EQ(cmd->config.rank, 2u);                          // env
   EXPECT_EQ(cmd->config.world_size, 4u);                    // file beats env
-  EXPECT_EQ(cmd->config.density, 0.003);                    // flag beats file
+  EXPECT_EQ(cmd->config.selector_params.density, 0.003);                    // flag beats file
   EXPECT_EQ(cmd->config.selector, kernels::Selector::kThreshold);
   EXPECT_EQ(cmd->config.coordinator, "10.1.2.3:29501");     // MASTER_PORT + 1
   std::remove(file.c_str());
@@ -411,11 +411,11 @@ TEST(ConfigTest, TensorTablesCarryFormatAndBlockSize) {
   o.name = "emb.tok";
   const policies::Plan emb = policies::static_plan(s, o);
   EXPECT_EQ(emb.format, kernels::Format::kBitmap);
-  EXPECT_EQ(emb.block_size, 128u);
+  EXPECT_EQ(emb.params.block_size, 128u);
   o.name = "fc.weight";
   const policies::Plan fc = policies::static_plan(s, o);
   EXPECT_EQ(fc.format, kernels::Format::kCoo);
-  EXPECT_EQ(fc.block_size, 64u);
+  EXPECT_EQ(fc.params.block_size, 64u);
 
   std::string bad = write_temp("[tensor.\"emb*\"]\nblock_size = 16\n");
   auto err = parse({"--config", bad});
@@ -491,7 +491,7 @@ TEST(ConfigTest, SettingsParseTheOverridesOncePerText) {
   EXPECT_EQ(cache.parses(), 1u);
   ASSERT_EQ(second.overrides.size(), 1u);
   EXPECT_EQ(second.overrides[0].format, kernels::Format::kBitmap);
-  EXPECT_EQ(second.density, 0.02);
+  EXPECT_EQ(second.params.density, 0.02);
   // New text: parsed again, same result as without a cache.
   ASSERT_TRUE(set_knob(c, "tensor_overrides", "fc*: block_size=32; emb*: value_type=int8").ok());
   const policies::StaticSettings third = settings_from_config(c, &cache);
@@ -501,7 +501,9 @@ TEST(ConfigTest, SettingsParseTheOverridesOncePerText) {
   ASSERT_EQ(uncached.overrides.size(), 2u);
   for (size_t i = 0; i < 2; ++i) {
     EXPECT_EQ(third.overrides[i].glob, uncached.overrides[i].glob);
-    EXPECT_EQ(third.overrides[i].block_size, uncached.overrides[i].block_size);
+    EXPECT_EQ(third.overrides[i].sets(kernels::SelectorParam::kBlockSize),
+              uncached.overrides[i].sets(kernels::SelectorParam::kBlockSize));
+    EXPECT_EQ(third.overrides[i].params.block_size, uncached.overrides[i].params.block_size);
     EXPECT_EQ(third.overrides[i].value_type, uncached.overrides[i].value_type);
   }
 }

@@ -68,7 +68,7 @@ struct Job {
       Config c;
       c.rank = r;
       c.world_size = world;
-      c.density = 0.01;
+      c.selector_params.density = 0.01;
       c.controller = "gradnorm,frequency,bandwidth";
       c.exchange_budget_ms = 1e-3;  // a budget nothing meets: the bandwidth controller caps at once
       c.controller_interval_steps = 1;

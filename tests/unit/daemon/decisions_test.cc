@@ -41,7 +41,7 @@ struct Job {
       Config c;
       c.rank = r;
       c.world_size = world;
-      c.density = density;
+      c.selector_params.density = density;
       n->mailbox = std::make_unique<Mailbox>(0, world, nullptr);
       n->board = std::make_unique<DecisionBoard>(c, net.transport(r));
       n->mailbox->set_control_handler([b = n->board.get()](uint32_t peer, const wire::WireHeader& h,
@@ -129,7 +129,7 @@ TEST(DecisionsTest, ChangesFromAnyRankTakeEffectEverywhereAtTheAnnouncedStep) {
     for (size_t i = 0; i < h.size(); ++i) {
       EXPECT_EQ(h[i].epoch, h0[i].epoch);
       EXPECT_EQ(h[i].effective_step, h0[i].effective_step);
-      EXPECT_EQ(h[i].config->density, h0[i].config->density);
+      EXPECT_EQ(h[i].config->selector_params.density, h0[i].config->selector_params.density);
     }
   }
 }
@@ -237,7 +237,7 @@ TEST(DecisionsTest, ADecisionAPeerCannotApplyWhollyFailsItsStepsInsteadOfHalfApp
   EXPECT_EQ(d.epoch, 1u);
   EXPECT_EQ(d.error.code(), Code::kFailedPrecondition);
   EXPECT_NE(d.error.message().find("no_such_knob"), std::string::npos) << d.error.to_string();
-  EXPECT_EQ(d.config->density, 0.01) << "the first line was applied anyway";
+  EXPECT_EQ(d.config->selector_params.density, 0.01) << "the first line was applied anyway";
   auto res = job.step(1);
   ASSERT_FALSE(res[1].status.ok());
   EXPECT_NE(res[1].status.message().find("no_such_knob"), std::string::npos) << res[1].status.to_string();
@@ -250,7 +250,7 @@ TEST(DecisionsTest, ADecisionAPeerCannotApplyWhollyFailsItsStepsInsteadOfHalfApp
 // the snapshot and that arrived first is kept and applied on top.
 TEST(DecisionsTest, ALateNodeAdoptsRankZerosDecisionsAndKeepsOnesThatArriveEarly) {
   Config c0;
-  c0.density = 0.01;
+  c0.selector_params.density = 0.01;
   DecisionBoard leader(c0, nullptr);  // world of one: nothing to broadcast
   ASSERT_TRUE(leader.propose({{"density", "0.05"}}, "test", std::chrono::steady_clock::now() + 1s).ok());
   ASSERT_TRUE(leader.propose({{"threshold", "0.002"}, {"step_timeout_ms", "7000"}}, "test",
@@ -262,7 +262,7 @@ TEST(DecisionsTest, ALateNodeAdoptsRankZerosDecisionsAndKeepsOnesThatArriveEarly
   Config c1;
   c1.rank = 1;
   c1.world_size = 2;
-  c1.density = 0.5;  // started with another live value: rank 0's must win
+  c1.selector_params.density = 0.5;  // started with another live value: rank 0's must win
   DecisionBoard late(c1, nullptr);
   // Epoch 3, decided by rank 0 after the snapshot, overtakes it.
   const std::string epoch3 = "density=0.07\n";
@@ -277,13 +277,13 @@ TEST(DecisionsTest, ALateNodeAdoptsRankZerosDecisionsAndKeepsOnesThatArriveEarly
   const auto history = late.history();
   ASSERT_EQ(history.size(), 4u);
   for (uint32_t e = 0; e < 4; ++e) EXPECT_EQ(history[e].epoch, e);
-  EXPECT_DOUBLE_EQ(history[0].config->density, 0.01);
-  EXPECT_DOUBLE_EQ(history[1].config->density, 0.05);
-  EXPECT_DOUBLE_EQ(history[2].config->threshold, 0.002);
+  EXPECT_DOUBLE_EQ(history[0].config->selector_params.density, 0.01);
+  EXPECT_DOUBLE_EQ(history[1].config->selector_params.density, 0.05);
+  EXPECT_DOUBLE_EQ(history[2].config->selector_params.threshold, 0.002);
   EXPECT_EQ(history[2].config->step_timeout_ms, 7000u);
-  EXPECT_DOUBLE_EQ(history[3].config->density, 0.07);
+  EXPECT_DOUBLE_EQ(history[3].config->selector_params.density, 0.07);
   EXPECT_EQ(history[3].effective_step, 40u);
-  EXPECT_DOUBLE_EQ(history[3].config->threshold, 0.002) << "later epochs build on the adopted ones";
+  EXPECT_DOUBLE_EQ(history[3].config->selector_params.threshold, 0.002) << "later epochs build on the adopted ones";
   // Non-live knobs stay this node's own.
   EXPECT_EQ(history[3].config->rank, 1u);
   for (const auto& d : history) EXPECT_TRUE(d.error.ok()) << d.error.to_string();
@@ -302,7 +302,7 @@ TEST(DecisionsTest, AMalformedOrUnacceptableSnapshotLeavesTheBoardAsItWas) {
                           "epoch 0 step 0 state 7 changes 0\nrank=3\n", "epoch 0 step 0 state 0 changes 5\nnoeq\n"}) {
     EXPECT_FALSE(board.adopt(bad).ok()) << "'" << bad << "'";
     ASSERT_EQ(board.history().size(), 1u) << "'" << bad << "'";
-    EXPECT_DOUBLE_EQ(board.latest().config->density, c.density);
+    EXPECT_DOUBLE_EQ(board.latest().config->selector_params.density, c.selector_params.density);
   }
 }
 

@@ -57,7 +57,7 @@ class StaleAcrossJobsTest : public ::testing::TestWithParam<bool> {};
 TEST_P(StaleAcrossJobsTest, ALateMessageOfTheFinishedJobIsNeverSummedIntoTheNext) {
   PipelineOptions o;
   o.settings.compression = GetParam();  // sparse all-gather of every element, or the dense ring
-  o.settings.density = 1.0;
+  o.settings.params.density = 1.0;
   o.step_timeout = 10000ms;
   o.join_timeout = 10000ms;
   PipelineJob job(2, o);

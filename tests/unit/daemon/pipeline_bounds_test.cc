@@ -31,7 +31,7 @@ PipelineOptions sparse_options() {
   PipelineOptions o;
   o.settings.compression = true;
   o.settings.selector = kernels::Selector::kTopk;
-  o.settings.density = 0.1;
+  o.settings.params.density = 0.1;
   o.step_timeout = 10000ms;
   o.join_timeout = 5000ms;
   return o;

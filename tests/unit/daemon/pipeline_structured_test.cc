@@ -40,7 +40,7 @@ PipelineOptions options(kernels::Selector selector, double density) {
   PipelineOptions o;
   o.settings.compression = true;
   o.settings.selector = selector;
-  o.settings.density = density;
+  o.settings.params.density = density;
   o.step_timeout = 5000ms;
   o.join_timeout = 5000ms;
   return o;
@@ -165,8 +165,8 @@ TEST(PipelineStructured, EverySelectorAveragesEachNodesReferenceSelection) {
                                 kernels::Selector::kHeadTopk}) {
     SCOPED_TRACE(std::string(kernels::selector_name(sel)));
     PipelineOptions o = options(sel, 0.25);
-    o.settings.block_size = 32;
-    o.settings.heads = 4;
+    o.settings.params.block_size = 32;
+    o.settings.params.heads = 4;
     Job job(w, o);
     for (auto& n : job.nodes) {
       for (uint32_t i = 0; i < specs.size(); ++i) ASSERT_TRUE(n->pipeline->register_tensor(i, specs[i]).ok());
@@ -204,7 +204,7 @@ policies::Plan structured_plan(kernels::Selector sel, double density) {
   policies::Plan plan;
   plan.dense = false;
   plan.selector = sel;
-  plan.density = density;
+  plan.params.density = density;
   plan.format = kernels::Format::kCoo;
   plan.collective = policies::Collective::kSparseAllGather;
   return plan;
@@ -234,7 +234,7 @@ TEST(PipelineStructured, PeriodicMaskIsTheTopkOfAccumulatedImportanceRecomputedE
   const TensorSpec spec{"w", 500, {}};
   TensorCompressor c(0, spec);
   policies::Plan plan = structured_plan(kernels::Selector::kPeriodicMask, 0.02);
-  plan.mask_period = 4;
+  plan.params.mask_period = 4;
   std::vector<float> importance(spec.count, 0.0f);
   std::vector<uint32_t> mask;
   for (uint32_t step = 0; step < 13; ++step) {
@@ -259,7 +259,7 @@ TEST(PipelineStructured, HybridSendsTopkPlusThePreviousStepsPooledThreshold) {
   ca.structured().set_pool(&pool);
   cb.structured().set_pool(&pool);
   policies::Plan plan = structured_plan(kernels::Selector::kHybrid, 0.01);
-  plan.hybrid_density = 0.05;
+  plan.params.hybrid_density = 0.05;
   std::vector<float> pooled;  // |e| of both tensors in the previous step, before selection
   for (uint32_t step = 0; step < 4; ++step) {
     float lambda = std::numeric_limits<float>::infinity();
@@ -269,7 +269,7 @@ TEST(PipelineStructured, HybridSendsTopkPlusThePreviousStepsPooledThreshold) {
       lambda = std::bit_cast<float>(std::bit_cast<uint32_t>(pooled[budget - 1]) & ~0x7fffu);  // its bin's edge
     }
     pooled.clear();
-    pool.begin_step(step, plan.hybrid_density);
+    pool.begin_step(step, plan.params.hybrid_density);
     EXPECT_EQ(pool.lambda(), lambda) << "step " << step;
     for (TensorCompressor* c : {&ca, &cb}) {
       auto g = random_vector(c->spec().count, 9500 + 10 * step + c->id());
@@ -305,11 +305,11 @@ TEST(PipelineStructured, StructuredSelectorsConserveTheResidual) {
     PooledThreshold pool;
     c.structured().set_pool(&pool);
     policies::Plan plan = structured_plan(sel, 0.1);
-    plan.heads = 5;
-    plan.mask_period = 3;
+    plan.params.heads = 5;
+    plan.params.mask_period = 3;
     std::vector<double> in(spec.count, 0.0), out(spec.count, 0.0);
     for (uint32_t step = 0; step < 8; ++step) {
-      pool.begin_step(step, plan.hybrid_density);
+      pool.begin_step(step, plan.params.hybrid_density);
       auto g = random_vector(spec.count, 9900 + step);
       auto sent = compress_step(c, plan, g);
       for (size_t i = 0; i < g.size(); ++i) {

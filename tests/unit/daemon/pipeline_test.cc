@@ -40,8 +40,8 @@ PipelineOptions options(bool compression, kernels::Selector selector, double den
   PipelineOptions o;
   o.settings.compression = compression;
   o.settings.selector = selector;
-  o.settings.density = density;
-  o.settings.threshold = threshold;
+  o.settings.params.density = density;
+  o.settings.params.threshold = threshold;
   o.step_timeout = 5000ms;
   o.join_timeout = 5000ms;
   return o;

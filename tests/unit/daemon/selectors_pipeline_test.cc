@@ -73,10 +73,10 @@ TEST_P(SelectorPipelineTest, ResultIsTheMeanOfIndependentSelections) {
   PipelineOptions o;
   o.settings.compression = true;
   o.settings.selector = c.selector;
-  o.settings.density = 0.02;
-  o.settings.quantile = 0.98;
-  o.settings.approx_tolerance = 0.05;
-  o.settings.random_seed = 77;
+  o.settings.params.density = 0.02;
+  o.settings.params.quantile = 0.98;
+  o.settings.params.approx_tolerance = 0.05;
+  o.settings.params.seed = 77;  // the random_seed knob
   o.settings.format = kernels::Format::kCoo;
   o.step_timeout = 5000ms;
   o.join_timeout = 5000ms;

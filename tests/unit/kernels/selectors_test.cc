@@ -86,6 +86,66 @@ TEST(kernelsSelectors, ParametersHaveUniqueNamesAndDefaultsInRange) {
   EXPECT_EQ(d.quantile, selector_param(SelectorParam::kQuantile).default_value);
 }
 
+// get_param / set_param (the accessors the knobs, overrides and plans use) reach the field each
+// row names and no other, exactly (a uint64_t seed above 2^53 included).
+TEST(kernelsSelectors, ParamAccessorsReachTheRowsFieldAlone) {
+  const SelectorParams defaults;
+  for (const ParamInfo& p : kSelectorParams) {
+    SCOPED_TRACE(p.name);
+    const ParamValue d = get_param(defaults, p.param);
+    if (p.type == ParamType::kNumber) {
+      EXPECT_EQ(d.number, p.default_value);
+    } else {
+      EXPECT_EQ(static_cast<double>(d.integer), p.default_value);
+    }
+    ParamValue v;
+    if (p.type == ParamType::kNumber) v.number = p.max;
+    if (p.type == ParamType::kUint) v.integer = static_cast<uint64_t>(p.max);
+    if (p.type == ParamType::kChoice) v.integer = 1;
+    SelectorParams changed;
+    set_param(changed, p.param, v);
+    EXPECT_EQ(get_param(changed, p.param), v);
+    EXPECT_FALSE(changed == defaults);
+    for (const ParamInfo& other : kSelectorParams) {
+      if (other.param == p.param) continue;
+      EXPECT_EQ(get_param(changed, other.param), get_param(defaults, other.param)) << other.name;
+    }
+  }
+  // The fields, written out by hand.
+  SelectorParams s;
+  set_param(s, SelectorParam::kRandomSeed, {.number = 0, .integer = 18'000'000'000'000'000'001ull});
+  EXPECT_EQ(s.seed, 18'000'000'000'000'000'001ull);
+  set_param(s, SelectorParam::kThreshold, {.number = 0.25, .integer = 0});
+  EXPECT_EQ(s.threshold, 0.25);
+  set_param(s, SelectorParam::kBlockSize, {.number = 0, .integer = 128});
+  EXPECT_EQ(s.block_size, 128u);
+  set_param(s, SelectorParam::kQuantile, {.number = 0.5, .integer = 0});
+  EXPECT_EQ(s.quantile, 0.5);
+  EXPECT_EQ(s.density, 0.01);
+}
+
+// A choice is stored as its index in the row's `choices`: the index is the enum's value, so each
+// choice's name is the enum's own name for it.
+TEST(kernelsSelectors, ChoiceIndicesAreTheEnumsValues) {
+  const ParamInfo& row = selector_param(SelectorParam::kGroupNorm);
+  for (const char* name : {"l2", "l1"}) {
+    uint64_t index = 99;
+    ASSERT_TRUE(parse_param_choice(row, name, &index)) << name;
+    EXPECT_EQ(param_choice(row, index), name);
+    GroupNorm g;
+    ASSERT_TRUE(parse_group_norm(name, &g));
+    SelectorParams s;
+    set_param(s, SelectorParam::kGroupNorm, {.number = 0, .integer = index});
+    EXPECT_EQ(s.group_norm, g) << name;
+    EXPECT_EQ(group_norm_name(s.group_norm), name);
+  }
+  uint64_t index = 7;
+  EXPECT_FALSE(parse_param_choice(row, "L2", &index));
+  EXPECT_FALSE(parse_param_choice(row, "", &index));
+  EXPECT_EQ(index, 7u);
+  EXPECT_EQ(param_choice(row, 2), "");
+}
+
 TEST(kernelsSelectors, ScratchCoversTopkAndTheFinestGrouping) {
   for (size_t n : {size_t{0}, size_t{1}, size_t{1000}, size_t{1} << 20}) {
     EXPECT_GE(selector_scratch_bytes(n, {}), topk_scratch_bytes(n));

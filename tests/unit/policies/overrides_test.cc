@@ -3,6 +3,7 @@
 // name matches change, later rules override earlier ones key by key.
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@ namespace {
 
 using kernels::Format;
 using kernels::GroupNorm;
+using kernels::SelectorParams;
 using kernels::ValueType;
 
 TensorOverride only_rule(const std::string& text) {
@@ -25,6 +27,18 @@ TensorOverride only_rule(const std::string& text) {
     return {};
   }
   return (*rules)[0];
+}
+
+// What a rule sets the selector parameter in `field` to; none if the rule leaves it to the global
+// knob (TensorOverride::params_set).
+template <typename T>
+std::optional<T> rule_value(const TensorOverride& o, T SelectorParams::*field) {
+  for (const kernels::ParamInfo& p : kernels::kSelectorParams) {
+    if (p.field != kernels::ParamField(field)) continue;
+    return o.sets(p.param) ? std::optional<T>(o.params.*field) : std::nullopt;
+  }
+  ADD_FAILURE() << "no row of kSelectorParams names this field";
+  return std::nullopt;
 }
 
 std::vector<std::string> names_of(const char* choices) {
@@ -45,17 +59,17 @@ TEST(OverridesParse, AcceptsEveryCompressionKey) {
   EXPECT_EQ(o.format, Format::kBitmap);
   EXPECT_EQ(o.auto_format, false);
   EXPECT_EQ(o.value_type, ValueType::kF16);
-  EXPECT_EQ(o.block_size, 128u);
-  EXPECT_EQ(o.group_norm, GroupNorm::kL1);
-  EXPECT_EQ(o.heads, 16u);
-  EXPECT_EQ(o.mask_period, 200u);
+  EXPECT_EQ(rule_value(o, &SelectorParams::block_size), 128u);
+  EXPECT_EQ(rule_value(o, &SelectorParams::group_norm), GroupNorm::kL1);
+  EXPECT_EQ(rule_value(o, &SelectorParams::heads), 16u);
+  EXPECT_EQ(rule_value(o, &SelectorParams::mask_period), 200u);
   EXPECT_EQ(o.error_feedback, ErrorFeedback::kMomentum);
   EXPECT_EQ(o.momentum, 0.5);
   EXPECT_EQ(o.clip_norm, 2.5);
   // Keys not given stay unset (the global knob applies).
   EXPECT_FALSE(o.compression);
   EXPECT_FALSE(o.selector);
-  EXPECT_FALSE(o.density);
+  EXPECT_FALSE(rule_value(o, &SelectorParams::density));
 }
 
 TEST(OverridesParse, FormatAutoAndTheLastFormatOfARuleWins) {
@@ -83,10 +97,10 @@ TEST(OverridesParse, AcceptsEveryNameOfTheChoiceKnobs) {
     ASSERT_TRUE(kernels::parse_value_type(name, &v)) << name;
     EXPECT_EQ(only_rule("w: value_type=" + name).value_type, v) << name;
   }
-  for (const std::string& name : names_of(kGroupNormChoices)) {
+  for (const std::string& name : names_of(kernels::selector_param(kernels::SelectorParam::kGroupNorm).choices)) {
     GroupNorm g;
     ASSERT_TRUE(kernels::parse_group_norm(name, &g)) << name;
-    EXPECT_EQ(only_rule("w: group_norm=" + name).group_norm, g) << name;
+    EXPECT_EQ(rule_value(only_rule("w: group_norm=" + name), &SelectorParams::group_norm), g) << name;
   }
   for (const std::string& name : names_of(kErrorFeedbackChoices)) {
     ErrorFeedback e;
@@ -96,17 +110,17 @@ TEST(OverridesParse, AcceptsEveryNameOfTheChoiceKnobs) {
 }
 
 TEST(OverridesParse, RangeEndsAreAccepted) {
-  EXPECT_EQ(only_rule("w: block_size=32").block_size, 32u);
-  EXPECT_EQ(only_rule("w: block_size=256").block_size, 256u);
-  EXPECT_EQ(only_rule("w: heads=1").heads, 1u);
-  EXPECT_EQ(only_rule("w: heads=65536").heads, 65536u);
-  EXPECT_EQ(only_rule("w: mask_period=100").mask_period, 100u);
-  EXPECT_EQ(only_rule("w: mask_period=1000").mask_period, 1000u);
+  EXPECT_EQ(rule_value(only_rule("w: block_size=32"), &SelectorParams::block_size), 32u);
+  EXPECT_EQ(rule_value(only_rule("w: block_size=256"), &SelectorParams::block_size), 256u);
+  EXPECT_EQ(rule_value(only_rule("w: heads=1"), &SelectorParams::heads), 1u);
+  EXPECT_EQ(rule_value(only_rule("w: heads=65536"), &SelectorParams::heads), 65536u);
+  EXPECT_EQ(rule_value(only_rule("w: mask_period=100"), &SelectorParams::mask_period), 100u);
+  EXPECT_EQ(rule_value(only_rule("w: mask_period=1000"), &SelectorParams::mask_period), 1000u);
   EXPECT_EQ(only_rule("w: momentum=0").momentum, 0.0);
   EXPECT_EQ(only_rule("w: momentum=0.999999").momentum, 0.999999);
   EXPECT_EQ(only_rule("w: clip_norm=0").clip_norm, 0.0);
   EXPECT_EQ(only_rule("w: clip_norm=1e30").clip_norm, 1e30);
-  EXPECT_EQ(only_rule("w: quantile=1e-6").quantile, 1e-6);
+  EXPECT_EQ(rule_value(only_rule("w: quantile=1e-6"), &SelectorParams::quantile), 1e-6);
 }
 
 TEST(OverridesParse, RejectsBadValuesNamingRuleKeyAndValue) {
@@ -158,11 +172,11 @@ StaticSettings block_topk_settings(const std::string& overrides) {
   StaticSettings s;
   s.compression = true;
   s.selector = kernels::Selector::kBlockTopk;
-  s.density = 0.01;
-  s.block_size = 64;
-  s.group_norm = GroupNorm::kL2;
-  s.heads = 8;
-  s.mask_period = 100;
+  s.params.density = 0.01;
+  s.params.block_size = 64;
+  s.params.group_norm = GroupNorm::kL2;
+  s.params.heads = 8;
+  s.params.mask_period = 100;
   s.format = Format::kCoo;
   s.value_type = ValueType::kF32;
   s.error_feedback = ErrorFeedback::kResidual;
@@ -189,10 +203,10 @@ TEST(OverridesPlan, OnlyMatchingTensorsChange) {
   EXPECT_EQ(global.format, Format::kCoo);
   EXPECT_FALSE(global.auto_format);
   EXPECT_EQ(global.value_type, ValueType::kF32);
-  EXPECT_EQ(global.block_size, 64u);
-  EXPECT_EQ(global.group_norm, GroupNorm::kL2);
-  EXPECT_EQ(global.heads, 8u);
-  EXPECT_EQ(global.mask_period, 100u);
+  EXPECT_EQ(global.params.block_size, 64u);
+  EXPECT_EQ(global.params.group_norm, GroupNorm::kL2);
+  EXPECT_EQ(global.params.heads, 8u);
+  EXPECT_EQ(global.params.mask_period, 100u);
   EXPECT_EQ(global.error_feedback, ErrorFeedback::kResidual);
   EXPECT_FLOAT_EQ(global.momentum, 0.9f);
   EXPECT_EQ(global.clip_norm, 0.0f);
@@ -200,16 +214,16 @@ TEST(OverridesPlan, OnlyMatchingTensorsChange) {
   const Plan emb = plan_of(s, "emb.tok");
   EXPECT_EQ(emb.format, Format::kBitmap);
   EXPECT_EQ(emb.value_type, ValueType::kF16);
-  EXPECT_EQ(emb.block_size, 128u);
-  EXPECT_EQ(emb.group_norm, GroupNorm::kL2);  // not set by its rule
+  EXPECT_EQ(emb.params.block_size, 128u);
+  EXPECT_EQ(emb.params.group_norm, GroupNorm::kL2);  // not set by its rule
   EXPECT_EQ(emb.error_feedback, ErrorFeedback::kResidual);
 
   const Plan attn = plan_of(s, "attn.qkv");
-  EXPECT_EQ(attn.group_norm, GroupNorm::kL1);
-  EXPECT_EQ(attn.heads, 16u);
-  EXPECT_EQ(attn.mask_period, 500u);
+  EXPECT_EQ(attn.params.group_norm, GroupNorm::kL1);
+  EXPECT_EQ(attn.params.heads, 16u);
+  EXPECT_EQ(attn.params.mask_period, 500u);
   EXPECT_EQ(attn.format, Format::kCoo);
-  EXPECT_EQ(attn.block_size, 64u);
+  EXPECT_EQ(attn.params.block_size, 64u);
 
   const Plan fc = plan_of(s, "fc1.weight");
   EXPECT_EQ(fc.error_feedback, ErrorFeedback::kMomentum);
@@ -217,7 +231,7 @@ TEST(OverridesPlan, OnlyMatchingTensorsChange) {
   EXPECT_FLOAT_EQ(fc.clip_norm, 1.5f);
   EXPECT_EQ(fc.format, Format::kCoo);
   EXPECT_EQ(fc.selector, kernels::Selector::kBlockTopk);
-  EXPECT_EQ(fc.density, 0.01);
+  EXPECT_EQ(fc.params.density, 0.01);
 }
 
 TEST(OverridesPlan, LaterRulesOverrideEarlierOnesKeyByKey) {
@@ -227,20 +241,20 @@ TEST(OverridesPlan, LaterRulesOverrideEarlierOnesKeyByKey) {
       " emb.pos*: format=auto, error_feedback=momentum, momentum=0.25");
   const Plan other = plan_of(s, "fc.weight");  // the catch-all alone
   EXPECT_TRUE(other.auto_format);
-  EXPECT_EQ(other.block_size, 32u);
+  EXPECT_EQ(other.params.block_size, 32u);
   EXPECT_EQ(other.value_type, ValueType::kBf16);
   EXPECT_EQ(other.error_feedback, ErrorFeedback::kOff);
 
   const Plan tok = plan_of(s, "emb.tok");  // catch-all, then emb*
   EXPECT_FALSE(tok.auto_format);
   EXPECT_EQ(tok.format, Format::kCsr);
-  EXPECT_EQ(tok.block_size, 256u);
+  EXPECT_EQ(tok.params.block_size, 256u);
   EXPECT_EQ(tok.value_type, ValueType::kBf16);  // from the catch-all
   EXPECT_EQ(tok.error_feedback, ErrorFeedback::kOff);
 
   const Plan pos = plan_of(s, "emb.pos");  // all three in order
   EXPECT_TRUE(pos.auto_format);
-  EXPECT_EQ(pos.block_size, 256u);
+  EXPECT_EQ(pos.params.block_size, 256u);
   EXPECT_EQ(pos.value_type, ValueType::kBf16);
   EXPECT_EQ(pos.error_feedback, ErrorFeedback::kMomentum);
   EXPECT_FLOAT_EQ(pos.momentum, 0.25f);
@@ -250,7 +264,7 @@ TEST(OverridesPlan, LaterRulesOverrideEarlierOnesKeyByKey) {
       block_topk_settings("emb*: format=csr, block_size=256; *: format=auto, block_size=32");
   const Plan r = plan_of(reversed, "emb.tok");
   EXPECT_TRUE(r.auto_format);
-  EXPECT_EQ(r.block_size, 32u);
+  EXPECT_EQ(r.params.block_size, 32u);
 }
 
 TEST(OverridesPlan, AGlobalAutoFormatCanBePinnedPerTensor) {

@@ -13,7 +13,7 @@ PlanSettings topk(double density, ControllerSet active) {
   PlanSettings p;
   p.base.compression = true;
   p.base.selector = kernels::Selector::kTopk;
-  p.base.density = density;
+  p.base.params.density = density;
   p.active = active;
   return p;
 }
@@ -47,7 +47,7 @@ TEST(TensorPlanTest, StaticAloneIsExactlyTheStaticPolicy) {
   p.density_cap = 1e-3;           // and a cap: ignored by the static policy
   Plan plan = plan_tensor(p, tensor(5));
   EXPECT_FALSE(plan.dense);
-  EXPECT_EQ(plan.density, 0.7);
+  EXPECT_EQ(plan.params.density, 0.7);
 }
 
 TEST(TensorPlanTest, WarmupRampAndPeriodicDense) {
@@ -63,7 +63,7 @@ TEST(TensorPlanTest, WarmupRampAndPeriodicDense) {
   for (uint64_t t = 0; t < 6; ++t) {
     Plan plan = plan_tensor(p, tensor(3 + t));
     ASSERT_FALSE(plan.dense) << t;
-    EXPECT_NEAR(plan.density, expect[t], 1e-12) << t;
+    EXPECT_NEAR(plan.params.density, expect[t], 1e-12) << t;
   }
   EXPECT_TRUE(plan_tensor(p, tensor(9)).dense) << "every 10th step is dense";
   EXPECT_TRUE(plan_tensor(p, tensor(19)).dense);
@@ -76,26 +76,26 @@ TEST(TensorPlanTest, LinearDecayFrom99To90PercentSparsity) {
   p.schedule.start_density = 0.01;
   p.schedule.end_density = 0.1;
   p.schedule.exponential = false;
-  EXPECT_NEAR(plan_tensor(p, tensor(0)).density, 0.01, 1e-12);
-  EXPECT_NEAR(plan_tensor(p, tensor(50)).density, 0.055, 1e-12);
-  EXPECT_NEAR(plan_tensor(p, tensor(100)).density, 0.1, 1e-12);
-  EXPECT_NEAR(plan_tensor(p, tensor(5000)).density, 0.1, 1e-12);
+  EXPECT_NEAR(plan_tensor(p, tensor(0)).params.density, 0.01, 1e-12);
+  EXPECT_NEAR(plan_tensor(p, tensor(50)).params.density, 0.055, 1e-12);
+  EXPECT_NEAR(plan_tensor(p, tensor(100)).params.density, 0.1, 1e-12);
+  EXPECT_NEAR(plan_tensor(p, tensor(5000)).params.density, 0.1, 1e-12);
 }
 
 TEST(TensorPlanTest, LayerwiseBySizeKindAndSensitivityTable) {
   PlanSettings p = topk(0.01, bit(ControllerKind::kLayerwise));
   p.layerwise.dense_below = 4096;
   EXPECT_TRUE(plan_tensor(p, tensor(7, 512, "fc.bias")).dense) << "small tensors are dense";
-  EXPECT_NEAR(plan_tensor(p, tensor(7, 100000, "ln_f.bias")).density, 0.1, 1e-12) << "norm/bias: light";
-  EXPECT_NEAR(plan_tensor(p, tensor(7, 1 << 24, "tok_embed.weight")).density, 0.001, 1e-12) << "embedding: very sparse";
-  EXPECT_NEAR(plan_tensor(p, tensor(7, 1 << 20, "fc.weight")).density, 0.01, 1e-12);
+  EXPECT_NEAR(plan_tensor(p, tensor(7, 100000, "ln_f.bias")).params.density, 0.1, 1e-12) << "norm/bias: light";
+  EXPECT_NEAR(plan_tensor(p, tensor(7, 1 << 24, "tok_embed.weight")).params.density, 0.001, 1e-12) << "embedding: very sparse";
+  EXPECT_NEAR(plan_tensor(p, tensor(7, 1 << 20, "fc.weight")).params.density, 0.01, 1e-12);
 
   auto rules = parse_sensitivity("attn:dense, fc:3 ,embed:0.5");
   ASSERT_TRUE(rules.ok());
   p.layerwise.rules = *rules;
   EXPECT_TRUE(plan_tensor(p, tensor(7, 1 << 20, "h0.attn.qkv")).dense);
-  EXPECT_NEAR(plan_tensor(p, tensor(7, 1 << 20, "fc.weight")).density, 0.03, 1e-12);
-  EXPECT_NEAR(plan_tensor(p, tensor(7, 1 << 24, "tok_embed.weight")).density, 0.005, 1e-12) << "table beats kind";
+  EXPECT_NEAR(plan_tensor(p, tensor(7, 1 << 20, "fc.weight")).params.density, 0.03, 1e-12);
+  EXPECT_NEAR(plan_tensor(p, tensor(7, 1 << 24, "tok_embed.weight")).params.density, 0.005, 1e-12) << "table beats kind";
   EXPECT_FALSE(parse_sensitivity("fc").ok());
   EXPECT_FALSE(parse_sensitivity("fc:-1").ok());
   EXPECT_FALSE(parse_sensitivity("fc:x").ok());
@@ -105,12 +105,12 @@ TEST(TensorPlanTest, ScalesCapAndBounds) {
   PlanSettings p = topk(0.01, bit(ControllerKind::kFrequency) | bit(ControllerKind::kBandwidth));
   p.tensor_scale = {{1, 4.0}, {2, 0.25}};
   p.density_min = 0.004;
-  EXPECT_NEAR(plan_tensor(p, tensor(1, 1 << 20, "a", 1)).density, 0.04, 1e-12);
-  EXPECT_NEAR(plan_tensor(p, tensor(1, 1 << 20, "b", 2)).density, 0.004, 1e-12) << "floor: 0.0025 -> 0.004";
+  EXPECT_NEAR(plan_tensor(p, tensor(1, 1 << 20, "a", 1)).params.density, 0.04, 1e-12);
+  EXPECT_NEAR(plan_tensor(p, tensor(1, 1 << 20, "b", 2)).params.density, 0.004, 1e-12) << "floor: 0.0025 -> 0.004";
   p.density_cap = 0.02;
-  EXPECT_NEAR(plan_tensor(p, tensor(1, 1 << 20, "a", 1)).density, 0.02, 1e-12) << "cap";
+  EXPECT_NEAR(plan_tensor(p, tensor(1, 1 << 20, "a", 1)).params.density, 0.02, 1e-12) << "cap";
   p.density_cap = 0.001;  // a cap below the floor wins: the cap is the budget
-  EXPECT_NEAR(plan_tensor(p, tensor(1, 1 << 20, "c", 3)).density, 0.001, 1e-12);
+  EXPECT_NEAR(plan_tensor(p, tensor(1, 1 << 20, "c", 3)).params.density, 0.001, 1e-12);
   p.density_cap = 1.0;
   p.tensor_scale = {{1, 60.0}};
   EXPECT_TRUE(plan_tensor(p, tensor(1, 1 << 20, "a", 1)).dense) << "0.6 >= dense_above";
@@ -119,11 +119,11 @@ TEST(TensorPlanTest, ScalesCapAndBounds) {
 TEST(TensorPlanTest, ThresholdSelectorScalesLambdaInversely) {
   PlanSettings p = topk(0.01, bit(ControllerKind::kFrequency));
   p.base.selector = kernels::Selector::kThreshold;
-  p.base.threshold = 0.8;
+  p.base.params.threshold = 0.8;
   p.tensor_scale = {{0, 4.0}};
   Plan plan = plan_tensor(p, tensor(0));
   EXPECT_EQ(plan.selector, kernels::Selector::kThreshold);
-  EXPECT_FLOAT_EQ(plan.threshold, 0.2f);
+  EXPECT_FLOAT_EQ(plan.params.threshold, 0.2f);
 }
 
 TEST(TensorPlanTest, CompressionOffStaysDense) {

@@ -9,8 +9,12 @@
 // switch), the kernel benchmark rows and the Python bindings' `kernels.selectors()`.
 //
 // Adding a selector: its kernel, an id below, its row in selectors.cc, its test and docs.
-// Adding a parameter also needs its fields in policies::Plan/StaticSettings/TensorOverride and
-// daemon::Config, and its knob row (knobs.cc) naming its StaticSettings field (not derived yet).
+// Adding a parameter: its SelectorParam value (at the end), its kSelectorParams row (naming its
+// field), its SelectorParams field and the select functions that read it. Everything else derives
+// from the row: its knob (daemon/config/knobs.cc: name, type, range, default, doc, live), its
+// value in daemon::Config, policies::StaticSettings and policies::Plan (each holds one
+// SelectorParams), its `tensor_overrides` key if per_tensor (policies/overrides.h), `--help` and
+// `sparsecarctl knobs`.
 //
 // Ids are frozen like every enum of types.h (names travel in knob changes and metrics labels; an
 // id may travel in a plan): add new ones at the end; never renumber or reuse one.
@@ -25,6 +29,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <variant>
 
 #include "sparsecar/common/status.h"
 #include "sparsecar/kernels/structured.h"
@@ -55,17 +60,20 @@ enum class Selector : uint16_t {
 
 // ---- parameters --------------------------------------------------------------------------------
 
-// The parameters selectors read; a row names the ones it reads (SelectorInfo::params).
+// The parameters selectors read; a row names the ones it reads (SelectorInfo::params). The order
+// is the knob table's (the generated knobs follow kSelectorParams, and the `agreed` text nodes
+// compare at the first step lists them in table order): add new ones at the end, never reorder.
+// The values do not leave the process (plans carry SelectorParams, not these ids).
 enum class SelectorParam : uint8_t {
   kDensity = 0,
   kThreshold = 1,
-  kQuantile = 2,
-  kApproxTolerance = 3,
-  kBlockSize = 4,
-  kGroupNorm = 5,
-  kHeads = 6,
-  kMaskPeriod = 7,
-  kHybridDensity = 8,
+  kBlockSize = 2,
+  kGroupNorm = 3,
+  kHeads = 4,
+  kMaskPeriod = 5,
+  kHybridDensity = 6,
+  kQuantile = 7,
+  kApproxTolerance = 8,
   kRandomSeed = 9,
 };
 inline constexpr int kSelectorParamCount = 10;
@@ -77,57 +85,116 @@ enum class ParamType : uint8_t {
   kChoice,  // one of `choices`
 };
 
+// A parameter's default: its row's default_value (a kChoice's: 0, the index of its first choice).
+// Defined below the rows; SelectorParams' fields start from it.
+constexpr double param_default(SelectorParam p);
+
+// The parameter values one selection reads: one field per row of kSelectorParams, which names the
+// field and gives its default. policies::Plan carries them per tensor and step; daemon::Config
+// and policies::StaticSettings hold the knobs' values in the same struct.
+struct SelectorParams {
+  double density = param_default(SelectorParam::kDensity);
+  double threshold = param_default(SelectorParam::kThreshold);  // the kernels compare it as a float
+  uint32_t block_size = static_cast<uint32_t>(param_default(SelectorParam::kBlockSize));
+  GroupNorm group_norm = static_cast<GroupNorm>(static_cast<int>(param_default(SelectorParam::kGroupNorm)));
+  uint32_t heads = static_cast<uint32_t>(param_default(SelectorParam::kHeads));
+  uint32_t mask_period = static_cast<uint32_t>(param_default(SelectorParam::kMaskPeriod));
+  double hybrid_density = param_default(SelectorParam::kHybridDensity);
+  double quantile = param_default(SelectorParam::kQuantile);
+  double approx_tolerance = param_default(SelectorParam::kApproxTolerance);
+  // The random_seed knob in Config and StaticSettings; in a Plan (what select functions read) the
+  // stream of its (tensor, step): derive_seed(random_seed, tensor, step).
+  uint64_t seed = static_cast<uint64_t>(param_default(SelectorParam::kRandomSeed));
+  bool operator==(const SelectorParams&) const = default;
+};
+
+// The field of SelectorParams a row stands for. A kNumber row names a double field, a kUint row
+// an unsigned one, a kChoice row an enum whose values are the indices of its choices (checked
+// in selectors.cc); a field of a new type adds its member-pointer type here.
+using ParamField = std::variant<double SelectorParams::*, uint32_t SelectorParams::*, uint64_t SelectorParams::*,
+                                GroupNorm SelectorParams::*>;
+
 struct ParamInfo {
   SelectorParam param;
   const char* name;      // the knob's name and the per-tensor override key
   ParamType type;
   double min;            // closed range (kNumber, kUint)
   double max;
-  double default_value;  // kNumber, kUint (a kChoice's default is the first of `choices`)
+  double default_value;  // kNumber, kUint (a kChoice's default is the first of `choices`: 0)
   const char* choices;   // '|'-separated (kChoice), else ""
   bool per_tensor;       // a tensor_overrides key (false: job-wide)
+  bool live;             // its knob may change while a job runs (through a decision epoch)
   const char* doc;
+  ParamField field;
 };
 
-// One row per SelectorParam, in enum order (checked by a static_assert in selectors.cc).
+// One row per SelectorParam, in enum order (checked by a static_assert in selectors.cc). Every
+// parameter's knob is `agreed` (it shapes the plans, which every node must make alike).
 inline constexpr ParamInfo kSelectorParams[kSelectorParamCount] = {
-    {SelectorParam::kDensity, "density", ParamType::kNumber, 1e-6, 1.0, 0.01, "", true,
-     "fraction of coordinates (or groups, or blocks) kept per step"},
-    {SelectorParam::kThreshold, "threshold", ParamType::kNumber, 1e-30, 1e30, 1e-3, "", true,
-     "lambda of the hard-threshold selector: send |e_i| >= lambda"},
-    {SelectorParam::kQuantile, "quantile", ParamType::kNumber, 1e-6, 1.0, 0.99, "", true,
-     "percentile selector: lambda = this quantile of |e| (sampled), so about 1 - quantile is sent"},
-    {SelectorParam::kApproxTolerance, "approx_tolerance", ParamType::kNumber, 0.0, 1.0, 0.1, "", true,
-     "topk_approx: relative miss |nnz - k| / k accepted from the sampled threshold before refining to exact"},
-    {SelectorParam::kBlockSize, "block_size", ParamType::kUint, static_cast<double>(kMinBlock),
-     static_cast<double>(kMaxBlock), 64, "", true,
-     "block_topk, randblock: elements per contiguous block (the last block may be shorter)"},
-    {SelectorParam::kGroupNorm, "group_norm", ParamType::kChoice, 0, 0, 0, "l2|l1", true,
-     "how block/row/column/channel/head selectors rank their groups"},
-    {SelectorParam::kHeads, "heads", ParamType::kUint, 1, 65536, 8, "", true,
-     "head_topk: attention heads, contiguous slices of a tensor's leading dimension"},
-    {SelectorParam::kMaskPeriod, "mask_period", ParamType::kUint, 100, 1000, 100, "", true,
-     "periodic_mask: steps between recomputing the mask from accumulated |g|"},
-    {SelectorParam::kHybridDensity, "hybrid_density", ParamType::kNumber, 1e-6, 1.0, 0.001, "", false,
-     "hybrid: global lambda keeps this fraction of the previous step's pooled elements (plus each tensor's top-k)"},
-    {SelectorParam::kRandomSeed, "random_seed", ParamType::kUint, 0, 1.8e19, 0, "", false,
-     "job seed of the random selectors' draws (per tensor and step: derive_seed(seed, tensor, step))"},
+    {.param = SelectorParam::kDensity, .name = "density", .type = ParamType::kNumber, .min = 1e-6, .max = 1.0,
+     .default_value = 0.01, .choices = "", .per_tensor = true, .live = true,
+     .doc = "fraction of coordinates (or groups, or blocks) kept per step",
+     .field = &SelectorParams::density},
+    {.param = SelectorParam::kThreshold, .name = "threshold", .type = ParamType::kNumber, .min = 1e-30, .max = 1e30,
+     .default_value = 1e-3, .choices = "", .per_tensor = true, .live = true,
+     .doc = "lambda of the hard-threshold selector: send |e_i| >= lambda",
+     .field = &SelectorParams::threshold},
+    {.param = SelectorParam::kBlockSize, .name = "block_size", .type = ParamType::kUint,
+     .min = static_cast<double>(kMinBlock), .max = static_cast<double>(kMaxBlock), .default_value = 64,
+     .choices = "", .per_tensor = true, .live = true,
+     .doc = "block_topk, randblock: elements per contiguous block (the last block may be shorter)",
+     .field = &SelectorParams::block_size},
+    {.param = SelectorParam::kGroupNorm, .name = "group_norm", .type = ParamType::kChoice, .min = 0, .max = 0,
+     .default_value = 0, .choices = "l2|l1", .per_tensor = true, .live = true,
+     .doc = "how block/row/column/channel/head selectors rank their groups",
+     .field = &SelectorParams::group_norm},
+    {.param = SelectorParam::kHeads, .name = "heads", .type = ParamType::kUint, .min = 1, .max = 65536,
+     .default_value = 8, .choices = "", .per_tensor = true, .live = true,
+     .doc = "head_topk: attention heads, contiguous slices of a tensor's leading dimension",
+     .field = &SelectorParams::heads},
+    {.param = SelectorParam::kMaskPeriod, .name = "mask_period", .type = ParamType::kUint, .min = 100, .max = 1000,
+     .default_value = 100, .choices = "", .per_tensor = true, .live = true,
+     .doc = "periodic_mask: steps between recomputing the mask from accumulated |g|",
+     .field = &SelectorParams::mask_period},
+    {.param = SelectorParam::kHybridDensity, .name = "hybrid_density", .type = ParamType::kNumber, .min = 1e-6,
+     .max = 1.0, .default_value = 0.001, .choices = "", .per_tensor = false, .live = true,
+     .doc = "hybrid: global lambda keeps this fraction of the previous step's pooled elements (plus each tensor's "
+            "top-k)",
+     .field = &SelectorParams::hybrid_density},
+    {.param = SelectorParam::kQuantile, .name = "quantile", .type = ParamType::kNumber, .min = 1e-6, .max = 1.0,
+     .default_value = 0.99, .choices = "", .per_tensor = true, .live = true,
+     .doc = "percentile selector: lambda = this quantile of |e| (sampled), so about 1 - quantile is sent",
+     .field = &SelectorParams::quantile},
+    {.param = SelectorParam::kApproxTolerance, .name = "approx_tolerance", .type = ParamType::kNumber, .min = 0.0,
+     .max = 1.0, .default_value = 0.1, .choices = "", .per_tensor = true, .live = true,
+     .doc = "topk_approx: relative miss |nnz - k| / k accepted from the sampled threshold before refining to exact",
+     .field = &SelectorParams::approx_tolerance},
+    {.param = SelectorParam::kRandomSeed, .name = "random_seed", .type = ParamType::kUint, .min = 0, .max = 1.8e19,
+     .default_value = 0, .choices = "", .per_tensor = false, .live = true,
+     .doc = "job seed of the random selectors' draws (per tensor and step: derive_seed(seed, tensor, step))",
+     .field = &SelectorParams::seed},
 };
 constexpr const ParamInfo& selector_param(SelectorParam p) { return kSelectorParams[static_cast<int>(p)]; }
+constexpr double param_default(SelectorParam p) { return selector_param(p).default_value; }
 
-// The parameter values one selection reads (policies::Plan carries them per tensor and step).
-struct SelectorParams {
-  double density = 0.01;
-  float threshold = 1e-3f;
-  double quantile = 0.99;
-  double approx_tolerance = 0.1;
-  uint32_t block_size = 64;
-  GroupNorm group_norm = GroupNorm::kL2;
-  uint32_t heads = 8;
-  uint32_t mask_period = 100;
-  double hybrid_density = 0.001;
-  uint64_t seed = 0;  // the stream of this (tensor, step): derive_seed(random_seed, tensor, step)
+// A parameter's value in the form its row's type takes: a kNumber's is `number`; a kUint's is
+// `integer`; a kChoice's is `integer`, the index of the choice in `choices` (0 = the first). Two
+// members because a double does not hold every uint64_t (random_seed).
+struct ParamValue {
+  double number = 0;
+  uint64_t integer = 0;
+  bool operator==(const ParamValue&) const = default;
 };
+// Get and set the field of SelectorParams that row `p` names: the one accessor pair all generic
+// code (knobs, overrides, plans) reads and writes parameters through. set_param takes a value in
+// the row's range (the parsers check it).
+ParamValue get_param(const SelectorParams& params, SelectorParam p);
+void set_param(SelectorParams& params, SelectorParam p, ParamValue value);
+
+// A kChoice row's choice number `index` ("" if it has none), and the index of `name` (false if
+// none of its choices is `name`; *index unchanged).
+std::string_view param_choice(const ParamInfo& p, uint64_t index);
+bool parse_param_choice(const ParamInfo& p, std::string_view name, uint64_t* index);
 
 // ---- select functions --------------------------------------------------------------------------
 

@@ -36,8 +36,8 @@ std::string_view lr_rescale_name(LrRescale r);
 bool parse_lr_rescale(std::string_view text, LrRescale* out);
 
 // Closed ranges [min, max] of the numeric compression knobs. Integer knobs take unsigned
-// integers in the range; the others finite numbers. The selector parameters' come from their rows
-// in the selector registry (kernels/selectors.h).
+// integers in the range; the others finite numbers. The selector parameters' ranges (and types
+// and choices) are their rows in the selector registry (kernels::kSelectorParams).
 struct KnobRange {
   double min;
   double max;
@@ -45,25 +45,16 @@ struct KnobRange {
 constexpr KnobRange param_range(kernels::SelectorParam p) {
   return {kernels::selector_param(p).min, kernels::selector_param(p).max};
 }
-inline constexpr KnobRange kDensityRange = param_range(kernels::SelectorParam::kDensity);
-inline constexpr KnobRange kThresholdRange = param_range(kernels::SelectorParam::kThreshold);
-inline constexpr KnobRange kQuantileRange = param_range(kernels::SelectorParam::kQuantile);
-inline constexpr KnobRange kApproxToleranceRange = param_range(kernels::SelectorParam::kApproxTolerance);
-inline constexpr KnobRange kBlockSizeRange = param_range(kernels::SelectorParam::kBlockSize);  // integer
-inline constexpr KnobRange kHeadsRange = param_range(kernels::SelectorParam::kHeads);          // integer
-inline constexpr KnobRange kMaskPeriodRange = param_range(kernels::SelectorParam::kMaskPeriod);  // integer
-inline constexpr KnobRange kHybridDensityRange = param_range(kernels::SelectorParam::kHybridDensity);
 inline constexpr KnobRange kMomentumRange{0.0, 0.999999};
 inline constexpr KnobRange kClipNormRange{0.0, 1e30};
 
 // The names the choice knobs accept, '|'-separated (the knob table's `choices`). Each name
-// parses with kernels::parse_format ("auto" aside), parse_value_type, parse_group_norm and
-// parse_error_feedback respectively. Formats and value types are the codec registry's rows
+// parses with kernels::parse_format ("auto" aside), parse_value_type and parse_error_feedback
+// respectively. Formats and value types are the codec registry's rows
 // (kernels/codecs.h) in id order, then "auto": "dense|coo|...|auto" and "fp32|...".
 const char* format_knob_choices();  // lives as long as the program
 inline const char* const kFormatChoices = format_knob_choices();
 inline const char* const kValueTypeChoices = kernels::value_type_choices();
-inline constexpr const char* kGroupNormChoices = kernels::selector_param(kernels::SelectorParam::kGroupNorm).choices;
 inline constexpr const char* kErrorFeedbackChoices = "residual|momentum|off";
 
 }  // namespace sparsecar::policies

@@ -11,13 +11,14 @@
 // `?` any one character. Keys (tensor_override_keys()), with exactly the values of the global
 // knobs of the same names (ranges and names from the selector registry, kernels/selectors.h, and
 // compression_knobs.h):
-//   compression (on|off), selector (a selector name), every per-tensor selector parameter
-//   (density, threshold, quantile, approx_tolerance, block_size, group_norm (l2|l1), heads,
-//   mask_period), format (a codec name or auto: kFormatChoices), value_type (kValueTypeChoices),
-//   error_feedback (residual|momentum|off), momentum, clip_norm.
-// Not keys: hybrid_density stays global because it is a cross-tensor threshold (one lambda
-// pooled over every hybrid tensor of a step, structured_select.h); random_seed and lr_rescale
-// are job-wide knobs too.
+//   compression (on|off), selector (a selector name), every per-tensor selector parameter (each
+//   row of kernels::kSelectorParams with per_tensor, parsed by its row's type, range or choices:
+//   density, block_size, group_norm, ...; tensor_override_keys() lists them), format (a codec
+//   name or auto: kFormatChoices), value_type (kValueTypeChoices), error_feedback
+//   (residual|momentum|off), momentum, clip_norm.
+// Not keys: the job-wide selector parameters (per_tensor false): hybrid_density stays global
+// because it is a cross-tensor threshold (one lambda pooled over every hybrid tensor of a step,
+// structured_select.h), random_seed is the job's seed; lr_rescale is a job-wide knob too.
 // Rules apply in order and a later matching rule overrides the keys it sets, like a cascade of
 // config sections. A key no rule sets follows the global knob, also when a controller moves
 // that knob; a key a rule sets does not (a per-tensor density ignores controller moves of
@@ -36,6 +37,7 @@
 #include <vector>
 
 #include "sparsecar/common/status.h"
+#include "sparsecar/kernels/selectors.h"
 #include "sparsecar/kernels/structured.h"
 #include "sparsecar/kernels/types.h"
 #include "sparsecar/policies/compression_knobs.h"
@@ -46,21 +48,19 @@ struct TensorOverride {
   std::string glob;
   std::optional<bool> compression;
   std::optional<kernels::Selector> selector;
-  std::optional<double> density;
-  std::optional<double> threshold;
-  std::optional<double> quantile;
-  std::optional<double> approx_tolerance;
+  // The per-tensor selector parameters the rule sets: their values in `params`, their
+  // kernels::param_bit()s in `params_set` (a parameter not in it keeps its default in `params`
+  // and follows the global knob).
+  kernels::SelectorParams params;
+  uint32_t params_set = 0;
   // format=auto sets auto_format (true) alone; a named format sets format and auto_format (false).
   std::optional<kernels::Format> format;
   std::optional<bool> auto_format;
   std::optional<kernels::ValueType> value_type;
-  std::optional<uint32_t> block_size;
-  std::optional<kernels::GroupNorm> group_norm;
-  std::optional<uint32_t> heads;
-  std::optional<uint32_t> mask_period;
   std::optional<ErrorFeedback> error_feedback;
   std::optional<double> momentum;
   std::optional<double> clip_norm;
+  bool sets(kernels::SelectorParam p) const { return (params_set & kernels::param_bit(p)) != 0; }
   bool operator==(const TensorOverride&) const = default;
 };
 
