@@ -48,6 +48,7 @@
 #include <string>
 
 #include "daemon/pipeline/step.h"
+#include "sparsecar/common/clock.h"
 #include "sparsecar/common/status.h"
 
 namespace sparsecar {
@@ -104,9 +105,11 @@ struct SessionStats {
 
 class SessionServer final : public StepResultSink {
  public:
-  // Binds the socket and starts the session thread. `pipeline` must outlive the server.
+  // Binds the socket and starts the session thread. `pipeline` and `clock` must outlive the
+  // server; the clock times the handshakes (a test passes a FakeClock).
   static Expected<std::unique_ptr<SessionServer>> start(const SessionServerOptions& options,
-                                                        StepSink* pipeline);
+                                                        StepSink* pipeline,
+                                                        const Clock& clock = steady_clock());
   ~SessionServer() override;
 
   void complete(const StepResult& result) override;
