@@ -100,7 +100,7 @@ class SessionServer::Impl final : public CompletionSink {
   std::deque<StepResult> results_;  // guarded by results_mu_
 
   // Session thread only.
-  std::map<uint32_t, std::unique_ptr<Connection>> conns_;  // by client id: the local-sum order
+  std::map<uint32_t, std::unique_ptr<Connection>> conns_;  // by client id (accept order)
   uint32_t next_client_id_ = 1;
   std::unique_ptr<StepCollector> collector_;  // created by start(), once the options are checked
   std::vector<pollfd> pollfds_;
