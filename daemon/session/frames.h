@@ -1,12 +1,12 @@
 // Session frames: the pure part of reading the session socket (session_protocol.h). Splits a
 // connection's input bytes into messages and decodes the client's Register/RegisterShaped
-// payloads into one plain request. No I/O and no state, so the same code runs in SessionServer's
-// read loop and under the fuzzer (tests/fuzz/session_frames_fuzz.cc).
+// payloads into one plain request. No I/O and no state, so the same code runs in Connection's
+// read loop (connection.h) and under the fuzzer (tests/fuzz/session_frames_fuzz.cc).
 //
 // What is checked here is what the bytes alone can tell: framing (magic, version, reserved,
 // type, length) and the fixed-field rules of RegisterShaped (ndim, unused dims). Everything that
 // needs the daemon's state or limits (name rules, dtype, count limits, shape product, duplicate
-// names) stays in SessionServer::handle_register.
+// names) stays in StepCollector::register_tensor (step_collector.h).
 //
 // Thread-safety: pure functions over caller-owned bytes.
 #pragma once

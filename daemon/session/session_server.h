@@ -29,6 +29,12 @@
 // answer) every job and no longer touches their buffers. Results that match no job in flight are
 // dropped and counted (stale_results). complete() may be called from inside StepSink::submit().
 //
+// Parts (each its own file in daemon/session/): the SessionServer runs the session thread's poll
+// loop and wires them — Connection (one client's socket, handshake, SCM_RIGHTS, rings),
+// StepCollector (tensors, step collection and local sums, disconnects, the memory budget; no
+// sockets), ShmMapping (the sealed memfds) and frames.h (parsing the socket's bytes). Time
+// (handshake deadlines) is read from the Clock given to start().
+//
 // Threads: one session thread (started by start()) does all of the above; complete(), stats()
 // and connected_clients() may be called from any thread; stop() from any thread but the session
 // thread and not concurrently with itself.
@@ -48,6 +54,7 @@
 #include <string>
 
 #include "daemon/pipeline/step.h"
+#include "sparsecar/common/clock.h"
 #include "sparsecar/common/status.h"
 
 namespace sparsecar {
@@ -104,9 +111,11 @@ struct SessionStats {
 
 class SessionServer final : public StepResultSink {
  public:
-  // Binds the socket and starts the session thread. `pipeline` must outlive the server.
+  // Binds the socket and starts the session thread. `pipeline` and `clock` must outlive the
+  // server; the clock times the handshakes (a test passes a FakeClock).
   static Expected<std::unique_ptr<SessionServer>> start(const SessionServerOptions& options,
-                                                        StepSink* pipeline);
+                                                        StepSink* pipeline,
+                                                        const Clock& clock = steady_clock());
   ~SessionServer() override;
 
   void complete(const StepResult& result) override;

@@ -1,5 +1,5 @@
 // daemon/session/frames.h: splitting the session socket's bytes into messages and decoding
-// Register/RegisterShaped (the pure part of SessionServer's read loop; fuzzed by
+// Register/RegisterShaped (the pure part of Connection's read loop; fuzzed by
 // tests/fuzz/session_frames_fuzz.cc).
 #include "daemon/session/frames.h"
 

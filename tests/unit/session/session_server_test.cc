@@ -12,6 +12,7 @@
 #include <random>
 
 #include "sparsecar/client.h"
+#include "tests/unit/common/fake_clock.h"
 #include "tests/unit/session/session_test_util.h"
 
 namespace sparsecar {
@@ -22,16 +23,17 @@ using testing::FakePipeline;
 using testing::RawSession;
 using testing::TempSocket;
 using testing::wait_until;
-using Clock = std::chrono::steady_clock;
+// Real elapsed time of what the client library does (the server's own clock is a parameter).
+using WallClock = std::chrono::steady_clock;
 
 class SessionServerTest : public ::testing::Test {
  protected:
   void start(uint32_t local_clients, FakePipeline::Mode mode = FakePipeline::Mode::kHalf,
-             SessionServerOptions options = {}) {
+             SessionServerOptions options = {}, const sparsecar::Clock& clock = steady_clock()) {
     pipeline_ = std::make_unique<FakePipeline>(mode);
     options.socket_path = sock_.path();
     options.local_clients = local_clients;
-    auto server = SessionServer::start(options, pipeline_.get());
+    auto server = SessionServer::start(options, pipeline_.get(), clock);
     ASSERT_TRUE(server.ok()) << server.status().to_string();
     server_ = std::move(server).value();
     pipeline_->attach(server_.get());
@@ -46,6 +48,7 @@ class SessionServerTest : public ::testing::Test {
   }
 
   TempSocket sock_;
+  testing::FakeClock fake_clock_;  // outlives the server: pass it to start() to drive time
   std::unique_ptr<FakePipeline> pipeline_;
   std::unique_ptr<SessionServer> server_;
 };
@@ -312,9 +315,9 @@ TEST_F(SessionServerTest, WaitDeadlineWhenThePipelineNeverAnswers) {
   ASSERT_TRUE(w.ok());
   (*w)->data()[0] = 2.0f;
   ASSERT_TRUE(client->submit(**w, 1).ok());
-  auto t0 = Clock::now();
+  auto t0 = WallClock::now();
   auto r = client->wait(**w, 1, 200ms);
-  auto elapsed = Clock::now() - t0;
+  auto elapsed = WallClock::now() - t0;
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), Code::kDeadlineExceeded);
   EXPECT_GE(elapsed, 200ms);
@@ -337,9 +340,9 @@ TEST_F(SessionServerTest, DaemonStopMakesWaitUnavailableAtOnce) {
   ASSERT_TRUE(wait_until([&] { return pipeline_->job_count() == 1; }));
   server_->stop();
   EXPECT_EQ(pipeline_->reset_count(), 1);
-  auto t0 = Clock::now();
+  auto t0 = WallClock::now();
   auto r = client->wait(**w, 1, 30000ms);
-  EXPECT_LT(Clock::now() - t0, 2000ms);
+  EXPECT_LT(WallClock::now() - t0, 2000ms);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), Code::kUnavailable);
   EXPECT_NE(r.status().message().find("shutting down"), std::string::npos) << r.status().message();
@@ -374,9 +377,9 @@ TEST_F(SessionServerTest, ConnectRetriesUntilTheDaemonListens) {
 }
 
 TEST_F(SessionServerTest, ConnectGivesUpAtItsTimeout) {
-  auto t0 = Clock::now();
+  auto t0 = WallClock::now();
   auto r = Client::connect(sock_.path(), ConnectOptions{150ms});
-  EXPECT_LT(Clock::now() - t0, 2000ms);
+  EXPECT_LT(WallClock::now() - t0, 2000ms);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), Code::kUnavailable);
   EXPECT_NE(r.status().message().find(sock_.path()), std::string::npos);
@@ -423,9 +426,9 @@ TEST_F(SessionServerTest, KilledClientFailsThePendingStepAndTheServerGoesOn) {
 
   // Until a replacement connects, new steps fail at once instead of waiting for the deadline.
   ASSERT_TRUE(a->submit(**w, 2).ok());
-  auto t0 = Clock::now();
+  auto t0 = WallClock::now();
   auto early = a->wait(**w, 2, 5000ms);
-  EXPECT_LT(Clock::now() - t0, 2000ms);
+  EXPECT_LT(WallClock::now() - t0, 2000ms);
   ASSERT_FALSE(early.ok());
   EXPECT_EQ(early.status().code(), Code::kAborted);
   EXPECT_NE(early.status().message().find("cannot complete steps"), std::string::npos)
@@ -651,10 +654,10 @@ TEST_F(SessionServerTest, SilentConnectionsDoNotLockATrainerOut) {
   const uint64_t evicted = kMaxPendingConnections + 6 - options.max_handshakes_per_uid;
   ASSERT_TRUE(wait_until([&] { return server_->stats().handshakes_evicted >= evicted; }))
       << server_->stats().handshakes_evicted;
-  auto t0 = Clock::now();
+  auto t0 = WallClock::now();
   auto c = Client::connect(sock_.path(), ConnectOptions{3000ms});
   ASSERT_TRUE(c.ok()) << c.status().to_string();
-  EXPECT_LT(Clock::now() - t0, 1000ms);
+  EXPECT_LT(WallClock::now() - t0, 1000ms);
   EXPECT_TRUE(wait_until([&] { return server_->connected_clients() == 1; }));
   for (int fd : silent) ::close(fd);
 }
@@ -664,12 +667,38 @@ TEST_F(SessionServerTest, ASilentConnectionIsClosedAfterTheShortHandshakeTimeout
   EXPECT_LE(SessionServerOptions{}.handshake_timeout, 2000ms);
   RawSession raw;
   ASSERT_TRUE(raw.connect(sock_.path()));
-  auto t0 = Clock::now();
+  auto t0 = WallClock::now();
   pollfd p{raw.sock, POLLIN, 0};
   ASSERT_EQ(::poll(&p, 1, 5000), 1);
   char b;
   EXPECT_LE(::read(raw.sock, &b, 1), 0);  // closed, nothing sent
-  EXPECT_LT(Clock::now() - t0, 3000ms);
+  EXPECT_LT(WallClock::now() - t0, 3000ms);
+}
+
+TEST_F(SessionServerTest, TheHandshakeTimeoutRunsOnTheGivenClock) {
+  SessionServerOptions options;
+  options.handshake_timeout = 1ms;  // on a real clock the silent connection would go at once
+  start(1, FakePipeline::Mode::kHalf, options, fake_clock_);
+  RawSession silent;
+  ASSERT_TRUE(silent.connect(sock_.path()));
+  // A trainer connecting after it and finishing a step means the server ran poll rounds (and its
+  // handshake sweep) after it accepted the silent connection; the fake clock did not move.
+  auto trainer = connect();
+  ASSERT_NE(trainer, nullptr);
+  auto w = trainer->register_tensor("w", 4);
+  ASSERT_TRUE(w.ok()) << w.status().to_string();
+  ASSERT_TRUE(trainer->submit(**w, 0, {}).ok());
+  ASSERT_TRUE(trainer->wait(**w, 0, 5000ms).ok());
+  pollfd p{silent.sock, POLLIN, 0};
+  EXPECT_EQ(::poll(&p, 1, 0), 0) << "closed although the clock did not move";
+  EXPECT_EQ(server_->stats().protocol_errors, 0u);
+
+  fake_clock_.advance(2ms);
+  ASSERT_EQ(::poll(&p, 1, 5000), 1);
+  char b;
+  EXPECT_LE(::read(silent.sock, &b, 1), 0);  // closed, nothing sent
+  EXPECT_TRUE(wait_until([&] { return server_->stats().protocol_errors == 1; }));
+  EXPECT_EQ(server_->connected_clients(), 1u);  // a ready trainer has no handshake deadline
 }
 
 // ---- a trainer dying mid-step --------------------------------------------------------------------

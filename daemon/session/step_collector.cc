@@ -1,0 +1,429 @@
+// StepCollector: see step_collector.h. Moved out of the session server unchanged: the same checks
+// in the same order, the same messages, the same sums.
+#include "daemon/session/step_collector.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <new>
+
+#include "sparsecar/common/large_vector.h"
+#include "sparsecar/common/log.h"
+#include "sparsecar/common/session_protocol.h"
+
+namespace sparsecar {
+namespace {
+
+std::string mib(uint64_t bytes) { return strfmt("%.1f MiB", static_cast<double>(bytes) / (1 << 20)); }
+
+void bump(std::atomic<uint64_t>& c) { c.fetch_add(1, std::memory_order_relaxed); }
+
+}  // namespace
+
+uint64_t slot_footprint(uint64_t count) {
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  return (count * sizeof(float) + page - 1) / page * page;
+}
+
+struct StepCollector::Tensor {
+  uint32_t id = 0;
+  std::string name;
+  uint64_t count = 0;
+  std::vector<uint64_t> shape;  // empty: registered without a shape
+  LargeVector<float> local_sum;  // huge-page backed: the pipeline streams over it
+  LargeVector<float> result;     // the decoders scatter into it
+  bool has_last = false;
+  uint64_t last_step = 0;  // last step handed to the pipeline
+  // Being collected from the local clients.
+  bool collecting = false;
+  uint64_t collect_step = 0;
+  std::vector<std::pair<uint32_t, float>> submitters;  // client id, lr
+  // Handed to the pipeline.
+  bool in_flight = false;
+  uint64_t flight_step = 0;
+  std::vector<uint32_t> participants;
+  uint64_t flight_generation = 0;  // generation_ when it was handed over (orphans are matched by it)
+  // Charged to the tensor memory budget: local_sum + result + the pipeline's buffers.
+  uint64_t bytes = 0;
+  // Newest step failed job-wide through StepSink::fail_step (no duplicates).
+  bool failed_job_wide = false;
+  uint64_t failed_step = 0;
+};
+
+StepCollector::StepCollector(const StepCollectorOptions& options, StepSink* pipeline, CompletionSink* clients)
+    : options_(options), pipeline_(pipeline), clients_sink_(clients) {
+  SC_CHECK(pipeline_ != nullptr && clients_sink_ != nullptr, "a StepCollector needs a pipeline and a client sink");
+}
+
+StepCollector::~StepCollector() = default;
+
+std::string StepCollector::label_of(uint32_t client) const {
+  auto it = clients_.find(client);
+  return it != clients_.end() ? it->second.label : strfmt("client %u", client);
+}
+
+void StepCollector::charge(uint64_t bytes) {
+  bytes_in_use_ += bytes;
+  counters_.tensor_bytes_in_use.store(bytes_in_use_);
+}
+
+void StepCollector::release(uint64_t bytes) {
+  bytes_in_use_ -= std::min(bytes, bytes_in_use_);
+  counters_.tensor_bytes_in_use.store(bytes_in_use_);
+}
+
+// ---- clients -------------------------------------------------------------------------------------
+
+void StepCollector::client_joined(uint32_t client, std::string label) {
+  clients_[client].label = std::move(label);
+  if (clients_.size() == options_.local_clients && !lost_client_.empty()) {
+    SC_LOG_INFO("%s replaces %s", clients_[client].label.c_str(), lost_client_.c_str());
+    lost_client_.clear();
+  }
+}
+
+void StepCollector::client_left(uint32_t client, const std::string& reason, bool fail_owed) {
+  auto it = clients_.find(client);
+  if (it == clients_.end()) return;
+  const std::string label = it->second.label;
+  if (clients_.size() > 1) lost_client_ = label + " disconnected (" + reason + ")";
+  if (fail_owed) fail_owed_steps(label, reason);
+  for (auto& t : tensors_) {
+    if (t->collecting) {
+      Status st = aborted(strfmt("local %s disconnected (%s) before step %llu of tensor '%s' completed",
+                                 label.c_str(), reason.c_str(), static_cast<unsigned long long>(t->collect_step),
+                                 t->name.c_str()));
+      fail_collecting(*t, st, client);
+    }
+    if (t->in_flight) std::erase(t->participants, client);
+  }
+  for (const auto& [tid, slot] : it->second.slots) release(slot_footprint(slot.size()));
+  clients_.erase(it);
+}
+
+// ---- registration --------------------------------------------------------------------------------
+
+Expected<StepCollector::Registration> StepCollector::register_tensor(uint32_t client, const RegisterRequest& m) {
+  auto name_field = proto::field_string(m.name, proto::kNameBytes);
+  if (!name_field) return invalid_argument("tensor name is not NUL-terminated within 256 bytes");
+  std::string name(*name_field);
+  if (name.empty()) return invalid_argument("tensor name is empty");
+  if (!m.malformed.empty()) return invalid_argument(strfmt("tensor '%s': %s", name.c_str(), m.malformed.c_str()));
+  if (m.dtype != 0) {
+    return invalid_argument(strfmt("tensor '%s': unsupported dtype %u (only fp32 = 0)", name.c_str(), m.dtype));
+  }
+  if (m.count == 0) return invalid_argument(strfmt("tensor '%s' has 0 elements", name.c_str()));
+  if (m.count > options_.max_tensor_elements || m.count > SIZE_MAX / sizeof(float)) {
+    return resource_exhausted(strfmt("tensor '%s' has %llu elements; the daemon allows at most %llu", name.c_str(),
+                                     static_cast<unsigned long long>(m.count),
+                                     static_cast<unsigned long long>(options_.max_tensor_elements)));
+  }
+  if (Status st = check_shape(m.count, m.shape); !st.ok()) {
+    return st.with_context(strfmt("tensor '%s'", name.c_str()));
+  }
+  // Charged before anything is allocated; over the budget is kResourceExhausted, not an OOM kill.
+  const uint64_t budget = options_.budget_bytes;
+  const uint64_t slot_bytes = slot_footprint(m.count);
+  auto over_budget = [&](uint64_t tensor_bytes, uint64_t pipeline_bytes) -> Status {
+    const uint64_t need = slot_bytes + tensor_bytes + pipeline_bytes;
+    if (need <= budget && bytes_in_use_ <= budget - need) return Status::Ok();
+    bump(counters_.registrations_over_budget);
+    size_t slots = 0;
+    for (const auto& [cid, other] : clients_) slots += other.slots.size();
+    // Most telling first: the client's message field is short (the log line has all of it).
+    return resource_exhausted(strfmt(
+        "tensor_memory_budget_bytes = %llu exceeded: tensor '%s' (%llu elements) needs %llu bytes, %llu are in "
+        "use (%zu tensors, %zu slots); needs = shm slot %s + session %s + pipeline %s",
+        static_cast<unsigned long long>(budget), name.c_str(), static_cast<unsigned long long>(m.count),
+        static_cast<unsigned long long>(need), static_cast<unsigned long long>(bytes_in_use_),
+        tensors_.size() + orphans_.size(), slots, mib(slot_bytes).c_str(), mib(tensor_bytes).c_str(),
+        mib(pipeline_bytes).c_str()));
+  };
+  Tensor* t = nullptr;
+  if (auto it = tensor_ids_.find(name); it != tensor_ids_.end()) {
+    t = tensors_[it->second].get();
+    if (t->count != m.count) {
+      return invalid_argument(strfmt("tensor '%s' is registered with %llu elements; %s asked for %llu", name.c_str(),
+                                     static_cast<unsigned long long>(t->count), label_of(client).c_str(),
+                                     static_cast<unsigned long long>(m.count)));
+    }
+    if (t->shape != m.shape) {
+      return invalid_argument(strfmt("tensor '%s' is registered with shape %s; %s asked for %s", name.c_str(),
+                                     shape_text(t->shape).c_str(), label_of(client).c_str(),
+                                     shape_text(m.shape).c_str()));
+    }
+    auto c = clients_.find(client);
+    if (c != clients_.end() && c->second.slots.count(t->id) != 0) {
+      return Status(Code::kAlreadyExists, strfmt("tensor '%s' is already registered by this client", name.c_str()));
+    }
+    if (Status st = over_budget(0, 0); !st.ok()) return st;
+  } else {
+    if (tensors_.size() >= options_.max_tensors) {
+      return resource_exhausted(
+          strfmt("tensor '%s': the daemon allows at most %u tensors", name.c_str(), options_.max_tensors));
+    }
+    const TensorSpec spec{name, m.count, m.shape};
+    const uint64_t session_bytes = 2 * m.count * sizeof(float);  // local_sum + result
+    const uint64_t pipeline_bytes = pipeline_->tensor_footprint_bytes(spec);
+    if (Status st = over_budget(session_bytes, pipeline_bytes); !st.ok()) return st;
+    auto fresh = std::make_unique<Tensor>();
+    fresh->id = static_cast<uint32_t>(tensors_.size());
+    fresh->name = name;
+    fresh->count = m.count;
+    fresh->shape = m.shape;
+    fresh->bytes = session_bytes + pipeline_bytes;
+    try {
+      fresh->local_sum.resize(m.count);
+      fresh->result.resize(m.count);
+    } catch (const std::bad_alloc&) {
+      return resource_exhausted(strfmt("tensor '%s': cannot allocate 2 x %llu floats", name.c_str(),
+                                       static_cast<unsigned long long>(m.count)));
+    }
+    Status st = pipeline_->register_tensor(fresh->id, spec);
+    if (!st.ok()) return st.with_context(strfmt("tensor '%s'", name.c_str()));
+    charge(fresh->bytes);
+    t = fresh.get();
+    tensor_ids_.emplace(name, fresh->id);
+    tensors_.push_back(std::move(fresh));
+  }
+  return Registration{t->id, t->count, t->name, t->shape};
+}
+
+void StepCollector::attach_slot(uint32_t client, uint32_t tensor_id, std::span<float> slot) {
+  auto it = clients_.find(client);
+  SC_CHECK(it != clients_.end(), "slot of tensor %u attached to client %u, which has not joined", tensor_id, client);
+  SC_CHECK(tensor_id < tensors_.size() && slot.size() == tensors_[tensor_id]->count,
+           "slot of %zu floats attached for tensor %u", slot.size(), tensor_id);
+  charge(slot_footprint(slot.size()));
+  it->second.slots[tensor_id] = slot;
+}
+
+void StepCollector::detach_slot(uint32_t client, uint32_t tensor_id) {
+  auto it = clients_.find(client);
+  if (it == clients_.end()) return;
+  auto slot = it->second.slots.find(tensor_id);
+  if (slot == it->second.slots.end()) return;
+  release(slot_footprint(slot->second.size()));
+  it->second.slots.erase(slot);
+}
+
+// ---- steps ---------------------------------------------------------------------------------------
+
+void StepCollector::submit(uint32_t client, const shm::Submission& s) {
+  bump(counters_.submissions);
+  auto reject = [&](const Status& st) {
+    bump(counters_.submissions_rejected);
+    SC_LOG_WARN("%s: submission refused: %s", label_of(client).c_str(), st.message().c_str());
+    clients_sink_->post(client, s.tensor_id, s.step, st, nullptr);
+  };
+  if (s.flags != 0 || s.reserved != 0) {
+    return reject(invalid_argument("submission has non-zero flags/reserved fields"));
+  }
+  if (!std::isfinite(s.lr) || s.lr < 0.0f) {
+    return reject(
+        invalid_argument(strfmt("learning rate %g is not a finite value >= 0", static_cast<double>(s.lr))));
+  }
+  auto c = clients_.find(client);
+  if (c == clients_.end() || c->second.slots.count(s.tensor_id) == 0 || s.tensor_id >= tensors_.size()) {
+    return reject(not_found(strfmt("unknown tensor id %u (not registered by this client)", s.tensor_id)));
+  }
+  Tensor& t = *tensors_[s.tensor_id];
+  auto step = static_cast<unsigned long long>(s.step);
+  if (!lost_client_.empty() && clients_.size() < options_.local_clients) {
+    Status st = aborted(strfmt("tensor '%s' step %llu: local %s; this node cannot complete steps "
+                               "until %u local clients are connected again",
+                               t.name.c_str(), step, lost_client_.c_str(), options_.local_clients));
+    if (!t.in_flight && !(t.has_last && s.step <= t.last_step)) fail_job_wide(t, s.step, st.message());
+    return reject(st);
+  }
+  if (t.in_flight) {
+    return reject(failed_precondition(
+        strfmt("tensor '%s': step %llu is still in flight; wait for it before submitting step %llu", t.name.c_str(),
+               static_cast<unsigned long long>(t.flight_step), step)));
+  }
+  if (t.collecting) {
+    for (const auto& sub : t.submitters) {
+      if (sub.first == client) {
+        return reject(failed_precondition(strfmt("tensor '%s': step %llu submitted twice", t.name.c_str(), step)));
+      }
+    }
+    if (s.step != t.collect_step) {
+      Status st = failed_precondition(
+          strfmt("local clients disagree on the step of tensor '%s': %s submitted step %llu, "
+                 "client %u submitted step %llu",
+                 t.name.c_str(), label_of(client).c_str(), step, t.submitters.front().first,
+                 static_cast<unsigned long long>(t.collect_step)));
+      fail_collecting(t, st, 0);
+      return reject(st);
+    }
+  } else {
+    if (t.has_last && s.step <= t.last_step) {
+      return reject(out_of_range(strfmt("tensor '%s': step %llu is not greater than its last step %llu",
+                                        t.name.c_str(), step, static_cast<unsigned long long>(t.last_step))));
+    }
+    t.collecting = true;
+    t.collect_step = s.step;
+    t.submitters.clear();
+  }
+  t.submitters.emplace_back(client, s.lr);
+  if (t.submitters.size() >= options_.local_clients) dispatch(t);
+}
+
+void StepCollector::fail_collecting(Tensor& t, const Status& st, uint32_t except_client) {
+  for (const auto& sub : t.submitters) {
+    if (sub.first == except_client) continue;
+    clients_sink_->post(sub.first, t.id, t.collect_step, st, nullptr);
+  }
+  bump(counters_.steps_failed);
+  t.collecting = false;
+  t.submitters.clear();
+}
+
+void StepCollector::dispatch(Tensor& t) {
+  std::sort(t.submitters.begin(), t.submitters.end());
+  sum_inputs_.clear();
+  for (const auto& sub : t.submitters) {
+    auto c = clients_.find(sub.first);
+    SC_CHECK(c != clients_.end() && c->second.slots.count(t.id) == 1, "submitter %u of tensor %u vanished",
+             sub.first, t.id);
+    sum_inputs_.push_back(c->second.slots[t.id].data());
+  }
+  float* out = t.local_sum.data();
+  const size_t count = t.count;
+  if (sum_inputs_.size() == 1) {
+    std::memcpy(out, sum_inputs_[0], count * sizeof(float));
+  } else {
+    // float64 accumulation in client order, rounded once: the same sum whatever L is.
+    for (size_t i = 0; i < count; ++i) {
+      double acc = 0.0;
+      for (const float* in : sum_inputs_) acc += static_cast<double>(in[i]);
+      out[i] = static_cast<float>(acc);
+    }
+  }
+  StepJob job;
+  job.tensor_id = t.id;
+  job.step = t.collect_step;
+  job.lr = t.submitters.front().second;
+  job.generation = generation_;
+  job.local_sum = std::span<const float>(out, count);
+  job.result = std::span<float>(t.result.data(), count);
+  t.in_flight = true;
+  t.flight_step = t.collect_step;
+  t.flight_generation = generation_;
+  t.participants.clear();
+  for (const auto& sub : t.submitters) t.participants.push_back(sub.first);
+  t.has_last = true;
+  t.last_step = t.collect_step;
+  t.collecting = false;
+  t.submitters.clear();
+  bump(counters_.steps_dispatched);
+  pipeline_->submit(job);  // may answer at once (the server only queues it)
+}
+
+void StepCollector::on_result(const StepResult& r) {
+  if (r.generation != generation_) {
+    // The pipeline is done with the buffers of that step: free the orphan that lent them.
+    auto orphan = std::find_if(orphans_.begin(), orphans_.end(), [&](const auto& o) {
+      return o->id == r.tensor_id && o->flight_step == r.step && o->flight_generation == r.generation;
+    });
+    if (orphan != orphans_.end()) {
+      free_orphan(static_cast<size_t>(orphan - orphans_.begin()));
+      return;
+    }
+  }
+  Tensor* t = r.tensor_id < tensors_.size() ? tensors_[r.tensor_id].get() : nullptr;
+  if (r.generation != generation_ || t == nullptr || !t->in_flight || t->flight_step != r.step) {
+    bump(counters_.stale_results);
+    SC_LOG_WARN("dropping a result for tensor %u step %llu: no such step in flight", r.tensor_id,
+                static_cast<unsigned long long>(r.step));
+    return;
+  }
+  t->in_flight = false;
+  bump(r.status.ok() ? counters_.steps_completed : counters_.steps_failed);
+  for (uint32_t id : t->participants) {
+    if (!clients_sink_->reachable(id)) continue;
+    auto c = clients_.find(id);
+    if (c == clients_.end()) continue;
+    auto slot = c->second.slots.find(t->id);
+    if (slot == c->second.slots.end()) continue;
+    if (r.status.ok()) std::memcpy(slot->second.data(), t->result.data(), t->count * sizeof(float));
+    clients_sink_->post(id, t->id, r.step, r.status, &r);
+  }
+  t->participants.clear();
+}
+
+// ---- disconnects and job resets ------------------------------------------------------------------
+
+void StepCollector::fail_job_wide(Tensor& t, uint64_t step, const std::string& reason) {
+  if (t.failed_job_wide && t.failed_step >= step) return;
+  t.failed_job_wide = true;
+  t.failed_step = step;
+  bump(counters_.steps_failed_job_wide);
+  SC_LOG_WARN("failing tensor '%s' step %llu job-wide: %s", t.name.c_str(), static_cast<unsigned long long>(step),
+              reason.c_str());
+  pipeline_->fail_step(t.id, step, reason);
+}
+
+void StepCollector::fail_owed_steps(const std::string& dead_label, const std::string& why) {
+  // The step the dead trainer was in: the newest one any tensor of this node reached.
+  bool any = false;
+  uint64_t current = 0;
+  auto reached = [&](uint64_t step) {
+    current = any ? std::max(current, step) : step;
+    any = true;
+  };
+  for (const auto& t : tensors_) {
+    if (t->collecting) reached(t->collect_step);
+    if (t->has_last) reached(t->last_step);
+  }
+  if (!any) return;  // no step yet: the peers wait for nothing of ours
+  bool mid_step = false;
+  for (const auto& t : tensors_) {
+    const bool at_current =
+        (t->collecting && t->collect_step == current) || (t->has_last && t->last_step == current);
+    mid_step = mid_step || !at_current;
+  }
+  const std::string who = strfmt("local trainer %s disconnected (%s)", dead_label.c_str(), why.c_str());
+  for (auto& t : tensors_) {
+    if (t->collecting) {
+      fail_job_wide(*t, t->collect_step,
+                    strfmt("%s before every local trainer submitted step %llu of tensor '%s'", who.c_str(),
+                           static_cast<unsigned long long>(t->collect_step), t->name.c_str()));
+    } else if (mid_step && !(t->has_last && t->last_step >= current)) {
+      fail_job_wide(*t, current, strfmt("%s in step %llu before it submitted tensor '%s'", who.c_str(),
+                                        static_cast<unsigned long long>(current), t->name.c_str()));
+    }
+    // Between steps (every tensor reached `current`) nothing is failed: that is also how every
+    // job ends, and the next step number is only a guess.
+  }
+}
+
+void StepCollector::free_orphan(size_t index) {
+  std::unique_ptr<Tensor> t = std::move(orphans_[index]);
+  orphans_.erase(orphans_.begin() + static_cast<std::ptrdiff_t>(index));
+  counters_.orphaned_tensors.store(orphans_.size());
+  release(t->bytes);
+  SC_LOG_DEBUG("freed tensor '%s' of a reset job: the pipeline answered its step %llu", t->name.c_str(),
+               static_cast<unsigned long long>(t->flight_step));
+}
+
+void StepCollector::reset_job() {
+  for (auto& t : tensors_) {
+    if (t->in_flight) {
+      orphans_.push_back(std::move(t));  // the pipeline still holds its buffers until it answers
+    } else {
+      release(t->bytes);
+    }
+  }
+  counters_.orphaned_tensors.store(orphans_.size());
+  ++generation_;  // a late answer of this job never matches a step of the next one
+  tensors_.clear();
+  tensor_ids_.clear();
+  lost_client_.clear();
+}
+
+}  // namespace sparsecar
