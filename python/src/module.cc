@@ -310,12 +310,11 @@ PYBIND11_MODULE(_sparsecar, m) {
       d["unbiased"] = row.unbiased;
       d["needs_shape"] = row.needs_shape;
       d["stateful"] = row.stateful;
-      d["cuda"] = row.cuda != nullptr;
       rows.append(d);
     }
     return rows;
   }, "The selector registry: one dict per selector (id, name, doc, params, unbiased, needs_shape, "
-     "stateful, cuda), in id order.");
+     "stateful), in id order (the CUDA column lives in the CUDA library: docs/gpu.md).");
   k.def("select", [](const std::string& name, const F32& x, double density, float threshold, uint32_t block_size,
                      uint64_t seed, bool unbiased, const std::vector<uint64_t>& shape) {
     const sparsecar::kernels::SelectorInfo* row = sparsecar::kernels::find_selector(std::string_view(name));

@@ -100,7 +100,7 @@ void check_frame(const FrameScan& f) {
         std::memcpy(m.name, r.name, sizeof m.name);
         CHECK(std::memcmp(&m, f.payload.data(), sizeof m) == 0);
       }
-      // The daemon's next check (handle_register): OK exactly when every dim is >= 1 and the
+      // The daemon's next check (StepCollector::register_tensor): OK exactly when every dim is >= 1 and the
       // product (without overflow) is the count.
       if (!r.shape.empty()) {
         uint64_t product = 1;

@@ -2,7 +2,9 @@
 //
 // A row (kernels/src/selectors.cc) holds the selector's frozen id, its name, a one-line doc, the
 // parameters it reads, whether it is unbiased with error feedback off, whether it reads the
-// tensor's registered shape, and its CPU select function (plus a slot for the CUDA one). Every
+// tensor's registered shape, and its CPU select function. The CUDA column lives in the CUDA
+// library, keyed by the same ids (cuda.h: cuda::find_select), since this library must not link
+// CUDA. Every
 // other place derives from the rows: the names (selector_name / parse_selector), the `selector`
 // knob's choices and doc (`sparsecard --help`, `sparsecarctl knobs`), the per-tensor override
 // keys of the parameters (policies/overrides.h), the compressor's dispatch (one table lookup, no
@@ -230,10 +232,6 @@ struct SelectOutput {
 
 // Returns the number of pairs written, or an error (nothing selected).
 using CpuSelectFn = Expected<size_t> (*)(const SelectInput& in, const SelectOutput& out);
-// The CUDA backend's entry (device pointers, a stream); declared by the CUDA kernels when they
-// come. No row has one yet.
-struct CudaSelectInput;
-using CudaSelectFn = Expected<size_t> (*)(const CudaSelectInput& in);
 // Hard-threshold rows: lambda for one fused pass of EF + threshold over residual + grad (read
 // without writing); the compressor takes that path when error feedback is plain and unclipped.
 using FusedLambdaFn = float (*)(std::span<const float> residual, std::span<const float> grad,
@@ -250,7 +248,6 @@ struct SelectorInfo {
   bool stateful;              // keeps per-tensor state between steps (SelectorState)
   bool pooled_lambda;         // reads the node's pooled lambda; the caller adds x to the pool
   CpuSelectFn cpu;            // null only for kNone
-  CudaSelectFn cuda;          // null: no CUDA backend
   FusedLambdaFn fused_lambda;  // null: no fused EF + threshold path
 };
 
