@@ -49,6 +49,29 @@ Status randblock(const float*, size_t, size_t, double, uint64_t, bool, const Dev
   return unavailable_here("cuda::randblock");
 }
 
+size_t structured_workspace_bytes(size_t, size_t) { return 0; }
+size_t select_workspace_bytes(size_t, std::span<const uint64_t>) { return 0; }
+Status ef_block_topk(float*, const float*, size_t, size_t, size_t, GroupNorm, bool, const DeviceSelection&, Workspace,
+                     Stream) {
+  return unavailable_here("cuda::ef_block_topk");
+}
+Status ef_row_topk(float*, const float*, size_t, size_t, size_t, size_t, GroupNorm, bool, const DeviceSelection&,
+                   Workspace, Stream) {
+  return unavailable_here("cuda::ef_row_topk");
+}
+Status ef_column_topk(float*, const float*, size_t, size_t, size_t, size_t, GroupNorm, bool, const DeviceSelection&,
+                      Workspace, Stream) {
+  return unavailable_here("cuda::ef_column_topk");
+}
+Status ef_channel_topk(float*, const float*, size_t, std::span<const uint64_t, 4>, size_t, GroupNorm, bool,
+                       const DeviceSelection&, Workspace, Stream) {
+  return unavailable_here("cuda::ef_channel_topk");
+}
+Status ef_head_topk(float*, const float*, size_t, size_t, size_t, size_t, GroupNorm, bool, const DeviceSelection&,
+                    Workspace, Stream) {
+  return unavailable_here("cuda::ef_head_topk");
+}
+
 SelectFn find_select(Selector) { return nullptr; }
 
 bool has_device_codec(Format) { return false; }

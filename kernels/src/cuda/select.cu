@@ -1,14 +1,20 @@
 // cuda.h's selections: validate on the host, then queue the kernels of
-// detail/select_kernels.cuh on the caller's stream (no allocation, no host synchronisation).
+// detail/select_kernels.cuh and detail/structured_kernels.cuh on the caller's stream (no
+// allocation, no host synchronisation). One translation unit: the headers define kernels.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <limits>
+#include <span>
 #include <string>
+
+#include <cub/device/device_radix_sort.cuh>
 
 #include "cuda/detail/select_kernels.cuh"
 #include "cuda/detail/status.h"
+#include "cuda/detail/structured_kernels.cuh"
 #include "sparsecar/kernels/cuda.h"
 #include "sparsecar/kernels/select.h"
 #include "sparsecar/kernels/structured.h"
@@ -356,6 +362,222 @@ Status randblock(const float* x, size_t n, size_t block, double p, uint64_t seed
   return random_select(kWhat, x, n, block, p, seed, unbiased, out, ws, stream);
 }
 
+// ---- structured selections ---------------------------------------------------------------------
+
+namespace {
+
+// How a tensor of n elements is grouped: contiguous groups of `size` elements (the last may be
+// shorter), or (columns) the `groups` columns of a row-major [n / groups, groups] matrix.
+struct Grouping {
+  size_t n;
+  size_t groups;
+  size_t size;   // contiguous: elements per group
+  bool columns;  // group of element i: i % groups
+};
+
+// The structured workspace, carved in this order; status and the tile counter are zeroed.
+struct GroupLayout {
+  unsigned long long* status;  // one look-back word per compaction tile
+  unsigned* tile_counter;
+  size_t zeroed_bytes;
+  unsigned long long* keys;    // per group: ranking key, then sorted
+  unsigned long long* keys_sorted;
+  uint32_t* ids;               // per group: group id, then sorted by key
+  uint32_t* ids_sorted;
+  unsigned char* flags;        // per group: 1 when kept
+  void* sort_temp;             // CUB's radix sort storage
+  size_t sort_bytes;
+  size_t bytes;
+};
+
+// CUB's temporary storage for sorting `groups` (key, id) pairs (a host-side query; 0 when it
+// fails, e.g. without a GPU: the call then reports the error itself).
+size_t sort_temp_bytes(size_t groups) {
+  if (groups == 0) return 0;
+  size_t bytes = 0;
+  const cudaError_t err = cub::DeviceRadixSort::SortPairsDescending(
+      nullptr, bytes, static_cast<const unsigned long long*>(nullptr), static_cast<unsigned long long*>(nullptr),
+      static_cast<const uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr), static_cast<uint32_t>(groups), 0, 64);
+  return err == cudaSuccess ? bytes : 0;
+}
+
+GroupLayout group_layout(void* base, size_t n, size_t groups) {
+  auto* p = static_cast<char*>(base);
+  GroupLayout l{};
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    char* at = p == nullptr ? nullptr : p + off;
+    off += align_up(bytes);
+    return at;
+  };
+  l.status = reinterpret_cast<unsigned long long*>(take(std::max<size_t>(tiles_of(n), 1) * sizeof(unsigned long long)));
+  l.tile_counter = reinterpret_cast<unsigned*>(take(sizeof(unsigned)));
+  l.zeroed_bytes = off;
+  l.keys = reinterpret_cast<unsigned long long*>(take(groups * sizeof(unsigned long long)));
+  l.keys_sorted = reinterpret_cast<unsigned long long*>(take(groups * sizeof(unsigned long long)));
+  l.ids = reinterpret_cast<uint32_t*>(take(groups * sizeof(uint32_t)));
+  l.ids_sorted = reinterpret_cast<uint32_t*>(take(groups * sizeof(uint32_t)));
+  l.flags = reinterpret_cast<unsigned char*>(take(groups));
+  l.sort_bytes = sort_temp_bytes(groups);
+  l.sort_temp = take(l.sort_bytes);
+  l.bytes = off;
+  return l;
+}
+
+// The checks every structured function shares (after its own shape checks).
+Status check_groups(const char* what, const float* residual, const Grouping& g, size_t keep,
+                    const DeviceSelection& out, Workspace ws) {
+  const std::string name(what);
+  if (g.n > kMaxElements) return invalid_argument(name + ": " + std::to_string(g.n) + " elements exceed 2^32 - 1");
+  if (g.n > 0 && residual == nullptr) return invalid_argument(name + ": null input");
+  if (out.count == nullptr) return invalid_argument(name + ": null count");
+  if (out.capacity > 0 && (out.index == nullptr || out.value == nullptr)) {
+    return invalid_argument(name + ": null output with capacity " + std::to_string(out.capacity));
+  }
+  const size_t kept = std::min(keep, g.groups);
+  // The whole selection must fit (as on the CPU): rows * kept columns, or kept groups of size.
+  const size_t most = g.columns ? (g.n / std::max<size_t>(g.groups, 1)) * kept : std::min(g.n, kept * g.size);
+  if (out.capacity < most) {
+    return invalid_argument(name + ": capacity " + std::to_string(out.capacity) + " is below the " +
+                            std::to_string(most) + " pairs of " + std::to_string(kept) + " groups");
+  }
+  const size_t need = structured_workspace_bytes(g.n, g.groups);
+  if (ws.bytes < need || (need > 0 && ws.ptr == nullptr)) {
+    return invalid_argument(name + ": workspace of " + std::to_string(ws.bytes) + " bytes; " + std::to_string(need) +
+                            " needed");
+  }
+  if (reinterpret_cast<uintptr_t>(ws.ptr) % kAlign != 0) {
+    return invalid_argument(name + ": workspace not aligned to " + std::to_string(kAlign) + " bytes");
+  }
+  return Status::Ok();
+}
+
+// Scores, ranks and emits: the CPU's contiguous_topk / column_topk with error feedback.
+Status group_topk(const char* what, float* residual, const float* grad, const Grouping& g, size_t keep,
+                  GroupNorm norm, bool clear_sent, const DeviceSelection& out, Workspace ws, Stream stream) {
+  SC_RETURN_IF_ERROR(check_groups(what, residual, g, keep, out, ws));
+  keep = std::min(keep, g.groups);
+  if (g.n == 0 || keep == 0) {
+    if (grad != nullptr && g.n > 0) group_add_kernel<<<stride_blocks(g.n), kThreads, 0, stream>>>(residual, grad, g.n);
+    SC_RETURN_IF_ERROR(cuda_status(what, cudaGetLastError()));
+    return zero_count(what, out, stream);
+  }
+  const GroupLayout l = group_layout(ws.ptr, g.n, g.groups);
+  SC_RETURN_IF_ERROR(cuda_status(what, cudaMemsetAsync(l.status, 0, l.zeroed_bytes, stream)));
+  const bool l1 = norm == GroupNorm::kL1;
+  // 1. Scores (with residual += grad), one key and id per group.
+  if (g.columns) {
+    column_scores_kernel<<<static_cast<unsigned>((g.groups + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+        residual, grad, g.n / g.groups, g.groups, l1, l.keys, l.ids);
+  } else {
+    const size_t warps_per_block = kThreads / 32;
+    contiguous_scores_kernel<<<static_cast<unsigned>((g.groups + warps_per_block - 1) / warps_per_block), kThreads, 0,
+                               stream>>>(residual, grad, g.n, g.size, g.groups, l1, l.keys, l.ids);
+  }
+  SC_RETURN_IF_ERROR(cuda_status(what, cudaGetLastError()));
+  // 2. The ranking (all groups kept: no sort) and the kept groups' flags.
+  const uint32_t* order = nullptr;
+  if (keep < g.groups) {
+    size_t bytes = l.sort_bytes;
+    if (bytes == 0) {
+      return internal_error(std::string(what) + ": CUB's radix sort storage could not be sized on this device");
+    }
+    SC_RETURN_IF_ERROR(cuda_status(
+        what, cub::DeviceRadixSort::SortPairsDescending(l.sort_temp, bytes, l.keys, l.keys_sorted, l.ids,
+                                                        l.ids_sorted, static_cast<uint32_t>(g.groups), 0, 64,
+                                                        stream)));
+    order = l.ids_sorted;
+  }
+  group_flags_kernel<<<stride_blocks(g.groups), kThreads, 0, stream>>>(order, g.groups, keep, l.flags);
+  SC_RETURN_IF_ERROR(cuda_status(what, cudaGetLastError()));
+  // 3. Every element of a kept group, in index order.
+  const GroupOp op{residual, l.flags, static_cast<uint32_t>(g.columns ? 1 : g.size),
+                   static_cast<uint32_t>(g.columns ? g.groups : 0), clear_sent};
+  const size_t tiles = tiles_of(g.n);
+  compact_kernel<GroupOp><<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(
+      op, g.n, output_of(out), l.status, l.tile_counter, tiles, nullptr);
+  return cuda_status(what, cudaGetLastError());
+}
+
+std::string shape_text(std::initializer_list<uint64_t> dims) {
+  std::string s = "[";
+  for (uint64_t d : dims) s += (s.size() > 1 ? ", " : "") + std::to_string(d);
+  return s + "]";
+}
+
+}  // namespace
+
+size_t structured_workspace_bytes(size_t n, size_t groups) { return group_layout(nullptr, n, groups).bytes; }
+
+size_t select_workspace_bytes(size_t n, std::span<const uint64_t> shape) {
+  // The finest grouping any row can make from this shape (as selector_scratch_bytes): blocks of
+  // the smallest size, rows, columns, channels or heads (heads divide shape[0]).
+  size_t bytes = std::max(select_workspace_bytes(n), structured_workspace_bytes(n, (n + kMinBlock - 1) / kMinBlock));
+  for (uint64_t d : shape) {
+    if (d <= n) bytes = std::max(bytes, structured_workspace_bytes(n, static_cast<size_t>(d)));
+  }
+  return bytes;
+}
+
+Status ef_block_topk(float* residual, const float* grad, size_t n, size_t block, size_t keep, GroupNorm norm,
+                     bool clear_sent, const DeviceSelection& out, Workspace ws, Stream stream) {
+  constexpr const char* kWhat = "cuda::ef_block_topk";
+  if (block < kMinBlock || block > kMaxBlock) {
+    return invalid_argument(std::string(kWhat) + ": block of " + std::to_string(block) + " elements; allowed " +
+                            std::to_string(kMinBlock) + ".." + std::to_string(kMaxBlock));
+  }
+  return group_topk(kWhat, residual, grad, {n, (n + block - 1) / block, block, false}, keep, norm, clear_sent, out,
+                    ws, stream);
+}
+
+Status ef_row_topk(float* residual, const float* grad, size_t n, size_t rows, size_t cols, size_t keep,
+                   GroupNorm norm, bool clear_sent, const DeviceSelection& out, Workspace ws, Stream stream) {
+  constexpr const char* kWhat = "cuda::ef_row_topk";
+  if (rows == 0 || cols == 0 || rows > n || rows * cols != n) {
+    return invalid_argument(std::string(kWhat) + ": shape " + shape_text({rows, cols}) + " does not hold " +
+                            std::to_string(n) + " elements");
+  }
+  return group_topk(kWhat, residual, grad, {n, rows, cols, false}, keep, norm, clear_sent, out, ws, stream);
+}
+
+Status ef_column_topk(float* residual, const float* grad, size_t n, size_t rows, size_t cols, size_t keep,
+                      GroupNorm norm, bool clear_sent, const DeviceSelection& out, Workspace ws, Stream stream) {
+  constexpr const char* kWhat = "cuda::ef_column_topk";
+  if (rows == 0 || cols == 0 || rows > n || rows * cols != n) {
+    return invalid_argument(std::string(kWhat) + ": shape " + shape_text({rows, cols}) + " does not hold " +
+                            std::to_string(n) + " elements");
+  }
+  return group_topk(kWhat, residual, grad, {n, cols, 1, true}, keep, norm, clear_sent, out, ws, stream);
+}
+
+Status ef_channel_topk(float* residual, const float* grad, size_t n, std::span<const uint64_t, 4> shape, size_t keep,
+                       GroupNorm norm, bool clear_sent, const DeviceSelection& out, Workspace ws, Stream stream) {
+  constexpr const char* kWhat = "cuda::ef_channel_topk";
+  uint64_t product = 1;
+  bool overflow = false;
+  for (uint64_t d : shape) {
+    if (d == 0 || product > std::numeric_limits<uint64_t>::max() / d) overflow = true;
+    if (!overflow) product *= d;
+  }
+  if (overflow || product != n) {
+    return invalid_argument(std::string(kWhat) + ": shape " + shape_text({shape[0], shape[1], shape[2], shape[3]}) +
+                            " does not hold " + std::to_string(n) + " elements");
+  }
+  return group_topk(kWhat, residual, grad, {n, shape[0], n / shape[0], false}, keep, norm, clear_sent, out, ws,
+                    stream);
+}
+
+Status ef_head_topk(float* residual, const float* grad, size_t n, size_t leading, size_t heads, size_t keep,
+                    GroupNorm norm, bool clear_sent, const DeviceSelection& out, Workspace ws, Stream stream) {
+  constexpr const char* kWhat = "cuda::ef_head_topk";
+  if (leading == 0 || heads == 0 || n % leading != 0 || leading % heads != 0) {
+    return invalid_argument(std::string(kWhat) + ": " + std::to_string(heads) +
+                            " heads do not split a leading dimension of " + std::to_string(leading) + " (of " +
+                            std::to_string(n) + " elements)");
+  }
+  return group_topk(kWhat, residual, grad, {n, heads, n / heads, false}, keep, norm, clear_sent, out, ws, stream);
+}
+
 // ---- the registry's CUDA column --------------------------------------------------------------
 
 namespace {
@@ -409,6 +631,40 @@ Status percentile_row(const SelectArgs& a) {
   SC_RETURN_IF_ERROR(params_ok(a));
   return ef_percentile(a.residual, a.grad, a.n, a.params->quantile, a.clear_sent, a.out, a.ws, a.stream);
 }
+// The structured rows, as the CPU rows of selectors.cc: the kept groups from the density, and
+// exact top-k at the same density when the registered shape does not fit the row.
+size_t groups_kept(size_t groups, const SelectArgs& a) { return topk_count(groups, a.params->density); }
+Status block_topk_row(const SelectArgs& a) {
+  SC_RETURN_IF_ERROR(params_ok(a));
+  const size_t block = a.params->block_size;
+  return ef_block_topk(a.residual, a.grad, a.n, block, groups_kept((a.n + block - 1) / std::max<size_t>(block, 1), a),
+                       a.params->group_norm, a.clear_sent, a.out, a.ws, a.stream);
+}
+Status row_topk_row(const SelectArgs& a) {
+  SC_RETURN_IF_ERROR(params_ok(a));
+  if (a.shape.size() != 2) return topk_row(a);
+  return ef_row_topk(a.residual, a.grad, a.n, a.shape[0], a.shape[1], groups_kept(a.shape[0], a),
+                     a.params->group_norm, a.clear_sent, a.out, a.ws, a.stream);
+}
+Status column_topk_row(const SelectArgs& a) {
+  SC_RETURN_IF_ERROR(params_ok(a));
+  if (a.shape.size() != 2) return topk_row(a);
+  return ef_column_topk(a.residual, a.grad, a.n, a.shape[0], a.shape[1], groups_kept(a.shape[1], a),
+                        a.params->group_norm, a.clear_sent, a.out, a.ws, a.stream);
+}
+Status channel_topk_row(const SelectArgs& a) {
+  SC_RETURN_IF_ERROR(params_ok(a));
+  if (a.shape.size() != 4) return topk_row(a);
+  return ef_channel_topk(a.residual, a.grad, a.n, a.shape.first<4>(), groups_kept(a.shape[0], a),
+                         a.params->group_norm, a.clear_sent, a.out, a.ws, a.stream);
+}
+Status head_topk_row(const SelectArgs& a) {
+  SC_RETURN_IF_ERROR(params_ok(a));
+  const uint32_t heads = a.params->heads;
+  if (a.shape.empty() || heads < 2 || a.shape[0] % heads != 0) return topk_row(a);
+  return ef_head_topk(a.residual, a.grad, a.n, a.shape[0], heads, groups_kept(heads, a), a.params->group_norm,
+                      a.clear_sent, a.out, a.ws, a.stream);
+}
 Status randomk_row(const SelectArgs& a) { return random_row(a, 1); }
 Status randblock_row(const SelectArgs& a) { return random_row(a, a.params->block_size); }
 
@@ -423,6 +679,11 @@ constexpr Row kRows[] = {
     {Selector::kPercentile, percentile_row},
     {Selector::kRandomk, randomk_row},
     {Selector::kRandblock, randblock_row},
+    {Selector::kBlockTopk, block_topk_row},
+    {Selector::kRowTopk, row_topk_row},
+    {Selector::kColumnTopk, column_topk_row},
+    {Selector::kChannelTopk, channel_topk_row},
+    {Selector::kHeadTopk, head_topk_row},
 };
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -160,18 +161,20 @@ void expect_same_floats(const std::string& what, const std::vector<float>& got, 
 }
 
 // One GPU run's buffers for a tensor of n elements.
+// ws_bytes 0: select_workspace_bytes(elements).
 struct GpuRun {
-  GpuRun(size_t elements, size_t pairs)
-      : n(elements), capacity(pairs), residual(elements), grad(elements), index(pairs), value(pairs), count(1),
-        ws(cu::select_workspace_bytes(elements)) {
+  GpuRun(size_t elements, size_t pairs, size_t ws_bytes = 0)
+      : n(elements), capacity(pairs), ws_size(ws_bytes != 0 ? ws_bytes : cu::select_workspace_bytes(elements)),
+        residual(elements), grad(elements), index(pairs), value(pairs), count(1), ws(ws_size) {
     index.poison();
     value.poison();
   }
   cu::DeviceSelection out() const { return {index.get(), value.get(), capacity, count.get()}; }
-  cu::Workspace workspace() const { return {ws.get(), cu::select_workspace_bytes(n)}; }
+  cu::Workspace workspace() const { return {ws.get(), ws_size}; }
   uint64_t fetch_count() const { return count.download(1)[0]; }
   size_t n;
   size_t capacity;
+  size_t ws_size;
   DeviceBuffer<float> residual;
   DeviceBuffer<float> grad;
   DeviceBuffer<uint32_t> index;
@@ -441,6 +444,226 @@ TEST(CudaSelect, RandomSelectorsEqualCpu) {
   }
 }
 
+// ---- structured selections -------------------------------------------------------------------
+
+// CPU: ef_accumulate (with grad), the structured function, clear_selected; the GPU function runs
+// on residual (+ grad) with clear_sent, capacity n, workspace structured_workspace_bytes(n, groups).
+using CpuGroups = std::function<Expected<size_t>(std::span<const float> x, std::span<std::byte> scratch, uint32_t* idx,
+                                                 float* val)>;
+using GpuGroups = std::function<Status(GpuRun& run, const float* grad)>;
+void check_structured(const std::string& name, size_t n, size_t groups, Data kind, bool with_grad,
+                      std::mt19937_64& rng, const CpuGroups& cpu, const GpuGroups& gpu) {
+  const auto r0 = make_data(n, kind, rng);
+  const auto g = make_data(n, kind, rng);
+  std::vector<float> ref_r = r0;
+  if (with_grad) ef_accumulate(ref_r, g);
+  std::vector<std::byte> scratch(group_scratch_bytes(groups));
+  std::vector<uint32_t> ref_index(n + 1);
+  std::vector<float> ref_value(n + 1);
+  const auto ref = cpu(ref_r, scratch, ref_index.data(), ref_value.data());
+  const std::string what = name + " n=" + std::to_string(n) + " groups=" + std::to_string(groups) + " " +
+                           name_of(kind) + (with_grad ? " ef" : " plain");
+  ASSERT_TRUE(ref.ok()) << what << ": " << ref.status().to_string();
+  clear_selected(ref_r, std::span<const uint32_t>(ref_index.data(), *ref));
+
+  GpuRun run(n, n, cu::structured_workspace_bytes(n, groups));
+  run.residual.upload(r0);
+  run.grad.upload(g);
+  const Status st = gpu(run, with_grad ? run.grad.get() : nullptr);
+  ASSERT_TRUE(st.ok()) << what << ": " << st.to_string();
+  const uint64_t count = run.fetch_count();
+  expect_same(what, ref_index, ref_value, *ref, run.index.download(n), run.value.download(n), count,
+              std::min<size_t>(count, n));
+  expect_same_floats(what + " residual", run.residual.download(n), ref_r);
+}
+
+// keep = 0, 1, half, all but one, all, more than all.
+std::vector<size_t> keeps_for(size_t groups) {
+  std::vector<size_t> ks = {0, 1, groups / 2, groups > 0 ? groups - 1 : 0, groups, groups + 3};
+  std::sort(ks.begin(), ks.end());
+  ks.erase(std::unique(ks.begin(), ks.end()), ks.end());
+  return ks;
+}
+
+const GroupNorm kNorms[] = {GroupNorm::kL2, GroupNorm::kL1};
+
+// Blocks of 32, 100 (n not a multiple: a short last block) and 256 over every test size; all
+// four data kinds (NaN groups rank first; all-equal magnitudes tie every full block).
+TEST(CudaStructured, BlockTopkEqualsCpu) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(11);
+  for (size_t n : sizes()) {
+    for (Data kind : kKinds) {
+      if (skip_case(n, static_cast<int>(kind))) continue;
+      for (size_t block : {size_t{32}, size_t{100}, size_t{256}}) {
+        const size_t groups = (n + block - 1) / block;
+        for (size_t keep : keeps_for(groups)) {
+          for (GroupNorm norm : kNorms) {
+            for (bool with_grad : {true, false}) {
+              check_structured(
+                  "block_topk block=" + std::to_string(block) + " keep=" + std::to_string(keep) + " " +
+                      std::string(group_norm_name(norm)),
+                  n, groups, kind, with_grad, rng,
+                  [&](std::span<const float> x, std::span<std::byte> sc, uint32_t* idx, float* val) {
+                    return block_topk(x, block, keep, norm, sc, idx, val);
+                  },
+                  [&](GpuRun& run, const float* grad) {
+                    return cu::ef_block_topk(run.residual.get(), grad, n, block, keep, norm, true, run.out(),
+                                             run.workspace(), nullptr);
+                  });
+              if (HasFatalFailure()) return;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// [rows, cols] shapes: single rows and columns, square, tall, wide, and one of about 2^20.
+struct Shape2 {
+  size_t rows;
+  size_t cols;
+};
+const Shape2 kShapes2[] = {{1, 1}, {1, 4097}, {4097, 1}, {3, 5}, {64, 64}, {100, 37}, {37, 1000}, {1000, 65},
+                           {513, 2049}};
+
+TEST(CudaStructured, RowAndColumnTopkEqualCpu) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(12);
+  for (const Shape2 shape : kShapes2) {
+    const size_t n = shape.rows * shape.cols;
+    const size_t rows = shape.rows;
+    const size_t cols = shape.cols;
+    for (Data kind : kKinds) {
+      for (GroupNorm norm : kNorms) {
+        for (bool with_grad : {true, false}) {
+          const std::string dims = " [" + std::to_string(rows) + ", " + std::to_string(cols) + "] " +
+                                   std::string(group_norm_name(norm));
+          for (size_t keep : keeps_for(rows)) {
+            check_structured(
+                "row_topk keep=" + std::to_string(keep) + dims, n, rows, kind, with_grad, rng,
+                [&](std::span<const float> x, std::span<std::byte> sc, uint32_t* idx, float* val) {
+                  return row_topk(x, rows, cols, keep, norm, sc, idx, val);
+                },
+                [&](GpuRun& run, const float* grad) {
+                  return cu::ef_row_topk(run.residual.get(), grad, n, rows, cols, keep, norm, true, run.out(),
+                                         run.workspace(), nullptr);
+                });
+            if (HasFatalFailure()) return;
+          }
+          for (size_t keep : keeps_for(cols)) {
+            check_structured(
+                "column_topk keep=" + std::to_string(keep) + dims, n, cols, kind, with_grad, rng,
+                [&](std::span<const float> x, std::span<std::byte> sc, uint32_t* idx, float* val) {
+                  return column_topk(x, rows, cols, keep, norm, sc, idx, val);
+                },
+                [&](GpuRun& run, const float* grad) {
+                  return cu::ef_column_topk(run.residual.get(), grad, n, rows, cols, keep, norm, true, run.out(),
+                                            run.workspace(), nullptr);
+                });
+            if (HasFatalFailure()) return;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaStructured, ChannelAndHeadTopkEqualCpu) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(13);
+  const std::array<uint64_t, 4> conv_shapes[] = {{1, 1, 1, 1}, {3, 1, 1, 1}, {8, 3, 3, 3}, {64, 16, 3, 3},
+                                                 {256, 64, 3, 3}};
+  for (const auto& shape : conv_shapes) {
+    const size_t n = shape[0] * shape[1] * shape[2] * shape[3];
+    for (Data kind : kKinds) {
+      for (GroupNorm norm : kNorms) {
+        for (bool with_grad : {true, false}) {
+          for (size_t keep : keeps_for(shape[0])) {
+            check_structured(
+                "channel_topk keep=" + std::to_string(keep) + " c_out=" + std::to_string(shape[0]) + " " +
+                    std::string(group_norm_name(norm)),
+                n, shape[0], kind, with_grad, rng,
+                [&](std::span<const float> x, std::span<std::byte> sc, uint32_t* idx, float* val) {
+                  return channel_topk(x, shape, keep, norm, sc, idx, val);
+                },
+                [&](GpuRun& run, const float* grad) {
+                  return cu::ef_channel_topk(run.residual.get(), grad, n, shape, keep, norm, true, run.out(),
+                                             run.workspace(), nullptr);
+                });
+            if (HasFatalFailure()) return;
+          }
+        }
+      }
+    }
+  }
+  // [leading, d] projections split into heads; the largest has heads of 2^18 + elements.
+  struct HeadCase {
+    size_t leading;
+    size_t d;
+    size_t heads;
+  };
+  for (const HeadCase c : {HeadCase{2, 3, 2}, HeadCase{96, 50, 3}, HeadCase{96, 50, 12}, HeadCase{96, 50, 96},
+                           HeadCase{768, 768, 12}, HeadCase{64, 1, 8}}) {
+    const size_t n = c.leading * c.d;
+    for (Data kind : kKinds) {
+      for (GroupNorm norm : kNorms) {
+        for (bool with_grad : {true, false}) {
+          for (size_t keep : keeps_for(c.heads)) {
+            check_structured(
+                "head_topk keep=" + std::to_string(keep) + " leading=" + std::to_string(c.leading) + " heads=" +
+                    std::to_string(c.heads) + " " + std::string(group_norm_name(norm)),
+                n, c.heads, kind, with_grad, rng,
+                [&](std::span<const float> x, std::span<std::byte> sc, uint32_t* idx, float* val) {
+                  return head_topk(x, c.leading, c.heads, keep, norm, sc, idx, val);
+                },
+                [&](GpuRun& run, const float* grad) {
+                  return cu::ef_head_topk(run.residual.get(), grad, n, c.leading, c.heads, keep, norm, true,
+                                          run.out(), run.workspace(), nullptr);
+                });
+            if (HasFatalFailure()) return;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Ties of group scores: nine in ten blocks are exact copies of one pattern (equal sums), the
+// rest scale it; among the copies the lower block index must win, at every keep.
+TEST(CudaStructured, TiedGroupsGoToTheLowerIndex) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(14);
+  const size_t block = 64;
+  const size_t groups = 1000;
+  const size_t n = block * groups;
+  const auto pattern = make_data(block, Data::kNormal, rng);
+  std::vector<float> x(n);
+  std::uniform_int_distribution<int> pick(0, 9);
+  for (size_t b = 0; b < groups; ++b) {
+    // Nine in ten blocks copy the pattern (equal scores); the rest scale it by 0.5 or 2.
+    const float scale = pick(rng) == 0 ? (pick(rng) < 5 ? 0.5f : 2.0f) : 1.0f;
+    for (size_t j = 0; j < block; ++j) x[b * block + j] = pattern[j] * scale;
+  }
+  for (size_t keep : {size_t{1}, size_t{50}, size_t{500}, size_t{999}}) {
+    std::vector<std::byte> scratch(group_scratch_bytes(groups));
+    std::vector<uint32_t> ref_index(n);
+    std::vector<float> ref_value(n);
+    const auto ref = block_topk(x, block, keep, GroupNorm::kL2, scratch, ref_index.data(), ref_value.data());
+    ASSERT_TRUE(ref.ok());
+    GpuRun run(n, n, cu::structured_workspace_bytes(n, groups));
+    run.residual.upload(x);
+    ASSERT_TRUE(cu::ef_block_topk(run.residual.get(), nullptr, n, block, keep, GroupNorm::kL2, false, run.out(),
+                                  run.workspace(), nullptr)
+                    .ok());
+    const uint64_t count = run.fetch_count();
+    expect_same("tied blocks keep=" + std::to_string(keep), ref_index, ref_value, *ref, run.index.download(n),
+                run.value.download(n), count, std::min<size_t>(count, n));
+    expect_same_floats("tied blocks residual untouched", run.residual.download(n), x);
+  }
+}
+
 // Every registry row that has a CUDA function (find_select) against the row's CPU function,
 // composed as the compressor does: residual += grad, select, clear what was sent.
 TEST(CudaSelect, RegistryRowsEqualTheirCpuRows) {
@@ -451,7 +674,14 @@ TEST(CudaSelect, RegistryRowsEqualTheirCpuRows) {
     const cu::SelectFn gpu = cu::find_select(row.id);
     if (gpu == nullptr || row.cpu == nullptr) continue;
     with_cuda.push_back(row.name);
-    for (size_t n : {size_t{0}, size_t{1}, size_t{4097}, size_t{100003}}) {
+    // Multiples of 64 get a shape ([n/64, 64], channels [n/64, 4, 4, 4]) that the shaped rows
+    // use; the other sizes have none, so those rows take their top-k fallback.
+    for (size_t n : {size_t{0}, size_t{1}, size_t{4096}, size_t{4097}, size_t{65536}, size_t{100003}}) {
+      std::vector<uint64_t> shape;
+      if (n > 0 && n % 64 == 0) {
+        shape = row.id == Selector::kChannelTopk ? std::vector<uint64_t>{n / 64, 4, 4, 4}
+                                                 : std::vector<uint64_t>{n / 64, 64};
+      }
       SelectorParams params;
       params.density = 0.02;
       params.threshold = 1.5f;
@@ -463,22 +693,24 @@ TEST(CudaSelect, RegistryRowsEqualTheirCpuRows) {
       const auto g = make_data(n, Data::kNormal, rng);
       std::vector<float> ref_r = r0;
       ef_accumulate(ref_r, g);
-      std::vector<std::byte> scratch(selector_scratch_bytes(n, {}));
+      std::vector<std::byte> scratch(selector_scratch_bytes(n, shape));
       std::vector<uint32_t> ref_index(n + 1);
       std::vector<float> ref_value(n + 1);
       SelectInput in;
       in.x = ref_r;
       in.grad = g;
+      in.shape = shape;
       in.params = &params;
       in.scratch = scratch;
       const auto ref_count = row.cpu(in, {ref_index.data(), ref_value.data(), n});
       ASSERT_TRUE(ref_count.ok()) << row.name << ": " << ref_count.status().to_string();
       clear_selected(ref_r, std::span<const uint32_t>(ref_index.data(), std::min<size_t>(*ref_count, n)));
 
-      GpuRun run(n, n);
+      GpuRun run(n, n, cu::select_workspace_bytes(n, shape));
       run.residual.upload(r0);
       run.grad.upload(g);
       cu::SelectArgs args;
+      args.shape = shape;
       args.residual = run.residual.get();
       args.grad = run.grad.get();
       args.n = n;
@@ -488,7 +720,8 @@ TEST(CudaSelect, RegistryRowsEqualTheirCpuRows) {
       args.ws = run.workspace();
       const Status st = gpu(args);
       ASSERT_TRUE(st.ok()) << row.name << ": " << st.to_string();
-      const std::string what = std::string(row.name) + " (registry) n=" + std::to_string(n);
+      const std::string what =
+          std::string(row.name) + " (registry) n=" + std::to_string(n) + (shape.empty() ? " no shape" : " shaped");
       const uint64_t count = run.fetch_count();
       expect_same(what, ref_index, ref_value, *ref_count, run.index.download(n), run.value.download(n), count,
                   std::min<size_t>(count, n));
@@ -498,7 +731,7 @@ TEST(CudaSelect, RegistryRowsEqualTheirCpuRows) {
   std::string names;
   for (const auto& name : with_cuda) names += name + " ";
   std::printf("selectors with a CUDA function: %s\n", names.c_str());
-  EXPECT_GE(with_cuda.size(), 6u) << names;
+  EXPECT_GE(with_cuda.size(), 11u) << names;
 }
 
 // Above 2^31 bytes per array: 64-bit offsets everywhere (indices stay uint32).
@@ -556,6 +789,45 @@ TEST(CudaSelect, BadArgumentsQueueNothing) {
   EXPECT_EQ(cu::randblock(run.residual.get(), 100, 1, 0.5, 1, false, run.out(), run.workspace(), nullptr).code(),
             Code::kInvalidArgument);
   EXPECT_EQ(cu::ef_threshold(nullptr, nullptr, 100, 1.0f, false, run.out(), run.workspace(), nullptr).code(),
+            Code::kInvalidArgument);
+}
+
+TEST(CudaStructured, BadArgumentsQueueNothing) {
+  if (!cu::built()) {
+    float x = 0;
+    EXPECT_EQ(cu::ef_block_topk(&x, nullptr, 1, 32, 1, GroupNorm::kL2, false, {}, {}, nullptr).code(),
+              Code::kUnavailable);
+    EXPECT_EQ(cu::ef_column_topk(&x, nullptr, 1, 1, 1, 1, GroupNorm::kL2, false, {}, {}, nullptr).code(),
+              Code::kUnavailable);
+    return;
+  }
+  SKIP_WITHOUT_GPU();
+  const size_t n = 100;
+  GpuRun run(n, n, cu::structured_workspace_bytes(n, n));
+  float* r = run.residual.get();
+  const GroupNorm l2 = GroupNorm::kL2;
+  // Block out of range; shapes that do not hold n; heads that do not split the leading dimension.
+  EXPECT_EQ(cu::ef_block_topk(r, nullptr, n, 16, 1, l2, false, run.out(), run.workspace(), nullptr).code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(cu::ef_row_topk(r, nullptr, n, 7, 14, 1, l2, false, run.out(), run.workspace(), nullptr).code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(cu::ef_column_topk(r, nullptr, n, 0, 100, 1, l2, false, run.out(), run.workspace(), nullptr).code(),
+            Code::kInvalidArgument);
+  const std::array<uint64_t, 4> conv = {5, 5, 2, 3};
+  EXPECT_EQ(cu::ef_channel_topk(r, nullptr, n, conv, 1, l2, false, run.out(), run.workspace(), nullptr).code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(cu::ef_head_topk(r, nullptr, n, 10, 3, 1, l2, false, run.out(), run.workspace(), nullptr).code(),
+            Code::kInvalidArgument);
+  // Capacity below the selection (2 rows of 50), a workspace too small, a null count.
+  cu::DeviceSelection small = run.out();
+  small.capacity = 99;
+  EXPECT_EQ(cu::ef_row_topk(r, nullptr, n, 2, 50, 2, l2, false, small, run.workspace(), nullptr).code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(cu::ef_column_topk(r, nullptr, n, 2, 50, 1, l2, false, run.out(), {run.ws.get(), 16}, nullptr).code(),
+            Code::kInvalidArgument);
+  cu::DeviceSelection no_count = run.out();
+  no_count.count = nullptr;
+  EXPECT_EQ(cu::ef_block_topk(r, nullptr, n, 32, 1, l2, false, no_count, run.workspace(), nullptr).code(),
             Code::kInvalidArgument);
 }
 

@@ -10,8 +10,9 @@
 //   waits: work is queued on `stream` and the result count lands in device memory
 //   (DeviceSelection::count). Read it after the stream is synchronised, or let a later kernel on
 //   the stream read it.
-// - Workspace: device memory of select_workspace_bytes(n) bytes, sized once per tensor, used by
-//   one call at a time (calls on one stream may share it).
+// - Workspace: device memory of select_workspace_bytes(n) bytes (structured selections:
+//   structured_workspace_bytes(n, groups); registry rows: select_workspace_bytes(n, shape)),
+//   sized once per tensor, used by one call at a time (calls on one stream may share it).
 // - The arguments are validated on the host before anything is queued; an error queues nothing.
 // - The selected set, its order (increasing index), the values and the residual afterwards
 //   equal the CPU functions of select.h / structured.h bit for bit, on any input (NaN and +-inf
@@ -31,6 +32,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "sparsecar/common/status.h"
@@ -125,6 +127,47 @@ Status randomk(const float* x, size_t n, double p, uint64_t seed, bool unbiased,
 Status randblock(const float* x, size_t n, size_t block, double p, uint64_t seed, bool unbiased,
                  const DeviceSelection& out, Workspace ws, Stream stream);
 
+// ---- structured selections (structured.h) -----------------------------------------------------
+// The `keep` best groups of elements (capped at the number of groups), every element of a kept
+// group written, zeros included; fused with error feedback as ef_topk: residual += grad (grad
+// may be null), the selection, residual zeroed where written with clear_sent. Group scores are
+// Σ x² (kL2) or Σ |x| (kL1) of residual + grad, summed in float64 in the CPU's order; a group
+// holding a NaN ranks first, ties go to the lower group index (structured.h's rule). The scores
+// are one warp per group (columns: one thread per column) and the ranking is CUB's stable radix
+// sort of the groups; then one compaction pass. out.capacity must hold the whole selection (the
+// bound named with each function); workspace: structured_workspace_bytes(n, groups).
+// Errors (nothing queued): the CPU function's shape errors, and those of every selection above.
+
+// Workspace bytes of a structured selection over n elements in `groups` groups (about
+// 25 bytes per group plus CUB's sort storage, and 8 bytes per 4096 elements).
+size_t structured_workspace_bytes(size_t n, size_t groups);
+
+// ceil(n / block) contiguous blocks, the last one possibly shorter; block in kMinBlock..kMaxBlock.
+// out.capacity >= min(n, keep * block). CPU: ef_accumulate, block_topk, clear_selected.
+Status ef_block_topk(float* residual, const float* grad, size_t n, size_t block, size_t keep, GroupNorm norm,
+                     bool clear_sent, const DeviceSelection& out, Workspace ws, Stream stream);
+
+// The rows of a row-major [rows, cols] matrix (rows * cols == n). out.capacity >=
+// min(rows, keep) * cols. CPU: ef_accumulate, row_topk, clear_selected.
+Status ef_row_topk(float* residual, const float* grad, size_t n, size_t rows, size_t cols, size_t keep,
+                   GroupNorm norm, bool clear_sent, const DeviceSelection& out, Workspace ws, Stream stream);
+
+// The columns of a row-major [rows, cols] matrix (rows * cols == n), written row by row (indices
+// increasing). out.capacity >= rows * min(cols, keep). CPU: ef_accumulate, column_topk,
+// clear_selected.
+Status ef_column_topk(float* residual, const float* grad, size_t n, size_t rows, size_t cols, size_t keep,
+                      GroupNorm norm, bool clear_sent, const DeviceSelection& out, Workspace ws, Stream stream);
+
+// The c_out output channels of a conv weight [c_out, c_in, kh, kw] (the product == n).
+// out.capacity >= min(c_out, keep) * n / c_out. CPU: ef_accumulate, channel_topk, clear_selected.
+Status ef_channel_topk(float* residual, const float* grad, size_t n, std::span<const uint64_t, 4> shape, size_t keep,
+                       GroupNorm norm, bool clear_sent, const DeviceSelection& out, Workspace ws, Stream stream);
+
+// `heads` contiguous slices of the leading dimension (leading divides n, heads divides leading).
+// out.capacity >= min(heads, keep) * n / heads. CPU: ef_accumulate, head_topk, clear_selected.
+Status ef_head_topk(float* residual, const float* grad, size_t n, size_t leading, size_t heads, size_t keep,
+                    GroupNorm norm, bool clear_sent, const DeviceSelection& out, Workspace ws, Stream stream);
+
 // ---- the selector registry's CUDA column ------------------------------------------------------
 // The CPU library must not link CUDA, so the CUDA functions of the registry's rows live here,
 // keyed by the same frozen ids (selectors.h): find_select(id) is the row's CUDA backend.
@@ -138,16 +181,23 @@ struct SelectArgs {
   bool clear_sent = false;          // error feedback: residual_i = 0 where a pair was written
   bool unbiased = false;            // random rows: values scaled by 1/p (error feedback off)
   DeviceSelection out;
-  Workspace ws;                     // select_workspace_bytes(n)
+  Workspace ws;                     // select_workspace_bytes(n, shape)
   Stream stream = nullptr;
+  std::span<const uint64_t> shape;  // the registered shape (empty: unknown), as SelectInput's;
+                                    // the shaped rows fall back to top-k when it does not fit
 };
 // Equals, bit for bit: residual += grad (if grad), the row's CPU select function on the
-// residual (SelectInput with no shape, no pool), then residual cleared where written (if
+// residual (SelectInput with the same shape, no pool), then residual cleared where written (if
 // clear_sent) — tests/unit/kernels/cuda_select_test.cc runs every row that has one.
 using SelectFn = Status (*)(const SelectArgs& args);
 
+// Workspace bytes of any registry row for a tensor of n elements with this registered shape:
+// select_workspace_bytes(n), or the structured rows' need for their finest grouping (blocks of
+// kMinBlock, or one group per entry of a shape's dimension) when that is more.
+size_t select_workspace_bytes(size_t n, std::span<const uint64_t> shape);
+
 // The CUDA function of selector `s`, or null (that selector runs on the CPU only, so far: the
-// structured, importance, periodic-mask and hybrid rows).
+// importance, periodic-mask and hybrid rows).
 SelectFn find_select(Selector s);
 
 }  // namespace sparsecar::kernels::cuda
