@@ -9,6 +9,7 @@
 
 #include "cuda/detail/codec_checks.h"
 #include "cuda/detail/codec_kernels.cuh"
+#include "cuda/detail/launch.h"
 #include "cuda/detail/status.h"
 #include "sparsecar/kernels/codec.h"
 #include "sparsecar/kernels/cuda_codecs.h"
@@ -19,20 +20,10 @@ namespace {
 using namespace detail;  // NOLINT: the kernels of this backend
 
 constexpr size_t kMaxElements = std::numeric_limits<uint32_t>::max();
-constexpr size_t kAlign = 256;
-
-size_t align_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 size_t scan_tiles(size_t items) { return (items + kScanTile - 1) / kScanTile; }
 size_t bitmap_bytes(size_t n) { return n / 8 + (n % 8 != 0); }
 
-// Blocks for a grid-stride pass: enough to fill the device, no more than the work, at least 1.
-unsigned stride_blocks(size_t n) {
-  int device = 0;
-  int sms = 132;
-  if (cudaGetDevice(&device) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  const size_t want = (n + kCodecThreads - 1) / kCodecThreads;
-  return static_cast<unsigned>(std::clamp<size_t>(want, 1, static_cast<size_t>(sms) * 8));
-}
+unsigned stride_blocks(size_t n) { return detail::stride_blocks(n, kCodecThreads); }
 
 // The scan of codec_kernels.cuh over `items`: tile sums, tile offsets (+ *total), apply.
 template <class Len, class Sink>
@@ -178,16 +169,6 @@ const DeviceCodec* find_device_codec(Format f) {
   return nullptr;
 }
 
-Status check_workspace(const std::string& name, Workspace ws, size_t need) {
-  if (ws.bytes < need || (need > 0 && ws.ptr == nullptr)) {
-    return invalid_argument(name + ": workspace of " + std::to_string(ws.bytes) + " bytes; " + std::to_string(need) +
-                            " needed");
-  }
-  if (reinterpret_cast<uintptr_t>(ws.ptr) % kAlign != 0) {
-    return invalid_argument(name + ": workspace not aligned to " + std::to_string(kAlign) + " bytes");
-  }
-  return Status::Ok();
-}
 
 }  // namespace
 

@@ -12,6 +12,7 @@
 
 #include <cub/device/device_radix_sort.cuh>
 
+#include "cuda/detail/launch.h"
 #include "cuda/detail/select_kernels.cuh"
 #include "cuda/detail/status.h"
 #include "cuda/detail/structured_kernels.cuh"
@@ -25,9 +26,6 @@ namespace {
 using namespace detail;  // NOLINT: the kernels of this backend
 
 constexpr size_t kMaxElements = std::numeric_limits<uint32_t>::max();
-constexpr size_t kAlign = 256;
-
-size_t align_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 size_t tiles_of(size_t n) { return (n + kTile - 1) / kTile; }
 // Keys the top-k's filter pass may keep (digit 0's bin of the k-th key): 1/16 of the tensor
 // and 4096 more; a fuller bin (few distinct magnitudes) takes the full passes instead.
@@ -72,14 +70,7 @@ Layout layout(void* base, size_t n) {
   return l;
 }
 
-// Blocks for a grid-stride pass: enough to fill the device, no more than the work.
-unsigned stride_blocks(size_t n) {
-  int device = 0;
-  int sms = 132;
-  if (cudaGetDevice(&device) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  const size_t want = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(std::clamp<size_t>(want, 1, static_cast<size_t>(sms) * 8));
-}
+unsigned stride_blocks(size_t n) { return detail::stride_blocks(n, kThreads); }
 
 __global__ void init_kernel(SelectState* state, unsigned long long main_k, unsigned long long sample_k,
                             unsigned lambda_key) {
@@ -104,14 +95,7 @@ Status check_common(const char* what, const void* x, size_t n, const DeviceSelec
     return invalid_argument(name + ": null output with capacity " + std::to_string(out.capacity));
   }
   const size_t need = select_workspace_bytes(n);
-  if (ws.bytes < need || (need > 0 && ws.ptr == nullptr)) {
-    return invalid_argument(name + ": workspace of " + std::to_string(ws.bytes) + " bytes; " + std::to_string(need) +
-                            " needed");
-  }
-  if (reinterpret_cast<uintptr_t>(ws.ptr) % kAlign != 0) {
-    return invalid_argument(name + ": workspace not aligned to " + std::to_string(kAlign) + " bytes");
-  }
-  return Status::Ok();
+  return check_workspace(name, ws, need);
 }
 
 Output output_of(const DeviceSelection& out) {
@@ -442,14 +426,7 @@ Status check_groups(const char* what, const float* residual, const Grouping& g, 
                             std::to_string(most) + " pairs of " + std::to_string(kept) + " groups");
   }
   const size_t need = structured_workspace_bytes(g.n, g.groups);
-  if (ws.bytes < need || (need > 0 && ws.ptr == nullptr)) {
-    return invalid_argument(name + ": workspace of " + std::to_string(ws.bytes) + " bytes; " + std::to_string(need) +
-                            " needed");
-  }
-  if (reinterpret_cast<uintptr_t>(ws.ptr) % kAlign != 0) {
-    return invalid_argument(name + ": workspace not aligned to " + std::to_string(kAlign) + " bytes");
-  }
-  return Status::Ok();
+  return check_workspace(name, ws, need);
 }
 
 // Scores, ranks and emits: the CPU's contiguous_topk / column_topk with error feedback.
