@@ -517,18 +517,7 @@ Expected<size_t> topk_approx_isa(Isa isa, std::span<const float> x, size_t k, do
   const ScratchLayout mem = layout_of(scratch);
   const size_t s = sample_size(n);
   sample_keys(x.data(), nullptr, n, s, mem.sample);
-  // 0-based sample position of the k-th largest: k s / n - 1 (exactly k - 1 when s == n). When
-  // the sample is a subset its rank r is binomial (sigma ~ sqrt(r)), and a count below k is the
-  // expensive miss (a full exact pass) while one above is cheap (the top k of the selection):
-  // aim above k, by tolerance/2 or by 2 sigma where the sample is too coarse for the tolerance.
-  const double r = static_cast<double>(k) * static_cast<double>(s) / static_cast<double>(n);
-  double aim = r;
-  if (s < n) {
-    const double two_sigma = 2.0 * std::sqrt(r);
-    aim = two_sigma > r * tolerance ? r + two_sigma : r * (1.0 + tolerance / 2.0);
-  }
-  const double pos = std::round(aim) - 1.0;
-  const size_t at = static_cast<size_t>(std::clamp(pos, 0.0, static_cast<double>(s - 1)));
+  const size_t at = detail::approx_sample_position(k, n, s, tolerance);
   const uint32_t lambda = key_at_rank(mem.sample, 0, s, at);
   const size_t count = threshold_keys(isa, x, lambda, out_index, out_value, capacity, pool);
   const double low = static_cast<double>(k) * (1.0 - tolerance);

@@ -49,12 +49,11 @@ struct EncodeLayout {
   size_t bytes;
 };
 EncodeLayout encode_layout(void* base, size_t capacity) {
-  auto* p = static_cast<char*>(base);
   EncodeLayout l{};
-  const size_t scratch = align_up(sizeof(EncodeScratch));
-  l.scratch = reinterpret_cast<EncodeScratch*>(p);
-  l.tile_sums = p == nullptr ? nullptr : reinterpret_cast<unsigned long long*>(p + scratch);
-  l.bytes = scratch + align_up(std::max<size_t>(scan_tiles(capacity), 1) * sizeof(unsigned long long));
+  WorkspaceCarver carve(base);
+  l.scratch = carve.take<EncodeScratch>(sizeof(EncodeScratch));
+  l.tile_sums = carve.take<unsigned long long>(std::max<size_t>(scan_tiles(capacity), 1) * sizeof(unsigned long long));
+  l.bytes = carve.bytes();
   return l;
 }
 
@@ -81,22 +80,16 @@ struct DecodeLayout {
   size_t bytes;
 };
 DecodeLayout decode_layout(void* base, size_t dense_len, size_t payload_bytes) {
-  auto* p = static_cast<char*>(base);
   DecodeLayout l{};
-  size_t off = 0;
-  auto take = [&](size_t bytes) {
-    char* at = p == nullptr ? nullptr : p + off;
-    off += align_up(bytes);
-    return at;
-  };
+  WorkspaceCarver carve(base);
   const size_t words = (bitmap_bytes(dense_len) + 3) / 4;
   const size_t tiles = std::max<size_t>({scan_tiles(words), scan_tiles(payload_bytes), 1});
   const size_t entries = std::min(payload_bytes, dense_len);
-  l.scratch = reinterpret_cast<DecodeScratch*>(take(sizeof(DecodeScratch)));
-  l.tile_sums = reinterpret_cast<unsigned long long*>(take(tiles * sizeof(unsigned long long)));
-  l.term_pos = reinterpret_cast<uint32_t*>(take(entries * sizeof(uint32_t)));
-  l.index = reinterpret_cast<unsigned long long*>(take(entries * sizeof(unsigned long long)));
-  l.bytes = off;
+  l.scratch = carve.take<DecodeScratch>(sizeof(DecodeScratch));
+  l.tile_sums = carve.take<unsigned long long>(tiles * sizeof(unsigned long long));
+  l.term_pos = carve.take<uint32_t>(entries * sizeof(uint32_t));
+  l.index = carve.take<unsigned long long>(entries * sizeof(unsigned long long));
+  l.bytes = carve.bytes();
   return l;
 }
 

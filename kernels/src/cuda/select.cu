@@ -47,26 +47,20 @@ struct Layout {
 };
 
 Layout layout(void* base, size_t n) {
-  auto* p = static_cast<char*>(base);
   Layout l{};
-  size_t off = 0;
-  auto take = [&](size_t bytes) {
-    char* at = p == nullptr ? nullptr : p + off;
-    off += align_up(bytes);
-    return at;
-  };
+  WorkspaceCarver carve(base);
   const size_t tiles = std::max<size_t>(tiles_of(n), 1);
-  l.state = reinterpret_cast<SelectState*>(take(sizeof(SelectState)));
-  l.hist_main = reinterpret_cast<unsigned*>(take(3 * kHistBins * sizeof(unsigned)));
-  l.hist_sample = reinterpret_cast<unsigned*>(take(3 * kHistBins * sizeof(unsigned)));
-  l.hist_band = reinterpret_cast<unsigned*>(take(3 * kHistBins * sizeof(unsigned)));
-  l.hist_bracket = reinterpret_cast<unsigned*>(take(kHistBins * sizeof(unsigned)));
-  l.status = reinterpret_cast<unsigned long long*>(take(tiles * sizeof(unsigned long long)));
-  l.zeroed_bytes = off;
-  l.tile_ties = reinterpret_cast<unsigned*>(take(tiles * sizeof(unsigned)));
-  l.candidates = reinterpret_cast<uint32_t*>(take(candidate_capacity(n) * sizeof(uint32_t)));
-  l.sample = reinterpret_cast<uint32_t*>(take(kernels::detail::kSampleMax * sizeof(uint32_t)));
-  l.bytes = off;
+  l.state = carve.take<SelectState>(sizeof(SelectState));
+  l.hist_main = carve.take<unsigned>(3 * kHistBins * sizeof(unsigned));
+  l.hist_sample = carve.take<unsigned>(3 * kHistBins * sizeof(unsigned));
+  l.hist_band = carve.take<unsigned>(3 * kHistBins * sizeof(unsigned));
+  l.hist_bracket = carve.take<unsigned>(kHistBins * sizeof(unsigned));
+  l.status = carve.take<unsigned long long>(tiles * sizeof(unsigned long long));
+  l.zeroed_bytes = carve.bytes();
+  l.tile_ties = carve.take<unsigned>(tiles * sizeof(unsigned));
+  l.candidates = carve.take<uint32_t>(candidate_capacity(n) * sizeof(uint32_t));
+  l.sample = carve.take<uint32_t>(kernels::detail::kSampleMax * sizeof(uint32_t));
+  l.bytes = carve.bytes();
   return l;
 }
 
@@ -269,16 +263,9 @@ Status ef_topk_approx(float* residual, const float* grad, size_t n, size_t k, do
   }
   // k == 0 and k == n have the CPU's trivial answers, which ef_topk gives.
   if (k == 0 || k == n) return ef_topk(residual, grad, n, k, clear_sent, out, ws, stream);
-  // The sample position of the k-th largest, aimed above k as the CPU's topk_approx does.
+  // The sample position of the k-th largest, as the CPU's topk_approx takes it.
   const size_t s = kernels::detail::sample_size(n);
-  const double r = static_cast<double>(k) * static_cast<double>(s) / static_cast<double>(n);
-  double aim = r;
-  if (s < n) {
-    const double two_sigma = 2.0 * std::sqrt(r);
-    aim = two_sigma > r * tolerance ? r + two_sigma : r * (1.0 + tolerance / 2.0);
-  }
-  const double pos = std::round(aim) - 1.0;
-  const size_t at = static_cast<size_t>(std::clamp(pos, 0.0, static_cast<double>(s - 1)));
+  const size_t at = kernels::detail::approx_sample_position(k, n, s, tolerance);
   const double low = static_cast<double>(k) * (1.0 - tolerance);
   const double high = static_cast<double>(k) * (1.0 + tolerance);
 
@@ -386,25 +373,19 @@ size_t sort_temp_bytes(size_t groups) {
 }
 
 GroupLayout group_layout(void* base, size_t n, size_t groups) {
-  auto* p = static_cast<char*>(base);
   GroupLayout l{};
-  size_t off = 0;
-  auto take = [&](size_t bytes) {
-    char* at = p == nullptr ? nullptr : p + off;
-    off += align_up(bytes);
-    return at;
-  };
-  l.status = reinterpret_cast<unsigned long long*>(take(std::max<size_t>(tiles_of(n), 1) * sizeof(unsigned long long)));
-  l.tile_counter = reinterpret_cast<unsigned*>(take(sizeof(unsigned)));
-  l.zeroed_bytes = off;
-  l.keys = reinterpret_cast<unsigned long long*>(take(groups * sizeof(unsigned long long)));
-  l.keys_sorted = reinterpret_cast<unsigned long long*>(take(groups * sizeof(unsigned long long)));
-  l.ids = reinterpret_cast<uint32_t*>(take(groups * sizeof(uint32_t)));
-  l.ids_sorted = reinterpret_cast<uint32_t*>(take(groups * sizeof(uint32_t)));
-  l.flags = reinterpret_cast<unsigned char*>(take(groups));
+  WorkspaceCarver carve(base);
+  l.status = carve.take<unsigned long long>(std::max<size_t>(tiles_of(n), 1) * sizeof(unsigned long long));
+  l.tile_counter = carve.take<unsigned>(sizeof(unsigned));
+  l.zeroed_bytes = carve.bytes();
+  l.keys = carve.take<unsigned long long>(groups * sizeof(unsigned long long));
+  l.keys_sorted = carve.take<unsigned long long>(groups * sizeof(unsigned long long));
+  l.ids = carve.take<uint32_t>(groups * sizeof(uint32_t));
+  l.ids_sorted = carve.take<uint32_t>(groups * sizeof(uint32_t));
+  l.flags = carve.take<unsigned char>(groups);
   l.sort_bytes = sort_temp_bytes(groups);
-  l.sort_temp = take(l.sort_bytes);
-  l.bytes = off;
+  l.sort_temp = carve.take<void>(l.sort_bytes);
+  l.bytes = carve.bytes();
   return l;
 }
 

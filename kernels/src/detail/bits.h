@@ -4,6 +4,8 @@
 // CPU's keys and draws bit for bit, which is what makes "equal to the CPU reference" possible.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -117,6 +119,22 @@ SC_HOST_DEVICE size_t sample_size(size_t n) {
 // [0, stride) of stratum j by multiply-shift.
 SC_HOST_DEVICE size_t sample_position(size_t j, size_t stride, uint32_t a, uint32_t b) {
   return j * stride + static_cast<size_t>((uint64_t{draw(a, b, static_cast<uint32_t>(j))} * stride) >> 32);
+}
+
+// Approximate top-k's threshold rank (host code of both backends): the 0-based position, in
+// decreasing order, of the sample key taken as lambda for k of n elements with s samples. k s / n
+// - 1 exactly when the sample is all of x; else aimed above k (by tolerance / 2, or by 2 sigma of
+// the binomial sample rank when the sample is too coarse for the tolerance), because a count
+// below k costs a full exact pass while one above it is cheap. 0 < k < n, s >= 1.
+inline size_t approx_sample_position(size_t k, size_t n, size_t s, double tolerance) {
+  const double r = static_cast<double>(k) * static_cast<double>(s) / static_cast<double>(n);
+  double aim = r;
+  if (s < n) {
+    const double two_sigma = 2.0 * std::sqrt(r);
+    aim = two_sigma > r * tolerance ? r + two_sigma : r * (1.0 + tolerance / 2.0);
+  }
+  const double pos = std::round(aim) - 1.0;
+  return static_cast<size_t>(std::clamp(pos, 0.0, static_cast<double>(s - 1)));
 }
 
 }  // namespace sparsecar::kernels::detail

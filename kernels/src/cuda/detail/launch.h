@@ -19,6 +19,24 @@ inline constexpr size_t kWorkspaceAlign = 256;
 
 inline size_t align_up(size_t v) { return (v + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
 
+// Carves aligned pieces off a workspace in order; with a null base it only adds up the bytes
+// (the size query and the layout are one piece of code).
+class WorkspaceCarver {
+ public:
+  explicit WorkspaceCarver(void* base) : base_(static_cast<char*>(base)) {}
+  template <class T>
+  T* take(size_t bytes) {
+    char* at = base_ == nullptr ? nullptr : base_ + offset_;
+    offset_ += align_up(bytes);
+    return reinterpret_cast<T*>(at);
+  }
+  size_t bytes() const { return offset_; }
+
+ private:
+  char* base_;
+  size_t offset_ = 0;
+};
+
 // Blocks of `threads` for a grid-stride pass over n items: enough to fill the device (8 per SM),
 // no more than the work, at least 1.
 inline unsigned stride_blocks(size_t n, unsigned threads) {
