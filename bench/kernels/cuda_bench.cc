@@ -1,7 +1,11 @@
 // The CUDA selections' speed on this machine's GPU, against a device-to-device copy of the bytes
 // the fused pass must move at least (its memory-speed floor), measured in the same run.
 //
-//   sparsecar_cuda_bench [--n N] [--density D] [--reps R]
+//   sparsecar_cuda_bench [--n N] [--density D] [--reps R] [--json FILE]
+//
+// --json FILE appends one JSON object a line per row (bench/gpu/run merges them into
+// bench-gpu-kernels.json): {"kernel", "elements", "density", "ms", "gbps", "ratio_to_copy",
+// "card"}, gbps = floor bytes / time, ratio_to_copy = gbps / the copy's GB/s.
 //
 // Timing: CUDA events around each call, after warm-up, median of R runs; inputs rotate among
 // three buffer sets larger than L2 so repeated runs do not measure the cache. Every timed call
@@ -19,6 +23,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -52,6 +57,22 @@ namespace cu = sparsecar::kernels::cuda;
   } while (0)
 
 constexpr int kSets = 3;
+
+#define SC_BENCH_CHECK(cond)                                                  \
+  do {                                                                        \
+    if (!(cond)) {                                                            \
+      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
+      std::exit(1);                                                           \
+    }                                                                         \
+  } while (0)
+
+// The card's description without the characters JSON would need escaped.
+std::string json_safe(std::string s) {
+  for (char& c : s) {
+    if (c == '"' || c == '\\' || static_cast<unsigned char>(c) < 0x20) c = ' ';
+  }
+  return s;
+}
 
 struct Buffers {
   float* pristine[kSets];  // the data each timed call starts from
@@ -99,21 +120,44 @@ int main(int argc, char** argv) {
   size_t n = size_t{1} << 26;  // 64 Mi elements, 256 MiB a buffer
   double density = 0.001;
   int reps = 30;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  std::string json;
+  const auto usage = [&] {
+    std::fprintf(stderr, "usage: %s [--n N] [--density D] [--reps R] [--json FILE]\n", argv[0]);
+    return 2;
+  };
+  for (int i = 1; i < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--n") n = std::strtoull(argv[i + 1], nullptr, 10);
-    else if (a == "--density") density = std::strtod(argv[i + 1], nullptr);
-    else if (a == "--reps") reps = std::atoi(argv[i + 1]);
-    else {
-      std::fprintf(stderr, "usage: %s [--n N] [--density D] [--reps R]\n", argv[0]);
+    if (a == "--help" || a == "-h") return usage() - 2;
+    if (i + 1 >= argc) return usage();
+    char* end = nullptr;
+    const char* v = argv[i + 1];
+    if (a == "--n") {
+      n = std::strtoull(v, &end, 10);
+    } else if (a == "--density") {
+      density = std::strtod(v, &end);
+    } else if (a == "--reps") {
+      reps = static_cast<int>(std::strtol(v, &end, 10));
+    } else if (a == "--json") {
+      json = v;
+      continue;
+    } else {
+      return usage();
+    }
+    if (end == v || *end != '\0') {
+      std::fprintf(stderr, "%s: %s is not a number: '%s'\n", argv[0], a.c_str(), v);
       return 2;
     }
+  }
+  if (n == 0 || n > 0xffffffffull || !(density > 0.0 && density <= 1.0) || reps < 1) {
+    std::fprintf(stderr, "%s: need 0 < n < 2^32, 0 < density <= 1, reps >= 1\n", argv[0]);
+    return 2;
   }
   if (cu::device_count() == 0) {
     std::printf("no CUDA GPU here: nothing to measure\n");
     return 0;
   }
-  std::printf("GPU: %s\n", cu::device_description(0).c_str());
+  const std::string card = cu::device_description(0);
+  std::printf("GPU: %s\n", card.c_str());
   const size_t k = sparsecar::kernels::topk_count(n, density);
   const size_t bytes = n * sizeof(float);
 
@@ -296,6 +340,23 @@ int main(int argc, char** argv) {
     const double gbps = r.floor_bytes / (r.ms * 1e6);
     const double floor_ms = r.floor_bytes / (copy_gbps * 1e6);
     std::printf("| %s | %.3f | %.0f | %.2f |\n", r.name.c_str(), r.ms, gbps, r.ms / floor_ms);
+  }
+  if (!json.empty()) {
+    FILE* f = std::fopen(json.c_str(), "a");
+    if (f == nullptr) {
+      std::fprintf(stderr, "%s: cannot open %s: %s\n", argv[0], json.c_str(), std::strerror(errno));
+      return 1;
+    }
+    for (const Row& r : rows) {
+      const double gbps = r.floor_bytes / (r.ms * 1e6);
+      // Names and the card carry no quote or backslash (checked here rather than escaped).
+      SC_BENCH_CHECK(r.name.find_first_of("\"\\") == std::string::npos);
+      std::fprintf(f,
+                   "{\"kernel\": \"%s\", \"elements\": %zu, \"density\": %.6g, \"ms\": %.5f, \"gbps\": %.1f, "
+                   "\"ratio_to_copy\": %.4f, \"card\": \"%s\", \"source\": \"sparsecar\"}\n",
+                   r.name.c_str(), n, density, r.ms, gbps, gbps / copy_gbps, json_safe(card).c_str());
+    }
+    std::fclose(f);
   }
   for (int s = 0; s < kSets; ++s) {
     cudaFree(b.pristine[s]);

@@ -27,9 +27,15 @@ using namespace detail;  // NOLINT: the kernels of this backend
 
 constexpr size_t kMaxElements = std::numeric_limits<uint32_t>::max();
 size_t tiles_of(size_t n) { return (n + kTile - 1) / kTile; }
-// Keys the top-k's filter pass may keep (digit 0's bin of the k-th key): 1/16 of the tensor
-// and 4096 more; a fuller bin (few distinct magnitudes) takes the full passes instead.
-size_t candidate_capacity(size_t n) { return std::min(n, n / 16 + 4096); }
+// compact_kernel's look-back words (one per tile) for n elements.
+size_t compact_tiles(size_t n) { return std::max<size_t>(tiles_of(n), 1); }
+// The persistent compaction grid: 4 blocks per SM (compact_kernel's launch bounds), which loop
+// over the tiles; never more blocks than tiles.
+size_t persistent_blocks() { return static_cast<size_t>(detail::stride_blocks(size_t{1} << 40, kThreads)) / 2; }
+// Top-k's candidates (index + value pairs) and, on the fallback path, the keys the filter pass
+// keeps (digit 0's bin of the k-th key, in the same memory): 1/8 of the tensor and 4096 more.
+// More candidates (k above ~10 %, or few distinct magnitudes) take the tensor's passes instead.
+size_t candidate_capacity(size_t n) { return std::min(n, n / 8 + 4096); }
 
 // The workspace, carved in this order; the first four are zeroed before every call.
 struct Layout {
@@ -38,10 +44,13 @@ struct Layout {
   unsigned* hist_sample;  // 3 digits x kHistBins
   unsigned* hist_band;    // 3 digits x kHistBins
   unsigned* hist_bracket; // kHistBins
-  unsigned long long* status;  // one look-back word per tile
+  unsigned long long* status;   // one look-back word per tile (first compaction pass)
+  unsigned long long* status2;  //   (the final selection's pass)
   size_t zeroed_bytes;
   unsigned* tile_ties;    // one count per tile
-  uint32_t* candidates;   // candidate_capacity(n) keys
+  uint32_t* cand_index;   // candidate_capacity(n) indices
+  float* cand_value;      //   and their values
+  uint32_t* candidates;   // the fallback's filter keys (cand_index's memory)
   uint32_t* sample;       // kSampleMax keys
   size_t bytes;
 };
@@ -55,10 +64,13 @@ Layout layout(void* base, size_t n) {
   l.hist_sample = carve.take<unsigned>(3 * kHistBins * sizeof(unsigned));
   l.hist_band = carve.take<unsigned>(3 * kHistBins * sizeof(unsigned));
   l.hist_bracket = carve.take<unsigned>(kHistBins * sizeof(unsigned));
-  l.status = carve.take<unsigned long long>(tiles * sizeof(unsigned long long));
+  l.status = carve.take<unsigned long long>(compact_tiles(n) * sizeof(unsigned long long));
+  l.status2 = carve.take<unsigned long long>(compact_tiles(n) * sizeof(unsigned long long));
   l.zeroed_bytes = carve.bytes();
   l.tile_ties = carve.take<unsigned>(tiles * sizeof(unsigned));
-  l.candidates = carve.take<uint32_t>(candidate_capacity(n) * sizeof(uint32_t));
+  l.cand_index = carve.take<uint32_t>(candidate_capacity(n) * sizeof(uint32_t));
+  l.cand_value = carve.take<float>(candidate_capacity(n) * sizeof(float));
+  l.candidates = l.cand_index;
   l.sample = carve.take<uint32_t>(kernels::detail::kSampleMax * sizeof(uint32_t));
   l.bytes = carve.bytes();
   return l;
@@ -104,11 +116,20 @@ Status begin(const char* what, const Layout& l, unsigned long long main_k, unsig
   return cuda_status(what, cudaGetLastError());
 }
 
+// One compaction pass with the layout's first look-back (`second`: its second, for a pass after
+// another in the same call). gate / n_dev: see compact_kernel.
+template <class Op>
+void queue_compact(const Op& op, size_t n, Output out, const Layout& l, bool second, const unsigned* gate,
+                   const unsigned long long* n_dev, Stream stream) {
+  unsigned long long* st = second ? l.status2 : l.status;
+  unsigned* counter = second ? &l.state->tile_counter2 : &l.state->tile_counter;
+  const unsigned grid = static_cast<unsigned>(std::min(compact_tiles(n), persistent_blocks()));
+  compact_kernel<Op><<<grid, kThreads, 0, stream>>>(op, n, out, st, counter, gate, n_dev);
+}
+
 template <class Op>
 Status compact(const char* what, const Op& op, size_t n, const DeviceSelection& out, const Layout& l, Stream stream) {
-  const size_t tiles = tiles_of(n);
-  compact_kernel<Op><<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(
-      op, n, output_of(out), l.status, &l.state->tile_counter, tiles, nullptr);
+  queue_compact(op, n, output_of(out), l, false, nullptr, nullptr, stream);
   return cuda_status(what, cudaGetLastError());
 }
 
@@ -137,7 +158,7 @@ void radix_rest(Keys keys, size_t n, RadixState* state, unsigned* hist, const un
   radix_find_kernel<<<1, kFindThreads, 0, stream>>>(state, h2, 2, n, 0, gate);
   if (!with_cut) return;
   const size_t tiles = tiles_of(n);
-  tie_count_kernel<Keys><<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(keys, n, state, l.tile_ties, gate);
+  tie_count_kernel<Keys><<<stride_blocks(n), kThreads, 0, stream>>>(keys, n, state, l.tile_ties, gate);
   tie_cut_kernel<Keys><<<1, kFindThreads, 0, stream>>>(keys, n, state, l.tile_ties, tiles, gate);
 }
 
@@ -150,6 +171,61 @@ void sample_lambda(float* x, const float* add, size_t n, const Layout& l, Stream
                                                                            l.hist_sample, nullptr, nullptr);
   radix_rest(keys, s, &l.state->sample, l.hist_sample, nullptr, l, false, false, stream);
   lambda_from_sample_kernel<<<1, 1, 0, stream>>>(l.state);
+}
+
+// Top-k's candidate bound (bracket_kernel) from a sample histogram of digit 0: the sample rank
+// r = k s / n of the k-th key plus 3 sigma + 2 (as the CPU's sampled path brackets it).
+void queue_bracket(size_t n, size_t k, size_t s, const unsigned* hist, bool with_lambda, const Layout& l,
+                   Stream stream) {
+  const double r = static_cast<double>(k) * static_cast<double>(s) / static_cast<double>(n);
+  const double margin = 3.0 * std::sqrt(r) + 2.0;
+  const auto lo_rank = static_cast<unsigned long long>(std::min(std::ceil(r + margin), static_cast<double>(s)));
+  bracket_kernel<<<1, kFindThreads, 0, stream>>>(l.state, hist, lo_rank, with_lambda);
+}
+
+// Exact and approximate top-k after the bound: one pass over the tensor (error feedback written
+// back, candidates >= the bound appended in index order), the decision, the candidates' radix
+// select and tie cut (or, when the candidates do not hold the answer, the tensor's), and the
+// final selection from the candidates (or the tensor). The paths are gated on the device, so
+// the call queues them all without a host round trip; the ones not taken return at once.
+// approx: the sample's threshold stands when its count lies in [low, high] (state->exact).
+void queue_topk_passes(float* residual, const float* grad, size_t n, bool clear_sent, bool approx, Output out,
+                       const Layout& l, Stream stream, double low = 0.0, double high = 0.0) {
+  SelectState* st = l.state;
+  const size_t cap = candidate_capacity(n);
+  RadixState* band = &st->band;
+  queue_compact(EfBandOp{residual, grad, st}, n, Output{l.cand_index, l.cand_value, cap, &band->candidates}, l,
+                false, nullptr, nullptr, stream);
+  if (approx) {
+    cand_count_kernel<<<stride_blocks(cap), kThreads, 0, stream>>>(l.cand_value, cap, st);
+    approx_decide_kernel<<<1, 1, 0, stream>>>(st, cap, low, high, out.capacity);
+    lambda_count_kernel<<<stride_blocks(n), kThreads, 0, stream>>>(residual, n, st, &st->full);
+    approx_full_decide_kernel<<<1, 1, 0, stream>>>(st, low, high, out.capacity);
+  } else {
+    topk_decide_kernel<<<1, 1, 0, stream>>>(st, cap);
+  }
+  // The candidates' radix select and tie cut (positions in the candidate array: in index order).
+  const CandKeys cand{l.cand_value, &band->candidates};
+  const unsigned* cand_radix = &st->cand_radix;
+  for (int d = 0; d < 3; ++d) {
+    radix_hist_kernel<CandKeys><<<stride_blocks(cap), kThreads, 0, stream>>>(
+        cand, cap, &band->candidates, d, band, l.hist_band + d * kHistBins, cand_radix, nullptr);
+    radix_find_kernel<<<1, kFindThreads, 0, stream>>>(band, l.hist_band + d * kHistBins, d, cap, 0, cand_radix);
+  }
+  const size_t cand_tiles = tiles_of(cap);
+  tie_count_kernel<CandKeys><<<stride_blocks(cap), kThreads, 0, stream>>>(cand, cap, band,
+                                                                                         l.tile_ties, cand_radix);
+  tie_cut_kernel<CandKeys><<<1, kFindThreads, 0, stream>>>(cand, cap, band, l.tile_ties, cand_tiles, cand_radix);
+  // The tensor's (the residual already holds the sum).
+  const unsigned* full_radix = &st->full_radix;
+  const FloatKeys keys{residual};
+  radix_hist_kernel<FloatKeys><<<stride_blocks(n), kThreads, 0, stream>>>(keys, n, nullptr, 0, &st->main, l.hist_main,
+                                                                          full_radix, nullptr);
+  radix_rest(keys, n, &st->main, l.hist_main, full_radix, l, true, true, stream);
+  // The final selection: from the candidates, or from the tensor.
+  queue_compact(CandTopkOp{l.cand_index, l.cand_value, residual, st, clear_sent}, cap, out, l, true, &st->cand_path,
+                &band->candidates, stream);
+  queue_compact(TopkOp{residual, st, clear_sent, approx}, n, out, l, true, &st->full, nullptr, stream);
 }
 
 Status zero_count(const char* what, const DeviceSelection& out, Stream stream) {
@@ -203,50 +279,15 @@ Status ef_topk(float* residual, const float* grad, size_t n, size_t k, bool clea
   }
   const Layout l = layout(ws.ptr, n);
   SC_RETURN_IF_ERROR(begin(kWhat, l, k, 0, 0, stream));
-  // 1. The band: from the sample of residual + grad, the digit-0 bins that hold the k-th key's
-  //    sample rank +- 3 sigma + 2 (as the CPU's sampled path brackets it).
   const size_t s = kernels::detail::sample_size(n);
   sample_kernel<<<static_cast<unsigned>((s + kThreads - 1) / kThreads), kThreads, 0, stream>>>(residual, grad, n, s,
                                                                                                l.sample);
   radix_hist_kernel<SampleKeys><<<stride_blocks(s), kThreads, 0, stream>>>(SampleKeys{l.sample}, s, nullptr, 0,
                                                                            &l.state->sample, l.hist_bracket,
                                                                            nullptr, nullptr);
-  const double r = static_cast<double>(k) * static_cast<double>(s) / static_cast<double>(n);
-  const double margin = 3.0 * std::sqrt(r) + 2.0;
-  const double hi_rank = std::floor(r - margin);
-  const auto lo_rank = static_cast<unsigned long long>(std::min(std::ceil(r + margin), static_cast<double>(s)));
-  bracket_kernel<<<1, kFindThreads, 0, stream>>>(l.state, l.hist_bracket,
-                                                 hi_rank < 1.0 ? 0ull : static_cast<unsigned long long>(hi_rank),
-                                                 lo_rank);
-  // 2. One pass over the tensor (with the error feedback): keys above the band counted, the
-  //    band's keys appended.
-  const size_t cap = candidate_capacity(n);
-  band_kernel<<<stride_blocks(n), kThreads, 0, stream>>>(residual, grad, n, l.state, l.candidates, cap);
-  band_decide_kernel<<<1, 1, 0, stream>>>(l.state, cap);
-  // 3a. The band holds the k-th key: a radix select over the candidates alone.
-  const unsigned* ok = &l.state->band_ok;
-  RadixState* band = &l.state->band;
-  const SampleKeys cand{l.candidates};
-  for (int d = 0; d < 3; ++d) {
-    radix_hist_kernel<SampleKeys><<<stride_blocks(cap), kThreads, 0, stream>>>(
-        cand, cap, &band->candidates, d, band, l.hist_band + d * kHistBins, ok, nullptr);
-    radix_find_kernel<<<1, kFindThreads, 0, stream>>>(band, l.hist_band + d * kHistBins, d, n, 0, ok);
-  }
-  band_finish_kernel<<<1, 1, 0, stream>>>(l.state);
-  // 3b. It does not (rare: a miss of the bracket, or few distinct magnitudes): the full radix
-  //     select over the tensor, whose residual already holds the sum.
-  const unsigned* missed = &l.state->band_missed;
-  const FloatKeys keys{residual};
-  radix_hist_kernel<FloatKeys><<<stride_blocks(n), kThreads, 0, stream>>>(keys, n, nullptr, 0, &l.state->main,
-                                                                          l.hist_main, missed, nullptr);
-  radix_rest(keys, n, &l.state->main, l.hist_main, missed, l, true, false, stream);
-  // 4. The ties at the k-th key beyond the need: the index cut (either path's answer).
-  const size_t tiles = tiles_of(n);
-  tie_count_kernel<FloatKeys><<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(keys, n, &l.state->main,
-                                                                                     l.tile_ties, nullptr);
-  tie_cut_kernel<FloatKeys><<<1, kFindThreads, 0, stream>>>(keys, n, &l.state->main, l.tile_ties, tiles, nullptr);
-  SC_RETURN_IF_ERROR(cuda_status(kWhat, cudaGetLastError()));
-  return compact(kWhat, TopkOp{residual, l.state, clear_sent, false}, n, out, l, stream);
+  queue_bracket(n, k, s, l.hist_bracket, false, l, stream);
+  queue_topk_passes(residual, grad, n, clear_sent, false, output_of(out), l, stream);
+  return cuda_status(kWhat, cudaGetLastError());
 }
 
 Status ef_topk_approx(float* residual, const float* grad, size_t n, size_t k, double tolerance, bool clear_sent,
@@ -271,16 +312,12 @@ Status ef_topk_approx(float* residual, const float* grad, size_t n, size_t k, do
 
   const Layout l = layout(ws.ptr, n);
   SC_RETURN_IF_ERROR(begin(kWhat, l, k, at + 1, 0, stream));
+  // The threshold from the sample (its digit-0 histogram, in hist_sample, also gives the
+  // candidates' bound, which is at most the threshold), then the same passes as the exact top-k.
   sample_lambda(residual, grad, n, l, stream);
-  ef_count_kernel<<<stride_blocks(n), kThreads, 0, stream>>>(residual, grad, n, l.state);
-  approx_decide_kernel<<<1, 1, 0, stream>>>(l.state, low, high, out.capacity);
-  const unsigned* gate = &l.state->exact;
-  const FloatKeys keys{residual};
-  radix_hist_kernel<FloatKeys><<<stride_blocks(n), kThreads, 0, stream>>>(keys, n, nullptr, 0, &l.state->main,
-                                                                          l.hist_main, gate, nullptr);
-  radix_rest(keys, n, &l.state->main, l.hist_main, gate, l, true, true, stream);
-  SC_RETURN_IF_ERROR(cuda_status(kWhat, cudaGetLastError()));
-  return compact(kWhat, TopkOp{residual, l.state, clear_sent, true}, n, out, l, stream);
+  queue_bracket(n, k, s, l.hist_sample, true, l, stream);
+  queue_topk_passes(residual, grad, n, clear_sent, true, output_of(out), l, stream, low, high);
+  return cuda_status(kWhat, cudaGetLastError());
 }
 
 Status ef_percentile(float* residual, const float* grad, size_t n, double q, bool clear_sent,
@@ -375,7 +412,7 @@ size_t sort_temp_bytes(size_t groups) {
 GroupLayout group_layout(void* base, size_t n, size_t groups) {
   GroupLayout l{};
   WorkspaceCarver carve(base);
-  l.status = carve.take<unsigned long long>(std::max<size_t>(tiles_of(n), 1) * sizeof(unsigned long long));
+  l.status = carve.take<unsigned long long>(compact_tiles(n) * sizeof(unsigned long long));
   l.tile_counter = carve.take<unsigned>(sizeof(unsigned));
   l.zeroed_bytes = carve.bytes();
   l.keys = carve.take<unsigned long long>(groups * sizeof(unsigned long long));
@@ -451,9 +488,9 @@ Status group_topk(const char* what, float* residual, const float* grad, const Gr
   // 3. Every element of a kept group, in index order.
   const GroupOp op{residual, l.flags, static_cast<uint32_t>(g.columns ? 1 : g.size),
                    static_cast<uint32_t>(g.columns ? g.groups : 0), clear_sent};
-  const size_t tiles = tiles_of(g.n);
-  compact_kernel<GroupOp><<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(
-      op, g.n, output_of(out), l.status, l.tile_counter, tiles, nullptr);
+  compact_kernel<GroupOp><<<static_cast<unsigned>(std::min(compact_tiles(g.n), persistent_blocks())), kThreads, 0,
+                                  stream>>>(
+      op, g.n, output_of(out), l.status, l.tile_counter, nullptr, nullptr);
   return cuda_status(what, cudaGetLastError());
 }
 

@@ -3,10 +3,11 @@
 //
 // Three building blocks:
 // - compact_kernel<Op>: one pass that decides per element (Op::keep), writes the kept pairs in
-//   increasing index order and lets Op write its element back (error feedback). A tile of
-//   kTile elements per block, loaded striped (coalesced); the block's order is found with warp
-//   ballots and a scan of the (row, warp) counts; blocks are chained by a decoupled look-back
-//   (tiles numbered by an atomic counter, so a block only waits on tiles already running).
+//   increasing index order and lets Op write its element back (error feedback). A persistent
+//   grid (4 blocks an SM) takes tiles of kTile elements in order from an atomic counter; a tile
+//   is loaded striped (coalesced), every load issued before the first decision; its order is
+//   found with warp ballots and a scan of the (row, warp) counts, and tiles are chained by a
+//   decoupled look-back (a block only waits on tiles taken before its own).
 // - radix select: histogram passes over the magnitude keys, 11 + 10 + 10 bits, each followed by
 //   one block that finds the digit of the k-th largest key (RadixState), then an exact tie cut
 //   (the index below which the ties at the k-th key are kept) when the ties outnumber the need.
@@ -56,17 +57,18 @@ struct RadixState {
 struct SelectState {
   RadixState main;                 // over the tensor (the result top-k's compaction reads)
   RadixState sample;               // over the sample keys
-  RadixState band;                 // top-k: over the sampled band's candidates
-  unsigned int band_lo_bin;        // top-k: digit-0 bins of the band, inclusive; keys in bins
-  unsigned int band_hi_bin;        //   above band_hi_bin are counted in band.above
-  unsigned int band_ok;            // top-k: the k-th key lies in the band (band path runs)
-  unsigned int band_missed;        //   else the full radix runs
+  RadixState band;                 // top-k: over the candidates (band.candidates: their count)
+  unsigned int band_lo_key;        // top-k: keys >= this are candidates
+  unsigned int cand_path;          // the result is selected from the candidates
+  unsigned int cand_radix;         //   by their radix select (exact)
+  unsigned int full;               // the result is selected from the tensor (a fallback)
+  unsigned int full_radix;         //   by the tensor's radix select (exact)
+  unsigned int exact;              // 1: the exact top-k; 0: the approximate threshold stands
 
   unsigned long long lambda_count; // keys >= lambda_key (approximate top-k)
   unsigned int lambda_key;         // the threshold's key (set by the host or a kernel)
-  unsigned int exact;              // approximate top-k: 1 when the exact path runs
-  unsigned int tile_counter;       // compaction: the next tile number
-  unsigned int pad;
+  unsigned int tile_counter;       // compaction: the next tile number (first pass)
+  unsigned int tile_counter2;      //   (the final selection's pass)
 };
 
 // ---- digits ----------------------------------------------------------------------------------
@@ -127,13 +129,16 @@ __global__ void __launch_bounds__(kThreads) radix_hist_kernel(Keys keys, size_t 
   }
 }
 
-// Top-k's bracket from the sample's digit-0 histogram: the bins of the sample ranks r - margin
-// (hi) and r + margin (lo), where r = k s / n is the k-th key's expected sample rank. One block
-// of kFindThreads. A rank below 1 leaves no upper cut (hi = the top bin, nothing above it).
+// Top-k's candidate bound from the sample's digit-0 histogram: the bin of sample rank rank_lo
+// (the k-th key's expected sample rank r = k s / n plus a margin); every key in that bin or above
+// is a candidate. With `with_lambda` (approximate top-k) the bound is also at most lambda_key,
+// so the candidates hold every key the threshold keeps. A rank past the sample leaves bound 0
+// (every element: the candidates overflow unless n is small). One block of kFindThreads.
 __global__ void __launch_bounds__(kFindThreads) bracket_kernel(SelectState* state, const unsigned* hist,
-                                                               unsigned long long rank_hi, unsigned long long rank_lo) {
+                                                               unsigned long long rank_lo, bool with_lambda) {
   using Scan = cub::BlockScan<unsigned long long, kFindThreads>;
   __shared__ typename Scan::TempStorage temp;
+  __shared__ unsigned s_bin;
   constexpr int kPer = kHistBins / kFindThreads;
   unsigned long long counts[kPer];
   unsigned long long mine = 0;
@@ -145,71 +150,136 @@ __global__ void __launch_bounds__(kFindThreads) bracket_kernel(SelectState* stat
   unsigned long long before = 0;
   unsigned long long total = 0;
   Scan(temp).ExclusiveSum(mine, before, total);
-  if (threadIdx.x == 0) {
-    state->band_hi_bin = kHistBins - 1;
-    state->band_lo_bin = 0;
-  }
+  if (threadIdx.x == 0) s_bin = 0;
   __syncthreads();
 #pragma unroll
   for (int q = 0; q < kPer; ++q) {
     const unsigned bin = kHistBins - 1 - (threadIdx.x * kPer + q);
-    if (counts[q] != 0) {
-      if (rank_hi >= 1 && before < rank_hi && rank_hi <= before + counts[q]) state->band_hi_bin = bin;
-      if (rank_lo <= total && before < rank_lo && rank_lo <= before + counts[q]) state->band_lo_bin = bin;
-    }
+    if (counts[q] != 0 && rank_lo <= total && before < rank_lo && rank_lo <= before + counts[q]) s_bin = bin;
     before += counts[q];
   }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned bound = s_bin << digit_shift(0);
+    if (with_lambda && state->lambda_key < bound) bound = state->lambda_key;
+    state->band_lo_key = bound;
+  }
 }
 
-// Top-k's one pass over the tensor (fused with error feedback: residual += grad, written back):
-// counts the keys above the band into band.above and appends the band's keys to `cand` (at
-// most cand_capacity; band.candidates counts them all).
-__global__ void __launch_bounds__(kThreads) band_kernel(float* residual, const float* grad, size_t n,
-                                                        SelectState* state, uint32_t* cand, size_t cand_capacity) {
+// Top-k's one pass over the tensor, as a compaction (so the candidates come out in index
+// order): residual += grad, written back; every key >= band_lo_key is a candidate (its index and
+// value). Nothing is cleared here: what is sent is known only after the candidates' select.
+struct EfBandOp {
+  float* residual;
+  const float* grad;
+  const SelectState* state;
+  struct Item {
+    float v;
+  };
+  __device__ Item load(size_t i) const {
+    float v = residual[i];
+    if (grad != nullptr) v = cpu_add(v, grad[i]);
+    return {v};
+  }
+  __device__ bool keep(const Item& it, size_t) const { return magnitude_key(it.v) >= state->band_lo_key; }
+  __device__ float value(const Item& it, size_t) const { return it.v; }
+  __device__ void store(size_t i, const Item& it, bool, bool) const {
+    if (grad != nullptr) residual[i] = it.v;
+  }
+};
+
+// Keys of the candidates' values; past the count (known on the device only) a key no element
+// has (keys are below 2^31), so the tie kernels never count one there.
+struct CandKeys {
+  const float* value;
+  const unsigned long long* count;
+  __device__ uint32_t operator()(size_t i) const { return i < *count ? magnitude_key(value[i]) : 0xffffffffu; }
+};
+
+// The candidates' final selection: the approximate threshold (key >= lambda_key) when it
+// stands (state->exact == 0), else the candidates' top-k (state->band: key > kth, or == kth at
+// a candidate position below the cut). Sends the candidate's tensor index and clears it there.
+struct CandTopkOp {
+  const uint32_t* cand_index;
+  const float* cand_value;
+  float* residual;
+  const SelectState* state;
+  bool clear_sent;
+  struct Item {
+    uint32_t i;
+    float v;
+  };
+  __device__ Item load(size_t p) const { return {cand_index[p], cand_value[p]}; }
+  __device__ bool keep(const Item& it, size_t p) const {
+    const uint32_t key = magnitude_key(it.v);
+    if (state->exact == 0) return key >= state->lambda_key;
+    const uint32_t kth = state->band.kth;
+    return key > kth || (key == kth && p < state->band.cut);
+  }
+  __device__ uint32_t index(const Item& it, size_t) const { return it.i; }
+  __device__ float value(const Item& it, size_t) const { return it.v; }
+  __device__ void store(size_t, const Item& it, bool, bool written) const {
+    if (written && clear_sent) residual[it.i] = 0.0f;
+  }
+};
+
+// After the candidate pass, exact top-k: the candidates hold the top k when they did not
+// overflow and number at least k; else the tensor's radix select runs.
+__global__ void topk_decide_kernel(SelectState* state, unsigned long long cand_capacity) {
+  const unsigned long long count = state->band.candidates;
+  const bool cand = count <= cand_capacity && count >= state->band.k;
+  state->exact = 1u;
+  state->cand_path = cand ? 1u : 0u;
+  state->cand_radix = state->cand_path;
+  state->full = 1u - state->cand_path;
+  state->full_radix = state->full;
+}
+
+// Keys >= lambda_key among the candidates (approximate top-k; meaningful when they did not
+// overflow).
+__global__ void __launch_bounds__(kThreads) cand_count_kernel(const float* value, size_t cap, SelectState* state) {
   using Reduce = cub::BlockReduce<unsigned long long, kThreads>;
   __shared__ typename Reduce::TempStorage temp;
-  const unsigned lo = state->band_lo_bin;
-  const unsigned hi = state->band_hi_bin;
-  const unsigned lane = threadIdx.x & 31u;
-  unsigned long long above = 0;
-  for (size_t i0 = blockIdx.x * size_t{blockDim.x}; i0 < n; i0 += size_t{gridDim.x} * blockDim.x) {
-    const size_t i = i0 + threadIdx.x;
-    uint32_t key = 0;
-    if (i < n) {
-      float v = residual[i];
-      if (grad != nullptr) {
-        v = cpu_add(v, grad[i]);
-        residual[i] = v;
-      }
-      key = magnitude_key(v);
-    }
-    const unsigned bin = key >> digit_shift(0);
-    above += (i < n && bin > hi) ? 1 : 0;
-    const bool take = i < n && bin >= lo && bin <= hi;
-    const unsigned mask = __ballot_sync(0xffffffffu, take);
-    if (mask == 0) continue;
-    unsigned long long base = 0;
-    if (lane == static_cast<unsigned>(__ffs(mask) - 1)) base = atomicAdd(&state->band.candidates, __popc(mask));
-    base = __shfl_sync(0xffffffffu, base, __ffs(mask) - 1);
-    const unsigned long long at = base + __popc(mask & ((1u << lane) - 1u));
-    if (take && at < cand_capacity) cand[at] = key;
+  const size_t n = state->band.candidates < cap ? state->band.candidates : cap;
+  const unsigned lambda = state->lambda_key;
+  unsigned long long mine = 0;
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    if (magnitude_key(value[i]) >= lambda) ++mine;
   }
-  const unsigned long long total = Reduce(temp).Sum(above);
-  if (threadIdx.x == 0 && total != 0) atomicAdd(&state->band.above, total);
+  const unsigned long long total = Reduce(temp).Sum(mine);
+  if (threadIdx.x == 0 && total != 0) atomicAdd(&state->lambda_count, total);
 }
 
-// Whether the k-th key lies in the band: then the band path finds it among the candidates.
-__global__ void band_decide_kernel(SelectState* state, unsigned long long cand_capacity) {
-  const RadixState& b = state->band;
-  const bool ok = b.candidates <= cand_capacity && b.above < b.k && b.k <= b.above + b.candidates;
-  state->band_ok = ok ? 1u : 0u;
-  state->band_missed = ok ? 0u : 1u;
-}
-
-// The band path's answer becomes the result.
-__global__ void band_finish_kernel(SelectState* state) {
-  if (state->band_ok == 0) return;
-  state->main = state->band;
+// After the candidate pass, approximate top-k, as the CPU's decision: the threshold's selection
+// stands when it fits the output and lies within [low, high]. The candidates (bound <=
+// lambda_key) hold every key the threshold keeps, so when they did not overflow the count is
+// exact: the threshold, else the candidates' top-k (when at least k), else the tensor's. When
+// they overflowed, the tensor is counted again (full path, approx_full_decide_kernel).
+__global__ void approx_decide_kernel(SelectState* state, unsigned long long cand_capacity, double low, double high,
+                                     unsigned long long capacity) {
+  const unsigned long long count = state->band.candidates;
+  const unsigned long long lc = state->lambda_count;
+  const double c = static_cast<double>(lc);
+  state->full_radix = 0u;
+  if (count > cand_capacity) {
+    state->cand_path = 0u;
+    state->cand_radix = 0u;
+    state->full = 1u;
+    state->lambda_count = 0;  // counted again over the tensor
+    return;
+  }
+  state->full = 0u;
+  if (lc <= capacity && c >= low && c <= high) {
+    state->exact = 0u;
+    state->cand_path = 1u;
+    state->cand_radix = 0u;
+    return;
+  }
+  state->exact = 1u;
+  state->cand_path = count >= state->band.k ? 1u : 0u;
+  state->cand_radix = state->cand_path;
+  state->full = 1u - state->cand_path;
+  state->full_radix = state->full;
 }
 
 // Digit 1 over the tensor once more, appending the keys in digit 0's bin to `cand` (AIR top-k's
@@ -301,14 +371,19 @@ __global__ void __launch_bounds__(kThreads) tie_count_kernel(Keys keys, size_t n
   using Reduce = cub::BlockReduce<unsigned, kThreads>;
   __shared__ typename Reduce::TempStorage temp;
   const unsigned kth = state->kth;
-  const size_t base = blockIdx.x * kTile;
-  unsigned mine = 0;
-  for (int j = 0; j < kItems; ++j) {
-    const size_t i = base + static_cast<size_t>(j) * kThreads + threadIdx.x;
-    if (i < n && keys(i) == kth) ++mine;
+  const size_t tiles = (n + kTile - 1) / kTile;
+  // A bounded grid steps over the tiles (gated off, it costs one wave, not one block a tile).
+  for (size_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const size_t base = tile * kTile;
+    unsigned mine = 0;
+    for (int j = 0; j < kItems; ++j) {
+      const size_t i = base + static_cast<size_t>(j) * kThreads + threadIdx.x;
+      if (i < n && keys(i) == kth) ++mine;
+    }
+    const unsigned total = Reduce(temp).Sum(mine);
+    if (threadIdx.x == 0) tile_ties[tile] = total;
+    __syncthreads();  // temp is reused
   }
-  const unsigned total = Reduce(temp).Sum(mine);
-  if (threadIdx.x == 0) tile_ties[blockIdx.x] = total;
 }
 
 // One block of kFindThreads: the cut index after the need-th tie (in index order).
@@ -383,13 +458,15 @@ inline constexpr unsigned long long kFlagAggregate = 1ull << 62;
 inline constexpr unsigned long long kFlagPrefix = 2ull << 62;
 inline constexpr unsigned long long kCountMask = (1ull << 62) - 1;
 
+// The count and its flag share one 64-bit word, so the look-back needs no ordering beyond the
+// word's own atomicity: relaxed loads and stores (acquire/release cost 10-25 % of a pass).
 __device__ __forceinline__ void publish(unsigned long long* status, unsigned long long word) {
   ::cuda::atomic_ref<unsigned long long, ::cuda::thread_scope_device> ref(*status);
-  ref.store(word, ::cuda::memory_order_release);
+  ref.store(word, ::cuda::memory_order_relaxed);
 }
 __device__ __forceinline__ unsigned long long observe(unsigned long long* status) {
   ::cuda::atomic_ref<unsigned long long, ::cuda::thread_scope_device> ref(*status);
-  return ref.load(::cuda::memory_order_acquire);
+  return ref.load(::cuda::memory_order_relaxed);
 }
 
 __device__ __forceinline__ unsigned long long warp_sum(unsigned long long v) {
@@ -432,83 +509,116 @@ __device__ __forceinline__ unsigned long long look_back(unsigned long long* stat
   return prefix;
 }
 
+// The index written for element i: Op::index(item, i) where the op has one (a compaction over
+// candidates sends the candidate's own index), else i.
+template <class Op>
+__device__ __forceinline__ uint32_t index_of(const Op& op, const typename Op::Item& it, size_t i) {
+  if constexpr (requires { op.index(it, i); }) {
+    return op.index(it, i);
+  } else {
+    return static_cast<uint32_t>(i);
+  }
+}
+
 // Op: struct Item; __device__ Item load(size_t i); bool keep(const Item&, size_t i);
 // float value(const Item&, size_t i) (what is sent); void store(size_t i, const Item&, bool kept,
-// bool written) (the element's write-back, may do nothing).
+// bool written) (the element's write-back, may do nothing); optionally uint32_t index(const
+// Item&, size_t i). keep is called twice per element (counting, then writing): it must be a
+// pure function of the item, the index and state no kernel of the pass writes.
+// The grid: at most one block per tile (persistent: blocks loop over the tiles); status: one
+// zeroed word per tile of kTile elements.
+// n_dev (optional): the element count is min(n, *n_dev), known on the device only (the grid is
+// sized for n; tiles past the count return at once).
 template <class Op>
-__global__ void __launch_bounds__(kThreads) compact_kernel(Op op, size_t n, Output out, unsigned long long* status,
-                                                           unsigned* tile_counter, size_t tiles, const unsigned* gate) {
+__global__ void __launch_bounds__(kThreads, 4) compact_kernel(Op op, size_t n, Output out, unsigned long long* status,
+                                                              unsigned* tile_counter, const unsigned* gate,
+                                                              const unsigned long long* n_dev) {
   if (gated_off(gate)) return;
+  if (n_dev != nullptr && *n_dev < n) n = *n_dev;
+  const size_t tiles = (n + kTile - 1) / kTile;
+  if (tiles == 0) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) *out.count = 0;
+    return;
+  }
   __shared__ unsigned s_tile;
   __shared__ unsigned s_offsets[kItems * kWarps];  // counts per (row, warp), then exclusive offsets
   __shared__ unsigned long long s_prefix;
-  if (threadIdx.x == 0) s_tile = atomicAdd(tile_counter, 1u);
-  __syncthreads();
-  const size_t tile = s_tile;
-  const size_t base = tile * kTile;
   const unsigned lane = threadIdx.x & 31u;
   const unsigned warp = threadIdx.x >> 5;
-  typename Op::Item items[kItems];
-  unsigned masks[kItems];
-#pragma unroll
-  for (int j = 0; j < kItems; ++j) {
-    const size_t i = base + static_cast<size_t>(j) * kThreads + threadIdx.x;
-    bool keep = false;
-    if (i < n) {
-      items[j] = op.load(i);
-      keep = op.keep(items[j], i);
-    }
-    masks[j] = __ballot_sync(0xffffffffu, keep);
-    if (lane == 0) s_offsets[j * kWarps + warp] = __popc(masks[j]);
-  }
-  __syncthreads();
-  if (warp == 0) {
-    // 128 counts in (row, warp) order, 4 per lane: scan them.
-    constexpr int kPerLane = kItems * kWarps / 32;
-    unsigned c[kPerLane];
-    unsigned sum = 0;
-#pragma unroll
-    for (int q = 0; q < kPerLane; ++q) {
-      c[q] = s_offsets[lane * kPerLane + q];
-      sum += c[q];
-    }
-    unsigned incl = sum;
-#pragma unroll
-    for (int delta = 1; delta < 32; delta <<= 1) {
-      const unsigned other = __shfl_up_sync(0xffffffffu, incl, delta);
-      if (lane >= static_cast<unsigned>(delta)) incl += other;
-    }
-    unsigned run = incl - sum;
-#pragma unroll
-    for (int q = 0; q < kPerLane; ++q) {
-      s_offsets[lane * kPerLane + q] = run;
-      run += c[q];
-    }
-    const unsigned long long total = __shfl_sync(0xffffffffu, incl, 31);
-    const unsigned long long prefix = look_back(status, tile, total, lane);
-    if (lane == 0) {
-      s_prefix = prefix;
-      if (tile == tiles - 1) *out.count = prefix + total;
-    }
-  }
-  __syncthreads();
-  const unsigned long long prefix = s_prefix;
   const unsigned lower = (1u << lane) - 1u;
+  while (true) {
+    if (threadIdx.x == 0) s_tile = atomicAdd(tile_counter, 1u);
+    __syncthreads();
+    const size_t tile = s_tile;
+    if (tile >= tiles) return;  // block-uniform
+    const size_t base = tile * kTile + threadIdx.x;
+    const bool full = tile * kTile + kTile <= n;
+    // Every load of the tile is issued before the first ballot (the bytes in flight are what a
+    // streaming pass needs); the decisions are made again when writing rather than kept, which
+    // saves the registers that let 4 blocks share an SM.
+    typename Op::Item items[kItems];
 #pragma unroll
-  for (int j = 0; j < kItems; ++j) {
-    const size_t i = base + static_cast<size_t>(j) * kThreads + threadIdx.x;
-    if (i >= n) continue;
-    const bool kept = (masks[j] >> lane) & 1u;
-    bool written = false;
-    if (kept) {
-      const unsigned long long pos = prefix + s_offsets[j * kWarps + warp] + __popc(masks[j] & lower);
-      if (pos < out.capacity) {
-        out.index[pos] = static_cast<uint32_t>(i);
-        out.value[pos] = op.value(items[j], i);
-        written = true;
+    for (int j = 0; j < kItems; ++j) {
+      const size_t i = base + static_cast<size_t>(j) * kThreads;
+      if (full || i < n) items[j] = op.load(i);
+    }
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      const size_t i = base + static_cast<size_t>(j) * kThreads;
+      const unsigned mask = __ballot_sync(0xffffffffu, (full || i < n) && op.keep(items[j], i));
+      if (lane == 0) s_offsets[j * kWarps + warp] = __popc(mask);
+    }
+    __syncthreads();
+    if (warp == 0) {
+      // 128 counts in (row, warp) order, 4 per lane: scan them.
+      constexpr int kPerLane = kItems * kWarps / 32;
+      unsigned c[kPerLane];
+      unsigned sum = 0;
+#pragma unroll
+      for (int q = 0; q < kPerLane; ++q) {
+        c[q] = s_offsets[lane * kPerLane + q];
+        sum += c[q];
+      }
+      unsigned incl = sum;
+#pragma unroll
+      for (int delta = 1; delta < 32; delta <<= 1) {
+        const unsigned other = __shfl_up_sync(0xffffffffu, incl, delta);
+        if (lane >= static_cast<unsigned>(delta)) incl += other;
+      }
+      unsigned run = incl - sum;
+#pragma unroll
+      for (int q = 0; q < kPerLane; ++q) {
+        s_offsets[lane * kPerLane + q] = run;
+        run += c[q];
+      }
+      const unsigned long long total = __shfl_sync(0xffffffffu, incl, 31);
+      const unsigned long long prefix = look_back(status, tile, total, lane);
+      if (lane == 0) {
+        s_prefix = prefix;
+        if (tile == tiles - 1) *out.count = prefix + total;
       }
     }
-    op.store(i, items[j], kept, written);
+    __syncthreads();
+    const unsigned long long prefix = s_prefix;
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      const size_t i = base + static_cast<size_t>(j) * kThreads;
+      const bool in = full || i < n;
+      const unsigned mask = __ballot_sync(0xffffffffu, in && op.keep(items[j], i));
+      if (!in) continue;
+      const bool kept = (mask >> lane) & 1u;
+      bool written = false;
+      if (kept) {
+        const unsigned long long pos = prefix + s_offsets[j * kWarps + warp] + __popc(mask & lower);
+        if (pos < out.capacity) {
+          out.index[pos] = index_of(op, items[j], i);
+          out.value[pos] = op.value(items[j], i);
+          written = true;
+        }
+      }
+      op.store(i, items[j], kept, written);
+    }
+    __syncthreads();  // s_tile, s_offsets and s_prefix are reused by the next tile
   }
 }
 
@@ -628,32 +738,28 @@ __global__ void lambda_from_sample_kernel(SelectState* state) {
   state->lambda_key = key >= kernels::detail::kNanKey ? 0x7f800000u : key;
 }
 
-// Approximate top-k: residual += grad (written back) and the count of keys >= lambda_key.
-__global__ void __launch_bounds__(kThreads) ef_count_kernel(float* residual, const float* grad, size_t n,
-                                                            SelectState* state) {
+// Approximate top-k's fallback when the candidates overflowed: the count of the tensor's keys
+// >= lambda_key (the residual already holds the sum), then the CPU's decision.
+__global__ void __launch_bounds__(kThreads) lambda_count_kernel(const float* x, size_t n, SelectState* state,
+                                                                const unsigned* gate) {
+  if (gated_off(gate)) return;
   using Reduce = cub::BlockReduce<unsigned long long, kThreads>;
   __shared__ typename Reduce::TempStorage temp;
   const unsigned lambda = state->lambda_key;
   unsigned long long mine = 0;
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
-    float v = residual[i];
-    if (grad != nullptr) {
-      v = cpu_add(v, grad[i]);
-      residual[i] = v;
-    }
-    if (magnitude_key(v) >= lambda) ++mine;
+    if (magnitude_key(x[i]) >= lambda) ++mine;
   }
   const unsigned long long total = Reduce(temp).Sum(mine);
   if (threadIdx.x == 0 && total != 0) atomicAdd(&state->lambda_count, total);
 }
 
-// Approximate top-k's decision, as the CPU's: the threshold's selection stands when it fits
-// and lies within [low, high]; otherwise the exact top-k runs (which is also what the CPU's
-// overshoot path returns).
-__global__ void approx_decide_kernel(SelectState* state, double low, double high, unsigned long long capacity) {
+__global__ void approx_full_decide_kernel(SelectState* state, double low, double high, unsigned long long capacity) {
+  if (state->full == 0) return;
   const unsigned long long count = state->lambda_count;
   const double c = static_cast<double>(count);
   state->exact = (count <= capacity && c >= low && c <= high) ? 0u : 1u;
+  state->full_radix = state->exact;
 }
 
 }  // namespace sparsecar::kernels::cuda::detail
