@@ -249,6 +249,41 @@ int main(int argc, char** argv) {
                     CHECK_OK(cu::randblock(b.pristine[s], n, 64, density, 7, false, out, ws, nullptr));
                   }),
                   4.0 * N + pairs});
+  // The same calls captured once into a CUDA graph per buffer set and replayed (what a caller
+  // that repeats a tensor's call every step can do): the launches' overhead, not the kernels'.
+  {
+    cudaStream_t gs;
+    CHECK_CUDA(cudaStreamCreate(&gs));
+    const auto graphed = [&](const char* name, double floor_bytes, const std::function<void(int, cudaStream_t)>& call) {
+      cudaGraphExec_t exec[kSets];
+      for (int s = 0; s < kSets; ++s) {
+        cudaGraph_t graph;
+        CHECK_CUDA(cudaStreamBeginCapture(gs, cudaStreamCaptureModeThreadLocal));
+        call(s, gs);
+        CHECK_CUDA(cudaStreamEndCapture(gs, &graph));
+        CHECK_CUDA(cudaGraphInstantiate(&exec[s], graph, 0));
+        CHECK_CUDA(cudaGraphDestroy(graph));
+      }
+      // gs is a blocking stream: it waits on the legacy default stream's reset and the timing
+      // events on the default stream wait on it.
+      rows.push_back({name, time_ms(reps, reset, [&](int s) { CHECK_CUDA(cudaGraphLaunch(exec[s], gs)); }),
+                      floor_bytes});
+      for (auto& e : exec) CHECK_CUDA(cudaGraphExecDestroy(e));
+    };
+    graphed("ef_threshold, CUDA graph", 12.0 * N + pairs, [&](int s, cudaStream_t st) {
+      CHECK_OK(cu::ef_threshold(b.residual[s], b.grad[s], n, lambda, true, out, ws, st));
+    });
+    graphed("ef_topk exact, CUDA graph", 12.0 * N + pairs, [&](int s, cudaStream_t st) {
+      CHECK_OK(cu::ef_topk(b.residual[s], b.grad[s], n, k, true, out, ws, st));
+    });
+    graphed("topk exact (no EF), CUDA graph", 4.0 * N + pairs, [&](int s, cudaStream_t st) {
+      CHECK_OK(cu::ef_topk(b.residual[s], nullptr, n, k, false, out, ws, st));
+    });
+    graphed("ef_topk_approx tol 0.1, CUDA graph", 12.0 * N + pairs, [&](int s, cudaStream_t st) {
+      CHECK_OK(cu::ef_topk_approx(b.residual[s], b.grad[s], n, k, 0.1, true, out, ws, st));
+    });
+    CHECK_CUDA(cudaStreamDestroy(gs));
+  }
   uint64_t count = 0;
   CHECK_CUDA(cudaMemcpy(&count, b.count, sizeof count, cudaMemcpyDeviceToHost));
 
