@@ -356,13 +356,18 @@ int main(int argc, char** argv) {
       payload_bytes += static_cast<double>(meta[0]);
       max_bytes = std::max<size_t>(max_bytes, meta[0]);
     }
-    const size_t dws = cu::decode_workspace_bytes(n, max_bytes);
-    const cu::Workspace w{dmalloc(dws), dws};
     auto* status = static_cast<cu::DecodeStatus*>(dmalloc(kPeers * sizeof(cu::DecodeStatus)));
-    const double ms = time_ms(reps, reset, [&](int s) {
-      CHECK_OK(cu::decode_accumulate(payloads, b.residual[s], n, 0, status, w, nullptr));
-    });
-    rows.push_back({"decode + add 8 peers' coo fp32", ms, payload_bytes + 128.0 * touched_lines});
+    // Workspace for one payload: peer-by-peer scatters; for all 8: the chunked one-pass add.
+    for (const size_t ws_peers : {size_t{1}, size_t{kPeers}}) {
+      const size_t dws = cu::decode_workspace_bytes(n, max_bytes, ws_peers);
+      const cu::Workspace w{dmalloc(dws), dws};
+      const double ms = time_ms(reps, reset, [&](int s) {
+        CHECK_OK(cu::decode_accumulate(payloads, b.residual[s], n, 0, status, w, nullptr));
+      });
+      rows.push_back({ws_peers == 1 ? "decode + add 8 peers' coo fp32, peer by peer"
+                                    : "decode + add 8 peers' coo fp32, one chunked pass",
+                      ms, payload_bytes + 128.0 * touched_lines});
+    }
   }
   for (void* p : owned) cudaFree(p);
 

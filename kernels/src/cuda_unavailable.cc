@@ -80,7 +80,7 @@ size_t encode_workspace_bytes(Format, ValueType, size_t) { return 0; }
 Status encode(const EncodeParams&, size_t, const DeviceSelection&, const DevicePayloadOut&, Workspace, Stream) {
   return unavailable_here("cuda::encode");
 }
-size_t decode_workspace_bytes(size_t, size_t) { return 0; }
+size_t decode_workspace_bytes(size_t, size_t, size_t) { return 0; }
 Status decode_accumulate(std::span<const DevicePayload>, float*, size_t, uint32_t, DecodeStatus*, Workspace, Stream) {
   return unavailable_here("cuda::decode_accumulate");
 }

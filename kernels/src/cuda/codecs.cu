@@ -97,12 +97,23 @@ void int8_codes(const PayloadArgs& a, Stream stream) {
   if (a.vt == ValueType::kI8 && a.n > 0) int8_codes_kernel<<<stride_blocks(a.n), kCodecThreads, 0, stream>>>(a);
 }
 
-void decode_coo(PayloadArgs a, const DecodeLayout&, Stream stream) {
+// The coo checks and verdict (a.values set).
+void check_coo(PayloadArgs& a, Stream stream) {
   a.values = a.data + 4 * a.n;
   if (a.n > 0) coo_check_kernel<<<stride_blocks(a.n), kCodecThreads, 0, stream>>>(a);
   int8_codes(a, stream);
   coo_finish_kernel<<<1, 1, 0, stream>>>(a);
+}
+
+void decode_coo(PayloadArgs a, const DecodeLayout&, Stream stream) {
+  check_coo(a, stream);
   if (a.n > 0) coo_scatter_kernel<<<stride_blocks(a.n), kCodecThreads, 0, stream>>>(a);
+}
+
+// The fused path's chunk starts: `peers` rows of chunks + 1, ahead of the per-payload layout.
+size_t scatter_chunks(size_t dense_len) { return (dense_len + kScatterChunk - 1) / kScatterChunk; }
+size_t fused_bytes(size_t dense_len, size_t peers) {
+  return align_up(peers * (scatter_chunks(dense_len) + 1) * sizeof(uint32_t));
 }
 
 void decode_varint(PayloadArgs a, const DecodeLayout& l, Stream stream) {
@@ -224,8 +235,9 @@ Status encode(const EncodeParams& params, size_t dense_len, const DeviceSelectio
   return cuda_status("cuda::encode", cudaGetLastError());
 }
 
-size_t decode_workspace_bytes(size_t dense_len, size_t max_payload_bytes) {
-  return decode_layout(nullptr, dense_len, max_payload_bytes).bytes;
+size_t decode_workspace_bytes(size_t dense_len, size_t max_payload_bytes, size_t peers) {
+  const size_t fused = peers > 1 ? fused_bytes(dense_len, peers) : 0;
+  return fused + decode_layout(nullptr, dense_len, max_payload_bytes).bytes;
 }
 
 Status decode_accumulate(std::span<const DevicePayload> payloads, float* dense, size_t dense_len,
@@ -248,13 +260,35 @@ Status decode_accumulate(std::span<const DevicePayload> payloads, float* dense, 
     if (p.bytes > 0 && p.data == nullptr) return invalid_argument(which + "is null");
     SC_RETURN_IF_ERROR(check_workspace(which, ws, decode_workspace_bytes(dense_len, p.bytes)));
   }
+  // Several coo payloads and room for their chunk starts: checked one by one, added in one pass.
+  size_t max_bytes = 0;
+  bool all_coo = payloads.size() > 1;
+  for (const DevicePayload& p : payloads) {
+    max_bytes = std::max<size_t>(max_bytes, p.bytes);
+    all_coo = all_coo && p.format == Format::kCoo;
+  }
+  const bool fused = all_coo && dense_len > 0 &&
+                     ws.bytes >= decode_workspace_bytes(dense_len, max_bytes, payloads.size());
+  const size_t chunks = scatter_chunks(dense_len);
+  auto* starts = static_cast<uint32_t*>(ws.ptr);
+  void* per_payload = fused ? static_cast<char*>(ws.ptr) + fused_bytes(dense_len, payloads.size()) : ws.ptr;
+  ScatterPeers group{};
+  const auto flush = [&] {
+    if (group.count == 0) return;
+    coo_fused_scatter_kernel<<<stride_blocks(chunks * kCodecThreads), kCodecThreads, 0, stream>>>(group, dense,
+                                                                                                  chunks);
+    group = ScatterPeers{};
+  };
   for (size_t j = 0; j < payloads.size(); ++j) {
     const DevicePayload& p = payloads[j];
-    if (!header_check(p, dense_len).ok()) {
+    ScatterPeer* peer = fused ? &group.peer[group.count++] : nullptr;
+    if (peer != nullptr) *peer = ScatterPeer{nullptr, nullptr, nullptr, status + j, 0, p.value_type};
+    const bool header_ok = header_check(p, dense_len).ok();
+    if (!header_ok) {
       set_status_kernel<<<1, 1, 0, stream>>>(status + j, static_cast<uint32_t>(DecodeError::kHeader));
-      continue;
     }
-    const DecodeLayout l = decode_layout(ws.ptr, dense_len, p.bytes);
+    if (header_ok) {
+      const DecodeLayout l = decode_layout(per_payload, dense_len, p.bytes);
     SC_RETURN_IF_ERROR(
         cuda_status("cuda::decode_accumulate", cudaMemsetAsync(l.scratch, 0, sizeof(DecodeScratch), stream)));
     PayloadArgs a{};
@@ -266,8 +300,18 @@ Status decode_accumulate(std::span<const DevicePayload> payloads, float* dense, 
     a.scratch = l.scratch;
     a.status = status + j;
     a.dense = dense;
-    find_device_codec(p.format)->decode(a, l, stream);
+    if (peer != nullptr) {
+      check_coo(a, stream);
+      uint32_t* row = starts + j * (chunks + 1);
+      if (a.n > 0) coo_chunks_kernel<<<stride_blocks(a.n), kCodecThreads, 0, stream>>>(a, row, chunks);
+      *peer = ScatterPeer{a.data, a.values, row, status + j, a.n, p.value_type};
+    } else {
+      find_device_codec(p.format)->decode(a, l, stream);
+    }
+    }
+    if (peer != nullptr && group.count == kFusedPeers) flush();
   }
+  flush();
   if (average_over > 0 && dense_len > 0) {
     const float factor = 1.0f / static_cast<float>(average_over);  // the pipeline's inv_trainers
     scale_kernel<<<stride_blocks(dense_len), kCodecThreads, 0, stream>>>(dense, dense_len, factor);

@@ -232,9 +232,20 @@ class CudaCodecs : public ::testing::Test {
 
   // The CPU's sum (decode_accumulate per payload in order, then scale by 1/average_over) against
   // the device's, element by element, and each payload's verdict (code and message). Payloads
-  // at odd positions are placed one byte off alignment.
+  // at odd positions are placed one byte off alignment. Twice: with a workspace for one payload
+  // at a time (peer-by-peer scatters) and with one sized for every payload (all-coo calls then
+  // add them in one chunked pass).
   void expect_decode(size_t dense_len, const std::vector<HostPayload>& payloads, uint32_t average_over,
                      uint64_t seed, const std::string& what) {
+    expect_decode_with(dense_len, payloads, average_over, seed, what + ", workspace for 1 peer", 1);
+    if (payloads.size() > 1) {
+      expect_decode_with(dense_len, payloads, average_over, seed,
+                         what + ", workspace for " + std::to_string(payloads.size()) + " peers", payloads.size());
+    }
+  }
+
+  void expect_decode_with(size_t dense_len, const std::vector<HostPayload>& payloads, uint32_t average_over,
+                          uint64_t seed, const std::string& what, size_t ws_peers) {
     SCOPED_TRACE(what);
     std::vector<float> initial = testing::normal_floats(dense_len, seed);
     std::vector<float> want = initial;
@@ -263,7 +274,7 @@ class CudaCodecs : public ::testing::Test {
       max_bytes = std::max(max_bytes, p.bytes.size());
     }
     DeviceBuffer d_dense(dense_len * 4), d_status(payloads.size() * sizeof(cu::DecodeStatus));
-    const size_t ws_bytes = cu::decode_workspace_bytes(dense_len, max_bytes);
+    const size_t ws_bytes = cu::decode_workspace_bytes(dense_len, max_bytes, ws_peers);
     DeviceBuffer ws(ws_bytes);
     upload(d_dense.as<void>(), initial.data(), dense_len * 4, stream_);
     const Status s = cu::decode_accumulate(views, d_dense.as<float>(), dense_len, average_over,

@@ -118,8 +118,12 @@ struct DecodeStatus {
 
 // Workspace bytes decode_accumulate() needs for a tensor of dense_len elements and payloads of
 // at most max_payload_bytes each (the receive limit the caller enforces; WIRE.md caps it at
-// 2^30).
-size_t decode_workspace_bytes(size_t dense_len, size_t max_payload_bytes);
+// 2^30). With peers > 1, also room to add up to that many coo payloads in one pass over the
+// dense buffer (chunk by chunk, every peer in order: a touched line is fetched once for all
+// peers instead of once per peer; the sums are the same). A call whose payloads are all coo
+// takes that path when its workspace has the room; otherwise payloads are added one after
+// another.
+size_t decode_workspace_bytes(size_t dense_len, size_t max_payload_bytes, size_t peers = 1);
 
 // Validates each payload and adds the valid ones into dense[0..dense_len), in the order given
 // (peer 0 first), dense[i] += value per entry; then, when average_over > 0, multiplies every

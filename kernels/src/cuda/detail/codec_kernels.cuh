@@ -430,6 +430,61 @@ __global__ void __launch_bounds__(kCodecThreads) coo_scatter_kernel(PayloadArgs 
   }
 }
 
+// ---- several coo payloads in one pass (decode_accumulate's fused path) --------------------------
+// The dense buffer in chunks of kScatterChunk elements; for each peer, start[c] is its first
+// entry with an index in chunk c or later (start[chunks] = n), so chunk c's entries are
+// [start[c], start[c + 1]). One block a chunk adds every peer's entries there, peer after peer
+// (a barrier between peers; within one peer the indices are distinct), so each element gets the
+// same float additions in the same order as peer-by-peer scatters, while a touched line is
+// fetched once for all peers instead of once per peer.
+inline constexpr size_t kScatterChunk = 16384;
+inline constexpr int kFusedPeers = 16;  // peers per launch (kernel parameters)
+
+// start[] of one payload, one thread per entry: entry e sets start[c] = e for the chunks from
+// the one after entry e-1's (0 for e = 0) to its own; the last entry fills the rest with n.
+// Clamped to [0, chunks]: a payload the check rejects writes nothing outside its row (and the
+// scatter skips it).
+__global__ void __launch_bounds__(kCodecThreads) coo_chunks_kernel(PayloadArgs a, uint32_t* start, size_t chunks) {
+  for (size_t e = blockIdx.x * size_t{blockDim.x} + threadIdx.x; e < a.n; e += size_t{gridDim.x} * blockDim.x) {
+    const size_t own = std::min<size_t>(get_u32(a.data + 4 * e) / kScatterChunk, chunks);
+    const size_t first = e == 0 ? 0 : std::min<size_t>(get_u32(a.data + 4 * (e - 1)) / kScatterChunk + 1, chunks + 1);
+    for (size_t c = first; c <= own; ++c) start[c] = static_cast<uint32_t>(e);
+    if (e + 1 == a.n) {
+      for (size_t c = own + 1; c <= chunks; ++c) start[c] = static_cast<uint32_t>(a.n);
+    }
+  }
+}
+
+struct ScatterPeer {
+  const uint8_t* index;    // the coo index block
+  const uint8_t* values;   // the value block
+  const uint32_t* start;   // chunks + 1 entries
+  const DecodeStatus* status;
+  unsigned long long n;    // 0: nothing to add (empty, or the header failed)
+  ValueType vt;
+};
+struct ScatterPeers {
+  ScatterPeer peer[kFusedPeers];
+  int count;
+};
+
+__global__ void __launch_bounds__(kCodecThreads) coo_fused_scatter_kernel(ScatterPeers peers, float* dense,
+                                                                          size_t chunks) {
+  for (size_t c = blockIdx.x; c < chunks; c += gridDim.x) {
+    for (int j = 0; j < peers.count; ++j) {
+      const ScatterPeer& p = peers.peer[j];
+      if (p.n == 0 || p.status->error != 0) continue;  // block-uniform
+      const float scale = block_scale(p.vt, p.values);
+      const uint32_t hi = p.start[c + 1];
+      for (uint32_t e = p.start[c] + threadIdx.x; e < hi; e += blockDim.x) {
+        const uint32_t at = get_u32(p.index + 4 * size_t{e});
+        dense[at] = cpu_add(dense[at], get_value(p.vt, p.values, e, scale));
+      }
+      __syncthreads();  // this peer's additions land before the next peer's
+    }
+  }
+}
+
 // bitmap: word w is bitmap bytes 4w .. 4w+3 (zeros past the bitmap); its popcount is the scan
 // item, so a word's first value is its exclusive offset.
 __device__ __forceinline__ uint32_t bitmap_word(const PayloadArgs& a, size_t w) {
