@@ -285,7 +285,8 @@ const std::vector<KnobSpec>& knobs() {
        .field = knob_field<&Config::drain_timeout_ms>},
       {.name = "metrics_listen", .type = K::kString, .live = false, .agreed = false, .secret = false,
        .env = "", .min = 0, .max = 0, .choices = "",
-       .doc = "ADDRESS:PORT for Prometheus /metrics, or 'off'",
+       .doc = "ADDRESS:PORT for Prometheus /metrics, 'auto' = 127.0.0.1:(9464 + rank) so that the daemons of a "
+              "single-host job do not collide, or 'off'",
        .field = knob_field<&Config::metrics_listen>},
       {.name = "log_level", .type = K::kChoice, .live = true, .agreed = false, .secret = false,
        .env = "SPARSECAR_LOG_LEVEL", .min = 0, .max = 0, .choices = "error|warn|info|debug|trace",
@@ -632,10 +633,10 @@ bool in_choices(const char* choices, std::string_view value) {
   return false;
 }
 
-// metrics_listen: "off", or PORT, IPV4:PORT or [IPV6]:PORT with an address literal (the exposer
+// metrics_listen: "off", "auto" (local_paths.h), or PORT, IPV4:PORT or [IPV6]:PORT with an address literal (the exposer
 // binds without resolving names) and a port in 0..65535. Empty when fine, else what is wrong.
 std::string listen_address_error(const std::string& listen) {
-  if (listen == "off") return "";
+  if (listen == "off" || listen == "auto") return "";
   std::string host, port = listen;
   if (const size_t colon = listen.rfind(':'); colon != std::string::npos) {
     host = listen.substr(0, colon);

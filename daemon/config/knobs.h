@@ -49,7 +49,7 @@ struct Config {
   std::string control_curve_secret_key;  // Z85, 40 characters: tcp:// with CURVE
   uint32_t control_max_message_bytes = 65536;
   uint32_t drain_timeout_ms = 10000;  // SIGTERM: how long queued steps may finish
-  std::string metrics_listen = "127.0.0.1:9464";
+  std::string metrics_listen = "auto";  // 127.0.0.1:(9464 + rank) (local_paths.h)
   std::string log_level = "info";
   std::string ucx_tls;          // empty: UCX's default (or UCX_TLS)
   std::string ucx_net_devices;  // empty: all

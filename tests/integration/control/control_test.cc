@@ -273,6 +273,10 @@ TEST_F(ControlJob, SighupReloadsLiveKnobsAndSigtermDrains) {
   EXPECT_NE(job_->daemon(1).log().find("draining"), std::string::npos);
   struct stat st{};
   EXPECT_NE(::stat((job_->dir() + "/rank-1-control.sock").c_str(), &st), 0) << "control socket left behind";
+  EXPECT_NE(::stat((job_->dir() + "/rank-1-control.sock.lock").c_str(), &st), 0) << "control lock left behind";
+  EXPECT_NE(::stat((job_->dir() + "/rank-1.sock.lock").c_str(), &st), 0) << "trainer socket lock left behind";
+  EXPECT_NE(::stat((job_->dir() + "/rank-1.sock").c_str(), &st), 0) << "trainer socket left behind";
+  EXPECT_EQ(::stat((job_->dir() + "/rank-0-control.sock.lock").c_str(), &st), 0) << "a live daemon's lock was removed";
   std::filesystem::remove_all(dir);
 }
 

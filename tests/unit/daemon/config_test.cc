@@ -339,7 +339,7 @@ TEST(ConfigTest, CheckConfigRefusesWhatStartRefuses) {
   expect_refused("metrics_listen = \"localhost:9464\"\n", "names are not resolved");
   expect_refused("metrics_listen = \"127.0.0.1:70000\"\n", "0..65535");
   expect_refused("metrics_listen = \"127.0.0.1:\"\n", "port");
-  for (const char* fine : {"127.0.0.1:0", "[::1]:9464", "9464", "0.0.0.0:9464", "off"}) {
+  for (const char* fine : {"127.0.0.1:0", "[::1]:9464", "9464", "0.0.0.0:9464", "off", "auto"}) {
     std::string file = write_temp(std::string("metrics_listen = \"") + fine + "\"\n");
     auto r = parse({"--check-config", file}, {}, &out);
     std::remove(file.c_str());
