@@ -229,12 +229,13 @@ const std::vector<KnobSpec>& knobs() {
       "; values as those knobs; later rules win); a config file's [tensor.\"GLOB\"] tables add to it";
   static const std::vector<KnobSpec> before_params = {
       {.name = "rank", .type = K::kUint, .live = false, .agreed = false, .secret = false,
-       .env = "RANK", .min = 0, .max = 65535, .choices = "",
-       .doc = "rank of this node in the job (0 = leader/coordinator)",
+       .env = "SPARSECAR_NODE_RANK|NODE_RANK", .min = 0, .max = 65535, .choices = "",
+       .doc = "rank of this node (daemon) in the job (0 = leader/coordinator); never read from the launcher's "
+              "per-process RANK",
        .field = knob_field<&Config::rank>},
       {.name = "world_size", .type = K::kUint, .live = false, .agreed = true, .secret = false,
-       .env = "WORLD_SIZE", .min = 1, .max = 65536, .choices = "",
-       .doc = "number of nodes (daemons) in the job",
+       .env = "SPARSECAR_NNODES|NNODES", .min = 1, .max = 65536, .choices = "",
+       .doc = "number of nodes (daemons) in the job; never read from the launcher's per-process WORLD_SIZE",
        .field = knob_field<&Config::world_size, &CS::world_size>},
       {.name = "coordinator", .type = K::kString, .live = false, .agreed = false, .secret = false,
        .env = "SPARSECAR_COORDINATOR", .min = 0, .max = 0, .choices = "",
@@ -251,8 +252,8 @@ const std::vector<KnobSpec>& knobs() {
               "reaching the coordinator port can join",
        .field = knob_field<&Config::job_secret_file>},
       {.name = "local_clients", .type = K::kUint, .live = false, .agreed = false, .secret = false,
-       .env = "LOCAL_WORLD_SIZE", .min = 1, .max = 1024, .choices = "",
-       .doc = "trainer processes per node whose gradients are summed each step",
+       .env = "SPARSECAR_LOCAL_WORLD_SIZE", .min = 1, .max = 1024, .choices = "",
+       .doc = "trainer processes per node whose gradients are summed each step (torchrun's --nproc-per-node)",
        .field = knob_field<&Config::local_clients>},
       {.name = "socket", .type = K::kString, .live = false, .agreed = false, .secret = false,
        .env = "SPARSECAR_SOCKET", .min = 0, .max = 0, .choices = "",
@@ -633,8 +634,9 @@ bool in_choices(const char* choices, std::string_view value) {
   return false;
 }
 
-// metrics_listen: "off", "auto" (local_paths.h), or PORT, IPV4:PORT or [IPV6]:PORT with an address literal (the exposer
-// binds without resolving names) and a port in 0..65535. Empty when fine, else what is wrong.
+// metrics_listen: "off", "auto" (local_paths.h), or PORT, IPV4:PORT or [IPV6]:PORT with an
+// address literal (the exposer binds without resolving names) and a port in 0..65535. Empty when
+// fine, else what is wrong.
 std::string listen_address_error(const std::string& listen) {
   if (listen == "off" || listen == "auto") return "";
   std::string host, port = listen;

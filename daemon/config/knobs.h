@@ -181,7 +181,8 @@ struct KnobSpec {
   bool live;            // may change while a job runs
   bool agreed;          // every node of the job must hold the same value
   bool secret;          // never shown by `get`/status (tokens, keys)
-  const char* env;      // environment variable used when neither flag nor file sets it ("" none)
+  const char* env;      // environment variables used when neither flag nor file sets it, "|"-separated,
+                        // the first one set wins ("" none)
   double min;           // inclusive range for numeric knobs
   double max;
   const char* choices;  // "|"-separated, for kChoice ("" otherwise)
