@@ -293,6 +293,11 @@ const std::vector<KnobSpec>& knobs() {
        .env = "SPARSECAR_LOG_LEVEL", .min = 0, .max = 0, .choices = "error|warn|info|debug|trace",
        .doc = "log verbosity",
        .field = knob_field<&Config::log_level>},
+      {.name = "progress_log_seconds", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 0, .max = 86400, .choices = "",
+       .doc = "while a job runs, an INFO line this often: step, density, compression ratio, bytes saved, step "
+              "latency (0 = off; the summary line at job end comes regardless)",
+       .field = knob_field<&Config::progress_log_seconds>},
       {.name = "ucx_tls", .type = K::kString, .live = false, .agreed = false, .secret = false,
        .env = "", .min = 0, .max = 0, .choices = "",
        .doc = "UCX transports (UCX_TLS syntax, e.g. tcp or posix,self); empty = UCX default",

@@ -51,6 +51,7 @@ struct Config {
   uint32_t drain_timeout_ms = 10000;  // SIGTERM: how long queued steps may finish
   std::string metrics_listen = "auto";  // 127.0.0.1:(9464 + rank) (local_paths.h)
   std::string log_level = "info";
+  double progress_log_seconds = 10;  // periodic progress line (pipeline/progress.h); 0 = off
   std::string ucx_tls;          // empty: UCX's default (or UCX_TLS)
   std::string ucx_net_devices;  // empty: all
   uint32_t kernel_threads = 1;  // threads one selection kernel call may use (kernels/parallel.h)

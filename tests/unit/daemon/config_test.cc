@@ -163,7 +163,8 @@ TEST(KnobSettingsTest, EveryPolicyKnobReachesTheSettings) {
   const std::set<std::string> daemon_only = {
       "rank", "coordinator", "job_id", "job_secret_file", "local_clients", "socket", "control", "control_group",
       "control_token", "control_curve_secret_key", "control_max_message_bytes", "drain_timeout_ms", "metrics_listen",
-      "log_level", "ucx_tls", "ucx_net_devices", "kernel_threads", "mailbox_max_bytes", "tensor_memory_budget_bytes",
+      "log_level", "progress_log_seconds", "ucx_tls", "ucx_net_devices", "kernel_threads", "mailbox_max_bytes",
+      "tensor_memory_budget_bytes",
       "session_handshake_timeout_ms", "controller_metric", "step_timeout_ms", "join_timeout_ms",
       "peer_down_grace_ms", "accept_replacements"};
   const AllSettings defaults = all_settings(Config{});
