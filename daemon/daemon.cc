@@ -238,6 +238,8 @@ Status Daemon::reload(const Config& before, const Config& after) {
     }
     changes.emplace_back(spec.name, new_value);
   }
+  // What the next job starts from, whether or not this job takes the change (DecisionBoard::reset).
+  parts_->decisions->set_configured(after);
   if (changes.empty()) {
     SC_LOG_INFO("reload: no live knob changed");
     return Status::Ok();
