@@ -1,6 +1,7 @@
 // sparsecarctl: the operator's tool for a running sparsecard, over its ZeroMQ control socket
 // (daemon/control/protocol.h). Human-readable tables by default, the daemon's JSON reply with
-// --json. Exit status: 0 success, 1 the daemon refused the command, 2 usage error, 3 the
+// --json. The command line is CLI11's (options anywhere, numbers checked, --help for the tool and
+// every command). Exit status: 0 success, 1 the daemon refused the command, 2 usage error, 3 the
 // daemon could not be reached or did not answer in time.
 #include <unistd.h>
 
@@ -10,46 +11,18 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "daemon/config/config.h"
 #include "daemon/config/knobs.h"
 #include "daemon/control/client.h"
+#include "daemon/pipeline/progress.h"
 
 namespace {
 
 using json = nlohmann::json;
 constexpr const char* kDefaultEndpoint = "ipc:///run/sparsecar/sparsecard-control.sock";
-
-void usage(FILE* out) {
-  std::fprintf(out,
-               "usage: sparsecarctl [options] <command> [arguments]\n"
-               "\n"
-               "commands (sent to the daemon):\n"
-               "  status                          job, rank, peers, step, decision epoch, plan per tensor group\n"
-               "  get [KNOB]                      one knob or every knob\n"
-               "  set KNOB=VALUE [KNOB=VALUE...]  change live knobs job-wide (also: set KNOB VALUE)\n"
-               "  policy CONTROLLER               switch the controller\n"
-               "  report-metric NAME VALUE [STEP] report a scalar (e.g. val_accuracy)\n"
-               "  pause | resume                  compression off (dense) / on, job-wide\n"
-               "  drain [TIMEOUT_MS] | drain cancel  finish queued steps, refuse new ones / accept again\n"
-               "  checkpoint FILE | restore FILE  save / load every tensor's residual\n"
-               "  commands                        the daemon's command list\n"
-               "  call COMMAND [JSON_ARGS]        any command with raw JSON arguments\n"
-               "local commands:\n"
-               "  knobs                           every knob: default, range/choices, live, agreed, doc\n"
-               "  version                         print the version\n"
-               "\n"
-               "options:\n"
-               "  --endpoint EP        control endpoint [env SPARSECAR_CONTROL, default %s]\n"
-               "  --json               print the daemon's JSON reply instead of a table\n"
-               "  --timeout-ms N       how long to wait for the reply (default 10000)\n"
-               "  --token T            token for a tcp:// endpoint [env SPARSECAR_CONTROL_TOKEN]\n"
-               "  --curve-server-key K the daemon's Z85 CURVE public key for a tcp:// endpoint\n"
-               "  -h, --help           this text\n"
-               "exit status: 0 ok, 1 refused by the daemon, 2 usage, 3 daemon unreachable or silent\n",
-               kDefaultEndpoint);
-}
 
 int list_knobs() {
   using namespace sparsecar;
@@ -102,6 +75,25 @@ void print_status(const json& r) {
   std::printf("job incarnation %s; stale messages dropped %s; lost peers replaced %s\n",
               r.contains("incarnation") && !r["incarnation"].is_null() ? text(r["incarnation"]).c_str() : "none yet",
               text(r.value("stale_messages", json(0))).c_str(), text(r.value("peers_rejoined", json(0))).c_str());
+  if (r.contains("traffic")) {
+    // bytes this node sent vs what a dense exchange would have sent
+    auto line = [](const json& t) {
+      const double sent = t.value("bytes_sent", 0.0), dense = t.value("dense_bytes", 0.0);
+      const double saved = t.value("bytes_saved", 0.0);
+      std::string ratio = "n/a";
+      if (t.contains("compression_ratio") && t["compression_ratio"].is_number()) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%.1fx", t["compression_ratio"].get<double>());
+        ratio = buf;
+      }
+      return "sent " + sparsecar::JobProgress::human_bytes(sent) + " vs " + sparsecar::JobProgress::human_bytes(dense) + " dense, ratio " +
+             ratio + ", saved " + (saved < 0 ? "-" : "") + sparsecar::JobProgress::human_bytes(saved < 0 ? -saved : saved) +
+             " over " + text(t.value("steps", json(0))) + " steps";
+    };
+    const json& t = r["traffic"];
+    std::printf("traffic this job: %s\n", line(t.value("job", json::object())).c_str());
+    std::printf("since start: %s\n", line(t.value("since_start", json::object())).c_str());
+  }
   if (r.value("job_open", false)) {
     std::printf("WARNING: the job is open (no job_secret_file): any host that reaches the coordinator port can join\n");
   }
@@ -155,14 +147,6 @@ void print_result(const std::string& cmd, const json& r) {
   }
 }
 
-// A command-line value as JSON: numbers and on/off stay text for knobs (the daemon parses them).
-json number_or_text(const std::string& s) {
-  char* end = nullptr;
-  double v = std::strtod(s.c_str(), &end);
-  if (!s.empty() && end == s.c_str() + s.size()) return v;
-  return s;
-}
-
 std::string absolute(const std::string& path) {
   if (!path.empty() && path[0] == '/') return path;
   char cwd[4096];
@@ -170,129 +154,168 @@ std::string absolute(const std::string& path) {
   return std::string(cwd) + "/" + path;
 }
 
+// Where the endpoint came from, for errors: the user must know what to change.
+std::string endpoint_origin(const std::string& source) {
+  if (source == "flag") return "from --endpoint";
+  if (source == "env") return "from SPARSECAR_CONTROL";
+  return std::string("the default; sparsecard's control socket sits beside its --socket as ") +
+         "<socket minus .sock>-control.sock";
+}
+
+constexpr const char* kSetHelp =
+    "Change live knobs job-wide (KNOB=VALUE ..., or KNOB VALUE). The change goes to rank 0 and takes "
+    "effect on every node at the step in the reply. Live changes last for the current job only: when "
+    "every trainer has left and the next job starts on the same daemons, every knob reverts to the "
+    "configured value (flags, config file, the last SIGHUP reload) and the daemon logs which ones "
+    "reverted. Put lasting changes in the config file and reload (SIGHUP).";
+
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace sparsecar;
   control::ClientOptions opts;
-  opts.endpoint = std::getenv("SPARSECAR_CONTROL") ? std::getenv("SPARSECAR_CONTROL") : kDefaultEndpoint;
-  if (opts.endpoint == "auto" || opts.endpoint.empty()) opts.endpoint = kDefaultEndpoint;
-  if (const char* t = std::getenv("SPARSECAR_CONTROL_TOKEN")) opts.token = t;
+  std::string endpoint;
   bool as_json = false;
-  std::vector<std::string> rest;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto value = [&](const char* name) -> const char* {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "sparsecarctl: %s needs a value\n", name);
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (!rest.empty()) {
-      rest.push_back(a);  // after the command everything is its arguments
-    } else if (a == "-h" || a == "--help") {
-      usage(stdout);
-      return 0;
-    } else if (a == "--json") {
-      as_json = true;
-    } else if (a == "--endpoint") {
-      opts.endpoint = value("--endpoint");
-    } else if (a == "--timeout-ms") {
-      opts.timeout = std::chrono::milliseconds(std::atol(value("--timeout-ms")));
-    } else if (a == "--token") {
-      opts.token = value("--token");
-    } else if (a == "--curve-server-key") {
-      opts.curve_server_key = value("--curve-server-key");
-    } else if (a.size() > 1 && a[0] == '-') {
-      std::fprintf(stderr, "sparsecarctl: unknown option '%s'\n", a.c_str());
-      usage(stderr);
-      return 2;
-    } else {
-      rest.push_back(a);
-    }
-  }
-  if (rest.empty()) {
-    usage(stderr);
+  uint64_t timeout_ms = 10000;
+  CLI::App app{"sparsecarctl: the operator's tool for a running sparsecard, over its control socket.", "sparsecarctl"};
+  app.footer("Options may come anywhere on the line (sparsecarctl status --json).\n"
+             "exit status: 0 ok, 1 refused by the daemon, 2 usage, 3 daemon unreachable or silent");
+  app.require_subcommand(1);
+  app.fallthrough();  // the options above may follow the command too
+  auto* endpoint_opt =
+      app.add_option("--endpoint", endpoint,
+                     std::string("control endpoint, ipc://PATH or tcp://HOST:PORT (sparsecard's --control) "
+                                 "[env SPARSECAR_CONTROL; default ") + kDefaultEndpoint + "]")
+          ->envname("SPARSECAR_CONTROL");
+  app.add_flag("--json", as_json, "print the daemon's JSON reply instead of a table");
+  app.add_option("--timeout-ms", timeout_ms, "how long to wait for the reply, in milliseconds")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{3600000}))
+      ->capture_default_str();
+  app.add_option("--token", opts.token, "token for a tcp:// endpoint [env SPARSECAR_CONTROL_TOKEN]")
+      ->envname("SPARSECAR_CONTROL_TOKEN");
+  app.add_option("--curve-server-key", opts.curve_server_key,
+                 "the daemon's Z85 CURVE public key for a tcp:// endpoint");
+
+  std::string knob, controller, metric_name, wire_name, path, drain_arg, json_args;
+  std::vector<std::string> set_args;
+  double metric_value = 0;
+  uint64_t metric_step = 0;
+  auto* status =
+      app.add_subcommand("status", "job, rank, peers, step, decision epoch, bytes saved and ratio, plan per tensor group");
+  auto* get = app.add_subcommand("get", "one knob's value (or every knob's)");
+  get->add_option("KNOB", knob, "knob name (sparsecarctl knobs lists them)");
+  auto* set = app.add_subcommand("set", kSetHelp);
+  set->add_option("KNOB=VALUE", set_args, "one or more KNOB=VALUE, or KNOB VALUE")->required();
+  auto* policy = app.add_subcommand("policy", "switch the controller (a comma list, as the `controller` knob)");
+  policy->add_option("CONTROLLER", controller, "controller name(s)")->required();
+  auto* report = app.add_subcommand("report-metric", "report a scalar (e.g. val_accuracy) to the controllers");
+  report->add_option("NAME", metric_name, "metric name")->required();
+  report->add_option("VALUE", metric_value, "a number")->required();
+  auto* step_opt = report->add_option("STEP", metric_step, "the training step it belongs to");
+  auto* pause = app.add_subcommand("pause", "compression off (dense), job-wide");
+  auto* resume = app.add_subcommand("resume", "compression on again, job-wide");
+  auto* drain = app.add_subcommand("drain", "finish queued steps and refuse new ones ('cancel': accept them again)");
+  drain->add_option("TIMEOUT_MS|cancel", drain_arg, "how long to wait for the queued steps (default 30000), or cancel")
+      ->check(CLI::IsMember({"cancel"}) | CLI::Range(uint64_t{0}, uint64_t{3600000}));
+  auto* checkpoint = app.add_subcommand("checkpoint", "save every tensor's residual to FILE (on the daemon's host)");
+  checkpoint->add_option("FILE", path, "regular file to write")->required();
+  auto* restore = app.add_subcommand("restore", "load every tensor's residual from FILE");
+  restore->add_option("FILE", path, "checkpoint file written by `checkpoint`")->required();
+  auto* commands = app.add_subcommand("commands", "the daemon's command list");
+  auto* call = app.add_subcommand("call", "any command with raw JSON arguments");
+  call->add_option("COMMAND", wire_name, "command name")->required();
+  call->add_option("JSON_ARGS", json_args, "a JSON object of arguments");
+  auto* knobs = app.add_subcommand("knobs", "every knob: default, range/choices, live, agreed, doc (local, no daemon)");
+  auto* version = app.add_subcommand("version", "print the version (local)");
+  for (CLI::App* sub : app.get_subcommands({})) sub->fallthrough();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);  // 0, help on stdout (the subcommand's own when it follows one)
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "sparsecarctl: %s (see sparsecarctl --help)\n", e.what());
     return 2;
   }
-  const std::string cmd = rest[0];
-  const std::vector<std::string> pos(rest.begin() + 1, rest.end());
-  if (cmd == "version") {
+  if (version->parsed()) {
     std::printf("%s\n", version_string().c_str());
     return 0;
   }
-  if (cmd == "knobs") return list_knobs();
+  if (knobs->parsed()) return list_knobs();
 
+  // CLI11 counts a value from the environment as given: look at the line itself.
+  std::string source = "default";
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--endpoint") == 0 || std::strncmp(argv[i], "--endpoint=", 11) == 0) source = "flag";
+  }
+  if (source == "default" && endpoint_opt->count() > 0 && !endpoint.empty() && endpoint != "auto") source = "env";
+  opts.endpoint = endpoint.empty() || endpoint == "auto" ? kDefaultEndpoint : endpoint;
+  opts.timeout = std::chrono::milliseconds(timeout_ms);
+
+  CLI::App* sub = app.get_subcommands().front();
+  std::string cmd = sub->get_name();
   auto bad_usage = [&](const char* what) {
-    std::fprintf(stderr, "sparsecarctl %s: %s (see --help)\n", cmd.c_str(), what);
+    std::fprintf(stderr, "sparsecarctl %s: %s (see sparsecarctl %s --help)\n", cmd.c_str(), what, cmd.c_str());
     return 2;
   };
   std::string wire_cmd = cmd;
   json args = json::object();
-  if (cmd == "status" || cmd == "commands" || cmd == "pause" || cmd == "resume") {
-    if (!pos.empty()) return bad_usage("takes no arguments");
-  } else if (cmd == "get") {
-    if (pos.size() > 1) return bad_usage("takes at most one knob name");
-    if (pos.size() == 1) args["knob"] = pos[0];
-  } else if (cmd == "set") {
-    if (pos.empty()) return bad_usage("needs KNOB=VALUE");
-    if (pos.size() == 2 && pos[0].find('=') == std::string::npos) {
-      args["knob"] = pos[0];
-      args["value"] = pos[1];
+  if (sub == status || sub == commands || sub == pause || sub == resume) {
+    // no arguments
+  } else if (sub == get) {
+    if (!knob.empty()) args["knob"] = knob;
+  } else if (sub == set) {
+    if (set_args.size() == 2 && set_args[0].find('=') == std::string::npos) {
+      args["knob"] = set_args[0];
+      args["value"] = set_args[1];
     } else {
-      json knobs = json::object();
-      for (const auto& p : pos) {
+      json values = json::object();
+      for (const auto& p : set_args) {
         auto eq = p.find('=');
         if (eq == std::string::npos || eq == 0) return bad_usage("arguments are KNOB=VALUE");
-        knobs[p.substr(0, eq)] = p.substr(eq + 1);
+        values[p.substr(0, eq)] = p.substr(eq + 1);
       }
-      args["knobs"] = knobs;
+      args["knobs"] = values;
     }
-  } else if (cmd == "policy") {
-    if (pos.size() != 1) return bad_usage("needs one controller name");
-    args["controller"] = pos[0];
-  } else if (cmd == "report-metric") {
-    if (pos.size() < 2 || pos.size() > 3) return bad_usage("needs NAME VALUE [STEP]");
-    json v = number_or_text(pos[1]);
-    if (!v.is_number()) return bad_usage("VALUE must be a number");
-    args["name"] = pos[0];
-    args["value"] = v;
-    if (pos.size() == 3) args["step"] = std::strtoull(pos[2].c_str(), nullptr, 10);
-  } else if (cmd == "drain") {
-    if (pos.size() > 1) return bad_usage("takes [TIMEOUT_MS] or 'cancel'");
-    if (pos.size() == 1 && pos[0] == "cancel") {
+  } else if (sub == policy) {
+    args["controller"] = controller;
+  } else if (sub == report) {
+    args["name"] = metric_name;
+    args["value"] = metric_value;
+    if (step_opt->count() > 0) args["step"] = metric_step;
+  } else if (sub == drain) {
+    if (drain_arg == "cancel") {
       args["cancel"] = true;
-    } else if (pos.size() == 1) {
-      args["timeout_ms"] = std::strtoull(pos[0].c_str(), nullptr, 10);
+    } else if (!drain_arg.empty()) {
+      args["timeout_ms"] = std::stoull(drain_arg);  // checked by the validator above
     }
     const uint64_t wait = args.value("timeout_ms", uint64_t{30000});
     if (opts.timeout.count() < static_cast<int64_t>(wait) + 5000) opts.timeout = std::chrono::milliseconds(wait + 5000);
-  } else if (cmd == "checkpoint" || cmd == "restore") {
-    if (pos.size() != 1) return bad_usage("needs one FILE");
-    args["path"] = absolute(pos[0]);
-  } else if (cmd == "call") {
-    if (pos.empty() || pos.size() > 2) return bad_usage("needs COMMAND [JSON_ARGS]");
-    wire_cmd = pos[0];
-    if (pos.size() == 2) {
-      args = json::parse(pos[1], nullptr, false);
+  } else if (sub == checkpoint || sub == restore) {
+    args["path"] = absolute(path);
+  } else if (sub == call) {
+    wire_cmd = wire_name;
+    if (!json_args.empty()) {
+      args = json::parse(json_args, nullptr, false);
       if (args.is_discarded() || !args.is_object()) return bad_usage("JSON_ARGS must be a JSON object");
     }
-  } else {
-    std::fprintf(stderr, "sparsecarctl: unknown command '%s'\n", cmd.c_str());
-    usage(stderr);
-    return 2;
   }
 
+  // Every connection error says which endpoint was tried, where it came from and how to change it.
+  const std::string how = " (" + endpoint_origin(source) +
+                          "); choose the daemon with --endpoint ipc:///PATH or SPARSECAR_CONTROL";
   auto client = control::ControlClient::connect(opts);
   if (!client.ok()) {
-    std::fprintf(stderr, "sparsecarctl: cannot reach the daemon at %s: %s\n", opts.endpoint.c_str(),
-                 client.status().to_string().c_str());
+    std::fprintf(stderr, "sparsecarctl: cannot reach the daemon at %s: %s%s\n", opts.endpoint.c_str(),
+                 client.status().to_string().c_str(), how.c_str());
     return 3;
   }
   auto reply = (*client)->call(wire_cmd, args);
   if (!reply.ok()) {
-    std::fprintf(stderr, "sparsecarctl: %s: %s\n", opts.endpoint.c_str(), reply.status().to_string().c_str());
+    std::fprintf(stderr, "sparsecarctl: %s: %s%s\n", opts.endpoint.c_str(), reply.status().to_string().c_str(),
+                 how.c_str());
     return 3;
   }
   const json& r = *reply;

@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "daemon/collective/mailbox.h"
+#include "daemon/config/local_paths.h"
 #include "daemon/control/control_server.h"
 #include "daemon/control/daemon_backend.h"
 #include "daemon/metrics/metrics.h"
@@ -31,6 +32,8 @@ struct Daemon::Parts {
     if (faults) faults->stop();
     if (transport) transport->stop();
   }
+  // Taken first, released last (after the sockets they guard are closed and removed).
+  LocalClaims claims;
   std::unique_ptr<Metrics> metrics;
   std::unique_ptr<Mailbox> mailbox;
   std::unique_ptr<UcxTransport> transport;
@@ -49,14 +52,6 @@ struct Daemon::Parts {
   const Clock* clock = &steady_clock();
 };
 
-// "auto" -> ipc://<trainer socket minus ".sock">-control.sock
-static std::string resolved_control_endpoint(const Config& config) {
-  if (config.control != "auto") return config.control;
-  std::string base = config.socket;
-  if (base.size() > 5 && base.compare(base.size() - 5, 5, ".sock") == 0) base.resize(base.size() - 5);
-  return "ipc://" + base + "-control.sock";
-}
-
 Daemon::Daemon(std::unique_ptr<Parts> parts) : parts_(std::move(parts)) {}
 Daemon::~Daemon() { stop(); }
 
@@ -67,10 +62,23 @@ Expected<std::unique_ptr<Daemon>> Daemon::start(const Config& config) {
   const Clock& clock = steady_clock();
   parts->clock = &clock;
   parts->peer_down_grace = std::chrono::milliseconds(config.peer_down_grace_ms);
+  // Everything that can clash with another daemon on this host is checked before joining, so a
+  // mistake fails this daemon alone and at once (local_paths.h).
+  auto claims = claim_local_paths(config);
+  if (!claims.ok()) return claims.status();
+  parts->claims = std::move(claims).value();
   MetricsOptions mo;
   mo.rank = config.rank;
   mo.world_size = config.world_size;
-  SC_ASSIGN_OR_RETURN(parts->metrics, Metrics::create(config.metrics_listen, mo));
+  const std::string metrics_listen = resolved_metrics_listen(config);
+  auto metrics = Metrics::create(metrics_listen, mo);
+  if (!metrics.ok()) {
+    return metrics.status().with_context(
+        "--metrics-listen " + config.metrics_listen + " (" + metrics_listen +
+        " taken? pick a free ADDRESS:PORT with --metrics-listen, or 'off'; 'auto' is 127.0.0.1:" +
+        std::to_string(kMetricsBasePort) + "+rank)");
+  }
+  parts->metrics = std::move(metrics).value();
   parts->mailbox = std::make_unique<Mailbox>(config.job_id, config.world_size, parts->metrics.get(),
                                              config.mailbox_max_bytes, clock);
 
@@ -151,6 +159,7 @@ Expected<std::unique_ptr<Daemon>> Daemon::start(const Config& config) {
   p.step_timeout = std::chrono::milliseconds(config.step_timeout_ms);
   p.join_timeout = std::chrono::milliseconds(config.join_timeout_ms);
   p.kernel_threads = config.kernel_threads;
+  p.progress_interval = std::chrono::milliseconds(static_cast<int64_t>(config.progress_log_seconds * 1000.0));
   parts->pipeline = std::make_unique<Pipeline>(p, parts->net, parts->mailbox.get(), parts->metrics.get(),
                                                parts->decisions.get(), clock);
 
@@ -192,6 +201,7 @@ Expected<std::unique_ptr<Daemon>> Daemon::start(const Config& config) {
     c.token = config.control_token;
     c.curve_secret_key = config.control_curve_secret_key;
     c.max_message_bytes = config.control_max_message_bytes;
+    c.lock_held = parts->claims.control_lock.held();
     auto server = control::ControlServer::start(c, parts->dispatcher.get());
     if (!server.ok()) return server.status().with_context("opening the control socket");
     parts->control = std::move(server).value();
@@ -228,6 +238,8 @@ Status Daemon::reload(const Config& before, const Config& after) {
     }
     changes.emplace_back(spec.name, new_value);
   }
+  // What the next job starts from, whether or not this job takes the change (DecisionBoard::reset).
+  parts_->decisions->set_configured(after);
   if (changes.empty()) {
     SC_LOG_INFO("reload: no live knob changed");
     return Status::Ok();

@@ -1,6 +1,8 @@
 // Daemon: owns and wires the parts of sparsecard for one node, in data-flow order:
-//   metrics -> mailbox -> transport (rendezvous with the other nodes) -> pipeline -> sessions
-//   -> control socket.
+//   local claims (socket directories and locks: config/local_paths.h) -> metrics -> mailbox
+//   -> transport (rendezvous with the other nodes) -> pipeline -> sessions -> control socket.
+// Whatever can clash with another daemon on the host is claimed before the rendezvous, so a
+// mistake fails this daemon at once instead of every node after the join.
 // Start-up fails with a Status naming the part and the cause. stop() takes them down in reverse.
 // Every part is given the production Clock (steady_clock()) here and reads time only through it.
 //

@@ -82,8 +82,10 @@ def run_job(args, bins, workdir, label, compression, procs):
     os.makedirs(jobdir)
     env = dict(os.environ)
     env.update({"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo"})
-    env.pop("RANK", None)  # launcher variables of an outer job must not leak into ours
-    env.pop("WORLD_SIZE", None)
+    # launcher variables of an outer job must not leak into ours
+    for name in ("RANK", "WORLD_SIZE", "NODE_RANK", "NNODES", "SPARSECAR_NODE_RANK", "SPARSECAR_NNODES",
+                 "SPARSECAR_LOCAL_WORLD_SIZE"):
+        env.pop(name, None)
 
     sockets = [os.path.join(jobdir, f"rank-{r}.sock") for r in range(world)]
     daemons = []

@@ -41,8 +41,9 @@ def tail(path, lines=25):
         return "(no log)\n"
 
 
-# Launcher variables of an outer job must not leak into the daemons (they read RANK etc.).
+# Launcher variables of an outer job must not leak into the daemons (they read NODE_RANK etc.).
 _LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                  "NODE_RANK", "NNODES", "SPARSECAR_NODE_RANK", "SPARSECAR_NNODES", "SPARSECAR_LOCAL_WORLD_SIZE",
                   "SPARSECAR_SOCKET", "SPARSECAR_COORDINATOR")
 
 

@@ -43,14 +43,29 @@ Expected<std::string> toml_text(const toml::node& node) {
   return invalid_argument("value must be a string, number or boolean");
 }
 
+// A row's environment variables ("A|B": A, else B), in the order they are consulted.
+std::vector<std::string> env_names(const KnobSpec& spec) {
+  std::vector<std::string> names;
+  std::string_view rest(spec.env);
+  while (!rest.empty()) {
+    const size_t bar = rest.find('|');
+    names.emplace_back(rest.substr(0, bar));
+    if (bar == std::string_view::npos) break;
+    rest.remove_prefix(bar + 1);
+  }
+  return names;
+}
+
 // Environment fallbacks for knobs neither the file nor a flag set.
 Status apply_env(Config& config, const std::set<std::string>& already_set, const EnvLookup& env) {
   for (const auto& spec : knob_table()) {
-    if (already_set.count(spec.name) || spec.env[0] == '\0') continue;
-    const char* value = env(spec.env);
-    if (value == nullptr || *value == '\0') continue;
-    SC_RETURN_IF_ERROR(set_knob(config, spec.name, value)
-                           .with_context(std::string("environment variable ") + spec.env));
+    if (already_set.count(spec.name)) continue;
+    for (const std::string& name : env_names(spec)) {
+      const char* value = env(name.c_str());
+      if (value == nullptr || *value == '\0') continue;
+      SC_RETURN_IF_ERROR(set_knob(config, spec.name, value).with_context("environment variable " + name));
+      break;  // the first one set wins
+    }
   }
   // torchrun/Slurm style: the coordinator is the launcher's master address, one port above its
   // store (MASTER_PORT itself belongs to the trainers' own rendezvous).
@@ -181,7 +196,11 @@ Expected<CommandLine> parse_command_line(int argc, const char* const* argv, std:
     doc += def.empty() ? "\"\"" : def;
     doc += "]";
     if (spec.choices[0] != '\0') doc += std::string(" {") + spec.choices + "}";
-    if (spec.env[0] != '\0') doc += std::string(" (env ") + spec.env + ")";
+    if (spec.env[0] != '\0') {
+      std::string names;
+      for (const std::string& name : env_names(spec)) names += (names.empty() ? "" : ", else ") + name;
+      doc += " (env " + names + ")";
+    }
     if (spec.live) doc += " (live)";
     app.add_option("--" + dashed(spec.name), flag_values[spec.name], doc)
         ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);

@@ -1,8 +1,12 @@
 // Start-up configuration of sparsecard: command line, config file and launcher environment,
 // all resolved through the knob table (knobs.h).
 //
-// Precedence, lowest to highest: built-in defaults < environment fallbacks (RANK, WORLD_SIZE,
-// MASTER_ADDR/MASTER_PORT, LOCAL_WORLD_SIZE, ...) < config file (--config FILE) < flags.
+// Precedence, lowest to highest: built-in defaults < environment fallbacks (SPARSECAR_NODE_RANK
+// else NODE_RANK, SPARSECAR_NNODES else NNODES, SPARSECAR_LOCAL_WORLD_SIZE, MASTER_ADDR/MASTER_PORT,
+// SPARSECAR_*; the knob table's `env` column) < config file (--config FILE) < flags.
+// The node-level variables never fall back to a launcher's per-process RANK / WORLD_SIZE /
+// LOCAL_WORLD_SIZE: torchrun sets those for each trainer, and a daemon started beside the
+// trainers would take a trainer's rank for the node's.
 // The config file is TOML with top-level `knob = value` lines; unknown keys are errors.
 // Exceptions are allowed here (start-up only); everything is reported as Status to the caller.
 #pragma once

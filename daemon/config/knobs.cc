@@ -229,12 +229,13 @@ const std::vector<KnobSpec>& knobs() {
       "; values as those knobs; later rules win); a config file's [tensor.\"GLOB\"] tables add to it";
   static const std::vector<KnobSpec> before_params = {
       {.name = "rank", .type = K::kUint, .live = false, .agreed = false, .secret = false,
-       .env = "RANK", .min = 0, .max = 65535, .choices = "",
-       .doc = "rank of this node in the job (0 = leader/coordinator)",
+       .env = "SPARSECAR_NODE_RANK|NODE_RANK", .min = 0, .max = 65535, .choices = "",
+       .doc = "rank of this node (daemon) in the job (0 = leader/coordinator); never read from the launcher's "
+              "per-process RANK",
        .field = knob_field<&Config::rank>},
       {.name = "world_size", .type = K::kUint, .live = false, .agreed = true, .secret = false,
-       .env = "WORLD_SIZE", .min = 1, .max = 65536, .choices = "",
-       .doc = "number of nodes (daemons) in the job",
+       .env = "SPARSECAR_NNODES|NNODES", .min = 1, .max = 65536, .choices = "",
+       .doc = "number of nodes (daemons) in the job; never read from the launcher's per-process WORLD_SIZE",
        .field = knob_field<&Config::world_size, &CS::world_size>},
       {.name = "coordinator", .type = K::kString, .live = false, .agreed = false, .secret = false,
        .env = "SPARSECAR_COORDINATOR", .min = 0, .max = 0, .choices = "",
@@ -251,8 +252,8 @@ const std::vector<KnobSpec>& knobs() {
               "reaching the coordinator port can join",
        .field = knob_field<&Config::job_secret_file>},
       {.name = "local_clients", .type = K::kUint, .live = false, .agreed = false, .secret = false,
-       .env = "LOCAL_WORLD_SIZE", .min = 1, .max = 1024, .choices = "",
-       .doc = "trainer processes per node whose gradients are summed each step",
+       .env = "SPARSECAR_LOCAL_WORLD_SIZE", .min = 1, .max = 1024, .choices = "",
+       .doc = "trainer processes per node whose gradients are summed each step (torchrun's --nproc-per-node)",
        .field = knob_field<&Config::local_clients>},
       {.name = "socket", .type = K::kString, .live = false, .agreed = false, .secret = false,
        .env = "SPARSECAR_SOCKET", .min = 0, .max = 0, .choices = "",
@@ -285,12 +286,18 @@ const std::vector<KnobSpec>& knobs() {
        .field = knob_field<&Config::drain_timeout_ms>},
       {.name = "metrics_listen", .type = K::kString, .live = false, .agreed = false, .secret = false,
        .env = "", .min = 0, .max = 0, .choices = "",
-       .doc = "ADDRESS:PORT for Prometheus /metrics, or 'off'",
+       .doc = "ADDRESS:PORT for Prometheus /metrics, 'auto' = 127.0.0.1:(9464 + rank) so that the daemons of a "
+              "single-host job do not collide, or 'off'",
        .field = knob_field<&Config::metrics_listen>},
       {.name = "log_level", .type = K::kChoice, .live = true, .agreed = false, .secret = false,
        .env = "SPARSECAR_LOG_LEVEL", .min = 0, .max = 0, .choices = "error|warn|info|debug|trace",
        .doc = "log verbosity",
        .field = knob_field<&Config::log_level>},
+      {.name = "progress_log_seconds", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 0, .max = 86400, .choices = "",
+       .doc = "while a job runs, an INFO line this often: step, density, compression ratio, bytes saved, step "
+              "latency (0 = off; the summary line at job end comes regardless)",
+       .field = knob_field<&Config::progress_log_seconds>},
       {.name = "ucx_tls", .type = K::kString, .live = false, .agreed = false, .secret = false,
        .env = "", .min = 0, .max = 0, .choices = "",
        .doc = "UCX transports (UCX_TLS syntax, e.g. tcp or posix,self); empty = UCX default",
@@ -632,10 +639,11 @@ bool in_choices(const char* choices, std::string_view value) {
   return false;
 }
 
-// metrics_listen: "off", or PORT, IPV4:PORT or [IPV6]:PORT with an address literal (the exposer
-// binds without resolving names) and a port in 0..65535. Empty when fine, else what is wrong.
+// metrics_listen: "off", "auto" (local_paths.h), or PORT, IPV4:PORT or [IPV6]:PORT with an
+// address literal (the exposer binds without resolving names) and a port in 0..65535. Empty when
+// fine, else what is wrong.
 std::string listen_address_error(const std::string& listen) {
-  if (listen == "off") return "";
+  if (listen == "off" || listen == "auto") return "";
   std::string host, port = listen;
   if (const size_t colon = listen.rfind(':'); colon != std::string::npos) {
     host = listen.substr(0, colon);

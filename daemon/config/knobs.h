@@ -49,8 +49,9 @@ struct Config {
   std::string control_curve_secret_key;  // Z85, 40 characters: tcp:// with CURVE
   uint32_t control_max_message_bytes = 65536;
   uint32_t drain_timeout_ms = 10000;  // SIGTERM: how long queued steps may finish
-  std::string metrics_listen = "127.0.0.1:9464";
+  std::string metrics_listen = "auto";  // 127.0.0.1:(9464 + rank) (local_paths.h)
   std::string log_level = "info";
+  double progress_log_seconds = 10;  // periodic progress line (pipeline/progress.h); 0 = off
   std::string ucx_tls;          // empty: UCX's default (or UCX_TLS)
   std::string ucx_net_devices;  // empty: all
   uint32_t kernel_threads = 1;  // threads one selection kernel call may use (kernels/parallel.h)
@@ -181,7 +182,8 @@ struct KnobSpec {
   bool live;            // may change while a job runs
   bool agreed;          // every node of the job must hold the same value
   bool secret;          // never shown by `get`/status (tokens, keys)
-  const char* env;      // environment variable used when neither flag nor file sets it ("" none)
+  const char* env;      // environment variables used when neither flag nor file sets it, "|"-separated,
+                        // the first one set wins ("" none)
   double min;           // inclusive range for numeric knobs
   double max;
   const char* choices;  // "|"-separated, for kChoice ("" otherwise)

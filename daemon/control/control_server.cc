@@ -11,6 +11,7 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "sparsecar/common/lock_file.h"
 #include "sparsecar/common/log.h"
 
 namespace sparsecar::control {
@@ -54,13 +55,9 @@ struct ControlServer::Impl {
   zmq::context_t context{1};
   zmq::socket_t socket;
   std::string ipc_path;
-  int lock_fd = -1;
+  LockFile lock;  // ipc: PATH.lock, unless the caller holds it (options.lock_held)
   std::atomic<bool> stopping{false};
   std::thread thread;
-
-  ~Impl() {
-    if (lock_fd >= 0) ::close(lock_fd);
-  }
 
   void run();
   void serve_one();
@@ -84,16 +81,16 @@ Expected<std::unique_ptr<ControlServer>> ControlServer::start(const ControlServe
   }
   if (ipc) {
     impl->ipc_path = options.endpoint.substr(kIpc.size());
-    const std::string lock_path = impl->ipc_path + ".lock";
-    impl->lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (impl->lock_fd < 0) return errno_status("opening control lock file " + lock_path, errno);
-    if (::flock(impl->lock_fd, LOCK_EX | LOCK_NB) != 0) {
-      const int err = errno;
-      if (err == EWOULDBLOCK) {
-        return failed_precondition("control socket " + impl->ipc_path + " is served by another process (" +
-                                   lock_path + " is locked)");
+    if (!options.lock_held) {
+      auto lock = LockFile::acquire(impl->ipc_path + ".lock");
+      if (!lock.ok()) {
+        if (lock.status().code() == Code::kFailedPrecondition) {
+          return failed_precondition("control socket " + impl->ipc_path + " is served by another process (" +
+                                     lock.status().message() + ")");
+        }
+        return lock.status();
       }
-      return errno_status("locking " + lock_path, err);
+      impl->lock = std::move(lock).value();
     }
     ::unlink(impl->ipc_path.c_str());  // stale socket of a daemon that died: we hold the lock now
   }
@@ -179,6 +176,7 @@ void ControlServer::stop() {
     SC_LOG_WARN("closing control socket: %s", e.what());
   }
   if (!impl_->ipc_path.empty()) ::unlink(impl_->ipc_path.c_str());
+  impl_->lock.release();  // after the socket file: a lock without a socket is never left behind
   impl_.reset();
 }
 

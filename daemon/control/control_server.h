@@ -8,7 +8,9 @@
 //   ipc://PATH   default. A lock file PATH.lock (flock) is taken first, because a second bind to
 //                the same path would silently steal it from a running daemon; then a stale PATH
 //                is removed, the socket bound and chmod'ed to 0600 (or 0660 with `group`).
-//                PATH is removed on stop (the lock file stays; it is only ever locked).
+//                PATH and PATH.lock are removed on stop (LockFile: only by the process that
+//                holds the lock, never under another live daemon). A caller that took PATH.lock
+//                itself (sparsecard does, before it joins the job) says so with lock_held.
 //   tcp://H:P    only with a CURVE server secret key (clients must know its public key) or a
 //                token every request must carry; refused otherwise. Port 0 picks a free port
 //                (endpoint() tells which).
@@ -41,6 +43,9 @@ struct ControlServerOptions {
   std::string curve_secret_key;   // tcp: Z85 CURVE server secret key (40 characters)
   size_t max_message_bytes = kDefaultMaxMessageBytes;
   std::chrono::milliseconds poll_interval{100};  // how quickly stop() is noticed
+  // ipc: the caller holds PATH.lock (a LockFile) for the server's life, so the server neither
+  // takes nor removes it.
+  bool lock_held = false;
 };
 
 class ControlServer {
@@ -50,7 +55,7 @@ class ControlServer {
   ~ControlServer();
   // The bound endpoint (tcp port resolved).
   const std::string& endpoint() const { return endpoint_; }
-  // Stops the thread, closes the socket, removes the ipc file. Idempotent.
+  // Stops the thread, closes the socket, removes the ipc file and its lock. Idempotent.
   void stop();
 
   struct Impl;

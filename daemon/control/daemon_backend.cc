@@ -25,6 +25,14 @@ json incarnation_text(uint64_t incarnation) {
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(incarnation));
   return std::string(buf);
 }
+// Bytes this node sent against a dense exchange of the same steps (pipeline/progress.h).
+json traffic(const ProgressTotals& t) {
+  return json{{"steps", t.steps},
+              {"bytes_sent", t.bytes_sent},
+              {"dense_bytes", t.dense_bytes},
+              {"bytes_saved", t.bytes_saved()},
+              {"compression_ratio", t.bytes_sent == 0 ? json(nullptr) : json(t.ratio())}};
+}
 }  // namespace
 
 json DaemonBackend::status() {
@@ -78,6 +86,7 @@ json DaemonBackend::status() {
            {"tensor_memory", {{"in_use_bytes", ss.tensor_bytes_in_use},
                               {"budget_bytes", ss.tensor_memory_budget},
                               {"orphaned_tensors", ss.orphaned_tensors}}},
+           {"traffic", {{"job", traffic(snap.job)}, {"since_start", traffic(snap.since_start)}}},
            {"total_trainers", snap.total_trainers},
            {"queued", snap.queued},
            {"draining", snap.draining}};

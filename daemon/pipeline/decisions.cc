@@ -43,7 +43,17 @@ DecisionBoard::DecisionBoard(const Config& initial, Transport* transport, const 
   Decision base;
   base.config = std::make_shared<const Config>(initial);
   base.reason = "start-up configuration";
+  configured_ = base.config;
   decisions_.push_back(std::move(base));
+}
+
+void DecisionBoard::set_configured(const Config& config) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto next = std::make_shared<Config>(*configured_);
+  for (const KnobSpec& spec : knob_table()) {
+    if (spec.live) set_knob(*next, spec.name, get_knob(config, spec.name).value()).ignore();
+  }
+  configured_ = std::move(next);
 }
 
 Expected<Decision> DecisionBoard::decide_locked(const KnobChanges& changes, const std::string& reason) {
@@ -135,12 +145,35 @@ std::vector<Decision> DecisionBoard::history() const {
 
 void DecisionBoard::reset() {
   std::lock_guard<std::mutex> lock(mu_);
-  Decision& newest = decisions_.back();
-  newest.effective_step = 0;
-  // Keep only the newest: earlier epochs belong to the finished job.
-  Decision keep = newest;
+  Decision base = decisions_.back();
+  // Which live knobs the finished job changed (by `set`, a controller or a reload's proposal).
+  std::string reverted;
+  for (const KnobSpec& spec : knob_table()) {
+    if (!spec.live) continue;
+    const std::string now = get_knob(*base.config, spec.name).value();
+    const std::string configured = get_knob(*configured_, spec.name).value();
+    if (now == configured) continue;
+    reverted += (reverted.empty() ? "" : ", ") + std::string(spec.name) + " " + now + " -> " + configured;
+  }
+  if (decisions_.size() > 1 || !reverted.empty()) {
+    // Keep only the new base: earlier epochs belong to the finished job.
+    KnobChanges changes;
+    for (const KnobSpec& spec : knob_table()) {
+      if (spec.live) changes.emplace_back(spec.name, get_knob(*configured_, spec.name).value());
+    }
+    base.epoch += 1;
+    base.config = configured_;
+    base.changes = format_changes(changes);
+    base.reason = "new job: the configured values";
+    base.error = Status::Ok();
+  }
+  base.effective_step = 0;
+  if (!reverted.empty()) {
+    SC_LOG_INFO("new job: live settings last one job; back to the configured values (epoch %u): %s", base.epoch,
+                reverted.c_str());
+  }
   decisions_.clear();
-  decisions_.push_back(std::move(keep));
+  decisions_.push_back(std::move(base));
   started_ = false;
   max_started_step_ = 0;
 }

@@ -97,10 +97,18 @@ class DecisionBoard {
   // refuses) leave the board unchanged.
   Status adopt(std::string_view snapshot);
 
-  // A new job starts (every trainer left): the newest decision becomes the base, in force from
-  // step 0, and the step counter restarts. Every node does this at its own reset; they agree
-  // because they hold the same decisions.
+  // A new job starts (every trainer left): live settings last for one job only. Every live knob
+  // reverts to its configured value (start-up flags and file, or the last set_configured()), with
+  // one INFO line naming the knobs that reverted; the step counter restarts. If the finished job
+  // made any decision (or a value reverts), the base is a new epoch (newest + 1, from step 0)
+  // holding the configured values, so a late decision of the finished job is never applied on
+  // top; else the newest decision stays the base. Every node does this at its own reset, and at
+  // the next job's first step every node adopts rank 0's decisions (adopt), as at start-up: the
+  // job runs on rank 0's configured values (the agreed ones are equal on every node anyway).
   void reset();
+  // SIGHUP: the live knobs of `config` become the configured values the next reset() reverts to
+  // (structural knobs are ignored: they do not change while the daemon runs).
+  void set_configured(const Config& config);
 
  private:
   Expected<Decision> decide_locked(const KnobChanges& changes, const std::string& reason);
@@ -120,6 +128,7 @@ class DecisionBoard {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Decision> decisions_;            // guarded by mu_; epochs 0, 1, 2, ... in order
+  std::shared_ptr<const Config> configured_;   // guarded by mu_: what reset() reverts to
   bool started_ = false;                       // guarded by mu_: a step started since reset
   uint64_t max_started_step_ = 0;              // guarded by mu_
   uint64_t next_request_ = 1;                  // guarded by mu_

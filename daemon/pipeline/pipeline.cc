@@ -57,7 +57,8 @@ Pipeline::Pipeline(const PipelineOptions& options, Transport* transport, Mailbox
       clock_(clock),
       agreement_(JobAgreement::Options{options.rank, options.world_size, options.job_id, options.local_clients},
                  transport, mailbox, decisions, clock),
-      stats_(empty_snapshot()) {
+      stats_(empty_snapshot()),
+      progress_(clock, options.progress_interval) {
   plan_settings_.base = options.settings;
   SC_CHECK(options.world_size == 1 || transport != nullptr, "a multi-node pipeline needs a transport");
   if (options.kernel_threads > 1) kernel_pool_ = std::make_unique<kernels::ThreadPool>(options.kernel_threads);
@@ -86,8 +87,20 @@ void Pipeline::stop() {
     cv_.notify_all();
   }
   mailbox_->cancel();
-  if (thread_.joinable()) thread_.join();
+  if (thread_.joinable()) {
+    thread_.join();
+    end_job_progress("the daemon is stopping");  // the thread is gone: its state is ours now
+  }
   fail_queued(leftover, "daemon is stopping");
+}
+
+void Pipeline::end_job_progress(const char* why) {
+  const ProgressTotals job = progress_.job();
+  if (auto summary = progress_.end_job()) SC_LOG_INFO("%s (%s)", summary->c_str(), why);
+  finished_jobs_.add(job);
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  stats_.job = ProgressTotals{};
+  stats_.since_start = finished_jobs_;
 }
 
 void Pipeline::fail_queued(std::deque<Command>& queue, const std::string& why) {
@@ -212,11 +225,13 @@ void Pipeline::run() {
       }
       SC_LOG_DEBUG("tensor %u '%s' registered (%zu elements)", reg->id, reg->spec.name.c_str(), n);
     } else if (std::holds_alternative<Reset>(cmd)) {
+      end_job_progress("every trainer disconnected");
       tensors_.clear();
       pooled_.reset();
       {
         std::lock_guard<std::mutex> lock(stats_mu_);
         stats_ = empty_snapshot();
+        stats_.since_start = finished_jobs_;
       }
       if (decisions_) decisions_->reset();
       if (observer_) observer_->on_reset();
@@ -234,9 +249,20 @@ void Pipeline::run() {
       run_fail_step(*fail);
     } else {
       const auto started = clock_.now();
-      StepResult r = process(std::get<StepJob>(cmd));
+      const StepJob& job = std::get<StepJob>(cmd);
+      StepResult r = process(job);
+      const double busy = seconds_since(clock_, started);
+      progress_.on_tensor_step(job.step, r.status.ok(), job.local_sum.size(), r.nnz, r.bytes_sent, r.dense_bytes,
+                               busy);
+      if (auto line = progress_.due_line()) SC_LOG_INFO("%s", line->c_str());
+      {
+        std::lock_guard<std::mutex> lock(stats_mu_);
+        stats_.job = progress_.job();
+        stats_.since_start = finished_jobs_;
+        stats_.since_start.add(stats_.job);
+      }
       if (metrics_) {
-        metrics_->observe_step(seconds_since(clock_, started));
+        metrics_->observe_step(busy);
         if (r.status.ok()) {
           metrics_->steps_ok.Increment();
         } else {
@@ -318,6 +344,8 @@ Status Pipeline::run_step(TensorState& t, const StepJob& job, const Decision& de
   if (decision.config && decision.config != plan_config_) {
     plan_config_ = decision.config;  // once per decision epoch; the overrides once per text
     plan_settings_ = plan_settings_from_config(*decision.config, &overrides_cache_);
+    progress_.set_interval(std::chrono::milliseconds(
+        static_cast<int64_t>(decision.config->progress_log_seconds * 1000.0)));
   }
   const policies::Plan plan = policies::plan_tensor(plan_settings_, obs);
 

@@ -65,6 +65,7 @@
 #include "daemon/pipeline/decisions.h"
 #include "daemon/pipeline/job_agreement.h"
 #include "daemon/pipeline/observations.h"
+#include "daemon/pipeline/progress.h"
 #include "daemon/pipeline/settings.h"
 #include "daemon/pipeline/step.h"
 #include "daemon/transport/transport.h"
@@ -84,6 +85,8 @@ struct PipelineSnapshot {
   uint64_t queued = 0;      // commands waiting for the pipeline thread
   bool draining = false;
   uint32_t total_trainers = 0;
+  ProgressTotals job;          // this job's steps and bytes (progress.h); zero between jobs
+  ProgressTotals since_start;  // every job of this daemon, the current one included
   struct Group {
     uint32_t tensors = 0;
     uint64_t elements = 0;
@@ -111,6 +114,8 @@ struct PipelineOptions {
   std::chrono::milliseconds step_timeout{30000};
   std::chrono::milliseconds join_timeout{120000};
   uint32_t kernel_threads = 1;  // > 1: the pipeline owns a kernels::ThreadPool of this size
+  // progress_log_seconds at start; a decision epoch that changes it takes over (progress.h).
+  std::chrono::milliseconds progress_interval{10000};
 };
 
 class Pipeline final : public StepSink {
@@ -199,6 +204,9 @@ class Pipeline final : public StepSink {
   ExchangeContext exchange_context(uint32_t epoch) const;
   std::string manifest() const;
   void fail_queued(std::deque<Command>& queue, const std::string& why);
+  // Pipeline thread (or stop() after it ended): logs the job's summary line, folds its totals into
+  // the daemon's and starts fresh ones.
+  void end_job_progress(const char* why);
 
   const PipelineOptions options_;
   // Workers the selection kernels split large tensors over (kernel_threads > 1; else null).
@@ -240,6 +248,8 @@ class Pipeline final : public StepSink {
   bool restored_ = false;     // residuals came from a checkpoint in this job (restore())
   uint64_t incarnation_ = 0;  // the agreed job's incarnation (mailbox.h); 0 until agreed
   uint32_t total_trainers_ = 0;
+  JobProgress progress_;           // the progress lines and the job summary (progress.h)
+  ProgressTotals finished_jobs_;   // totals of the jobs before this one
   std::thread thread_;
 };
 

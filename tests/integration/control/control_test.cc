@@ -77,9 +77,10 @@ struct CtlRun {
   std::string out;
 };
 
-CtlRun ctl(const std::string& args) {
+// `env` is "NAME=value ..." put before the command ("" none); SPARSECAR_CONTROL is unset otherwise.
+CtlRun ctl(const std::string& args, const std::string& env = "") {
   CtlRun r;
-  std::string cmd = std::string(SPARSECARCTL_PATH) + " " + args + " 2>&1";
+  std::string cmd = "env -u SPARSECAR_CONTROL " + env + " " + std::string(SPARSECARCTL_PATH) + " " + args + " 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
   std::array<char, 4096> buf{};
   size_t n;
@@ -273,7 +274,128 @@ TEST_F(ControlJob, SighupReloadsLiveKnobsAndSigtermDrains) {
   EXPECT_NE(job_->daemon(1).log().find("draining"), std::string::npos);
   struct stat st{};
   EXPECT_NE(::stat((job_->dir() + "/rank-1-control.sock").c_str(), &st), 0) << "control socket left behind";
+  EXPECT_NE(::stat((job_->dir() + "/rank-1-control.sock.lock").c_str(), &st), 0) << "control lock left behind";
+  EXPECT_NE(::stat((job_->dir() + "/rank-1.sock.lock").c_str(), &st), 0) << "trainer socket lock left behind";
+  EXPECT_NE(::stat((job_->dir() + "/rank-1.sock").c_str(), &st), 0) << "trainer socket left behind";
+  EXPECT_EQ(::stat((job_->dir() + "/rank-0-control.sock.lock").c_str(), &st), 0) << "a live daemon's lock was removed";
   std::filesystem::remove_all(dir);
+}
+
+bool has(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+
+TEST_F(ControlJob, SparsecarctlOptionsAnywhereNumbersCheckedAndErrorsNameTheEndpoint) {
+  start();
+  trainers_->step(0);
+  const std::string ep = control_endpoint(*job_, 1);
+  CtlRun r = ctl("status --json --endpoint " + ep);  // options after the command
+  EXPECT_EQ(r.code, 0) << r.out;
+  json j = json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_EQ(j["result"]["rank"], 1);
+  r = ctl("get density", "SPARSECAR_CONTROL=" + ep);  // the environment
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.rfind("density = ", 0), 0u) << r.out;
+  r = ctl("report-metric loss -0.5 3 --endpoint " + ep);  // a negative value is a value
+  EXPECT_EQ(r.code, 0) << r.out;
+
+  // Numbers are checked and the error names what is wrong.
+  r = ctl("--endpoint " + ep + " status --timeout-ms abc");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(has(r.out, "--timeout-ms")) << r.out;
+  r = ctl("--endpoint " + ep + " report-metric loss lots");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(has(r.out, "VALUE")) << r.out;
+  r = ctl("--endpoint " + ep + " drain soon");
+  EXPECT_EQ(r.code, 2) << r.out;
+  r = ctl("--endpoint " + ep + " status extra");
+  EXPECT_EQ(r.code, 2) << r.out;
+  r = ctl("--endpoint " + ep + " frobnicate");
+  EXPECT_EQ(r.code, 2) << r.out;
+
+  // A daemon that is not there: the endpoint tried, where it came from and how to change it.
+  const std::string nobody = "ipc://" + job_->dir() + "/nobody.sock";
+  r = ctl("status --endpoint " + nobody);
+  EXPECT_EQ(r.code, 3) << r.out;
+  for (const char* what : {"from --endpoint", "--endpoint ipc:///PATH", "SPARSECAR_CONTROL"}) {
+    EXPECT_TRUE(has(r.out, what)) << what << "\n" << r.out;
+  }
+  EXPECT_TRUE(has(r.out, nobody)) << r.out;
+  r = ctl("status", "SPARSECAR_CONTROL=" + nobody);
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_TRUE(has(r.out, "from SPARSECAR_CONTROL")) << r.out;
+
+  // --help for the tool and for each command.
+  r = ctl("--help");
+  EXPECT_EQ(r.code, 0) << r.out;
+  for (const char* cmd : {"status", "get", "set", "policy", "report-metric", "pause", "resume", "drain", "checkpoint",
+                          "restore", "commands", "call", "knobs", "version"}) {
+    EXPECT_TRUE(has(r.out, cmd)) << cmd;
+    CtlRun sub = ctl(std::string(cmd) + " --help");
+    EXPECT_EQ(sub.code, 0) << cmd << ": " << sub.out;
+  }
+  r = ctl("set --help");
+  EXPECT_TRUE(has(r.out, "current job only")) << r.out;
+}
+
+TEST_F(ControlJob, StatusShowsBytesSavedAndRatioAndTheLogShowsProgressAndASummary) {
+  start({"--density", "0.01", "--progress-log-seconds", "0.05"});
+  trainers_->step(0);
+  std::this_thread::sleep_for(100ms);  // past the progress interval (real time: real daemons)
+  trainers_->step(1);
+  trainers_->step(2);
+  json st = call(*job_, 0, "status");
+  ASSERT_TRUE(st["ok"].get<bool>()) << st.dump();
+  const json t = st["result"]["traffic"]["job"];
+  EXPECT_EQ(t["steps"], 3) << st.dump();
+  EXPECT_LT(t["bytes_sent"].get<uint64_t>(), t["dense_bytes"].get<uint64_t>()) << t.dump();
+  EXPECT_EQ(t["bytes_saved"].get<int64_t>(),
+            static_cast<int64_t>(t["dense_bytes"].get<uint64_t>() - t["bytes_sent"].get<uint64_t>()));
+  EXPECT_GT(t["compression_ratio"].get<double>(), 5.0) << t.dump();  // 1 % of 1000 floats as COO
+  CtlRun r = ctl("--endpoint " + control_endpoint(*job_, 0) + " status");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r.out, "traffic this job: sent ")) << r.out;
+  EXPECT_TRUE(has(r.out, " dense, ratio ")) << r.out;
+  EXPECT_TRUE(has(r.out, "saved ")) << r.out;
+  EXPECT_TRUE(has(job_->daemon(0).log(), "progress: step ")) << job_->logs();
+
+  // Job end: one summary line, and the daemon's totals outlive the job.
+  trainers_.reset();
+  std::string log;
+  for (int i = 0; i < 250 && !has(log, "job summary: 3 steps"); ++i) {
+    std::this_thread::sleep_for(20ms);
+    log = job_->daemon(1).log();
+  }
+  EXPECT_TRUE(has(log, "job summary: 3 steps")) << job_->logs();
+  EXPECT_TRUE(has(log, "ratio ")) << log;
+  st = call(*job_, 1, "status");
+  EXPECT_EQ(st["result"]["traffic"]["job"]["steps"], 0) << st.dump();
+  EXPECT_EQ(st["result"]["traffic"]["since_start"]["steps"], 3) << st.dump();
+}
+
+// The case: `set selector=threshold` must not carry over into the next job.
+TEST_F(ControlJob, LiveSettingsLastOneJobAndRevertWithALogLine) {
+  start({"--density", "0.01"});
+  uint64_t s = 0;
+  EXPECT_EQ(trainers_->step(s++), (std::vector<int64_t>{10, 10}));
+  CtlRun r = ctl("--endpoint " + control_endpoint(*job_, 1) + " set selector=threshold density=0.05");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (int i = 0; i < 4; ++i) trainers_->step(s++);
+  EXPECT_EQ(ctl("--endpoint " + control_endpoint(*job_, 0) + " get selector").out, "selector = threshold\n");
+
+  // Every trainer leaves; the next job on the same daemons starts from the configured values.
+  trainers_.reset();
+  std::string log;
+  for (int i = 0; i < 250 && !has(log, "back to the configured values"); ++i) {
+    std::this_thread::sleep_for(20ms);
+    log = job_->daemon(0).log();
+  }
+  EXPECT_TRUE(has(log, "selector threshold -> topk")) << job_->logs();
+  trainers_ = std::make_unique<Trainers>(job_->sockets());
+  EXPECT_EQ(trainers_->step(0), (std::vector<int64_t>{10, 10})) << job_->logs();
+  for (uint32_t rank : {0u, 1u}) {
+    EXPECT_EQ(ctl("--endpoint " + control_endpoint(*job_, rank) + " get selector").out, "selector = topk\n");
+    EXPECT_EQ(ctl("--endpoint " + control_endpoint(*job_, rank) + " get density").out, "density = 0.01\n");
+  }
 }
 
 }  // namespace

@@ -73,8 +73,10 @@ TEST_F(ControlServerTest, ServesIpcOwnerOnlyAndCleansUp) {
     EXPECT_TRUE((*reply)["ok"].get<bool>());
     EXPECT_EQ((*reply)["result"]["calls"], i);
   }
+  EXPECT_EQ(::stat((dir_ + "/control.sock.lock").c_str(), &st), 0) << "the lock is taken while serving";
   (*server)->stop();
   EXPECT_NE(::stat((dir_ + "/control.sock").c_str(), &st), 0) << "socket file left behind";
+  EXPECT_NE(::stat((dir_ + "/control.sock.lock").c_str(), &st), 0) << "lock file left behind";
 }
 
 TEST_F(ControlServerTest, SecondBindIsRefusedByTheLock) {
@@ -91,6 +93,9 @@ TEST_F(ControlServerTest, SecondBindIsRefusedByTheLock) {
   ASSERT_TRUE(client.ok());
   auto reply = (*client)->call("status");
   ASSERT_TRUE(reply.ok()) << reply.status().to_string();
+  // The refused server removed nothing of the first one's.
+  struct stat st{};
+  EXPECT_EQ(::stat((dir_ + "/control.sock.lock").c_str(), &st), 0) << "the live server's lock was removed";
   (*first)->stop();
   // Once released, a new server may take it.
   auto third = ControlServer::start(o, &dispatcher_);

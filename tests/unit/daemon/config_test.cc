@@ -163,7 +163,8 @@ TEST(KnobSettingsTest, EveryPolicyKnobReachesTheSettings) {
   const std::set<std::string> daemon_only = {
       "rank", "coordinator", "job_id", "job_secret_file", "local_clients", "socket", "control", "control_group",
       "control_token", "control_curve_secret_key", "control_max_message_bytes", "drain_timeout_ms", "metrics_listen",
-      "log_level", "ucx_tls", "ucx_net_devices", "kernel_threads", "mailbox_max_bytes", "tensor_memory_budget_bytes",
+      "log_level", "progress_log_seconds", "ucx_tls", "ucx_net_devices", "kernel_threads", "mailbox_max_bytes",
+      "tensor_memory_budget_bytes",
       "session_handshake_timeout_ms", "controller_metric", "step_timeout_ms", "join_timeout_ms",
       "peer_down_grace_ms", "accept_replacements"};
   const AllSettings defaults = all_settings(Config{});
@@ -259,7 +260,8 @@ TEST(KnobSettingsTest, ControllerRowsNameTheirKnobs) {
 TEST(ConfigTest, FlagsOverrideFileOverridesEnvOverridesDefaults) {
   std::string file = write_temp("density = 0.05\nselector = \"threshold\"\nworld_size = 4\n");
   Env env;
-  env.vars = {{"RANK", "2"}, {"WORLD_SIZE", "8"}, {"MASTER_ADDR", "10.1.2.3"}, {"MASTER_PORT", "29500"}};
+  env.vars = {{"SPARSECAR_NODE_RANK", "2"}, {"SPARSECAR_NNODES", "8"}, {"MASTER_ADDR", "10.1.2.3"},
+              {"MASTER_PORT", "29500"}};
   auto cmd = parse({"--config", file, "--density", "0.003"}, env);
   ASSERT_TRUE(cmd.ok()) << cmd.status().to_string();
   EXPECT_EQ(cmd->config.rank, 2u);                          // env
@@ -268,6 +270,49 @@ TEST(ConfigTest, FlagsOverrideFileOverridesEnvOverridesDefaults) {
   EXPECT_EQ(cmd->config.selector, kernels::Selector::kThreshold);
   EXPECT_EQ(cmd->config.coordinator, "10.1.2.3:29501");     // MASTER_PORT + 1
   std::remove(file.c_str());
+}
+
+// The node-level placement comes from SPARSECAR_NODE_RANK / SPARSECAR_NNODES (else NODE_RANK /
+// NNODES) and SPARSECAR_LOCAL_WORLD_SIZE; torchrun's per-process RANK / WORLD_SIZE /
+// LOCAL_WORLD_SIZE are never read (a daemon beside trainers would take a trainer's rank).
+TEST(ConfigTest, LauncherEnvironmentMapsToNodeLevelKnobsOnly) {
+  Env launcher;  // what torchrun --nnodes 2 --nproc-per-node 4 sets for trainer 5 on node 1
+  launcher.vars = {{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"}};
+  auto a = parse({}, launcher);
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  EXPECT_EQ(a->config.rank, 0u);
+  EXPECT_EQ(a->config.world_size, 1u);
+  EXPECT_EQ(a->config.local_clients, 1u);
+
+  Env plain = launcher;  // the launcher's node-level names
+  plain.vars.insert({{"NODE_RANK", "1"}, {"NNODES", "2"}});
+  auto b = parse({}, plain);
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  EXPECT_EQ(b->config.rank, 1u);
+  EXPECT_EQ(b->config.world_size, 2u);
+
+  Env ours = plain;  // SPARSECAR_* win over the plain names
+  ours.vars.insert({{"SPARSECAR_NODE_RANK", "2"}, {"SPARSECAR_NNODES", "3"}, {"SPARSECAR_LOCAL_WORLD_SIZE", "4"}});
+  auto c = parse({}, ours);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->config.rank, 2u);
+  EXPECT_EQ(c->config.world_size, 3u);
+  EXPECT_EQ(c->config.local_clients, 4u);
+
+  Env empty_ours = plain;  // an empty variable is not set
+  empty_ours.vars.insert({{"SPARSECAR_NODE_RANK", ""}});
+  auto d = parse({}, empty_ours);
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  EXPECT_EQ(d->config.rank, 1u);
+
+  auto e = parse({"--rank", "0"}, plain);  // a flag beats every variable
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  EXPECT_EQ(e->config.rank, 0u);
+
+  std::string help;
+  ASSERT_TRUE(parse({"--help"}, {}, &help).ok());
+  EXPECT_NE(help.find("env SPARSECAR_NODE_RANK, else NODE_RANK"), std::string::npos);
+  EXPECT_NE(help.find("env SPARSECAR_NNODES, else NNODES"), std::string::npos);
 }
 
 TEST(ConfigTest, BadInputsGiveClearErrors) {
@@ -286,10 +331,10 @@ TEST(ConfigTest, BadInputsGiveClearErrors) {
   EXPECT_FALSE(parse({"--config", broken}, env).ok());
   EXPECT_FALSE(parse({"--config", "/nonexistent/sparsecar.toml"}, env).ok());
   Env bad_env;
-  bad_env.vars = {{"RANK", "two"}};
+  bad_env.vars = {{"NODE_RANK", "two"}};
   auto c = parse({}, bad_env);
   ASSERT_FALSE(c.ok());
-  EXPECT_NE(c.status().message().find("RANK"), std::string::npos);
+  EXPECT_NE(c.status().message().find("NODE_RANK"), std::string::npos);
   std::remove(bad.c_str());
   std::remove(broken.c_str());
 }
@@ -339,7 +384,7 @@ TEST(ConfigTest, CheckConfigRefusesWhatStartRefuses) {
   expect_refused("metrics_listen = \"localhost:9464\"\n", "names are not resolved");
   expect_refused("metrics_listen = \"127.0.0.1:70000\"\n", "0..65535");
   expect_refused("metrics_listen = \"127.0.0.1:\"\n", "port");
-  for (const char* fine : {"127.0.0.1:0", "[::1]:9464", "9464", "0.0.0.0:9464", "off"}) {
+  for (const char* fine : {"127.0.0.1:0", "[::1]:9464", "9464", "0.0.0.0:9464", "off", "auto"}) {
     std::string file = write_temp(std::string("metrics_listen = \"") + fine + "\"\n");
     auto r = parse({"--check-config", file}, {}, &out);
     std::remove(file.c_str());

@@ -306,6 +306,56 @@ TEST(DecisionsTest, AMalformedOrUnacceptableSnapshotLeavesTheBoardAsItWas) {
   }
 }
 
+// Live settings last one job: `set` (any rank) changes the running job, and when every trainer has
+// left and the next job starts on the same daemons, every node is back to the configured values,
+// under a new epoch. A SIGHUP reload (set_configured) moves what they revert to.
+TEST(DecisionsTest, LiveSettingsRevertToTheConfiguredValuesWhenANewJobStarts) {
+  Job job(2, 0.01);  // "w", 1000 elements: top-k keeps round(density * 1000)
+  uint64_t s = 0;
+  EXPECT_EQ(job.step(s++)[0].nnz, 10u);
+  auto d = job.nodes[1]->board->propose({{"density", "0.05"}, {"selector", "threshold"}}, "test",
+                                        std::chrono::steady_clock::now() + 5s);
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  for (; s <= d->effective_step; ++s) job.step(s);
+  EXPECT_EQ(job.nodes[0]->board->latest().config->selector, kernels::Selector::kThreshold);
+
+  auto next_job = [&] {
+    for (auto& n : job.nodes) n->pipeline->reset();
+    for (auto& n : job.nodes) ASSERT_TRUE(n->pipeline->register_tensor(0, {"w", 1000}).ok());
+  };
+  next_job();
+  auto res = job.step(0);
+  for (uint32_t r = 0; r < 2; ++r) {
+    ASSERT_TRUE(res[r].status.ok()) << res[r].status.to_string();
+    EXPECT_EQ(res[r].nnz, 10u) << "rank " << r << " kept the finished job's live settings";
+    const Decision latest = job.nodes[r]->board->latest();
+    EXPECT_EQ(latest.config->selector, kernels::Selector::kTopk);
+    EXPECT_EQ(latest.config->selector_params.density, 0.01);
+    EXPECT_EQ(latest.epoch, d->epoch + 1) << "the configured values come as a new epoch";
+    EXPECT_EQ(latest.effective_step, 0u);
+    EXPECT_EQ(job.nodes[r]->board->history().size(), 1u);
+  }
+
+  // A reload on every node: the next job starts from the reloaded values.
+  for (auto& n : job.nodes) {
+    Config reloaded = *n->board->latest().config;
+    reloaded.selector_params.density = 0.03;
+    n->board->set_configured(reloaded);
+  }
+  next_job();
+  res = job.step(0);
+  for (uint32_t r = 0; r < 2; ++r) {
+    ASSERT_TRUE(res[r].status.ok()) << res[r].status.to_string();
+    EXPECT_EQ(res[r].nnz, 30u) << "rank " << r;
+  }
+
+  // A job without any change keeps its epoch across the reset.
+  const uint32_t epoch = job.nodes[0]->board->latest().epoch;
+  next_job();
+  ASSERT_TRUE(job.step(0)[0].status.ok());
+  EXPECT_EQ(job.nodes[0]->board->latest().epoch, epoch);
+}
+
 TEST(DecisionsTest, ChangeLinesRoundTrip) {
   KnobChanges c{{"density", "0.5"}, {"selector", "threshold"}};
   auto back = parse_changes(format_changes(c));
