@@ -21,6 +21,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cerrno>
@@ -29,6 +30,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "sparsecar/kernels/cuda.h"
@@ -174,13 +176,28 @@ int main(int argc, char** argv) {
   b.ws_bytes = cu::select_workspace_bytes(n);
   CHECK_CUDA(cudaMalloc(&b.ws, b.ws_bytes));
   {
-    std::mt19937_64 rng(1);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
+    // Normal data, generated on every CPU in chunks of 1 Mi elements (each its own seed, so the
+    // data does not depend on the thread count): 256 Mi elements x 6 buffers in seconds.
     std::vector<float> host(n);
+    const auto fill = [&](uint64_t stream_seed, float sigma) {
+      const size_t chunks = (n + (size_t{1} << 20) - 1) >> 20;
+      std::atomic<size_t> next{0};
+      std::vector<std::thread> workers;
+      for (unsigned t = 0; t < std::max(1u, std::thread::hardware_concurrency()); ++t) {
+        workers.emplace_back([&] {
+          for (size_t c; (c = next++) < chunks;) {
+            std::mt19937_64 rng(stream_seed * 1000003 + c);
+            std::normal_distribution<float> normal(0.0f, sigma);
+            for (size_t i = c << 20; i < std::min(n, (c + 1) << 20); ++i) host[i] = normal(rng);
+          }
+        });
+      }
+      for (auto& w : workers) w.join();
+    };
     for (int s = 0; s < kSets; ++s) {
-      for (float& v : host) v = normal(rng);
+      fill(2 * s + 1, 1.0f);
       CHECK_CUDA(cudaMemcpy(b.pristine[s], host.data(), bytes, cudaMemcpyHostToDevice));
-      for (float& v : host) v = normal(rng) * 0.1f;
+      fill(2 * s + 2, 0.1f);
       CHECK_CUDA(cudaMemcpy(b.grad[s], host.data(), bytes, cudaMemcpyHostToDevice));
     }
   }
@@ -362,7 +379,8 @@ int main(int argc, char** argv) {
       const size_t dws = cu::decode_workspace_bytes(n, max_bytes, ws_peers);
       const cu::Workspace w{dmalloc(dws), dws};
       const double ms = time_ms(reps, reset, [&](int s) {
-        CHECK_OK(cu::decode_accumulate(payloads, b.residual[s], n, 0, status, w, nullptr));
+        CHECK_OK(cu::decode_accumulate(payloads, b.residual[s], n, 0, status, w, nullptr,
+                                       ws_peers == 1 ? cu::DecodePath::kPeerByPeer : cu::DecodePath::kChunked));
       });
       rows.push_back({ws_peers == 1 ? "decode + add 8 peers' coo fp32, peer by peer"
                                     : "decode + add 8 peers' coo fp32, one chunked pass",

@@ -81,7 +81,8 @@ Status encode(const EncodeParams&, size_t, const DeviceSelection&, const DeviceP
   return unavailable_here("cuda::encode");
 }
 size_t decode_workspace_bytes(size_t, size_t, size_t) { return 0; }
-Status decode_accumulate(std::span<const DevicePayload>, float*, size_t, uint32_t, DecodeStatus*, Workspace, Stream) {
+Status decode_accumulate(std::span<const DevicePayload>, float*, size_t, uint32_t, DecodeStatus*, Workspace, Stream,
+                         DecodePath) {
   return unavailable_here("cuda::decode_accumulate");
 }
 

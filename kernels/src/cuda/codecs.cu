@@ -241,7 +241,8 @@ size_t decode_workspace_bytes(size_t dense_len, size_t max_payload_bytes, size_t
 }
 
 Status decode_accumulate(std::span<const DevicePayload> payloads, float* dense, size_t dense_len,
-                         uint32_t average_over, DecodeStatus* status, Workspace ws, Stream stream) {
+                         uint32_t average_over, DecodeStatus* status, Workspace ws, Stream stream,
+                         DecodePath path) {
   const std::string name = "cuda::decode_accumulate";
   if (dense_len > kMaxElements) {
     return invalid_argument(name + ": dense length " + std::to_string(dense_len) + " exceeds 2^32 - 1");
@@ -267,7 +268,20 @@ Status decode_accumulate(std::span<const DevicePayload> payloads, float* dense, 
     max_bytes = std::max<size_t>(max_bytes, p.bytes);
     all_coo = all_coo && p.format == Format::kCoo;
   }
-  const bool fused = all_coo && dense_len > 0 &&
+  // kAuto: worth it when the dense buffer overflows L2, so that peer-by-peer scatters fetch a
+  // line from memory once per peer, and the peers touch enough of it. One H100
+  // (docs/benchmarks.md): 8 peers at 1 % into 64 Mi floats 0.499 -> 0.397 ms; at 0.1 %, or into
+  // 16 Mi floats (64 MiB, mostly in L2), it was slower.
+  bool chunked = path == DecodePath::kChunked;
+  if (path == DecodePath::kAuto) {
+    unsigned long long entries = 0;
+    for (const DevicePayload& p : payloads) entries += p.nnz;
+    int device = 0;
+    int l2_bytes = 0;
+    if (cudaGetDevice(&device) == cudaSuccess) cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device);
+    chunked = dense_len * sizeof(float) > 2 * static_cast<size_t>(l2_bytes) && entries * 32 >= dense_len;
+  }
+  const bool fused = chunked && all_coo && dense_len > 0 &&
                      ws.bytes >= decode_workspace_bytes(dense_len, max_bytes, payloads.size());
   const size_t chunks = scatter_chunks(dense_len);
   auto* starts = static_cast<uint32_t*>(ws.ptr);

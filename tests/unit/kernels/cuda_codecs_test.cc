@@ -232,20 +232,23 @@ class CudaCodecs : public ::testing::Test {
 
   // The CPU's sum (decode_accumulate per payload in order, then scale by 1/average_over) against
   // the device's, element by element, and each payload's verdict (code and message). Payloads
-  // at odd positions are placed one byte off alignment. Twice: with a workspace for one payload
-  // at a time (peer-by-peer scatters) and with one sized for every payload (all-coo calls then
-  // add them in one chunked pass).
+  // at odd positions are placed one byte off alignment. Three times: kAuto with a workspace for
+  // one payload at a time (peer-by-peer scatters), kChunked with one sized for every payload
+  // (all-coo calls then add them in one chunked pass), and kChunked with too small a workspace
+  // (falls back to peer by peer).
   void expect_decode(size_t dense_len, const std::vector<HostPayload>& payloads, uint32_t average_over,
                      uint64_t seed, const std::string& what) {
-    expect_decode_with(dense_len, payloads, average_over, seed, what + ", workspace for 1 peer", 1);
+    expect_decode_with(dense_len, payloads, average_over, seed, what + ", auto", 1, cu::DecodePath::kAuto);
     if (payloads.size() > 1) {
-      expect_decode_with(dense_len, payloads, average_over, seed,
-                         what + ", workspace for " + std::to_string(payloads.size()) + " peers", payloads.size());
+      expect_decode_with(dense_len, payloads, average_over, seed, what + ", chunked", payloads.size(),
+                         cu::DecodePath::kChunked);
+      expect_decode_with(dense_len, payloads, average_over, seed, what + ", chunked without room", 1,
+                         cu::DecodePath::kChunked);
     }
   }
 
   void expect_decode_with(size_t dense_len, const std::vector<HostPayload>& payloads, uint32_t average_over,
-                          uint64_t seed, const std::string& what, size_t ws_peers) {
+                          uint64_t seed, const std::string& what, size_t ws_peers, cu::DecodePath path) {
     SCOPED_TRACE(what);
     std::vector<float> initial = testing::normal_floats(dense_len, seed);
     std::vector<float> want = initial;
@@ -279,7 +282,7 @@ class CudaCodecs : public ::testing::Test {
     upload(d_dense.as<void>(), initial.data(), dense_len * 4, stream_);
     const Status s = cu::decode_accumulate(views, d_dense.as<float>(), dense_len, average_over,
                                            d_status.as<cu::DecodeStatus>(), cu::Workspace{ws.as<void>(), ws_bytes},
-                                           stream_);
+                                           stream_, path);
     ASSERT_TRUE(s.ok()) << s.message();
     std::vector<float> got(dense_len);
     std::vector<cu::DecodeStatus> status(payloads.size());

@@ -120,10 +120,15 @@ struct DecodeStatus {
 // at most max_payload_bytes each (the receive limit the caller enforces; WIRE.md caps it at
 // 2^30). With peers > 1, also room to add up to that many coo payloads in one pass over the
 // dense buffer (chunk by chunk, every peer in order: a touched line is fetched once for all
-// peers instead of once per peer; the sums are the same). A call whose payloads are all coo
-// takes that path when its workspace has the room; otherwise payloads are added one after
-// another.
+// peers instead of once per peer; the sums are the same). See DecodePath.
 size_t decode_workspace_bytes(size_t dense_len, size_t max_payload_bytes, size_t peers = 1);
+
+// How decode_accumulate adds the payloads (the sums are equal bit for bit either way):
+// kChunked adds all of them in one pass over the dense buffer when every payload is coo and the
+// workspace has room for their count (decode_workspace_bytes' peers), else it is kPeerByPeer;
+// kAuto picks kChunked where it was measured faster: the dense buffer is over twice the L2
+// cache and the payloads' entries are at least 1/32 of its elements.
+enum class DecodePath { kAuto, kPeerByPeer, kChunked };
 
 // Validates each payload and adds the valid ones into dense[0..dense_len), in the order given
 // (peer 0 first), dense[i] += value per entry; then, when average_over > 0, multiplies every
@@ -135,7 +140,8 @@ size_t decode_workspace_bytes(size_t dense_len, size_t max_payload_bytes, size_t
 // 2^32 - 1 bytes, a workspace below its query. A hostile payload is not an error of the call:
 // it is skipped and reported in its status.
 Status decode_accumulate(std::span<const DevicePayload> payloads, float* dense, size_t dense_len,
-                         uint32_t average_over, DecodeStatus* status, Workspace ws, Stream stream);
+                         uint32_t average_over, DecodeStatus* status, Workspace ws, Stream stream,
+                         DecodePath path = DecodePath::kAuto);
 
 // The verdict on one payload after the stream was synchronised and its DecodeStatus copied to
 // the host: Ok, or the kDataLoss message the CPU decoder (codec.h's decode_accumulate) gives
