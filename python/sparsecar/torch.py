@@ -18,9 +18,12 @@ How it works (torch 1.13 .. 2.x; only public, long-lived hook APIs are used):
   iteration (in the order gradients became ready), and sparsecar needs every tensor registered
   before its first step. So the hook runs the first ``dense_iterations`` iterations (default 2, at
   least 2) as a plain all-reduce on DDP's process group and records which parameters each bucket
-  holds; at the last bucket of the first iteration whose layout equals the previous one's, it
-  registers every parameter, bucket by bucket, and every rank agrees (one tiny all-reduce) that
-  all of them did. From the next iteration on every bucket goes to the daemon.
+  holds; at the last bucket of the first iteration whose buckets hold the same sizes and the same
+  parameters as the previous one's (the rebuild may only reorder them), it registers every
+  parameter in this iteration's order, bucket by bucket, and every rank agrees (one tiny
+  all-reduce) that all of them did. From the next iteration on every bucket goes to the daemon;
+  a bucket whose parameters are not the registered ones in the registered order fails that step
+  (and the hook falls back, agreed as below) instead of mixing gradients up.
 * **The hook returns at once.** It copies the bucket into the shared-memory slots, submits them
   (with the learning rate) and returns a ``torch.futures.Future``; one completion thread per
   process waits for the daemon in bucket order, copies the averages back into the bucket and
@@ -346,13 +349,27 @@ class SparsecarHook:
             return buf.numel()
         key = []
         for j, p in enumerate(bucket.parameters()):
-            name = self._names.get(id(p)) or f"ddp.bucket.{bucket.index()}.{j}"
-            key.append((name, p.numel(), tuple(p.shape)))
+            key.append((self._param_name(bucket.index(), j, p), p.numel(), tuple(p.shape)))
         if sum(n for _, n, _ in key) != buf.numel():
             # Not laid out as the parameters back to back (cannot happen with dense gradients):
             # the bucket goes as one flat tensor.
             return buf.numel()
         return tuple(key)
+
+    def _param_name(self, index, j, p):
+        return self._names.get(id(p)) or f"ddp.bucket.{index}.{j}"  # unnamed: cannot happen via register()
+
+    def _layout_mismatch(self, index, bucket, buf):
+        """Why this bucket no longer matches its registration (None when it does)."""
+        layout = self._layout.get(index)
+        if layout is None:
+            return "was not registered"
+        if not isinstance(layout, tuple):
+            return None if layout == buf.numel() else f"has {buf.numel()} elements, registered {layout}"
+        names = tuple(self._param_name(index, j, p) for j, p in enumerate(bucket.parameters()))
+        if names != tuple(name for name, _, _ in layout):
+            return f"holds parameters {list(names)}, registered {[name for name, _, _ in layout]}"
+        return None
 
     def _slices_of(self, index, key):
         if not isinstance(key, tuple):
@@ -476,10 +493,10 @@ class SparsecarHook:
         if self.mode == "sparse":
             fut = _future_for(buf)
             slices = self._slices.get(index)
-            if slices is None or (slices and slices[-1].offset + slices[-1].numel > buf.numel()):
+            mismatch = self._layout_mismatch(index, bucket, buf)
+            if mismatch:
                 # Cannot happen after a stable layout unless DDP rebuilt its buckets again.
-                self._fail_step(f"bucket {index} has {buf.numel()} elements, registered "
-                                f"{sum(sl.numel for sl in slices) if slices is not None else 'none'}")
+                self._fail_step(f"bucket {index} {mismatch}")
                 self._jobs.put(("failed", index, buf, fut, step, last))
             else:
                 try:
@@ -511,8 +528,7 @@ class SparsecarHook:
         self.iteration += 1
         self._dense_here += 1
         layout, self._layout = self._layout, {}
-        stable = layout == self._prev_layout or (
-            self._restored_layout is not None and layout == self._restored_layout)
+        stable = _same_buckets(layout, self._prev_layout) or _same_buckets(layout, self._restored_layout)
         self._prev_layout = layout
         # DDP rebuilds its buckets after this process's first iteration: never register before
         # the second. A restored hook is past dense_iterations already (its step counter is).
@@ -618,6 +634,21 @@ class SparsecarHook:
             self.stats["sparse_iterations"] += 1
             if self._t_iteration is not None:
                 self.stats["exchange_ns"] += int((time.monotonic() - self._t_iteration) * 1e9)
+
+
+def _same_buckets(a, b):
+    """Two iterations' layouts hold the same buckets: same sizes and the same parameters (in
+    parameter mode), in any order within a bucket — DDP's one rebuild may reorder them."""
+    if a is None or b is None or a.keys() != b.keys():
+        return False
+    for index, ka in a.items():
+        kb = b[index]
+        if isinstance(ka, tuple) and isinstance(kb, tuple):
+            if sorted(ka) != sorted(kb):
+                return False
+        elif ka != kb:
+            return False
+    return True
 
 
 def _future_for(buf):
