@@ -140,6 +140,7 @@ class SparsecarHook:
         self.prefix = prefix if prefix is not None else ("ddp.bucket" if tensors == "buckets" else "")
         self.announce = announce
         self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.node_rank, self.nnodes = node_rank(), nnodes()  # read once: a bad value fails here
         self.iteration = 0           # the step number sent to the daemon; counts every iteration
         self.mode = "warmup"         # warmup -> sparse -> (fallback); or warmup -> fallback
         self.failure = None          # the first error, as text
@@ -412,7 +413,7 @@ class SparsecarHook:
         world = dist.get_world_size(group=self.process_group)
         n_tensors = sum(len(v) for v in self._slices.values())
         elements = sum(sl.numel for v in self._slices.values() for sl in v)
-        node, nodes = node_rank(), nnodes()
+        node, nodes = self.node_rank, self.nnodes
         where = f"node {node}" + (f" of {nodes}" if nodes is not None else "") if node is not None else "this node"
         what = "parameter tensors" if self.tensors == "parameters" else "bucket tensors"
         line = (f"sparsecar: rank {rank} of {world}: {n_tensors} {what} ({elements} elements in "
