@@ -6,13 +6,16 @@
 #   examples/quickstart/run.sh             # from the repository root, after building (README)
 #
 # Every flag is passed explicitly, so nothing depends on defaults. Override with the environment:
-#   SPARSECARD, SPARSECARCTL   the binaries (default: on PATH, else build/daemon/)
-#   PYTHON                     an interpreter that imports torch and sparsecar (default: the first
-#                              of python3, /usr/bin/python3 that imports torch)
+#   BUILD_DIR                  the build tree (default: the first of build, build-release, build-test)
+#   SPARSECARD, SPARSECARCTL   the binaries (default: the build tree's, else on PATH)
+#   PYTHON                     an interpreter with torch (default: the first of python3,
+#                              /usr/bin/python3 that imports torch); sparsecar comes from the
+#                              build tree (or is installed)
 #   QUICKSTART_DIR             where sockets and logs go (default: a new temporary directory)
 #   COORDINATOR_PORT MASTER_PORT METRICS_PORT_0 METRICS_PORT_1 PROMETHEUS_PORT   (defaults:
 #                              29600 29500 9464 9465 9090)
 #   STEPS                      training steps (default 40)
+#   JOB_TIMEOUT                seconds the DDP job may take before it is stopped (default 300)
 #   PROMETHEUS                 the prometheus binary, or "off" (default: on PATH if present)
 # Exit status 0 when the job finished and both daemons report its steps. Everything it started
 # is stopped on exit.
@@ -20,11 +23,18 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
-find_bin() {  # NAME: $ENV, PATH, build/daemon
+# The build tree: $BUILD_DIR, else the first of build/, build-release/ (scripts/demo), build-test/
+# (scripts/test) that has the daemon; its binaries and Python package win over installed ones.
+if [ -z "${BUILD_DIR:-}" ]; then
+  for d in build build-release build-test; do
+    if [ -x "$root/$d/daemon/sparsecard" ]; then BUILD_DIR=$root/$d; break; fi
+  done
+fi
+find_bin() {  # NAME: the build tree, else PATH
   local name=$1
-  if command -v "$name" >/dev/null 2>&1; then command -v "$name"
-  elif [ -x "$root/build/daemon/$name" ]; then echo "$root/build/daemon/$name"
-  else echo "run.sh: $name not found (build it: README.md) — or set ${name^^}" >&2; exit 1; fi
+  if [ -n "${BUILD_DIR:-}" ] && [ -x "$BUILD_DIR/daemon/$name" ]; then echo "$BUILD_DIR/daemon/$name"
+  elif command -v "$name" >/dev/null 2>&1; then command -v "$name"
+  else echo "run.sh: $name not found: build the repository (README.md) or set ${name^^}" >&2; exit 1; fi
 }
 SPARSECARD=${SPARSECARD:-$(find_bin sparsecard)}
 SPARSECARCTL=${SPARSECARCTL:-$(find_bin sparsecarctl)}
@@ -34,16 +44,18 @@ if [ -z "${PYTHON:-}" ]; then
   done
   [ -n "${PYTHON:-}" ] || { echo "run.sh: no python3 with torch (Debian: apt-get install python3-torch)" >&2; exit 1; }
 fi
-# The sparsecar package: installed (pip install ./python), else the build tree's.
-if ! "$PYTHON" -c "import sparsecar" >/dev/null 2>&1 && [ -d "$root/build/python/sparsecar" ]; then
-  export PYTHONPATH="$root/build/python${PYTHONPATH:+:$PYTHONPATH}"
+# The sparsecar package: the build tree's, else an installed one (pip install ./python).
+if [ -n "${BUILD_DIR:-}" ] && [ -d "$BUILD_DIR/python/sparsecar" ]; then
+  export PYTHONPATH="$BUILD_DIR/python${PYTHONPATH:+:$PYTHONPATH}"
 fi
+"$PYTHON" -c "import sparsecar.torch" || { echo "run.sh: $PYTHON cannot import sparsecar.torch" >&2; exit 1; }
 COORDINATOR_PORT=${COORDINATOR_PORT:-29600}
 MASTER_PORT=${MASTER_PORT:-29500}
 METRICS_PORT_0=${METRICS_PORT_0:-9464}
 METRICS_PORT_1=${METRICS_PORT_1:-9465}
 PROMETHEUS_PORT=${PROMETHEUS_PORT:-9090}
 STEPS=${STEPS:-40}
+JOB_TIMEOUT=${JOB_TIMEOUT:-300}
 PROMETHEUS=${PROMETHEUS:-$(command -v prometheus || echo off)}
 dir=${QUICKSTART_DIR:-$(mktemp -d /tmp/sparsecar-quickstart.XXXXXX)}
 mkdir -p "$dir"
@@ -97,11 +109,12 @@ fi
 launchers=()
 for r in 0 1; do
   SPARSECAR_SOCKET="$dir/node$r.sock" SPARSECAR_NODE_RANK=$r SPARSECAR_NNODES=2 \
-    "$PYTHON" -m torch.distributed.run --nnodes 2 --node_rank "$r" --nproc_per_node 1 \
+    timeout --kill-after=10 "$JOB_TIMEOUT" "$PYTHON" -m torch.distributed.run --nnodes 2 --node_rank "$r" --nproc_per_node 1 \
       --master_addr 127.0.0.1 --master_port "$MASTER_PORT" --redirects 1 --tee 1 \
       --log_dir "$dir/torchrun-$r" \
       "$here/train_ddp.py" --steps "$STEPS" >"$dir/launcher-$r.log" 2>&1 &
   launchers+=($!)
+  pids+=($!)  # `timeout` leads the launcher's process group and passes a TERM on to it
 done
 status=0
 for r in 0 1; do

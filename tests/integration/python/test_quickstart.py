@@ -5,6 +5,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 
@@ -34,10 +35,17 @@ def test_quickstart_runs_end_to_end(sparsecard, tmp_path):
         env.pop(k, None)
     env.setdefault("UCX_TLS", "tcp")
     env.setdefault("UCX_NET_DEVICES", "lo")
-    r = subprocess.run([os.path.join(ROOT, "examples", "quickstart", "run.sh")], env=env, capture_output=True,
-                       text=True, timeout=240)
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out
+    env["JOB_TIMEOUT"] = "180"
+    # Its own session: if it overruns, everything it started goes with it.
+    p = subprocess.Popen([os.path.join(ROOT, "examples", "quickstart", "run.sh")], env=env, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        out, _ = p.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, _ = p.communicate()
+        pytest.fail("the quick start ran past 240 s:\n" + out)
+    assert p.returncode == 0, out
     assert "quickstart: done" in out
     # The job finished: the trainer's last line and the hook's start line and summary (rank 0).
     launcher = (tmp_path / "qs" / "launcher-0.log").read_text()
