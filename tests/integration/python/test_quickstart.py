@@ -51,7 +51,11 @@ def test_quickstart_runs_end_to_end(sparsecard, tmp_path):
     launcher = (tmp_path / "qs" / "launcher-0.log").read_text()
     assert re.search(r"train_ddp: 2 ranks, 20 steps", launcher), launcher
     assert "sparsecar: rank 0 of 2: 4 parameter tensors" in launcher and "node 0 of 2" in launcher, launcher
-    assert re.search(r"sparsecar DDP hook: sparse, 20 iterations .*ratio", launcher), launcher
+    m = re.search(r"sparsecar DDP hook: sparse, 20 iterations .*ratio [0-9.]+x, density ([0-9.]+)", launcher)
+    assert m, launcher
+    # The quick start's '*.bias: compression=off' reached the DDP job's bias tensors: 68 of its
+    # 2372 elements go dense, the weights at 0.05 -> about 0.077 (0.05 without the override).
+    assert 0.07 < float(m.group(1)) < 0.085, m.group(0)
     # Both daemons report the job's steps (also checked by the script itself).
     for node in (0, 1):
         s = json.loads((tmp_path / "qs" / f"status-{node}.json").read_text())
