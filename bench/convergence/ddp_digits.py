@@ -108,7 +108,8 @@ def trainer(args):
         elif method == "sparsecar":
             import sparsecar.torch
             hook_state = sparsecar.torch.register(model, socket=args.socket, optimizer=opt,
-                                                  on_error=args.on_error, timeout=args.step_timeout)
+                                                  on_error=args.on_error, timeout=args.step_timeout,
+                                                  tensors=args.hook_tensors, announce=None)
         else:
             raise SystemExit(f"unknown method {method}")
 
@@ -259,7 +260,7 @@ def _run_trainers(args, job, world, L, job_index):
 
 def _forward(args):
     keys = ["methods", "steps", "batch", "lr", "momentum", "hidden", "seed", "powersgd_rank",
-            "local_clients", "on_error", "step_timeout", "eval_every"]
+            "local_clients", "on_error", "step_timeout", "eval_every", "hook_tensors"]
     out = []
     for k in keys:
         out += ["--" + k.replace("_", "-"), str(getattr(args, k))]
@@ -334,6 +335,9 @@ def parse(argv):
     p.add_argument("--selector", default="topk")
     p.add_argument("--density", type=float, default=0.005)
     p.add_argument("--threshold", type=float, default=0.001)
+    p.add_argument("--hook-tensors", default="parameters", choices=("parameters", "buckets"),
+                   help="the hook's tensors: one per parameter (default) or one flat tensor per DDP bucket "
+                        "(the layout of the DDP numbers in docs/convergence.md)")
     p.add_argument("--on-error", default="raise", help="the hook's on_error (raise: a benchmark must not fall back silently)")
     p.add_argument("--step-timeout", type=float, default=60.0, help="hook wait per bucket (s)")
     p.add_argument("--daemon-step-timeout", type=float, default=20.0)

@@ -17,11 +17,11 @@ PyTorch DDP: ``sparsecar.torch.register(ddp_model, socket=...)`` (see sparsecar/
 
 import numpy as _np
 
-from ._sparsecar import (DeadlineExceeded, Error, StepInfo, Tensor, Unavailable, _Client,
+from ._sparsecar import (MAX_DIMS, DeadlineExceeded, Error, StepInfo, Tensor, Unavailable, _Client,
                          kernels, set_log_level)
 
 __all__ = ["Client", "Tensor", "StepInfo", "Error", "DeadlineExceeded", "Unavailable", "kernels",
-           "as_torch", "set_log_level", "DEFAULT_SOCKET"]
+           "as_torch", "set_log_level", "DEFAULT_SOCKET", "MAX_DIMS"]
 __version__ = "0.1.0"
 
 DEFAULT_SOCKET = "/run/sparsecar/sparsecard.sock"
@@ -72,8 +72,8 @@ class Client:
         self._c = _Client.connect(str(socket), float(timeout))
 
     def register(self, name, size):
-        """Registers a float32 tensor of `size` elements (an int or a shape tuple) and maps its
-        slot. Every tensor of the job must be registered before the first submit, in the same
+        """Registers a float32 tensor of `size` elements (an int) or of a shape (a tuple of 1 to
+        MAX_DIMS dims, which the daemon's structured selectors use) and maps its slot. Every tensor of the job must be registered before the first submit, in the same
         order on every trainer."""
         return self._c.register(name, size)
 

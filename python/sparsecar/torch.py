@@ -7,18 +7,27 @@
 
 How it works (torch 1.13 .. 2.x; only public, long-lived hook APIs are used):
 
-* **Buckets become sparsecar tensors once their layout is stable.** DDP rebuilds its buckets
-  after the first iteration (in the order gradients became ready), and sparsecar needs every
-  tensor registered before its first step. So the hook runs the first ``dense_iterations``
-  iterations (default 2, at least 2) as a plain all-reduce on DDP's process group and records
-  the bucket sizes by bucket index; at the last bucket of the first iteration whose layout equals
-  the previous one's, it registers one flat float32 tensor per bucket index
-  (``"<prefix>.<index>"``), and every rank agrees (one tiny all-reduce) that all of them did.
-  From the next iteration on every bucket goes to the daemon. State is keyed by bucket index.
-* **The hook returns at once.** It copies the bucket into the tensor's shared-memory slot,
-  submits it (with the learning rate) and returns a ``torch.futures.Future``; one completion
-  thread per process waits for the daemon in bucket order, copies the average back into the
-  bucket and completes the future. DDP's ``backward()`` waits for the futures.
+* **Sparsecar sees parameters, not buckets.** Each parameter of a DDP bucket is registered as
+  its own sparsecar tensor, under its name from ``model.named_parameters()`` and with its shape
+  (up to 4 dims; more are registered flat), so a config's ``[tensor."layer1.*"]`` overrides and
+  the shaped selectors (``row_topk``, ``channel_topk``, ``head_topk`` ...) apply to DDP jobs as to
+  any trainer. The bucket's buffer holds the parameters' gradients back to back in the order of
+  ``GradBucket.parameters()``; each one is copied into (and back out of) its own slot.
+  ``tensors="buckets"`` keeps the older layout: one flat tensor per bucket (``"<prefix>.<index>"``).
+* **Registered once the bucket layout is stable.** DDP rebuilds its buckets after the first
+  iteration (in the order gradients became ready), and sparsecar needs every tensor registered
+  before its first step. So the hook runs the first ``dense_iterations`` iterations (default 2, at
+  least 2) as a plain all-reduce on DDP's process group and records which parameters each bucket
+  holds; at the last bucket of the first iteration whose buckets hold the same sizes and the same
+  parameters as the previous one's (the rebuild may only reorder them), it registers every
+  parameter in this iteration's order, bucket by bucket, and every rank agrees (one tiny
+  all-reduce) that all of them did. From the next iteration on every bucket goes to the daemon;
+  a bucket whose parameters are not the registered ones in the registered order fails that step
+  (and the hook falls back, agreed as below) instead of mixing gradients up.
+* **The hook returns at once.** It copies the bucket into the shared-memory slots, submits them
+  (with the learning rate) and returns a ``torch.futures.Future``; one completion thread per
+  process waits for the daemon in bucket order, copies the averages back into the bucket and
+  completes the future. DDP's ``backward()`` waits for the futures.
 * **Fallback, agreed.** If the daemon is unreachable when registering or a step fails, the hook
   logs the real cause (torch itself would only say "Unable to cast ..."), warns once, and uses
   plain all-reduce from then on; ``on_error="raise"`` fails the step instead. A failure may be
@@ -29,20 +38,39 @@ How it works (torch 1.13 .. 2.x; only public, long-lived hook APIs are used):
   are used; if not, every rank all-reduces the original gradients of that whole iteration (they
   are still in the buckets) and every rank falls back from the next iteration on. So the
   parameters stay identical on every rank, whatever failed where.
-* **Counting.** ``hook.stats`` has the daemon-reported wire bytes of this node
-  (``sparsecar_bytes``), the dense-equivalent bytes it reports, and the elements that went
-  through the dense path (warm-up and fallback) so benchmarks can count them too.
+* **Agreement on any backend.** The agreement all-reduces (one int32) run on the device of the
+  model's parameters / the bucket, so they go through whatever backend DDP's group uses for its
+  gradients: under a plain ``init_process_group("nccl")`` that is a CUDA tensor through NCCL (a
+  CPU tensor would fail there with "No backend type associated with device type cpu"). Futures
+  of CUDA buckets are created with ``devices=`` so torch syncs the streams.
+* **Node values are not process values.** torchrun's RANK / WORLD_SIZE / LOCAL_RANK are per
+  process; a sparsecar daemon serves a node. The node rank and node count the hook shows come
+  from ``SPARSECAR_NODE_RANK`` / ``SPARSECAR_NNODES`` (else ``NODE_RANK`` / ``NNODES``), the
+  names the daemon reads too (see :func:`node_rank`, :func:`nnodes`).
+* **Feedback.** When the buckets switch to sparsecar, rank 0 prints one line to stderr (shown by
+  default; ``announce="all"`` prints it on every rank with its rank, ``announce=None`` never).
+  ``hook.summary()`` returns the totals: iterations, bytes sent vs. a dense exchange, the ratio,
+  the density and the mean step and exchange time. ``hook.stats`` has the raw counters:
+  the daemon-reported wire bytes of this node (``sparsecar_bytes``), the dense-equivalent bytes
+  it reports, and the elements that went through the dense path (warm-up and fallback).
+* **State.** ``hook.state_dict()`` / ``hook.load_state_dict()`` carry the step counter, the
+  registered layout and the counters across a restart (see :meth:`SparsecarHook.state_dict`);
+  the error-feedback residual lives in the daemon and is saved with ``sparsecarctl checkpoint``.
 
 Rules: one sparsecar client per DDP rank (the daemon's --local-clients equals the local ranks),
 the daemon averages over all trainers of the job, so the job's trainers must be exactly the DDP
 ranks. Gradients must be float32 (otherwise the hook stays on plain all-reduce and warns).
+Every rank must register the same tensors in the same order: they must run the same model.
 """
 
 import collections
+import contextlib
 import logging
 import os
 import queue
+import sys
 import threading
+import time
 import warnings
 
 import torch
@@ -52,7 +80,40 @@ import sparsecar
 
 log = logging.getLogger("sparsecar.torch")
 
-__all__ = ["register", "SparsecarHook"]
+__all__ = ["register", "SparsecarHook", "node_rank", "nnodes"]
+
+STATE_VERSION = 1  # of state_dict(); load_state_dict() refuses others
+
+
+def _env_int(names):
+    for name in names:
+        value = os.environ.get(name)
+        if value not in (None, ""):
+            try:
+                return int(value)
+            except ValueError:
+                raise ValueError(f"{name}={value!r} is not an integer") from None
+    return None
+
+
+def node_rank():
+    """This node's rank among the job's nodes (one sparsecard each): $SPARSECAR_NODE_RANK, else
+    $NODE_RANK, else None. Never torchrun's per-process RANK."""
+    return _env_int(("SPARSECAR_NODE_RANK", "NODE_RANK"))
+
+
+def nnodes():
+    """The job's node count: $SPARSECAR_NNODES, else $NNODES, else None. Never WORLD_SIZE (that is
+    the number of processes)."""
+    return _env_int(("SPARSECAR_NNODES", "NNODES"))
+
+
+class _Slice:
+    """One sparsecar tensor of a bucket: elements [offset, offset + numel) of its buffer."""
+    __slots__ = ("name", "offset", "numel", "shape", "tensor")
+
+    def __init__(self, name, offset, numel, shape):
+        self.name, self.offset, self.numel, self.shape, self.tensor = name, offset, numel, shape, None
 
 
 class SparsecarHook:
@@ -60,9 +121,13 @@ class SparsecarHook:
 
     def __init__(self, socket=None, *, optimizer=None, lr=None, dense_iterations=2,
                  on_error="fallback", timeout=60.0, connect_timeout=10.0, process_group=None,
-                 prefix="ddp.bucket"):
+                 prefix=None, tensors="parameters", param_names=None, device=None, announce="rank0"):
         if on_error not in ("fallback", "raise"):
             raise ValueError('on_error must be "fallback" or "raise"')
+        if tensors not in ("parameters", "buckets"):
+            raise ValueError('tensors must be "parameters" or "buckets"')
+        if announce not in ("rank0", "all", None):
+            raise ValueError('announce must be "rank0", "all" or None')
         self.socket = socket or os.environ.get("SPARSECAR_SOCKET", sparsecar.DEFAULT_SOCKET)
         self.optimizer = optimizer
         self.lr = lr
@@ -71,21 +136,32 @@ class SparsecarHook:
         self.timeout = float(timeout)
         self.connect_timeout = float(connect_timeout)
         self.process_group = process_group
-        self.prefix = prefix
-        self.iteration = 0           # iterations whose last bucket has been hooked
+        self.tensors = tensors
+        self.prefix = prefix if prefix is not None else ("ddp.bucket" if tensors == "buckets" else "")
+        self.announce = announce
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.node_rank, self.nnodes = node_rank(), nnodes()  # read once: a bad value fails here
+        self.iteration = 0           # the step number sent to the daemon; counts every iteration
         self.mode = "warmup"         # warmup -> sparse -> (fallback); or warmup -> fallback
         self.failure = None          # the first error, as text
         self.stats = collections.Counter()
+        self._names = dict(param_names or {})  # id(parameter) -> name in the model
         self._client = None
-        self._tensors = {}           # bucket index -> sparsecar.Tensor
-        self._layout = {}            # bucket index -> element count, this iteration
+        self._slices = {}            # bucket index -> [_Slice], registered
+        self._layout = {}            # bucket index -> layout key, this iteration
         self._prev_layout = None
+        self._restored_layout = None  # from load_state_dict: counts as "stable" once seen again
+        self._dense_here = 0         # dense iterations in this process (DDP rebuilds after the 1st)
         self._in_iteration = False
         self._step_failed = False    # a sparsecar step failed; dense from the next iteration on
         self._warned = False
         self._jobs = queue.Queue()
         self._worker = None
         self._closed = False
+        self._hooked = False         # the hook ran at least once (load_state_dict is too late then)
+        self._per_tensor = {}        # name -> [steps, elements, nnz, bytes_sent, dense_bytes]
+        self._t_iteration = None     # monotonic time of this iteration's first sparse bucket
+        self._t_prev_iteration = None
 
     # ---- public ------------------------------------------------------------------------------
     def report_metric(self, name, value, step=None):
@@ -103,6 +179,121 @@ class SparsecarHook:
         """True while buckets go through sparsecar."""
         return self.mode == "sparse"
 
+    @property
+    def tensor_names(self):
+        """The names registered with the daemon, in registration order (empty before)."""
+        return [sl.name for index in sorted(self._slices) for sl in self._slices[index]]
+
+    def summary(self, per_tensor=False):
+        """What the hook did so far, as a dict:
+
+        mode, iterations (every DDP iteration hooked, restored ones included), sparse_iterations,
+        dense_buckets (warm-up and fallback), tensors (registered), bytes_sent / dense_bytes (the
+        daemon's report for this node: wire bytes vs. what a dense ring all-reduce would have
+        sent), ratio (dense_bytes / bytes_sent; None before any sparse step), density (selected /
+        elements), mean_step_s (wall time from one sparse iteration's first bucket to the next
+        one's: forward + backward + optimizer), mean_exchange_s (first bucket handed to the
+        daemon to the iteration's averages back). per_tensor=True adds "per_tensor": name ->
+        {steps, elements, nnz, density, bytes_sent, dense_bytes}. On a node with several ranks
+        each rank sees the whole node's bytes."""
+        st = self.stats
+        sent, dense = st["sparsecar_bytes"], st["sparsecar_dense_equivalent_bytes"]
+        out = {
+            "mode": self.mode,
+            "iterations": self.iteration,
+            "sparse_iterations": st["sparse_iterations"],
+            "dense_buckets": st["dense_buckets"],
+            "sparse_buckets": st["sparse_buckets"],
+            "failed_steps": st["failed_steps"],
+            "tensors": sum(len(v) for v in self._slices.values()),
+            "bytes_sent": sent,
+            "dense_bytes": dense,
+            "ratio": (dense / sent) if sent else None,
+            "density": (st["sparsecar_nnz"] / st["sparsecar_elements"]) if st["sparsecar_elements"] else None,
+            "mean_step_s": (st["step_ns"] / st["step_samples"] / 1e9) if st["step_samples"] else None,
+            "mean_exchange_s": (st["exchange_ns"] / st["sparse_iterations"] / 1e9) if st["sparse_iterations"] else None,
+            "failure": self.failure,
+        }
+        if per_tensor:
+            out["per_tensor"] = {
+                name: {"steps": v[0], "elements": v[1], "nnz": v[2], "density": v[2] / v[1] if v[1] else None,
+                       "bytes_sent": v[3], "dense_bytes": v[4]}
+                for name, v in self._per_tensor.items()}
+        return out
+
+    def summary_line(self):
+        """summary() as one line of text."""
+        s = self.summary()
+        parts = [f"sparsecar DDP hook: {s['mode']}, {s['iterations']} iterations "
+                 f"({s['sparse_iterations']} through sparsecar)"]
+        if s["bytes_sent"]:
+            parts.append(f"{s['bytes_sent']} B sent vs {s['dense_bytes']} B dense (ratio {s['ratio']:.1f}x, "
+                         f"density {s['density']:.4g})")
+        if s["mean_step_s"] is not None:
+            parts.append(f"mean step {s['mean_step_s'] * 1e3:.1f} ms")
+        if s["mean_exchange_s"] is not None:
+            parts.append(f"mean exchange {s['mean_exchange_s'] * 1e3:.1f} ms")
+        if s["failure"]:
+            parts.append(f"failure: {s['failure']}")
+        return ", ".join(parts)
+
+    def state_dict(self):
+        """The hook's own state as plain Python values (torch.save-able): the step counter (the
+        step numbers the daemon sees, which its schedule controller and warm-up ramp follow), the
+        registered layout (bucket -> parameter names, sizes, shapes: the registration order the
+        daemon's residual checkpoint is keyed by), and the counters behind summary().
+
+        Not in it: the error-feedback residual. It lives in the daemon (per node, summed over the
+        node's ranks); save it with ``sparsecarctl checkpoint PATH`` on every node at the same
+        step and, after the restart, ``sparsecarctl restore PATH`` once the trainers registered
+        and before the first sparse step (format and rules: daemon/pipeline/CHECKPOINT.md).
+        Without that the residual restarts at zero: nothing breaks, the unsent remainder is lost.
+        Neither is the mode: a restored hook registers its tensors with the daemon again, after
+        the dense iterations DDP needs to rebuild its buckets in the new process."""
+        layout = None
+        if self._slices:
+            layout = [[index, [[sl.name, sl.numel, list(sl.shape) if sl.shape is not None else None]
+                               for sl in self._slices[index]]]
+                      for index in sorted(self._slices)]
+        return {
+            "version": STATE_VERSION,
+            "iteration": self.iteration,
+            "tensors": self.tensors,
+            "layout": layout,
+            "mode": self.mode,
+            "failure": self.failure,
+            "stats": dict(self.stats),
+            "per_tensor": {k: list(v) for k, v in self._per_tensor.items()},
+        }
+
+    def load_state_dict(self, state):
+        """Restores state_dict()'s values; call it after register() and before the first
+        backward(). The step counter continues from the saved one; if DDP's rebuilt buckets hold
+        the same parameters as the saved layout, the hook switches to sparsecar after the 2
+        iterations DDP needs to rebuild them (not dense_iterations again). The mode and the
+        failure are not restored: a hook that had fallen back tries sparsecar again."""
+        if self._hooked:
+            raise RuntimeError("sparsecar DDP hook: load_state_dict() must come before the first backward()")
+        version = state.get("version")
+        if version != STATE_VERSION:
+            raise ValueError(f"sparsecar DDP hook state version {version!r}; this hook reads {STATE_VERSION}")
+        if state.get("tensors", self.tensors) != self.tensors:
+            raise ValueError(f"the state was saved with tensors={state.get('tensors')!r}, this hook uses "
+                             f"tensors={self.tensors!r}")
+        self.iteration = int(state["iteration"])
+        self.stats = collections.Counter({k: int(v) for k, v in state.get("stats", {}).items()})
+        self._per_tensor = {k: [int(x) for x in v] for k, v in state.get("per_tensor", {}).items()}
+        layout = state.get("layout")
+        if layout is not None:
+            self._restored_layout = {int(index): self._layout_key_from_saved(entries)
+                                     for index, entries in layout}
+
+    def _layout_key_from_saved(self, entries):
+        if self.tensors == "buckets":
+            return entries[0][1]
+        return tuple((name, numel, tuple(shape) if shape is not None else None)
+                     for name, numel, shape in entries)
+
     def close(self):
         """Stops the completion thread and closes the session (the hook then uses all-reduce)."""
         if self._closed:
@@ -116,6 +307,9 @@ class SparsecarHook:
         if self._client is not None:
             self._client.close()
             self._client = None
+        for slices in self._slices.values():  # the session ends once no slot view is left
+            for sl in slices:
+                sl.tensor = None
 
     # ---- setup -------------------------------------------------------------------------------
     def _connect(self):
@@ -126,15 +320,18 @@ class SparsecarHook:
         except sparsecar.Error as e:
             ok = False
             self._note_failure(f"cannot connect to the sparsecar daemon at {self.socket}: {e}")
-        if not self._all_ranks_ok(ok):
+        if not self._all_ranks_ok(ok, self.device):
             if ok:
                 self._note_failure("another rank could not connect to its sparsecar daemon")
             self._give_up()
 
-    def _all_ranks_ok(self, ok):
-        flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.process_group)
-        return bool(flag.item())
+    def _all_ranks_ok(self, ok, device):
+        """MIN all-reduce of one flag on `device`: the device DDP's gradients live on, which the
+        group's backend serves (NCCL refuses CPU tensors, gloo takes both)."""
+        with _on_device(device):
+            flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.process_group)
+            return bool(flag.item())
 
     def _current_lr(self):
         if self.optimizer is not None:
@@ -143,15 +340,63 @@ class SparsecarHook:
             return float(self.lr())
         return float(self.lr or 0.0)
 
-    def _register_buckets(self):
+    def _layout_key(self, bucket, buf):
+        """What must stay the same between iterations for the registration to hold: the bucket's
+        size, and in parameter mode its parameters (name, size, shape) in buffer order. None when
+        the bucket is not float32."""
+        if buf.dtype != torch.float32:
+            return None
+        if self.tensors == "buckets":
+            return buf.numel()
+        key = []
+        for j, p in enumerate(bucket.parameters()):
+            key.append((self._param_name(bucket.index(), j, p), p.numel(), tuple(p.shape)))
+        if sum(n for _, n, _ in key) != buf.numel():
+            # Not laid out as the parameters back to back (cannot happen with dense gradients):
+            # the bucket goes as one flat tensor.
+            return buf.numel()
+        return tuple(key)
+
+    def _param_name(self, index, j, p):
+        return self._names.get(id(p)) or f"ddp.bucket.{index}.{j}"  # unnamed: cannot happen via register()
+
+    def _layout_mismatch(self, index, bucket, buf):
+        """Why this bucket no longer matches its registration (None when it does)."""
+        layout = self._layout.get(index)
+        if layout is None:
+            return "was not registered"
+        if not isinstance(layout, tuple):
+            return None if layout == buf.numel() else f"has {buf.numel()} elements, registered {layout}"
+        names = tuple(self._param_name(index, j, p) for j, p in enumerate(bucket.parameters()))
+        if names != tuple(name for name, _, _ in layout):
+            return f"holds parameters {list(names)}, registered {[name for name, _, _ in layout]}"
+        return None
+
+    def _slices_of(self, index, key):
+        if not isinstance(key, tuple):
+            name = f"{self.prefix}.{index}" if self.prefix else f"ddp.bucket.{index}"
+            return [_Slice(name, 0, key, None)]
+        slices, offset = [], 0
+        for name, numel, shape in key:
+            if numel > 0:  # an empty parameter has nothing to send
+                full = f"{self.prefix}.{name}" if self.prefix else name
+                reg_shape = shape if 1 <= len(shape) <= sparsecar.MAX_DIMS else None
+                slices.append(_Slice(full, offset, numel, reg_shape))
+            offset += numel
+        return slices
+
+    def _register_buckets(self, device):
         ok = True
         try:
             for index in sorted(self._layout):
-                self._tensors[index] = self._client.register(f"{self.prefix}.{index}", self._layout[index])
+                slices = self._slices_of(index, self._layout[index])
+                for sl in slices:
+                    sl.tensor = self._client.register(sl.name, tuple(sl.shape) if sl.shape else sl.numel)
+                self._slices[index] = slices
         except sparsecar.Error as e:
             ok = False
             self._note_failure(f"registering the DDP buckets with sparsecar failed: {e}")
-        if not self._all_ranks_ok(ok):
+        if not self._all_ranks_ok(ok, device):
             if ok:
                 self._note_failure("another rank could not register its DDP buckets with sparsecar")
             self._give_up()
@@ -160,8 +405,23 @@ class SparsecarHook:
         self._worker = threading.Thread(target=self._complete_loop, name="sparsecar-ddp-completion",
                                         daemon=True)
         self._worker.start()
-        log.info("sparsecar: %d DDP bucket(s) (%d elements) go through %s from iteration %d",
-                 len(self._tensors), sum(self._layout.values()), self.socket, self.iteration + 1)
+        self._announce()
+
+    def _announce(self):
+        """One line a user sees by default (stderr), on rank 0 or every rank; also logged."""
+        rank = dist.get_rank(group=self.process_group)
+        world = dist.get_world_size(group=self.process_group)
+        n_tensors = sum(len(v) for v in self._slices.values())
+        elements = sum(sl.numel for v in self._slices.values() for sl in v)
+        node, nodes = self.node_rank, self.nnodes
+        where = f"node {node}" + (f" of {nodes}" if nodes is not None else "") if node is not None else "this node"
+        what = "parameter tensors" if self.tensors == "parameters" else "bucket tensors"
+        line = (f"sparsecar: rank {rank} of {world}: {n_tensors} {what} ({elements} elements in "
+                f"{len(self._slices)} DDP buckets) go through the daemon of {where} ({self.socket}) from step "
+                f"{self.iteration} on; hook.summary() reports bytes and ratio")
+        log.info("%s", line)
+        if self.announce == "all" or (self.announce == "rank0" and rank == 0):
+            print(line, file=sys.stderr, flush=True)
 
     # ---- errors ------------------------------------------------------------------------------
     def _note_failure(self, message):
@@ -194,8 +454,9 @@ class SparsecarHook:
     def _allreduce_now(self, buf):
         self.stats["dense_elements"] += buf.numel()
         self.stats["dense_buckets"] += 1
-        dist.all_reduce(buf, group=self.process_group)
-        return buf.div_(self._world())
+        with _on_device(buf.device):
+            dist.all_reduce(buf, group=self.process_group)
+            return buf.div_(self._world())
 
     # ---- the hook ----------------------------------------------------------------------------
     def __call__(self, bucket):
@@ -206,6 +467,7 @@ class SparsecarHook:
             raise
 
     def _hook(self, bucket):
+        self._hooked = True
         index, buf, last = bucket.index(), bucket.buffer(), bucket.is_last()
         step = self.iteration
         if not self._in_iteration:
@@ -215,26 +477,35 @@ class SparsecarHook:
             self._in_iteration = True
             if self.mode == "sparse" and self._step_failed:
                 self.mode = "fallback"
+            if self.mode == "sparse":
+                now = time.monotonic()
+                if self._t_prev_iteration is not None:
+                    self.stats["step_ns"] += int((now - self._t_prev_iteration) * 1e9)
+                    self.stats["step_samples"] += 1
+                self._t_prev_iteration = self._t_iteration = now
         if last:
             self._in_iteration = False
         if self.mode == "warmup":
-            self._layout[index] = buf.numel() if buf.dtype == torch.float32 else -1
+            self._layout[index] = self._layout_key(bucket, buf)
             fut = self._allreduce_async(buf)
             if last:
-                self._end_warmup_iteration()
+                self._end_warmup_iteration(buf.device)
             return fut
         if self.mode == "sparse":
-            fut = torch.futures.Future()
-            t = self._tensors.get(index)
-            if t is None or t.size != buf.numel():
+            fut = _future_for(buf)
+            slices = self._slices.get(index)
+            mismatch = self._layout_mismatch(index, bucket, buf)
+            if mismatch:
                 # Cannot happen after a stable layout unless DDP rebuilt its buckets again.
-                self._fail_step(f"bucket {index} has {buf.numel()} elements, registered "
-                                f"{t.size if t is not None else 'none'}")
+                self._fail_step(f"bucket {index} {mismatch}")
                 self._jobs.put(("failed", index, buf, fut, step, last))
             else:
                 try:
-                    sparsecar.copy_into(t.array(), buf)
-                    self._client.submit(t, step, lr=self._current_lr())
+                    flat = buf.view(-1)
+                    lr = self._current_lr()
+                    for sl in slices:
+                        sparsecar.copy_into(sl.tensor.array(), flat[sl.offset:sl.offset + sl.numel])
+                        self._client.submit(sl.tensor, step, lr=lr)
                     self._jobs.put(("sparse", index, buf, fut, step, last))
                 except sparsecar.Error as e:
                     self._fail_step(f"submitting bucket {index} step {step} failed: {e}")
@@ -244,7 +515,7 @@ class SparsecarHook:
             return fut
         # fallback (or sparse after a failure): keep the collectives in one thread, in order
         if self._worker is not None:
-            fut = torch.futures.Future()
+            fut = _future_for(buf)
             self._jobs.put(("dense", index, buf, fut, step, last))
             if last:
                 self.iteration += 1
@@ -254,22 +525,25 @@ class SparsecarHook:
             self.iteration += 1
         return fut
 
-    def _end_warmup_iteration(self):
+    def _end_warmup_iteration(self, device):
         self.iteration += 1
+        self._dense_here += 1
         layout, self._layout = self._layout, {}
-        stable = layout == self._prev_layout
+        stable = _same_buckets(layout, self._prev_layout) or _same_buckets(layout, self._restored_layout)
         self._prev_layout = layout
-        if self.iteration < self.dense_iterations or not stable:
+        # DDP rebuilds its buckets after this process's first iteration: never register before
+        # the second. A restored hook is past dense_iterations already (its step counter is).
+        if self._dense_here < 2 or self.iteration < self.dense_iterations or not stable:
             return
         self._layout = layout
-        if any(n < 0 for n in layout.values()):
+        if any(key is None for key in layout.values()):
             self._note_failure("DDP buckets are not float32; sparsecar handles float32 only")
             self._give_up()
             return
         if self._client is None:
             self._give_up()
             return
-        self._register_buckets()
+        self._register_buckets(device)
 
     def _fail_step(self, message):
         """A sparsecar step failed: this bucket goes dense; later buckets of this iteration still
@@ -288,7 +562,7 @@ class SparsecarHook:
     def _complete_loop(self):
         """Completes the futures in bucket order. Sparse iterations are completed as a whole,
         after every rank agreed that every rank got every bucket (see "Fallback, agreed")."""
-        pending = []  # this iteration's sparse / failed buckets: (kind, index, buf, fut, step, info)
+        pending = []  # this iteration's sparse / failed buckets: (kind, index, buf, fut, step, infos)
         while True:
             job = self._jobs.get()
             if job is None:
@@ -305,13 +579,17 @@ class SparsecarHook:
                     else:
                         fut.set_result(self._allreduce_now(buf))
                     continue
-                info = None
+                infos = None
                 if kind == "sparse":
-                    try:
-                        info = self._client.wait(self._tensors[index], step, timeout=self.timeout)
-                    except sparsecar.Error as e:
-                        self._fail_step(f"bucket {index} step {step} failed: {e}")
-                pending.append((kind, index, buf, fut, step, info))
+                    infos = []
+                    for sl in self._slices[index]:
+                        try:
+                            infos.append(self._client.wait(sl.tensor, step, timeout=self.timeout))
+                        except sparsecar.Error as e:
+                            self._fail_step(f"tensor '{sl.name}' (bucket {index}) step {step} failed: {e}")
+                            infos = None
+                            break
+                pending.append((kind, index, buf, fut, step, infos))
                 if last:
                     self._finish_iteration(pending)
                     pending = []
@@ -325,44 +603,96 @@ class SparsecarHook:
     def _finish_iteration(self, pending):
         """Every rank learns whether every rank got every bucket of this iteration, then all use
         the daemon's averages or all all-reduce the original gradients."""
-        mine_ok = all(info is not None for _, _, _, _, _, info in pending)
-        all_ok = self._all_ranks_ok(mine_ok)
+        mine_ok = all(infos is not None for _, _, _, _, _, infos in pending)
+        all_ok = self._all_ranks_ok(mine_ok, pending[-1][2].device)
         if not all_ok:
             if mine_ok:
                 self._fail_step("another rank's sparsecar step failed in this iteration; every rank "
                                 "all-reduces it instead")
             self._step_failed = True
-        for kind, index, buf, fut, step, info in pending:
+        for kind, index, buf, fut, step, infos in pending:
             if all_ok:
-                sparsecar.copy_out(self._tensors[index].array(), buf)
+                flat = buf.view(-1)
+                for sl, info in zip(self._slices[index], infos):
+                    sparsecar.copy_out(sl.tensor.array(), flat[sl.offset:sl.offset + sl.numel])
+                    self.stats["sparsecar_bytes"] += info.bytes_sent
+                    self.stats["sparsecar_dense_equivalent_bytes"] += info.dense_bytes
+                    self.stats["sparsecar_nnz"] += info.nnz
+                    self.stats["sparsecar_elements"] += sl.numel
+                    t = self._per_tensor.setdefault(sl.name, [0, 0, 0, 0, 0])
+                    t[0] += 1
+                    t[1] += sl.numel
+                    t[2] += info.nnz
+                    t[3] += info.bytes_sent
+                    t[4] += info.dense_bytes
                 self.stats["sparse_buckets"] += 1
-                self.stats["sparsecar_bytes"] += info.bytes_sent
-                self.stats["sparsecar_dense_equivalent_bytes"] += info.dense_bytes
-                self.stats["sparsecar_nnz"] += info.nnz
-                self.stats["sparsecar_elements"] += buf.numel()
                 fut.set_result(buf)
             elif self.on_error == "raise":
                 fut.set_exception(RuntimeError(f"sparsecar DDP hook: bucket {index} step {step}: {self.failure}"))
             else:
                 fut.set_result(self._allreduce_now(buf))  # the original gradient: copy_out never ran
+        if all_ok:
+            self.stats["sparse_iterations"] += 1
+            if self._t_iteration is not None:
+                self.stats["exchange_ns"] += int((time.monotonic() - self._t_iteration) * 1e9)
+
+
+def _same_buckets(a, b):
+    """Two iterations' layouts hold the same buckets: same sizes and the same parameters (in
+    parameter mode), in any order within a bucket — DDP's one rebuild may reorder them."""
+    if a is None or b is None or a.keys() != b.keys():
+        return False
+    for index, ka in a.items():
+        kb = b[index]
+        if isinstance(ka, tuple) and isinstance(kb, tuple):
+            if sorted(ka) != sorted(kb):
+                return False
+        elif ka != kb:
+            return False
+    return True
+
+
+def _future_for(buf):
+    """A future DDP can wait on; for a CUDA bucket a CUDA-aware one (torch syncs the streams)."""
+    if buf.is_cuda:
+        return torch.futures.Future(devices=[buf.device])
+    return torch.futures.Future()
+
+
+def _on_device(device):
+    """Makes `device` current for collectives issued from this thread (the completion thread's
+    current CUDA device is 0 otherwise)."""
+    if device is not None and device.type == "cuda":
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
 
 
 def register(ddp_model, socket=None, *, optimizer=None, lr=None, dense_iterations=2,
              on_error="fallback", timeout=60.0, connect_timeout=10.0, process_group=None,
-             prefix="ddp.bucket"):
+             prefix=None, tensors="parameters", announce="rank0"):
     """Installs the sparsecar communication hook on `ddp_model` and returns its state.
 
     socket: the local daemon's Unix socket (default $SPARSECAR_SOCKET or
         /run/sparsecar/sparsecard.sock). optimizer / lr: where the learning rate sent with each
         step comes from (optimizer.param_groups[0]["lr"], a float, or a callable).
+    tensors: "parameters" (default: one sparsecar tensor per parameter, named as in
+        ddp_model.module.named_parameters(), with its shape) or "buckets" (one flat tensor per
+        DDP bucket, "<prefix>.<index>"). prefix: prepended to the names ("<prefix>.<name>").
     dense_iterations: plain all-reduce iterations before switching (>= 2, see the module doc).
     on_error: "fallback" (warn once, plain all-reduce) or "raise".
+    announce: "rank0" (one line on stderr from rank 0 when sparsecar takes over), "all" (every
+        rank, with its rank), None (logged only).
     timeout: seconds to wait for one bucket. Call this on every rank, like DDP itself (it runs
     one small all-reduce so that every rank agrees the daemon is reachable).
     """
+    module = getattr(ddp_model, "module", ddp_model)
+    names = {id(p): name for name, p in module.named_parameters()}
+    first = next(module.parameters(), None)
+    device = first.device if first is not None else None
     state = SparsecarHook(socket, optimizer=optimizer, lr=lr, dense_iterations=dense_iterations,
                           on_error=on_error, timeout=timeout, connect_timeout=connect_timeout,
-                          process_group=process_group, prefix=prefix)
+                          process_group=process_group, prefix=prefix, tensors=tensors,
+                          param_names=names, device=device, announce=announce)
     state._connect()
     ddp_model.register_comm_hook(state, _hook_entry)
     return state

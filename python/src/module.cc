@@ -92,23 +92,34 @@ class PyClient {
   }
 
   PyTensor register_tensor(const std::string& name, py::object size) {
+    // An int registers a flat tensor; a tuple registers its shape too (the daemon's structured
+    // selectors and per-tensor overrides see it). A 0-d tuple is one element, without a shape.
     std::vector<ssize_t> shape;
-    if (py::isinstance<py::int_>(size)) {
+    const bool shaped = !py::isinstance<py::int_>(size);
+    if (!shaped) {
       shape.push_back(size.cast<ssize_t>());
     } else {
       for (auto d : size) shape.push_back(d.cast<ssize_t>());
     }
+    if (shape.size() > sparsecar::Client::kMaxDims) {
+      throw py::value_error(sparsecar::strfmt("tensor '%s': a shape has at most %zu dims, got %zu (register "
+                                              "the element count instead)",
+                                              name.c_str(), sparsecar::Client::kMaxDims, shape.size()));
+    }
     size_t count = 1;
+    std::vector<uint64_t> dims;
     for (ssize_t d : shape) {
       if (d < 0) throw py::value_error("tensor dimensions must be >= 0");
       count *= static_cast<size_t>(d);
+      dims.push_back(static_cast<uint64_t>(d));
     }
+    if (!shaped) dims.clear();
     Session& s = live();
     sparsecar::Expected<sparsecar::Tensor*> t = sparsecar::Status::Ok();
     {
       py::gil_scoped_release nogil;
       std::lock_guard lock(s.mu);
-      t = s.client->register_tensor(name, count);  // the plain (name, count) form
+      t = s.client->register_tensor(name, count, sparsecar::DType::kF32, dims);  // empty dims: unshaped
     }
     if (!t.ok()) raise_status(t.status());
     return PyTensor{s_, *t, shape};
@@ -247,6 +258,7 @@ PYBIND11_MODULE(_sparsecar, m) {
   m.attr("Error") = g_error;
   m.attr("DeadlineExceeded") = g_deadline;
   m.attr("Unavailable") = g_unavailable;
+  m.attr("MAX_DIMS") = sparsecar::Client::kMaxDims;
 
   m.def("set_log_level", [](const std::string& level) {
     sparsecar::LogLevel l;
@@ -270,6 +282,8 @@ PYBIND11_MODULE(_sparsecar, m) {
       .def_property_readonly("id", [](const PyTensor& t) { return t.tensor->id(); })
       .def_property_readonly("size", [](const PyTensor& t) { return t.tensor->size(); })
       .def_property_readonly("shape", [](const PyTensor& t) { return py::tuple(py::cast(t.shape)); })
+      .def_property_readonly("registered_shape", [](const PyTensor& t) { return py::tuple(py::cast(t.tensor->shape())); },
+                             "The shape the daemon knows (empty when registered by element count).")
       .def("array", &tensor_array, "The slot as a NumPy float32 array (a view, no copy).");
 
   py::class_<PyClient>(m, "_Client")

@@ -32,8 +32,10 @@ def test_paper_logreg_short(tmp_path):
 
 def test_ddp_digits_short(sparsecard, tmp_path):
     out = tmp_path / "ddp.json"
+    # The evidence of docs/convergence.md: top-k over each flat DDP bucket. (Per parameter, the
+    # hook's default, ends 0.9 pp below dense here: docs/convergence.md, "Not done yet".)
     run("ddp_digits.py", ["--sparsecard", sparsecard, "--pythonpath", os.environ.get("PYTHONPATH", ""),
-                          "--steps", "400", "--out", str(out), "--timeout", "400"], 450)
+                          "--steps", "400", "--out", str(out), "--timeout", "400", "--hook-tensors", "buckets"], 450)
     s = json.loads(out.read_text())["methods"]
     dense, sc, ps = s["dense"], s["sparsecar"], s["powersgd"]
     assert sc["hook_mode"] == "sparse" and sc["hook"].get("failed_steps", 0) == 0

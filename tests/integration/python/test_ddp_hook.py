@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import warnings
 
 import pytest
@@ -137,3 +138,163 @@ def test_a_failure_seen_by_one_rank_makes_every_rank_fall_back_together(sparseca
     assert sc["hook_mode"] == "fallback", sc
     assert sc["hook"]["failed_steps"] >= 1
     assert sc["ranks_identical"]
+
+
+# ---- the hook speaks in parameters, state_dict, summary, start line, node variables -----------
+
+def _status(job, rank=0):
+    ctl = os.environ.get("SPARSECARCTL")
+    if not ctl:
+        pytest.skip("SPARSECARCTL (path of the sparsecarctl binary) is not set")
+    r = subprocess.run([ctl, "--endpoint", f"ipc://{job.dir}/control-{rank}.sock", "--json", "status"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stdout + r.stderr
+    s = json.loads(r.stdout)
+    return s.get("result", s)
+
+
+def wait_until_no_client(job, timeout=20.0):
+    """The daemon noticed the last session's end (and reset the job) — a new one may connect."""
+    deadline = time.monotonic() + timeout
+    while _status(job)["clients"]["connected"] != 0:
+        assert time.monotonic() < deadline, "the daemon still counts a client"
+        time.sleep(0.05)
+
+
+def run_steps(model, ref, first, last):
+    for i in range(first, last):
+        step_and_compare_close(model, ref, i)
+
+
+def step_and_compare_close(model, ref, seed):
+    """One step on both models; the DDP model's gradients are the daemon's (compressed) ones."""
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)
+    for m in (model, ref):
+        m.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(m(x), y).backward()
+
+
+def test_parameters_go_by_name_and_shape_and_a_per_tensor_override_reaches_one(group, make_job, capsys):
+    """Each parameter is its own sparsecar tensor, named as in named_parameters() and shaped;
+    a `[tensor."0.weight"]`-style override (row top-k, a higher density) applies to that parameter
+    only: its rows go whole and its density differs from every other parameter's."""
+    job = make_job(nodes=1, daemon_args=["--density", "0.05",
+                                         "--tensor-overrides", "0.weight: selector=row_topk, density=0.1"])
+    model, ref = make_models()
+    hook = sparsecar.torch.register(model, socket=job.sockets[0], lr=0.1, timeout=20, on_error="raise")
+    run_steps(model, ref, 0, 6)
+    assert hook.mode == "sparse", hook.failure
+    names = [n for n, _ in model.module.named_parameters()]
+    assert sorted(hook.tensor_names) == sorted(names)
+    shapes = {sl.name: tuple(sl.tensor.registered_shape) for v in hook._slices.values() for sl in v}
+    assert shapes == {n: tuple(p.shape) for n, p in model.module.named_parameters()}
+
+    s = hook.summary(per_tensor=True)
+    per = s["per_tensor"]
+    w = per["0.weight"]  # [32, 16]: row top-k keeps 3 whole rows of 16 (top-k would keep 51)
+    assert w["steps"] >= 3 and w["nnz"] == 48 * w["steps"], w
+    assert sparsecar.kernels.topk_count(512, 0.1) != 48
+    for name in ("0.bias", "2.weight"):  # 32 and 128 elements at density 0.05 (2.bias: k = 1 of 4)
+        assert per[name]["density"] < 0.07, (name, per[name])
+    # The daemon shows the override's plan (1 tensor) next to the global one (3 tensors).
+    plans = {p: n for g in _status(job)["groups"] for p, n in g["plans"].items()}
+    assert sorted((n, p.split()[1]) for p, n in plans.items()) == [(1, "density=0.1"), (3, "density=0.05")], plans
+    # The start line: rank 0, once, on stderr.
+    err = capsys.readouterr().err
+    assert err.count("sparsecar: rank 0 of 1: 4 parameter tensors") == 1, err
+    # One node puts nothing on the wire (the ratio needs two: the quick start test checks it).
+    assert s["sparse_iterations"] >= 3 and s["bytes_sent"] == 0 and s["ratio"] is None
+    assert 0 < s["density"] < 0.3 and s["mean_step_s"] > 0 and s["mean_exchange_s"] > 0
+    assert f"6 iterations ({s['sparse_iterations']} through sparsecar)" in hook.summary_line()
+    hook.close()
+
+
+def test_buckets_mode_keeps_one_flat_tensor_per_bucket(group, make_job):
+    job = make_job(nodes=1, daemon_args=["--compression", "off"])
+    model, ref = make_models()
+    hook = sparsecar.torch.register(model, socket=job.sockets[0], tensors="buckets", timeout=20,
+                                    announce=None)
+    for i in range(5):
+        step_and_compare(model, ref, i)
+    assert hook.mode == "sparse" and hook.tensor_names == ["ddp.bucket.0"]
+    hook.close()
+
+
+def test_state_dict_round_trip_continues_steps_layout_and_counters(group, make_job, tmp_path):
+    job = make_job(nodes=1, daemon_args=["--compression", "off"])
+    model, ref = make_models()
+    hook = sparsecar.torch.register(model, socket=job.sockets[0], timeout=20, announce=None)
+    for i in range(6):
+        step_and_compare(model, ref, i)
+    assert hook.mode == "sparse"
+    saved = hook.summary()
+    torch.save({"model": model.state_dict(), "hook": hook.state_dict()}, tmp_path / "ckpt.pt")
+    names = hook.tensor_names
+    hook.close()
+    wait_until_no_client(job)
+
+    # "Restart": a new DDP model and hook, restored before the first backward.
+    ckpt = torch.load(tmp_path / "ckpt.pt")
+    model2, ref2 = make_models()
+    model2.load_state_dict(ckpt["model"])
+    ref2.load_state_dict({k.removeprefix("module."): v for k, v in ckpt["model"].items()})
+    hook2 = sparsecar.torch.register(model2, socket=job.sockets[0], timeout=20, announce=None)
+    hook2.load_state_dict(ckpt["hook"])
+    assert hook2.iteration == 6 and hook2.mode == "warmup"
+    # DDP rebuilds its buckets after this process's first iteration; sparsecar takes over after
+    # 2 dense iterations, with the same tensors in the same order (what a residual checkpoint needs).
+    for i in range(6, 8):
+        step_and_compare(model2, ref2, i)
+    assert hook2.mode == "sparse" and hook2.tensor_names == names
+    for i in range(8, 10):
+        step_and_compare(model2, ref2, i)
+    assert _status(job)["step"] == 9  # the daemon saw the restored step numbers
+    s = hook2.summary()
+    assert s["iterations"] == 10 and s["sparse_iterations"] == saved["sparse_iterations"] + 2
+    assert s["dense_buckets"] > saved["dense_buckets"]
+    hook2.close()
+    wait_until_no_client(job)
+
+    with pytest.raises(RuntimeError, match="before the first backward"):
+        hook2.load_state_dict(ckpt["hook"])
+    model3, _ = make_models()
+    hook3 = sparsecar.torch.register(model3, socket=job.sockets[0], connect_timeout=5, announce=None)
+    with pytest.raises(ValueError, match="version"):
+        hook3.load_state_dict(dict(ckpt["hook"], version=99))
+    with pytest.raises(ValueError, match="tensors="):
+        hook3.load_state_dict(dict(ckpt["hook"], tensors="buckets"))
+    hook3.close()
+
+
+def test_node_values_come_from_sparsecar_or_node_variables_never_rank(monkeypatch):
+    for k in ("SPARSECAR_NODE_RANK", "SPARSECAR_NNODES", "NODE_RANK", "NNODES"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    assert sparsecar.torch.node_rank() is None and sparsecar.torch.nnodes() is None
+    monkeypatch.setenv("NODE_RANK", "1")
+    monkeypatch.setenv("NNODES", "2")
+    assert (sparsecar.torch.node_rank(), sparsecar.torch.nnodes()) == (1, 2)
+    monkeypatch.setenv("SPARSECAR_NODE_RANK", "3")
+    monkeypatch.setenv("SPARSECAR_NNODES", "4")
+    assert (sparsecar.torch.node_rank(), sparsecar.torch.nnodes()) == (3, 4)
+    monkeypatch.setenv("SPARSECAR_NNODES", "four")
+    with pytest.raises(ValueError, match="SPARSECAR_NNODES"):
+        sparsecar.torch.nnodes()
+
+
+def test_agreement_runs_on_the_models_device(group, tmp_path, monkeypatch):
+    """The agreement all-reduce uses a tensor on the parameters' device (under NCCL a CPU tensor
+    fails); on this CPU machine that is the CPU, which gloo serves."""
+    seen = []
+    real = dist.all_reduce
+
+    def spy(t, *a, **k):
+        seen.append(t.device)
+        return real(t, *a, **k)
+    monkeypatch.setattr(dist, "all_reduce", spy)
+    model, _ = make_models()
+    with pytest.warns(RuntimeWarning):
+        hook = sparsecar.torch.register(model, socket=str(tmp_path / "none.sock"), connect_timeout=0.1)
+    assert hook.device == next(model.parameters()).device and seen == [hook.device]
