@@ -335,9 +335,9 @@ def parse(argv):
     p.add_argument("--selector", default="topk")
     p.add_argument("--density", type=float, default=0.005)
     p.add_argument("--threshold", type=float, default=0.001)
-    p.add_argument("--hook-tensors", default="parameters", choices=("parameters", "buckets"),
-                   help="the hook's tensors: one per parameter (default) or one flat tensor per DDP bucket "
-                        "(the layout of the DDP numbers in docs/convergence.md)")
+    p.add_argument("--hook-tensors", default="buckets", choices=("parameters", "buckets"),
+                   help="the hook's tensors: one flat tensor per DDP bucket (default, the layout of the DDP "
+                        "numbers in docs/convergence.md) or one per parameter")
     p.add_argument("--on-error", default="raise", help="the hook's on_error (raise: a benchmark must not fall back silently)")
     p.add_argument("--step-timeout", type=float, default=60.0, help="hook wait per bucket (s)")
     p.add_argument("--daemon-step-timeout", type=float, default=20.0)

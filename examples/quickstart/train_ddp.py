@@ -40,8 +40,10 @@ def main():
         fc1=torch.nn.Linear(32, 64), act=torch.nn.ReLU(), fc2=torch.nn.Linear(64, 4)))
     model = DDP(net)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
+    # tensors="parameters": one sparsecar tensor per parameter, so the quick start's
+    # '*.bias: compression=off' override reaches them (the default is one tensor per DDP bucket).
     hook = sparsecar.torch.register(model, socket=os.environ.get("SPARSECAR_SOCKET"), optimizer=opt,
-                                    on_error="raise")
+                                    on_error="raise", tensors="parameters")
 
     for step in range(args.steps):
         i = (step * 64) % (len(ys) - 64)

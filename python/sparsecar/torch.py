@@ -7,13 +7,17 @@
 
 How it works (torch 1.13 .. 2.x; only public, long-lived hook APIs are used):
 
-* **Sparsecar sees parameters, not buckets.** Each parameter of a DDP bucket is registered as
-  its own sparsecar tensor, under its name from ``model.named_parameters()`` and with its shape
-  (up to 4 dims; more are registered flat), so a config's ``[tensor."layer1.*"]`` overrides and
-  the shaped selectors (``row_topk``, ``channel_topk``, ``head_topk`` ...) apply to DDP jobs as to
-  any trainer. The bucket's buffer holds the parameters' gradients back to back in the order of
-  ``GradBucket.parameters()``; each one is copied into (and back out of) its own slot.
-  ``tensors="buckets"`` keeps the older layout: one flat tensor per bucket (``"<prefix>.<index>"``).
+* **Buckets or parameters.** By default (``tensors="buckets"``) each DDP bucket is one flat
+  sparsecar tensor (``"<prefix>.<index>"``, default prefix ``ddp.bucket``): one top-k over the
+  whole bucket, the layout the convergence evidence (docs/convergence.md) was measured with.
+  With ``tensors="parameters"`` each parameter of a bucket is registered as its own sparsecar
+  tensor, under its name from ``model.named_parameters()`` and with its shape (up to 4 dims; more
+  are registered flat), so a config's ``[tensor."layer1.*"]`` overrides and the shaped selectors
+  (``row_topk``, ``channel_topk``, ``head_topk`` ...) apply to DDP jobs as to any trainer; the
+  bucket's buffer holds the parameters' gradients back to back in the order of
+  ``GradBucket.parameters()`` and each one is copied into (and back out of) its own slot. Top-k
+  per parameter at one global density ended 1 pp less accurate than per bucket on the digits MLP
+  (docs/convergence.md): give layers their own densities when you choose it.
 * **Registered once the bucket layout is stable.** DDP rebuilds its buckets after the first
   iteration (in the order gradients became ready), and sparsecar needs every tensor registered
   before its first step. So the hook runs the first ``dense_iterations`` iterations (default 2, at
@@ -121,7 +125,7 @@ class SparsecarHook:
 
     def __init__(self, socket=None, *, optimizer=None, lr=None, dense_iterations=2,
                  on_error="fallback", timeout=60.0, connect_timeout=10.0, process_group=None,
-                 prefix=None, tensors="parameters", param_names=None, device=None, announce="rank0"):
+                 prefix=None, tensors="buckets", param_names=None, device=None, announce="rank0"):
         if on_error not in ("fallback", "raise"):
             raise ValueError('on_error must be "fallback" or "raise"')
         if tensors not in ("parameters", "buckets"):
@@ -669,15 +673,16 @@ def _on_device(device):
 
 def register(ddp_model, socket=None, *, optimizer=None, lr=None, dense_iterations=2,
              on_error="fallback", timeout=60.0, connect_timeout=10.0, process_group=None,
-             prefix=None, tensors="parameters", announce="rank0"):
+             prefix=None, tensors="buckets", announce="rank0"):
     """Installs the sparsecar communication hook on `ddp_model` and returns its state.
 
     socket: the local daemon's Unix socket (default $SPARSECAR_SOCKET or
         /run/sparsecar/sparsecard.sock). optimizer / lr: where the learning rate sent with each
         step comes from (optimizer.param_groups[0]["lr"], a float, or a callable).
-    tensors: "parameters" (default: one sparsecar tensor per parameter, named as in
-        ddp_model.module.named_parameters(), with its shape) or "buckets" (one flat tensor per
-        DDP bucket, "<prefix>.<index>"). prefix: prepended to the names ("<prefix>.<name>").
+    tensors: "buckets" (default: one flat tensor per DDP bucket, "<prefix>.<index>") or
+        "parameters" (one sparsecar tensor per parameter, named as in
+        ddp_model.module.named_parameters(), with its shape: per-tensor overrides and the shaped
+        selectors apply). prefix: prepended to the names ("<prefix>.<name>" / "<prefix>.<index>").
     dense_iterations: plain all-reduce iterations before switching (>= 2, see the module doc).
     on_error: "fallback" (warn once, plain all-reduce) or "raise".
     announce: "rank0" (one line on stderr from rank 0 when sparsecar takes over), "all" (every

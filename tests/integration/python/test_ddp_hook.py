@@ -182,7 +182,8 @@ def test_parameters_go_by_name_and_shape_and_a_per_tensor_override_reaches_one(g
     job = make_job(nodes=1, daemon_args=["--density", "0.05",
                                          "--tensor-overrides", "0.weight: selector=row_topk, density=0.1"])
     model, ref = make_models()
-    hook = sparsecar.torch.register(model, socket=job.sockets[0], lr=0.1, timeout=20, on_error="raise")
+    hook = sparsecar.torch.register(model, socket=job.sockets[0], lr=0.1, timeout=20, on_error="raise",
+                                    tensors="parameters")
     run_steps(model, ref, 0, 6)
     assert hook.mode == "sparse", hook.failure
     names = [n for n, _ in model.module.named_parameters()]
@@ -224,7 +225,8 @@ def test_buckets_mode_keeps_one_flat_tensor_per_bucket(group, make_job):
 def test_state_dict_round_trip_continues_steps_layout_and_counters(group, make_job, tmp_path):
     job = make_job(nodes=1, daemon_args=["--compression", "off"])
     model, ref = make_models()
-    hook = sparsecar.torch.register(model, socket=job.sockets[0], timeout=20, announce=None)
+    hook = sparsecar.torch.register(model, socket=job.sockets[0], timeout=20, announce=None,
+                                    tensors="parameters")
     for i in range(6):
         step_and_compare(model, ref, i)
     assert hook.mode == "sparse"
@@ -239,7 +241,8 @@ def test_state_dict_round_trip_continues_steps_layout_and_counters(group, make_j
     model2, ref2 = make_models()
     model2.load_state_dict(ckpt["model"])
     ref2.load_state_dict({k.removeprefix("module."): v for k, v in ckpt["model"].items()})
-    hook2 = sparsecar.torch.register(model2, socket=job.sockets[0], timeout=20, announce=None)
+    hook2 = sparsecar.torch.register(model2, socket=job.sockets[0], timeout=20, announce=None,
+                                     tensors="parameters")
     hook2.load_state_dict(ckpt["hook"])
     assert hook2.iteration == 6 and hook2.mode == "warmup"
     # DDP rebuilds its buckets after this process's first iteration; sparsecar takes over after
@@ -259,7 +262,8 @@ def test_state_dict_round_trip_continues_steps_layout_and_counters(group, make_j
     with pytest.raises(RuntimeError, match="before the first backward"):
         hook2.load_state_dict(ckpt["hook"])
     model3, _ = make_models()
-    hook3 = sparsecar.torch.register(model3, socket=job.sockets[0], connect_timeout=5, announce=None)
+    hook3 = sparsecar.torch.register(model3, socket=job.sockets[0], connect_timeout=5, announce=None,
+                                     tensors="parameters")
     with pytest.raises(ValueError, match="version"):
         hook3.load_state_dict(dict(ckpt["hook"], version=99))
     with pytest.raises(ValueError, match="tensors="):
