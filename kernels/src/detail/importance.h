@@ -66,14 +66,15 @@ SC_HOST_DEVICE double tree_sum_chunk(double* v) {
 template <class Term>
 double blocked_tree_sum_level(size_t n, size_t first, size_t span, const Term& term) {
   double v[kTreeWidth];
-  for (size_t j = 0; j < kTreeWidth; ++j) {
-    const size_t start = first + j * span;
-    if (start >= n) {
-      v[j] = 0.0;
-    } else {
-      v[j] = span == 1 ? term(start) : blocked_tree_sum_level(n, start, span / kTreeWidth, term);
+  size_t j = 0;
+  if (span == 1) {
+    for (; j < kTreeWidth && first + j < n; ++j) v[j] = term(first + j);
+  } else {
+    for (; j < kTreeWidth && first + j * span < n; ++j) {
+      v[j] = blocked_tree_sum_level(n, first + j * span, span / kTreeWidth, term);
     }
   }
+  for (; j < kTreeWidth; ++j) v[j] = 0.0;  // past n
   return tree_sum_chunk(v);
 }
 template <class Term>
