@@ -158,7 +158,9 @@ static __global__ void importance_add_kernel(float* residual, const float* grad,
 
 // The selection under the solved c: kept when draw(a, b, i) < importance_keep_threshold(x_i, c);
 // values x_i or (unbiased) importance_unbiased(x_i, t); the residual cleared where written with
-// clear_sent. x is the residual after the error feedback (the stats pass wrote it).
+// clear_sent. x is the residual after the error feedback (the stats pass wrote it). The item is
+// the float alone and t is recomputed where needed (a few float64 operations): the compaction
+// holds kItems items per thread in registers.
 struct ImportanceOp {
   float* residual;
   const ImportanceState* state;
@@ -168,17 +170,16 @@ struct ImportanceOp {
   bool clear_sent;
   struct Item {
     float v;
-    unsigned long long t;
   };
-  __device__ Item load(size_t i) const {
-    const float v = residual[i];
-    return {v, kernels::detail::importance_keep_threshold(v, state->solve.c)};
+  __device__ unsigned long long threshold(float v) const {
+    return kernels::detail::importance_keep_threshold(v, state->solve.c);
   }
+  __device__ Item load(size_t i) const { return {residual[i]}; }
   __device__ bool keep(const Item& it, size_t i) const {
-    return kernels::detail::draw(a, b, static_cast<uint32_t>(i)) < it.t;
+    return kernels::detail::draw(a, b, static_cast<uint32_t>(i)) < threshold(it.v);
   }
   __device__ float value(const Item& it, size_t) const {
-    return unbiased ? kernels::detail::importance_unbiased(it.v, it.t) : it.v;
+    return unbiased ? kernels::detail::importance_unbiased(it.v, threshold(it.v)) : it.v;
   }
   __device__ void store(size_t i, const Item&, bool, bool written) const {
     if (written && clear_sent) residual[i] = 0.0f;
