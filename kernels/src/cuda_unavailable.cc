@@ -49,6 +49,12 @@ Status randblock(const float*, size_t, size_t, double, uint64_t, bool, const Dev
   return unavailable_here("cuda::randblock");
 }
 
+Status ef_importance(float*, const float*, size_t, size_t, uint64_t, bool, bool, const DeviceSelection&, Workspace,
+                     Stream) {
+  return unavailable_here("cuda::ef_importance");
+}
+size_t importance_workspace_bytes(size_t) { return 0; }
+
 size_t structured_workspace_bytes(size_t, size_t) { return 0; }
 size_t select_workspace_bytes(size_t, std::span<const uint64_t>) { return 0; }
 Status ef_block_topk(float*, const float*, size_t, size_t, size_t, GroupNorm, bool, const DeviceSelection&, Workspace,

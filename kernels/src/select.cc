@@ -11,6 +11,7 @@
 #include <string>
 
 #include "detail/cpu.h"
+#include "detail/importance.h"
 #include "detail/topk.h"
 #include "sparsecar/common/log.h"
 #include "sparsecar/kernels/parallel.h"
@@ -628,11 +629,7 @@ constexpr double kTwo32 = 4294967296.0;
 
 }  // namespace
 
-uint64_t random_keep_threshold(double p) {
-  if (!(p > 0.0)) return 0;
-  if (p >= 1.0) return uint64_t{1} << 32;
-  return static_cast<uint64_t>(std::ceil(p * kTwo32));
-}
+uint64_t random_keep_threshold(double p) { return detail::keep_threshold(p); }
 
 size_t randomk_select(std::span<const float> x, double p, uint64_t seed, bool unbiased,
                       uint32_t* out_index, float* out_value, size_t capacity) {
@@ -662,42 +659,20 @@ size_t randomk_select(std::span<const float> x, double p, uint64_t seed, bool un
 }
 
 double importance_scale(std::span<const float> x, size_t k) {
-  // Non-finite elements always go (p = 1); c solves sum_i min(1, c |x_i|) = k over the rest by
-  // a fixed point from below: c <- (k - capped) / (sum of the uncapped |x_i|).
-  size_t nonfinite = 0;
-  size_t nonzero = 0;
-  double sum = 0.0;
-  for (const float v : x) {
-    const double a = std::fabs(static_cast<double>(v));
-    if (!std::isfinite(a)) {
-      ++nonfinite;
-    } else if (a > 0.0) {
-      ++nonzero;
-      sum += a;
-    }
+  // Every sum in the blocked tree order of detail/importance.h, which the CUDA kernels repeat.
+  const size_t n = x.size();
+  uint64_t nonfinite = 0;
+  uint64_t nonzero = 0;
+  const double sum =
+      detail::blocked_tree_sum(n, [&](size_t i) { return detail::importance_stats_term(x[i], nonfinite, nonzero); });
+  detail::ImportanceSolve solve = detail::importance_start(k, nonfinite, nonzero, sum);
+  for (int round = 0; round < detail::kImportanceRounds && !solve.done; ++round) {
+    uint64_t capped = 0;
+    const double uncapped =
+        detail::blocked_tree_sum(n, [&](size_t i) { return detail::importance_round_term(x[i], solve.c, capped); });
+    detail::importance_round(solve, round, nonfinite + capped, uncapped);
   }
-  if (k >= nonfinite + nonzero) return std::numeric_limits<double>::infinity();
-  if (k <= nonfinite) return 0.0;
-  double c = static_cast<double>(k - nonfinite) / sum;
-  size_t capped_before = nonfinite;
-  for (int round = 0; round < 8; ++round) {
-    size_t capped = nonfinite;
-    double uncapped = 0.0;
-    for (const float v : x) {
-      const double a = std::fabs(static_cast<double>(v));
-      if (!std::isfinite(a)) continue;
-      if (c * a >= 1.0) {
-        ++capped;
-      } else {
-        uncapped += a;
-      }
-    }
-    if (capped == capped_before && round > 0) break;
-    capped_before = capped;
-    if (capped >= k || !(uncapped > 0.0)) break;
-    c = std::max(c, static_cast<double>(k - capped) / uncapped);
-  }
-  return c;
+  return solve.c;
 }
 
 size_t importance_select(std::span<const float> x, size_t k, uint64_t seed, bool unbiased,
@@ -713,21 +688,11 @@ size_t importance_select(std::span<const float> x, size_t k, uint64_t seed, bool
   const auto b = static_cast<uint32_t>(mixed >> 32);
   size_t count = 0;
   for (size_t i = 0; i < n; ++i) {
-    const double mag = std::fabs(static_cast<double>(x[i]));
-    uint64_t t;
-    if (!std::isfinite(mag)) {
-      t = uint64_t{1} << 32;  // NaN, +-inf: always sent
-    } else if (mag == 0.0) {
-      t = 0;
-    } else {
-      t = random_keep_threshold(std::isinf(c) ? 1.0 : c * mag);
-    }
+    const uint64_t t = detail::importance_keep_threshold(x[i], c);
     if (detail::draw(a, b, static_cast<uint32_t>(i)) < t) {
       if (count < capacity) {
         out_index[count] = static_cast<uint32_t>(i);
-        out_value[count] =
-            unbiased ? static_cast<float>(static_cast<double>(x[i]) * kTwo32 / static_cast<double>(t))
-                     : x[i];
+        out_value[count] = unbiased ? detail::importance_unbiased(x[i], t) : x[i];
       }
       ++count;
     }

@@ -660,6 +660,11 @@ Status head_topk_row(const SelectArgs& a) {
   return ef_head_topk(a.residual, a.grad, a.n, a.shape[0], heads, groups_kept(heads, a), a.params->group_norm,
                       a.clear_sent, a.out, a.ws, a.stream);
 }
+Status importance_row(const SelectArgs& a) {
+  SC_RETURN_IF_ERROR(params_ok(a));
+  return ef_importance(a.residual, a.grad, a.n, topk_count(a.n, a.params->density), a.params->seed, a.unbiased,
+                       a.clear_sent, a.out, a.ws, a.stream);
+}
 Status randomk_row(const SelectArgs& a) { return random_row(a, 1); }
 Status randblock_row(const SelectArgs& a) { return random_row(a, a.params->block_size); }
 
@@ -673,6 +678,7 @@ constexpr Row kRows[] = {
     {Selector::kTopkApprox, topk_approx_row},
     {Selector::kPercentile, percentile_row},
     {Selector::kRandomk, randomk_row},
+    {Selector::kImportance, importance_row},
     {Selector::kRandblock, randblock_row},
     {Selector::kBlockTopk, block_topk_row},
     {Selector::kRowTopk, row_topk_row},

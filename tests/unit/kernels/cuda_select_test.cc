@@ -444,6 +444,89 @@ TEST(CudaSelect, RandomSelectorsEqualCpu) {
   }
 }
 
+// Importance sampling: c from the fixed point in the blocked tree order (detail/importance.h),
+// then the CPU's draws. CPU: ef_accumulate (with grad), importance_select, clear_selected (with
+// grad: error feedback clears what it sent). Sizes around the tree's chunk (1024) and level
+// (1024^2) boundaries; k from none to more than the non-zeros (c = +inf).
+TEST(CudaSelect, EfImportanceEqualsCpu) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(17);
+  std::vector<size_t> ns = {0, 1, 1023, 1025, 100003, (size_t{1} << 20) + 7};
+  const size_t max_n = sizes().empty() ? 0 : sizes().back();  // SPARSECAR_GPU_TEST_MAX_N
+  std::erase_if(ns, [&](size_t n) { return n > max_n; });
+  for (size_t n : ns) {
+    for (Data kind : kKinds) {
+      for (bool with_grad : {true, false}) {
+        const auto r0 = make_data(n, kind, rng);
+        const auto g = make_data(n, kind, rng);
+        for (size_t k : {size_t{0}, size_t{1}, n / 100 + 1, n / 3, n + 5}) {
+          for (bool unbiased : {false, true}) {
+            const uint64_t seed = derive_seed(7, 2, n + k);
+            std::vector<float> ref_r = r0;
+            if (with_grad) ef_accumulate(ref_r, g);
+            std::vector<uint32_t> ref_index(n + 1);
+            std::vector<float> ref_value(n + 1);
+            const size_t ref_count =
+                importance_select(ref_r, k, seed, unbiased, ref_index.data(), ref_value.data(), n);
+            if (with_grad) clear_selected(ref_r, std::span<const uint32_t>(ref_index.data(), ref_count));
+
+            GpuRun run(n, n, cu::importance_workspace_bytes(n));
+            run.residual.upload(r0);
+            run.grad.upload(g);
+            const Status st = cu::ef_importance(run.residual.get(), with_grad ? run.grad.get() : nullptr, n, k, seed,
+                                                unbiased, with_grad, run.out(), run.workspace(), nullptr);
+            const std::string what = "importance n=" + std::to_string(n) + " k=" + std::to_string(k) + " " +
+                                     name_of(kind) + (with_grad ? " ef" : " plain") +
+                                     (unbiased ? " unbiased" : "");
+            ASSERT_TRUE(st.ok()) << what << ": " << st.to_string();
+            const uint64_t count = run.fetch_count();
+            expect_same(what, ref_index, ref_value, ref_count, run.index.download(n), run.value.download(n), count,
+                        std::min<size_t>(count, n));
+            expect_same_floats(what + " residual", run.residual.download(n), ref_r);
+          }
+        }
+      }
+    }
+  }
+}
+
+// A capacity below the count: the first pairs, the count of all, and (error feedback) only the
+// written ones cleared.
+TEST(CudaSelect, EfImportanceOverCapacityKeepsTheRestInTheResidual) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(18);
+  const size_t n = 100003;
+  const size_t k = 5000;
+  const size_t capacity = 1000;
+  const auto r0 = make_data(n, Data::kSpecials, rng);
+  const auto g = make_data(n, Data::kNormal, rng);
+  std::vector<float> ref_r = r0;
+  ef_accumulate(ref_r, g);
+  std::vector<uint32_t> ref_index(capacity);
+  std::vector<float> ref_value(capacity);
+  const size_t ref_count = importance_select(ref_r, k, 99, false, ref_index.data(), ref_value.data(), capacity);
+  ASSERT_GT(ref_count, capacity);
+  clear_selected(ref_r, std::span<const uint32_t>(ref_index.data(), capacity));
+  GpuRun run(n, capacity, cu::importance_workspace_bytes(n));
+  run.residual.upload(r0);
+  run.grad.upload(g);
+  ASSERT_TRUE(cu::ef_importance(run.residual.get(), run.grad.get(), n, k, 99, false, true, run.out(), run.workspace(),
+                                nullptr)
+                  .ok());
+  expect_same("importance capacity 1000", ref_index, ref_value, ref_count, run.index.download(capacity),
+              run.value.download(capacity), run.fetch_count(), capacity);
+  expect_same_floats("importance capacity 1000 residual", run.residual.download(n), ref_r);
+}
+
+// The registry rows get select_workspace_bytes(n, shape): importance must fit in it. Host-side
+// size queries only, so this runs without a GPU too (the stub's sizes are 0).
+TEST(CudaSelect, ImportanceWorkspaceFitsTheSelectWorkspace) {
+  for (size_t n : {size_t{0}, size_t{1}, size_t{1025}, size_t{100003}, (size_t{1} << 20) + 7, size_t{1} << 30,
+                   size_t{std::numeric_limits<uint32_t>::max()}}) {
+    EXPECT_LE(cu::importance_workspace_bytes(n), cu::select_workspace_bytes(n)) << n;
+  }
+}
+
 // ---- structured selections -------------------------------------------------------------------
 
 // CPU: ef_accumulate (with grad), the structured function, clear_selected; the GPU function runs
@@ -731,7 +814,7 @@ TEST(CudaSelect, RegistryRowsEqualTheirCpuRows) {
   std::string names;
   for (const auto& name : with_cuda) names += name + " ";
   std::printf("selectors with a CUDA function: %s\n", names.c_str());
-  EXPECT_GE(with_cuda.size(), 11u) << names;
+  EXPECT_GE(with_cuda.size(), 12u) << names;
 }
 
 // Above 2^31 bytes per array: 64-bit offsets everywhere (indices stay uint32).
@@ -769,6 +852,7 @@ TEST(CudaSelect, BadArgumentsQueueNothing) {
   if (!cu::built()) {
     float x = 0;
     EXPECT_EQ(cu::ef_threshold(&x, nullptr, 1, 1.0f, false, {}, {}, nullptr).code(), Code::kUnavailable);
+    EXPECT_EQ(cu::ef_importance(&x, nullptr, 1, 1, 1, false, false, {}, {}, nullptr).code(), Code::kUnavailable);
     return;
   }
   SKIP_WITHOUT_GPU();
@@ -789,6 +873,13 @@ TEST(CudaSelect, BadArgumentsQueueNothing) {
   EXPECT_EQ(cu::randblock(run.residual.get(), 100, 1, 0.5, 1, false, run.out(), run.workspace(), nullptr).code(),
             Code::kInvalidArgument);
   EXPECT_EQ(cu::ef_threshold(nullptr, nullptr, 100, 1.0f, false, run.out(), run.workspace(), nullptr).code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(cu::ef_importance(run.residual.get(), nullptr, 100, 5, 1, false, false, no_count, run.workspace(), nullptr)
+                .code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(cu::ef_importance(run.residual.get(), nullptr, 100, 5, 1, false, false, run.out(), {run.ws.get(), 16},
+                              nullptr)
+                .code(),
             Code::kInvalidArgument);
 }
 

@@ -5,10 +5,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
+#include <random>
 #include <set>
 #include <vector>
 
+#include "kernels/src/detail/importance.h"
 #include "kernels/src/detail/topk.h"
 #include "sparsecar/kernels/select.h"
 #include "tests/unit/kernels/test_util.h"
@@ -267,6 +270,106 @@ TEST(kernelsRandom, ImportanceAlwaysSendsNonFinite) {
     std::set<uint32_t> got(index.begin(), index.begin() + static_cast<std::ptrdiff_t>(c));
     EXPECT_TRUE(got.count(3) && got.count(9));
   }
+}
+
+// ---- the blocked tree order of importance sampling's sums (detail/importance.h) ----------------
+
+// The documented order written out level by level (an independent form of the recursion):
+// chunks of 1024 terms by the pairwise tree, padded with zeros, then the chunk sums likewise.
+double level_by_level_tree_sum(std::vector<double> level) {
+  do {
+    std::vector<double> next;
+    for (size_t first = 0; first < std::max<size_t>(level.size(), 1); first += 1024) {
+      std::vector<double> v(1024, 0.0);
+      for (size_t j = 0; j < 1024 && first + j < level.size(); ++j) v[j] = level[first + j];
+      for (size_t s = 512; s >= 1; s /= 2) {
+        for (size_t i = 0; i < s; ++i) v[i] += v[i + s];
+      }
+      next.push_back(v[0]);
+    }
+    level = std::move(next);
+  } while (level.size() > 1);
+  return level[0];
+}
+
+TEST(kernelsRandom, BlockedTreeSumIsTheDocumentedOrderAndAccurate) {
+  std::mt19937_64 rng(21);
+  // Terms spread over 40 binades, so the order shows in the low bits.
+  std::uniform_real_distribution<double> exponent(-20.0, 20.0);
+  for (size_t n : {size_t{0}, size_t{1}, size_t{2}, size_t{1023}, size_t{1024}, size_t{1025}, size_t{100003},
+                   (size_t{1} << 20), (size_t{1} << 20) + 7}) {
+    std::vector<double> terms(n);
+    for (double& t : terms) t = std::exp2(exponent(rng));
+    const double tree = detail::blocked_tree_sum(n, [&](size_t i) { return terms[i]; });
+    EXPECT_EQ(tree, level_by_level_tree_sum(terms)) << "n=" << n;  // bit for bit
+    long double plain = 0;
+    for (double t : terms) plain += t;
+    // 10 additions per level of 1024, rounding at most 2^-53 of the partial sum each.
+    const int levels = n <= 1024 ? 1 : (n <= (size_t{1} << 20) ? 2 : 3);
+    const long double bound = 10.0L * levels * std::ldexp(1.0L, -53) * plain;
+    EXPECT_LE(std::fabs(static_cast<long double>(tree) - plain), bound) << "n=" << n;
+  }
+}
+
+// c against a float64 solve of sum_i min(1, c |x_i|) = k by bisection (non-finite p = 1, zeros
+// 0): the fixed point from below must land on the root.
+double bisect_scale(const std::vector<float>& x, size_t k) {
+  auto expected = [&](double c) {
+    long double e = 0;
+    for (float v : x) {
+      const double a = std::fabs(static_cast<double>(v));
+      e += std::isfinite(a) ? std::min(1.0, c * a) : 1.0;
+    }
+    return e;
+  };
+  double lo = 0.0;
+  double hi = 1.0;
+  while (expected(hi) < static_cast<long double>(k)) hi *= 2.0;
+  for (int i = 0; i < 200; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    (expected(mid) < static_cast<long double>(k) ? lo : hi) = mid;
+  }
+  return hi;
+}
+
+TEST(kernelsRandom, ImportanceScaleMatchesAFloat64Solve) {
+  for (size_t n : {size_t{1025}, size_t{100003}}) {
+    auto x = testing::normal_floats(n, 22);
+    x[3] = std::numeric_limits<float>::quiet_NaN();
+    x[4] = -std::numeric_limits<float>::infinity();
+    x[5] = 0.0f;
+    x[6] = -0.0f;
+    x[7] = 300.0f;  // capped
+    x[8] = std::numeric_limits<float>::denorm_min();
+    for (size_t k : {size_t{3}, size_t{10}, n / 100, n / 4}) {
+      const double c = importance_scale(x, k);
+      const double want = bisect_scale(x, k);
+      EXPECT_NEAR(c, want, 1e-9 * want) << "n=" << n << " k=" << k;
+    }
+  }
+}
+
+// With nothing capped, c is k over the blocked tree sum of |x|, exactly (the order is the
+// reference's, not merely close to it).
+TEST(kernelsRandom, ImportanceScaleUsesTheBlockedTreeSum) {
+  const auto x = testing::normal_floats(100003, 23);
+  std::vector<double> mags(x.size());
+  for (size_t i = 0; i < x.size(); ++i) mags[i] = std::fabs(static_cast<double>(x[i]));
+  const size_t k = 10;  // c ~ 1e-4: every c |x_i| far below 1
+  EXPECT_EQ(importance_scale(x, k), static_cast<double>(k) / level_by_level_tree_sum(mags));
+}
+
+TEST(kernelsRandom, ImportanceScaleEarlyExits) {
+  std::vector<float> x(100, 0.0f);
+  x[1] = std::numeric_limits<float>::quiet_NaN();
+  x[2] = std::numeric_limits<float>::infinity();
+  x[3] = 1.0f;
+  x[4] = 2.0f;
+  EXPECT_EQ(importance_scale(x, 1), 0.0);  // the non-finite fill k
+  EXPECT_EQ(importance_scale(x, 2), 0.0);
+  EXPECT_EQ(importance_scale(x, 3), 1.0 / 3.0);  // (3 - 2) / (1 + 2), and 2 c = 2/3 < 1: settled
+  EXPECT_TRUE(std::isinf(importance_scale(x, 4)));     // every non-zero kept
+  EXPECT_TRUE(std::isinf(importance_scale({}, 1)));
 }
 
 }  // namespace

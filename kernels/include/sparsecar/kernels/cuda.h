@@ -127,6 +127,20 @@ Status randomk(const float* x, size_t n, double p, uint64_t seed, bool unbiased,
 Status randblock(const float* x, size_t n, size_t block, double p, uint64_t seed, bool unbiased,
                  const DeviceSelection& out, Workspace ws, Stream stream);
 
+// Importance sampling fused with error feedback: residual += grad (grad may be null); then i is
+// kept when random_draw(seed, i) < the threshold of p_i = min(1, c |residual_i|) (NaN and +-inf
+// always, zeros never), c solved so that k are expected; values residual_i, or residual_i / p_i
+// with unbiased; residual zeroed where written with clear_sent. c comes from the CPU's fixed
+// point (up to 8 rounds) with every float64 sum in its blocked tree order (detail/importance.h),
+// so the draws, the set and the values are the CPU's; the rounds after the fixed point settles
+// are skipped on the device. Workspace: importance_workspace_bytes(n), which is at most
+// select_workspace_bytes(n). Any capacity (the count is random; pairs past it are not written).
+// CPU: ef_accumulate, importance_select, clear_selected.
+Status ef_importance(float* residual, const float* grad, size_t n, size_t k, uint64_t seed, bool unbiased,
+                     bool clear_sent, const DeviceSelection& out, Workspace ws, Stream stream);
+// Workspace bytes of ef_importance for n elements (about n / 128 + n / 512 bytes and 1 KiB).
+size_t importance_workspace_bytes(size_t n);
+
 // ---- structured selections (structured.h) -----------------------------------------------------
 // The `keep` best groups of elements (capped at the number of groups), every element of a kept
 // group written, zeros included; fused with error feedback as ef_topk: residual += grad (grad
@@ -197,7 +211,7 @@ using SelectFn = Status (*)(const SelectArgs& args);
 size_t select_workspace_bytes(size_t n, std::span<const uint64_t> shape);
 
 // The CUDA function of selector `s`, or null (that selector runs on the CPU only, so far: the
-// importance, periodic-mask and hybrid rows).
+// periodic-mask and hybrid rows).
 SelectFn find_select(Selector s);
 
 }  // namespace sparsecar::kernels::cuda

@@ -113,7 +113,10 @@ size_t randomk_select(std::span<const float> x, double p, uint64_t seed, bool un
 
 // Importance sampling: keeps i with probability p_i = min(1, c |x_i|) where c is solved (a
 // fixed point over the capped elements, float64, at most 8 passes) so that sum p_i = k; NaN
-// and +-inf have p_i = 1, zeros 0. unbiased = true writes x_i / p_i; false writes x_i (for
+// and +-inf have p_i = 1, zeros 0. Every float64 sum of |x_i| is taken in a fixed blocked
+// tree order (chunks of 1024 by a pairwise tree, then the chunk sums the same way:
+// kernels/src/detail/importance.h), so c depends only on x and k, and the CUDA backend
+// (cuda::ef_importance) reproduces it bit for bit. unbiased = true writes x_i / p_i; false writes x_i (for
 // error feedback, as randomk_select). Draws as randomk_select: random_draw(seed, i) < p_i 2^32.
 // Returns the match count, writes min(count, capacity) pairs in index order. The expected count
 // is k (when at least k elements are non-zero).
@@ -121,7 +124,8 @@ size_t importance_select(std::span<const float> x, size_t k, uint64_t seed, bool
                          uint32_t* out_index, float* out_value, size_t capacity);
 
 // The c of importance_select for x and k (exposed for tests): sum_i min(1, c |x_i|) == k up
-// to rounding; +inf when fewer than k elements are non-zero.
+// to rounding (when the fixed point settles within its 8 rounds); +inf when no more than k
+// elements are non-zero, 0 when the non-finite ones alone fill k.
 double importance_scale(std::span<const float> x, size_t k);
 
 // All i with |x_i| >= lambda, in increasing index order (NaNs match, see above). A lambda that is

@@ -15,6 +15,8 @@
 //   decision.
 // Every kernel may be gated by a device flag (`gate`): it returns at once unless *gate != 0, so
 // a data-dependent path (approximate top-k's exact fallback) needs no host round trip.
+// The non-template kernels are `static`: select.cu and importance.cu both include this header, and
+// an external __global__ defined in both would define its host stub twice (link error).
 #pragma once
 
 #include <cuda/atomic>
@@ -134,7 +136,7 @@ __global__ void __launch_bounds__(kThreads) radix_hist_kernel(Keys keys, size_t 
 // is a candidate. With `with_lambda` (approximate top-k) the bound is also at most lambda_key,
 // so the candidates hold every key the threshold keeps. A rank past the sample leaves bound 0
 // (every element: the candidates overflow unless n is small). One block of kFindThreads.
-__global__ void __launch_bounds__(kFindThreads) bracket_kernel(SelectState* state, const unsigned* hist,
+static __global__ void __launch_bounds__(kFindThreads) bracket_kernel(SelectState* state, const unsigned* hist,
                                                                unsigned long long rank_lo, bool with_lambda) {
   using Scan = cub::BlockScan<unsigned long long, kFindThreads>;
   __shared__ typename Scan::TempStorage temp;
@@ -225,7 +227,7 @@ struct CandTopkOp {
 
 // After the candidate pass, exact top-k: the candidates hold the top k when they did not
 // overflow and number at least k; else the tensor's radix select runs.
-__global__ void topk_decide_kernel(SelectState* state, unsigned long long cand_capacity) {
+static __global__ void topk_decide_kernel(SelectState* state, unsigned long long cand_capacity) {
   const unsigned long long count = state->band.candidates;
   const bool cand = count <= cand_capacity && count >= state->band.k;
   state->exact = 1u;
@@ -237,7 +239,7 @@ __global__ void topk_decide_kernel(SelectState* state, unsigned long long cand_c
 
 // Keys >= lambda_key among the candidates (approximate top-k; meaningful when they did not
 // overflow).
-__global__ void __launch_bounds__(kThreads) cand_count_kernel(const float* value, size_t cap, SelectState* state) {
+static __global__ void __launch_bounds__(kThreads) cand_count_kernel(const float* value, size_t cap, SelectState* state) {
   using Reduce = cub::BlockReduce<unsigned long long, kThreads>;
   __shared__ typename Reduce::TempStorage temp;
   const size_t n = state->band.candidates < cap ? state->band.candidates : cap;
@@ -255,7 +257,7 @@ __global__ void __launch_bounds__(kThreads) cand_count_kernel(const float* value
 // lambda_key) hold every key the threshold keeps, so when they did not overflow the count is
 // exact: the threshold, else the candidates' top-k (when at least k), else the tensor's. When
 // they overflowed, the tensor is counted again (full path, approx_full_decide_kernel).
-__global__ void approx_decide_kernel(SelectState* state, unsigned long long cand_capacity, double low, double high,
+static __global__ void approx_decide_kernel(SelectState* state, unsigned long long cand_capacity, double low, double high,
                                      unsigned long long capacity) {
   const unsigned long long count = state->band.candidates;
   const unsigned long long lc = state->lambda_count;
@@ -315,7 +317,7 @@ __global__ void __launch_bounds__(kThreads) filter_kernel(Keys keys, size_t n, R
 // digit it sets kth, ties_total, need and (when every tie is kept) cut = n.
 // cand_capacity: after digit 0, digits 1 and 2 run over the candidates when the bin's count fits
 // (0: always over the tensor).
-__global__ void __launch_bounds__(kFindThreads) radix_find_kernel(RadixState* state, const unsigned* hist, int d,
+static __global__ void __launch_bounds__(kFindThreads) radix_find_kernel(RadixState* state, const unsigned* hist, int d,
                                                                   size_t n, size_t cand_capacity, const unsigned* gate) {
   if (gated_off(gate)) return;
   using Scan = cub::BlockScan<unsigned long long, kFindThreads>;
@@ -722,7 +724,7 @@ struct RandomOp {
 // ---- small kernels ---------------------------------------------------------------------------
 
 // Keys of the stratified sample of x (+ add), as the CPU's sample_keys.
-__global__ void sample_kernel(const float* x, const float* add, size_t n, size_t s, uint32_t* keys) {
+static __global__ void sample_kernel(const float* x, const float* add, size_t n, size_t s, uint32_t* keys) {
   const size_t j = blockIdx.x * size_t{blockDim.x} + threadIdx.x;
   if (j >= s) return;
   const uint64_t mixed = kernels::detail::splitmix64(kernels::detail::kSampleSeed);
@@ -733,14 +735,14 @@ __global__ void sample_kernel(const float* x, const float* add, size_t n, size_t
 
 // lambda_key from the sample's radix select: the key found, +inf's key for a NaN key (the
 // CPU's magnitude_quantile returns +inf then).
-__global__ void lambda_from_sample_kernel(SelectState* state) {
+static __global__ void lambda_from_sample_kernel(SelectState* state) {
   const unsigned key = state->sample.kth;
   state->lambda_key = key >= kernels::detail::kNanKey ? 0x7f800000u : key;
 }
 
 // Approximate top-k's fallback when the candidates overflowed: the count of the tensor's keys
 // >= lambda_key (the residual already holds the sum), then the CPU's decision.
-__global__ void __launch_bounds__(kThreads) lambda_count_kernel(const float* x, size_t n, SelectState* state,
+static __global__ void __launch_bounds__(kThreads) lambda_count_kernel(const float* x, size_t n, SelectState* state,
                                                                 const unsigned* gate) {
   if (gated_off(gate)) return;
   using Reduce = cub::BlockReduce<unsigned long long, kThreads>;
@@ -754,7 +756,7 @@ __global__ void __launch_bounds__(kThreads) lambda_count_kernel(const float* x, 
   if (threadIdx.x == 0 && total != 0) atomicAdd(&state->lambda_count, total);
 }
 
-__global__ void approx_full_decide_kernel(SelectState* state, double low, double high, unsigned long long capacity) {
+static __global__ void approx_full_decide_kernel(SelectState* state, double low, double high, unsigned long long capacity) {
   if (state->full == 0) return;
   const unsigned long long count = state->lambda_count;
   const double c = static_cast<double>(count);
