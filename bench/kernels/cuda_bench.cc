@@ -258,6 +258,10 @@ int main(int argc, char** argv) {
                     CHECK_OK(cu::ef_percentile(b.residual[s], b.grad[s], n, 1.0 - density, true, out, ws, nullptr));
                   }),
                   12.0 * N + pairs});
+  rows.push_back({"ef_importance (fused EF)", time_ms(reps, reset, [&](int s) {
+                    CHECK_OK(cu::ef_importance(b.residual[s], b.grad[s], n, k, 7, false, true, out, ws, nullptr));
+                  }),
+                  12.0 * N + pairs});
   rows.push_back({"randomk", time_ms(reps, no_reset, [&](int s) {
                     CHECK_OK(cu::randomk(b.pristine[s], n, density, 7, false, out, ws, nullptr));
                   }),
