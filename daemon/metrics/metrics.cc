@@ -215,8 +215,7 @@ Expected<std::unique_ptr<Metrics>> Metrics::create(const std::string& listen, co
   // Every family from its catalogue row (catalogue.h): name, type and help are written only there.
   auto row = [](std::string_view name, MetricType type) -> const MetricSpec& {
     const MetricSpec* spec = find_metric(name);
-    SC_CHECK(spec != nullptr && spec->type == type, "metric '%.*s' is not in the catalogue as that type",
-             static_cast<int>(name.size()), name.data());
+    SC_CHECK(spec != nullptr && spec->type == type, "metric '{}' is not in the catalogue as that type", name);
     return *spec;
   };
   auto full_name = [](const MetricSpec& m) { return std::string(kMetricPrefix) + std::string(m.name); };
@@ -274,7 +273,7 @@ Expected<std::unique_ptr<Metrics>> Metrics::create(const std::string& listen, co
       return unavailable("cannot serve metrics on '" + listen + "': " + e.what());
     }
     auto ports = metrics->listening_ports();
-    SC_LOG_INFO("metrics on http://%s/metrics (port %u)", listen.c_str(), ports.empty() ? 0u : unsigned{ports[0]});
+    SC_LOG_INFO("metrics on http://{}/metrics (port {})", listen, ports.empty() ? 0u : unsigned{ports[0]});
   }
   return metrics;
 }
