@@ -123,6 +123,8 @@ def main():
                     files += 1
     for p in problems:
         print(p)
+    if problems:
+        print('scripts/printf-to-fmt FILE... rewrites such calls (review the diff, then build)')
     print(f'printf_format_lint: {files} files, {len(problems)} problem(s)', file=sys.stderr)
     return 1 if problems else 0
 
