@@ -95,6 +95,12 @@ spdlog::logger& logger() {
   return *instance;
 }
 
+// Built during static initialisation rather than at the first line: a process that first logs
+// when it is out of file descriptors (the rendezvous' "out of file descriptors" line) then only
+// formats and writes. Under UBSan this matters too: its vptr check of the logger's freshly made
+// shared_ptrs reads memory through a pipe(2) and reports "invalid vptr" when none can be opened.
+[[maybe_unused]] spdlog::logger& g_built_at_startup = logger();
+
 }  // namespace
 
 void set_log_level(LogLevel level) { g_level.store(static_cast<int>(level)); }
