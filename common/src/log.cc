@@ -64,11 +64,14 @@ class LevelAndTagFlag final : public spdlog::custom_flag_formatter {
 };
 
 // stderr, one write(2) per line; the base sink's mutex guards the formatter's cached state.
+std::atomic<bool> g_rehearsal{false};  // true while the startup line below is formatted, not written
+
 class StderrWriteSink final : public spdlog::sinks::base_sink<std::mutex> {
  protected:
   void sink_it_(const spdlog::details::log_msg& msg) override {
     spdlog::memory_buf_t line;
     formatter_->format(msg, line);
+    if (g_rehearsal.load(std::memory_order_relaxed)) return;
     const char* p = line.data();
     size_t left = line.size();
     while (left > 0) {  // a pipe may take a long line in parts
@@ -99,7 +102,17 @@ spdlog::logger& logger() {
 // when it is out of file descriptors (the rendezvous' "out of file descriptors" line) then only
 // formats and writes. Under UBSan this matters too: its vptr check of the logger's freshly made
 // shared_ptrs reads memory through a pipe(2) and reports "invalid vptr" when none can be opened.
-[[maybe_unused]] spdlog::logger& g_built_at_startup = logger();
+// It also formats one line without writing it, through every step a real line takes: UBSan
+// caches the dynamic types it has verified, so its first checks happen here and not when logging
+// in a process out of descriptors.
+[[maybe_unused]] const bool g_ready_at_startup = [] {
+  spdlog::logger& l = logger();
+  g_rehearsal.store(true);
+  l.log(spdlog::source_loc{__FILE__, __LINE__, ""}, spdlog::level::info,
+        fmt::format("{} {:.3f} {:016x}", "rehearsal", 1.0, 1u));
+  g_rehearsal.store(false);
+  return true;
+}();
 
 }  // namespace
 

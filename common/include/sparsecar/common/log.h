@@ -15,6 +15,12 @@
 // (ctest unit.printf_format_lint) rejects them in SC_LOG_*, SC_CHECK and fmt::format calls.
 #pragma once
 
+// fmt header-only: the binaries need no libfmt.so, and the copies of these sources compiled into
+// other modules (python/ through CMake or setup.py, the extension built by hand on the GPU machine)
+// link without it. spdlog is header-only too (log.cc).
+#ifndef FMT_HEADER_ONLY
+#define FMT_HEADER_ONLY
+#endif
 #include <fmt/core.h>
 
 #include <string>
