@@ -86,8 +86,8 @@ Expected<std::unique_ptr<Daemon>> Daemon::start(const Config& config) {
   auto key = auth::load_job_key(config.job_secret_file);
   if (!key.ok()) return key.status().with_context("reading job_secret_file");
   if (key->open && config.world_size > 1) {
-    SC_LOG_WARN("the job is open: any host that reaches the coordinator port (%s) can join; set job_secret_file",
-                config.coordinator.c_str());
+    SC_LOG_WARN("the job is open: any host that reaches the coordinator port ({}) can join; set job_secret_file",
+                config.coordinator);
   }
 
   if (config.world_size > 1) {
@@ -102,8 +102,8 @@ Expected<std::unique_ptr<Daemon>> Daemon::start(const Config& config) {
     t.key = *key;
     t.accept_replacements = config.accept_replacements;
     t.clock = &clock;
-    SC_LOG_INFO("rank %u of %u: joining the job through %s", config.rank, config.world_size,
-                config.coordinator.c_str());
+    SC_LOG_INFO("rank {} of {}: joining the job through {}", config.rank, config.world_size,
+                config.coordinator);
     auto transport = UcxTransport::start(t, parts->mailbox.get());
     if (!transport.ok()) return transport.status().with_context("joining the job");
     parts->transport = std::move(transport).value();
@@ -116,7 +116,7 @@ Expected<std::unique_ptr<Daemon>> Daemon::start(const Config& config) {
       auto faults = parse_fault_spec(spec);
       if (!faults.ok()) return faults.status();
       SC_LOG_WARN("SPARSECAR_TEST_FAULTS is set: this daemon drops, corrupts, duplicates, delays and reorders "
-                  "its messages on purpose (%s); never use it outside tests", spec);
+                  "its messages on purpose ({}); never use it outside tests", spec);
       parts->faults = std::make_unique<FaultyTransport>(parts->transport.get(), *faults, clock);
       parts->net = parts->faults.get();
     }
@@ -139,7 +139,7 @@ Expected<std::unique_ptr<Daemon>> Daemon::start(const Config& config) {
       if (runner == nullptr) return;  // only rank 0 runs controllers
       auto o = parse_observation(std::string_view(reinterpret_cast<const char*>(payload.data()), payload.size()));
       if (!o.ok()) {
-        SC_LOG_WARN("bad observation from rank %u: %s", peer, o.status().to_string().c_str());
+        SC_LOG_WARN("bad observation from rank {}: {}", peer, o.status().to_string());
         return;
       }
       o->rank = peer;  // the transport knows who sent it
@@ -189,7 +189,7 @@ Expected<std::unique_ptr<Daemon>> Daemon::start(const Config& config) {
   const std::string endpoint = resolved_control_endpoint(config);
   Status usable = control::check_endpoint(endpoint, config.control_token, config.control_curve_secret_key);
   if (config.control == "auto" && !usable.ok()) {
-    SC_LOG_WARN("no control socket: %s (set --control to a shorter ipc:// path)", usable.message().c_str());
+    SC_LOG_WARN("no control socket: {} (set --control to a shorter ipc:// path)", usable.message());
   } else if (config.control != "off") {
     control::DispatcherOptions d;
     d.max_message_bytes = config.control_max_message_bytes;
@@ -208,8 +208,8 @@ Expected<std::unique_ptr<Daemon>> Daemon::start(const Config& config) {
   }
 
   policies::TensorObservation any;
-  SC_LOG_INFO("rank %u of %u ready: trainers connect to %s; plan: %s", config.rank, config.world_size,
-              config.socket.c_str(), policies::describe(policies::static_plan(p.settings, any)).c_str());
+  SC_LOG_INFO("rank {} of {} ready: trainers connect to {}; plan: {}", config.rank, config.world_size,
+              config.socket, policies::describe(policies::static_plan(p.settings, any)));
   return std::unique_ptr<Daemon>(new Daemon(std::move(parts)));
 }
 
@@ -232,7 +232,7 @@ Status Daemon::reload(const Config& before, const Config& after) {
     const std::string new_value = get_knob(after, spec.name).value();
     if (old_value == new_value) continue;
     if (!spec.live) {
-      SC_LOG_ERROR("reload: knob '%s' changed but cannot change while the daemon runs; keeping the running value "
+      SC_LOG_ERROR("reload: knob '{}' changed but cannot change while the daemon runs; keeping the running value "
                    "(restart to apply)", spec.name);
       continue;
     }
@@ -252,12 +252,12 @@ Status Daemon::reload(const Config& before, const Config& after) {
   }
   auto d = parts_->decisions->propose(changes, "reload", parts_->clock->now() + std::chrono::seconds(5));
   if (!d.ok()) {
-    SC_LOG_ERROR("reload: %s", d.status().to_string().c_str());
+    SC_LOG_ERROR("reload: {}", d.status().to_string());
     return d.status();
   }
   parts_->metrics->count_decision("control", "reload");
-  SC_LOG_INFO("reload: epoch %u from step %llu: %s", d->epoch, static_cast<unsigned long long>(d->effective_step),
-              format_changes(changes).c_str());
+  SC_LOG_INFO("reload: epoch {} from step {}: {}", d->epoch, static_cast<unsigned long long>(d->effective_step),
+              format_changes(changes));
   return Status::Ok();
 }
 

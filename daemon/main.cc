@@ -42,7 +42,7 @@ int main(int argc, char** argv) {
 
   auto daemon = Daemon::start(config);
   if (!daemon.ok()) {
-    SC_LOG_ERROR("cannot start: %s", daemon.status().to_string().c_str());
+    SC_LOG_ERROR("cannot start: {}", daemon.status().to_string());
     return 1;
   }
   sd_notify_state("READY=1\nSTATUS=serving");
@@ -55,23 +55,23 @@ int main(int argc, char** argv) {
     if (sig < 0) {
       Status fatal = (*daemon)->fatal();
       if (fatal.ok()) continue;
-      SC_LOG_ERROR("%s; exiting with status 3 so that the job can be restarted", fatal.message().c_str());
+      SC_LOG_ERROR("{}; exiting with status 3 so that the job can be restarted", fatal.message());
       sd_notify_state("STOPPING=1\nSTATUS=" + fatal.message());
       exit_code = 3;
       break;
     }
     if (sig != SIGHUP) {
-      SC_LOG_INFO("signal %d: draining (up to %u ms), then shutting down", sig, config.drain_timeout_ms);
+      SC_LOG_INFO("signal {}: draining (up to {} ms), then shutting down", sig, config.drain_timeout_ms);
       sd_notify_state("STOPPING=1");
       Status drained = (*daemon)->drain(std::chrono::milliseconds(loaded.drain_timeout_ms));
-      if (!drained.ok()) SC_LOG_WARN("%s; stopping anyway", drained.to_string().c_str());
+      if (!drained.ok()) SC_LOG_WARN("{}; stopping anyway", drained.to_string());
       break;
     }
     sd_notify_state("RELOADING=1");
     std::string ignored;
     auto again = parse_command_line(argc, argv, &ignored);
     if (!again.ok()) {
-      SC_LOG_ERROR("reload: %s; keeping the running configuration", again.status().message().c_str());
+      SC_LOG_ERROR("reload: {}; keeping the running configuration", again.status().message());
     } else {
       Status s = (*daemon)->reload(loaded, again->config);
       if (s.ok()) {

@@ -49,7 +49,7 @@ int ms_left(Clock::time_point deadline) {
 // A daemon-sent status number, validated.
 Status wire_status(int32_t code, const char* text, size_t cap) {
   if (code < 0 || code > static_cast<int32_t>(Code::kResourceExhausted)) {
-    return data_loss(strfmt("daemon sent an unknown status code %d", code));
+    return data_loss(fmt::format("daemon sent an unknown status code {}", code));
   }
   auto message = proto::field_string(text, cap);
   return Status(static_cast<Code>(code), message ? std::string(*message) : std::string("(bad message)"));
@@ -131,7 +131,7 @@ Client::Impl::~Impl() {
 
 Status Client::Impl::fail(Status st) {
   if (dead_.ok()) {
-    SC_LOG_ERROR("sparsecar session with %s lost: %s", path_.c_str(), st.to_string().c_str());
+    SC_LOG_ERROR("sparsecar session with {} lost: {}", path_, st.to_string());
     dead_ = st;
   }
   return dead_;
@@ -167,7 +167,7 @@ Status Client::Impl::read_exact(void* buf, size_t len, Clock::time_point deadlin
       if (errno == EINTR) continue;
       return errno_status("poll on the daemon socket", errno);
     }
-    if (r == 0) return deadline_exceeded(strfmt("the daemon at %s did not answer in time", path_.c_str()));
+    if (r == 0) return deadline_exceeded(fmt::format("the daemon at {} did not answer in time", path_));
     iovec iov{static_cast<uint8_t*>(buf) + got, len - got};
     alignas(cmsghdr) char cbuf[CMSG_SPACE(sizeof(int) * proto::kHelloFds)];
     msghdr msg{};
@@ -190,7 +190,7 @@ Status Client::Impl::read_exact(void* buf, size_t len, Clock::time_point deadlin
       }
     }
     if (msg.msg_flags & MSG_CTRUNC) return data_loss("the daemon sent too many file descriptors");
-    if (n == 0) return unavailable(strfmt("the daemon at %s closed the connection", path_.c_str()));
+    if (n == 0) return unavailable(fmt::format("the daemon at {} closed the connection", path_));
     got += static_cast<size_t>(n);
   }
   return Status::Ok();
@@ -204,7 +204,7 @@ Expected<Received> Client::Impl::receive(Clock::time_point deadline) {
   Status st = read_exact(&r.header, sizeof r.header, deadline, &r.fds);
   if (st.ok()) {
     if (const char* err = proto::header_error(r.header)) {
-      st = data_loss(strfmt("malformed message from the daemon: %s", err));
+      st = data_loss(fmt::format("malformed message from the daemon: {}", err));
     } else {
       st = read_exact(r.payload.data(), r.header.length, deadline, &r.fds);
     }
@@ -231,7 +231,7 @@ Status Client::Impl::connect(const std::string& path, const ConnectOptions& opti
   timeout_ = options.timeout;
   sockaddr_un addr{};
   if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
-    return invalid_argument(strfmt("socket path '%s' is empty or longer than %zu bytes", path.c_str(),
+    return invalid_argument(fmt::format("socket path '{}' is empty or longer than {} bytes", path,
                                 sizeof(addr.sun_path) - 1));
   }
   addr.sun_family = AF_UNIX;
@@ -250,9 +250,9 @@ Status Client::Impl::connect(const std::string& path, const ConnectOptions& opti
     if (err != ENOENT && err != ECONNREFUSED && err != EAGAIN && err != EINTR) return last;
     int left = ms_left(deadline);
     if (left == 0) {
-      return unavailable(strfmt("no sparsecar daemon on %s within %lld ms (%s)", path.c_str(),
+      return unavailable(fmt::format("no sparsecar daemon on {} within {} ms ({})", path,
                              static_cast<long long>(options.timeout.count()),
-                             last.message().c_str()));
+                             last.message()));
     }
     std::this_thread::sleep_for(std::min(backoff, milliseconds(left)));
     backoff = std::min(backoff * 2, milliseconds(100));
@@ -271,7 +271,7 @@ Status Client::Impl::connect(const std::string& path, const ConnectOptions& opti
   };
   if (static_cast<proto::MsgType>(r.header.type) != proto::MsgType::kHelloAck) {
     close_all();
-    return fail(data_loss(strfmt("expected HelloAck, the daemon sent message type %u", r.header.type)));
+    return fail(data_loss(fmt::format("expected HelloAck, the daemon sent message type {}", r.header.type)));
   }
   proto::HelloAck ack;
   std::memcpy(&ack, r.payload.data(), sizeof ack);
@@ -282,7 +282,7 @@ Status Client::Impl::connect(const std::string& path, const ConnectOptions& opti
   if (r.fds.size() != proto::kHelloFds || ack.shm_version != shm::kShmVersion ||
       ack.control_bytes < sizeof(shm::ShmControl) || ack.control_bytes > (size_t{1} << 30)) {
     close_all();
-    return fail(data_loss(strfmt("malformed HelloAck (%zu fds, shm version %u, %llu bytes)",
+    return fail(data_loss(fmt::format("malformed HelloAck ({} fds, shm version {}, {} bytes)",
                               r.fds.size(), ack.shm_version,
                               static_cast<unsigned long long>(ack.control_bytes))));
   }
@@ -293,14 +293,14 @@ Status Client::Impl::connect(const std::string& path, const ConnectOptions& opti
   if (::fstat(control_fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < ack.control_bytes) {
     int err = errno;
     ::close(control_fd);
-    return fail(data_loss(strfmt("control mapping is smaller than announced (%s)", std::strerror(err))));
+    return fail(data_loss(fmt::format("control mapping is smaller than announced ({})", std::strerror(err))));
   }
   void* mapped = ::mmap(nullptr, ack.control_bytes, PROT_READ | PROT_WRITE,
                         MAP_SHARED | MAP_POPULATE, control_fd, 0);
   int err = errno;
   ::close(control_fd);
   if (mapped == MAP_FAILED) {
-    SC_LOG_ERROR("mmap of the control mapping (%llu bytes): %s",
+    SC_LOG_ERROR("mmap of the control mapping ({} bytes): {}",
                  static_cast<unsigned long long>(ack.control_bytes), std::strerror(err));
     return fail(errno_status("mmap control mapping", err));
   }
@@ -308,7 +308,7 @@ Status Client::Impl::connect(const std::string& path, const ConnectOptions& opti
   ctl_bytes_ = ack.control_bytes;
   if (!shm::control_valid(*ctl_)) return fail(data_loss("control mapping has a bad header"));
   client_id_ = ack.client_id;
-  SC_LOG_DEBUG("connected to %s as client %u", path.c_str(), client_id_);
+  SC_LOG_DEBUG("connected to {} as client {}", path, client_id_);
   return Status::Ok();
 }
 
@@ -318,29 +318,29 @@ Expected<Tensor*> Client::Impl::register_tensor(std::string_view name, size_t co
                                                 const std::vector<uint64_t>& shape) {
   if (!dead_.ok()) return dead_;
   if (name.empty() || name.size() > proto::kMaxNameLength || name.find('\0') != name.npos) {
-    return invalid_argument(strfmt("tensor name must be 1..%zu bytes without NUL", proto::kMaxNameLength));
+    return invalid_argument(fmt::format("tensor name must be 1..{} bytes without NUL", proto::kMaxNameLength));
   }
-  if (count == 0) return invalid_argument(strfmt("tensor '%.*s' has 0 elements", int(name.size()), name.data()));
+  if (count == 0) return invalid_argument(fmt::format("tensor '{}' has 0 elements", name));
   if (dtype != DType::kF32) return invalid_argument("only fp32 tensors are supported");
   if (shape.size() > proto::kMaxShapeDims) {
-    return invalid_argument(strfmt("tensor '%.*s': shape %s has %zu dims; at most %zu are allowed", int(name.size()),
-                                   name.data(), shape_string(shape).c_str(), shape.size(), proto::kMaxShapeDims));
+    return invalid_argument(fmt::format("tensor '{}': shape {} has {} dims; at most {} are allowed",
+                                   name, shape_string(shape), shape.size(), proto::kMaxShapeDims));
   }
   if (!shape.empty()) {
     uint64_t product = 1;
     bool overflow = false;
     for (uint64_t d : shape) overflow |= __builtin_mul_overflow(product, d, &product);
     if (overflow || product != count) {
-      return invalid_argument(strfmt("tensor '%.*s': shape %s does not hold %zu elements", int(name.size()),
-                                     name.data(), shape_string(shape).c_str(), count));
+      return invalid_argument(fmt::format("tensor '{}': shape {} does not hold {} elements",
+                                     name, shape_string(shape), count));
     }
   }
   for (auto& e : entries_) {
     if (e->tensor.name_ == name) {
       if (e->tensor.count_ == count && e->tensor.shape_ == shape) return &e->tensor;
-      return invalid_argument(strfmt("tensor '%s' is already registered with %zu elements and shape %s, not %zu and %s",
-                                  e->tensor.name_.c_str(), e->tensor.count_, shape_string(e->tensor.shape_).c_str(),
-                                  count, shape_string(shape).c_str()));
+      return invalid_argument(fmt::format("tensor '{}' is already registered with {} elements and shape {}, not {} and {}",
+                                  e->tensor.name_, e->tensor.count_, shape_string(e->tensor.shape_),
+                                  count, shape_string(shape)));
     }
   }
   if (shape.empty()) {
@@ -369,7 +369,7 @@ Expected<Tensor*> Client::Impl::register_tensor(std::string_view name, size_t co
   };
   if (static_cast<proto::MsgType>(r.header.type) != proto::MsgType::kRegisterAck) {
     close_all();
-    return fail(data_loss(strfmt("expected RegisterAck, the daemon sent message type %u", r.header.type)));
+    return fail(data_loss(fmt::format("expected RegisterAck, the daemon sent message type {}", r.header.type)));
   }
   proto::RegisterAck ack;
   std::memcpy(&ack, r.payload.data(), sizeof ack);
@@ -381,7 +381,7 @@ Expected<Tensor*> Client::Impl::register_tensor(std::string_view name, size_t co
   if (r.fds.size() != 1 || ack.count != count || ack.slot_bytes < bytes ||
       by_id_.count(ack.tensor_id) != 0) {
     close_all();
-    return fail(data_loss(strfmt("malformed RegisterAck for '%.*s'", int(name.size()), name.data())));
+    return fail(data_loss(fmt::format("malformed RegisterAck for '{}'", name)));
   }
   int fd = r.fds[0];
   struct stat st{};
@@ -393,7 +393,7 @@ Expected<Tensor*> Client::Impl::register_tensor(std::string_view name, size_t co
   int err = errno;
   ::close(fd);
   if (addr == MAP_FAILED) {
-    SC_LOG_ERROR("mmap of the slot of tensor '%.*s' (%zu bytes): %s", int(name.size()), name.data(),
+    SC_LOG_ERROR("mmap of the slot of tensor '{}' ({} bytes): {}", name,
                  bytes, std::strerror(err));
     return errno_status("mmap tensor slot", err);
   }
@@ -424,14 +424,14 @@ Status Client::Impl::submit(const Tensor& tensor, uint64_t step, const SubmitOpt
   Entry* e = find(tensor);
   if (e == nullptr) return invalid_argument("tensor was not registered by this client");
   if (e->pending) {
-    return failed_precondition(strfmt("tensor '%s': step %llu is still in flight; wait() for it first",
-                                   tensor.name_.c_str(), static_cast<unsigned long long>(*e->pending)));
+    return failed_precondition(fmt::format("tensor '{}': step {} is still in flight; wait() for it first",
+                                   tensor.name_, static_cast<unsigned long long>(*e->pending)));
   }
   if (!std::isfinite(options.lr) || options.lr < 0.0f) {
-    return invalid_argument(strfmt("learning rate %g is not a finite value >= 0", double(options.lr)));
+    return invalid_argument(fmt::format("learning rate {:g} is not a finite value >= 0", double(options.lr)));
   }
   if (outstanding_ >= shm::kRingSlots) {
-    return would_block(strfmt("%u steps are waiting for completion; wait() for some first", shm::kRingSlots));
+    return would_block(fmt::format("{} steps are waiting for completion; wait() for some first", shm::kRingSlots));
   }
   shm::Submission s{};
   s.seq = ++seq_;
@@ -460,7 +460,7 @@ Status Client::Impl::drain_completions() {
     if (outstanding_ > 0) --outstanding_;
     auto it = by_id_.find(c.tensor_id);
     if (it == by_id_.end() || !it->second->pending || *it->second->pending != c.step) {
-      SC_LOG_WARN("dropping a completion for tensor %u step %llu that was not submitted",
+      SC_LOG_WARN("dropping a completion for tensor {} step {} that was not submitted",
                   c.tensor_id, static_cast<unsigned long long>(c.step));
       continue;
     }
@@ -473,14 +473,14 @@ Status Client::Impl::handle_socket_readable() {
   auto r = receive(Clock::now() + milliseconds(1000));
   if (!r.ok()) return fail(r.status());
   for (int& fd : r->fds) close_fd(fd);
-  return fail(data_loss(strfmt("unexpected message type %u from the daemon", r->header.type)));
+  return fail(data_loss(fmt::format("unexpected message type {} from the daemon", r->header.type)));
 }
 
 Expected<StepInfo> Client::Impl::wait(const Tensor& tensor, uint64_t step, milliseconds timeout) {
   Entry* e = find(tensor);
   if (e == nullptr) return invalid_argument("tensor was not registered by this client");
   if (!e->pending || *e->pending != step) {
-    return failed_precondition(strfmt("tensor '%s': step %llu was not submitted", tensor.name_.c_str(),
+    return failed_precondition(fmt::format("tensor '{}': step {} was not submitted", tensor.name_,
                                    static_cast<unsigned long long>(step)));
   }
   const auto deadline = Clock::now() + timeout;
@@ -498,8 +498,8 @@ Expected<StepInfo> Client::Impl::wait(const Tensor& tensor, uint64_t step, milli
     if (!dead_.ok()) return dead_;
     int left = ms_left(deadline);
     if (left == 0) {
-      return deadline_exceeded(strfmt("tensor '%s': step %llu not completed within %lld ms",
-                                   tensor.name_.c_str(), static_cast<unsigned long long>(step),
+      return deadline_exceeded(fmt::format("tensor '{}': step {} not completed within {} ms",
+                                   tensor.name_, static_cast<unsigned long long>(step),
                                    static_cast<long long>(timeout.count())));
     }
     pollfd p[2] = {{comp_efd_, POLLIN, 0}, {sock_, POLLIN, 0}};
@@ -525,7 +525,7 @@ Expected<StepInfo> Client::Impl::wait(const Tensor& tensor, uint64_t step, milli
 Status Client::Impl::report_metric(std::string_view name, double value, uint64_t step) {
   if (!dead_.ok()) return dead_;
   if (name.empty() || name.size() > proto::kMaxNameLength || name.find('\0') != name.npos) {
-    return invalid_argument(strfmt("metric name must be 1..%zu bytes without NUL", proto::kMaxNameLength));
+    return invalid_argument(fmt::format("metric name must be 1..{} bytes without NUL", proto::kMaxNameLength));
   }
   proto::Metric m{};
   m.value = value;

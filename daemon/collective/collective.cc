@@ -150,7 +150,7 @@ Status finish_sends(const ExchangeContext& ctx, SendGroup& group, Status body, E
   group.add_link(stats);
   if (body.ok()) return sent;
   if (sent.code() == Code::kDeadlineExceeded) {
-    SC_LOG_ERROR("a failed step left sends in flight past its deadline: %s", sent.message().c_str());
+    SC_LOG_ERROR("a failed step left sends in flight past its deadline: {}", sent.message());
     return body.with_context(sent.message());
   }
   return body;

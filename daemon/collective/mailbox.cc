@@ -34,7 +34,7 @@ uint64_t Mailbox::buffered_bytes(uint32_t peer) const {
 void Mailbox::reject(uint32_t peer, const Status& why, const wire::WireHeader* trusted_header) {
   rejected_.fetch_add(1);
   if (metrics_) metrics_->messages_rejected.Increment();
-  SC_LOG_WARN("rejected message from rank %u: %s", peer, why.to_string().c_str());
+  SC_LOG_WARN("rejected message from rank {}: {}", peer, why.to_string());
   if (trusted_header == nullptr) return;
   std::lock_guard<std::mutex> lock(mu_);
   // A message of another job must not fail a step of this one.
@@ -85,7 +85,7 @@ void Mailbox::on_message(uint32_t peer, std::span<const std::byte> header_bytes,
     if (handler) {
       handler(peer, h, payload);
     } else {
-      SC_LOG_WARN("dropping a control message (kind %u) from rank %u: no handler", h.kind, peer);
+      SC_LOG_WARN("dropping a control message (kind {}) from rank {}: no handler", h.kind, peer);
     }
     return;
   }
@@ -174,7 +174,7 @@ void Mailbox::on_peer_failed(uint32_t peer, const Status& why) {
 void Mailbox::on_peer_rejoined(uint32_t peer) {
   std::lock_guard<std::mutex> lock(mu_);
   if (peer >= peer_failures_.size() || peer_failures_[peer].ok()) return;
-  SC_LOG_INFO("rank %u is back (a replacement process) after %.1f s down", peer,
+  SC_LOG_INFO("rank {} is back (a replacement process) after {:.1f} s down", peer,
               std::chrono::duration<double>(clock_.now() - down_since_[peer]).count());
   peer_failures_[peer] = Status::Ok();
   rejoins_[peer] += 1;
@@ -290,7 +290,7 @@ void Mailbox::count_stale(uint64_t n, const char* why) {
   if (metrics_) metrics_->count_error(ErrorKind::kWireStale, static_cast<double>(n));
   // The first few, then every 1000th: a flood of stale messages must not flood the log.
   if (before < 10 || (before + n) / 1000 != before / 1000) {
-    SC_LOG_WARN("dropped %llu stale message(s) (%llu in all): %s", static_cast<unsigned long long>(n),
+    SC_LOG_WARN("dropped {} stale message(s) ({} in all): {}", static_cast<unsigned long long>(n),
                 static_cast<unsigned long long>(before + n), why);
   }
 }

@@ -141,7 +141,7 @@ Dispatcher::Dispatcher(ControlBackend* backend, Metrics* metrics, DispatcherOpti
 std::string Dispatcher::handle(std::string_view message) {
   auto reject = [&](const ProtocolError& e) {
     if (metrics_) metrics_->count_control_rejected(rejection_label(e.kind));
-    SC_LOG_DEBUG("control: rejected request: %s", e.message.c_str());
+    SC_LOG_DEBUG("control: rejected request: {}", e.message);
     return error_reply(e);
   };
   try {
@@ -164,10 +164,10 @@ std::string Dispatcher::handle(std::string_view message) {
     Expected<json> result = run(req);
     if (metrics_) metrics_->count_control(spec->name, result.ok());
     if (!result.ok()) {
-      SC_LOG_INFO("control: %s failed: %s", spec->name, result.status().to_string().c_str());
+      SC_LOG_INFO("control: {} failed: {}", spec->name, result.status().to_string());
       return error_reply(req.id, result.status());
     }
-    if (spec->changes_state) SC_LOG_INFO("control: %s ok", spec->name);
+    if (spec->changes_state) SC_LOG_INFO("control: {} ok", spec->name);
     return ok_reply(req.id, *result);
   } catch (const std::exception& e) {
     // "Should not happen" (a JSON type error in a command): counted and answered, never fatal.

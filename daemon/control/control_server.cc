@@ -123,7 +123,7 @@ Expected<std::unique_ptr<ControlServer>> ControlServer::start(const ControlServe
   server->endpoint_ = bound.empty() ? options.endpoint : bound;
   Impl* raw = server->impl_.get();
   raw->thread = std::thread([raw] { raw->run(); });
-  SC_LOG_INFO("control socket on %s%s", server->endpoint_.c_str(),
+  SC_LOG_INFO("control socket on {}{}", server->endpoint_,
               !options.curve_secret_key.empty() ? " (CURVE)" : !options.token.empty() ? " (token)" : "");
   return server;
 }
@@ -136,7 +136,7 @@ void ControlServer::Impl::run() {
       if (items[0].revents & ZMQ_POLLIN) serve_one();
     } catch (const zmq::error_t& e) {
       if (e.num() == ETERM) return;
-      SC_LOG_WARN("control socket: %s", e.what());
+      SC_LOG_WARN("control socket: {}", e.what());
     }
   }
 }
@@ -161,7 +161,7 @@ void ControlServer::Impl::serve_one() {
   try {
     zmq::send_multipart(socket, out, zmq::send_flags::dontwait);
   } catch (const zmq::error_t& e) {
-    SC_LOG_DEBUG("control reply not delivered (client gone?): %s", e.what());
+    SC_LOG_DEBUG("control reply not delivered (client gone?): {}", e.what());
   }
 }
 
@@ -173,7 +173,7 @@ void ControlServer::stop() {
     impl_->socket.close();
     impl_->context.close();
   } catch (const zmq::error_t& e) {
-    SC_LOG_WARN("closing control socket: %s", e.what());
+    SC_LOG_WARN("closing control socket: {}", e.what());
   }
   if (!impl_->ipc_path.empty()) ::unlink(impl_->ipc_path.c_str());
   impl_->lock.release();  // after the socket file: a lock without a socket is never left behind

@@ -20,14 +20,14 @@ bool sd_notify_state(const std::string& state) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if ((path[0] != '/' && path[0] != '@') || len >= sizeof addr.sun_path) {
-    SC_LOG_WARN("NOTIFY_SOCKET '%s' is not a socket path; not notifying systemd", path);
+    SC_LOG_WARN("NOTIFY_SOCKET '{}' is not a socket path; not notifying systemd", path);
     return false;
   }
   std::memcpy(addr.sun_path, path, len);
   if (path[0] == '@') addr.sun_path[0] = '\0';  // abstract namespace
   int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (fd < 0) {
-    SC_LOG_WARN("sd_notify: socket: %s", std::strerror(errno));
+    SC_LOG_WARN("sd_notify: socket: {}", std::strerror(errno));
     return false;
   }
   const socklen_t addr_len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + len);
@@ -35,7 +35,7 @@ bool sd_notify_state(const std::string& state) {
   const int err = errno;
   ::close(fd);
   if (sent < 0) {
-    SC_LOG_WARN("sd_notify to %s: %s", path, std::strerror(err));
+    SC_LOG_WARN("sd_notify to {}: {}", path, std::strerror(err));
     return false;
   }
   return true;

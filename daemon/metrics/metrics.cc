@@ -19,11 +19,12 @@ using prometheus::Family;
 using prometheus::Gauge;
 using prometheus::Histogram;
 
-// 10 us .. ~10 s, x4 per bucket.
+// 10 us .. 10 s, 1 and 2.5 per decade. prometheus-cpp prints a bound with "%.16g", so each must
+// be a double whose 16-digit form is its short decimal: 0.00064 prints le="0.0006400000000000001"
+// (what the computed 1e-5 * 4^i bounds showed) and 0.0006 "0.0005999999999999999"; these print as
+// written (metrics_test HistogramBucketLabelsAreCleanDecimals reads the exposition text).
 Histogram::BucketBoundaries latency_buckets() {
-  Histogram::BucketBoundaries b;
-  for (double v = 1e-5; v < 20.0; v *= 4) b.push_back(v);
-  return b;
+  return {0.00001, 0.000025, 0.0001, 0.00025, 0.001, 0.0025, 0.01, 0.025, 0.1, 0.25, 1.0, 2.5, 10.0};
 }
 
 constexpr std::string_view kControlCommands[] = {"status", "get", "set", "policy", "report-metric", "pause",
@@ -215,8 +216,7 @@ Expected<std::unique_ptr<Metrics>> Metrics::create(const std::string& listen, co
   // Every family from its catalogue row (catalogue.h): name, type and help are written only there.
   auto row = [](std::string_view name, MetricType type) -> const MetricSpec& {
     const MetricSpec* spec = find_metric(name);
-    SC_CHECK(spec != nullptr && spec->type == type, "metric '%.*s' is not in the catalogue as that type",
-             static_cast<int>(name.size()), name.data());
+    SC_CHECK(spec != nullptr && spec->type == type, "metric '{}' is not in the catalogue as that type", name);
     return *spec;
   };
   auto full_name = [](const MetricSpec& m) { return std::string(kMetricPrefix) + std::string(m.name); };
@@ -274,7 +274,7 @@ Expected<std::unique_ptr<Metrics>> Metrics::create(const std::string& listen, co
       return unavailable("cannot serve metrics on '" + listen + "': " + e.what());
     }
     auto ports = metrics->listening_ports();
-    SC_LOG_INFO("metrics on http://%s/metrics (port %u)", listen.c_str(), ports.empty() ? 0u : unsigned{ports[0]});
+    SC_LOG_INFO("metrics on http://{}/metrics (port {})", listen, ports.empty() ? 0u : unsigned{ports[0]});
   }
   return metrics;
 }

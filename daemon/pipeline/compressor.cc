@@ -185,7 +185,7 @@ void TensorCompressor::commit() {
     std::span<float> value(value_.data(), pending_nnz_);
     for (size_t j = 0; j < pending_nnz_; ++j) residual_[index_[j]] += value[j];
     Status s = kernels::quantize_roundtrip(pending_value_type_, value, value);
-    SC_CHECK(s.ok(), "quantize_roundtrip: %s", s.to_string().c_str());
+    SC_CHECK(s.ok(), "quantize_roundtrip: {}", s.to_string());
     for (size_t j = 0; j < pending_nnz_; ++j) residual_[index_[j]] -= value[j];
   }
   if (pending_ != Pending::kNone && pending_ef_ == policies::ErrorFeedback::kOff) {

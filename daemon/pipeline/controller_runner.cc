@@ -104,7 +104,7 @@ void ControllerRunner::poll() {
     if (changes.empty()) continue;
     auto d = board_->propose(changes, proposal->reason, clock_.now() + std::chrono::seconds(1));
     if (!d.ok()) {
-      SC_LOG_WARN("%s: not applied: %s", proposal->reason.c_str(), d.status().to_string().c_str());
+      SC_LOG_WARN("{}: not applied: {}", proposal->reason, d.status().to_string());
     }
     if (listener_) {
       // The reason reads "controller <names> at step ...": the names are the label.

@@ -75,8 +75,8 @@ Expected<Decision> DecisionBoard::decide_locked(const KnobChanges& changes, cons
   d.changes = format_changes(changes);
   d.reason = reason;
   decisions_.push_back(d);
-  SC_LOG_INFO("decision epoch %u from step %llu (%s): %s", d.epoch, static_cast<unsigned long long>(d.effective_step),
-              reason.c_str(), d.changes.c_str());
+  SC_LOG_INFO("decision epoch {} from step {} ({}): {}", d.epoch, static_cast<unsigned long long>(d.effective_step),
+              reason, d.changes);
   cv_.notify_all();
   return d;
 }
@@ -169,8 +169,8 @@ void DecisionBoard::reset() {
   }
   base.effective_step = 0;
   if (!reverted.empty()) {
-    SC_LOG_INFO("new job: live settings last one job; back to the configured values (epoch %u): %s", base.epoch,
-                reverted.c_str());
+    SC_LOG_INFO("new job: live settings last one job; back to the configured values (epoch {}): {}", base.epoch,
+                reverted);
   }
   decisions_.clear();
   decisions_.push_back(std::move(base));
@@ -183,7 +183,7 @@ void DecisionBoard::on_message(uint32_t peer, const wire::WireHeader& h, std::sp
   switch (static_cast<wire::Kind>(h.kind)) {
     case wire::Kind::kDecision: {
       if (peer != 0) {
-        SC_LOG_WARN("ignoring a decision from rank %u: only rank 0 decides", peer);
+        SC_LOG_WARN("ignoring a decision from rank {}: only rank 0 decides", peer);
         return;
       }
       std::lock_guard<std::mutex> lock(mu_);
@@ -195,7 +195,7 @@ void DecisionBoard::on_message(uint32_t peer, const wire::WireHeader& h, std::sp
         return;
       }
       if (h.epoch != expected) {
-        SC_LOG_WARN("decision epoch %u from rank 0 is not newer than epoch %u here; ignored", h.epoch,
+        SC_LOG_WARN("decision epoch {} from rank 0 is not newer than epoch {} here; ignored", h.epoch,
                     decisions_.back().epoch);
         return;
       }
@@ -246,7 +246,7 @@ void DecisionBoard::apply_locked(uint32_t epoch, uint64_t effective_step, const 
     // Keep the epoch sequence (later epochs must still follow) but never run half of it.
     d.error = failed_precondition("this node cannot apply decision epoch " + std::to_string(epoch) +
                                   " from rank 0: " + applied.message());
-    SC_LOG_ERROR("%s; steps under it fail here", d.error.message().c_str());
+    SC_LOG_ERROR("{}; steps under it fail here", d.error.message());
     next = std::make_shared<Config>(*decisions_.back().config);
   }
   d.epoch = epoch;
@@ -254,8 +254,8 @@ void DecisionBoard::apply_locked(uint32_t epoch, uint64_t effective_step, const 
   d.config = std::move(next);
   d.changes = text;
   d.reason = reason;
-  SC_LOG_INFO("decision epoch %u from step %llu: %s", d.epoch, static_cast<unsigned long long>(d.effective_step),
-              text.c_str());
+  SC_LOG_INFO("decision epoch {} from step {}: {}", d.epoch, static_cast<unsigned long long>(d.effective_step),
+              text);
   decisions_.push_back(std::move(d));
   cv_.notify_all();
 }
@@ -370,7 +370,7 @@ void DecisionBoard::send_text(uint32_t peer, wire::Kind kind, uint64_t step, uin
   h.epoch = epoch;
   Status s = send_text_message(*transport_, peer, h, std::move(text),
                                kind == wire::Kind::kDecision ? "a decision" : "a knob message");
-  if (!s.ok()) SC_LOG_WARN("cannot send to rank %u: %s", peer, s.to_string().c_str());
+  if (!s.ok()) SC_LOG_WARN("cannot send to rank {}: {}", peer, s.to_string());
 }
 
 }  // namespace sparsecar

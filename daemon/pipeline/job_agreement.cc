@@ -180,7 +180,7 @@ bool JobAgreement::answer_late_manifest(uint32_t peer, const wire::WireHeader& h
             " local trainer(s) where the rank it replaces had " + std::to_string(running_.local_clients[peer]);
   }
   if (!error.empty()) {
-    SC_LOG_ERROR("refusing rank %u's request to join the running job: %s", peer, error.c_str());
+    SC_LOG_ERROR("refusing rank {}'s request to join the running job: {}", peer, error);
     send(peer, wire::Kind::kManifestAck, h.incarnation, 0, "error " + error).ignore();
     return true;
   }
@@ -193,7 +193,7 @@ bool JobAgreement::answer_late_manifest(uint32_t peer, const wire::WireHeader& h
   } else {
     send(peer, wire::Kind::kManifestAck, h.incarnation, incarnation, verdict).ignore();
   }
-  SC_LOG_INFO("rank %u joined the running job (incarnation %016llx)", peer, static_cast<unsigned long long>(incarnation));
+  SC_LOG_INFO("rank {} joined the running job (incarnation {:016x})", peer, static_cast<unsigned long long>(incarnation));
   return true;
 }
 

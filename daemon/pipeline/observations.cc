@@ -247,7 +247,7 @@ void ObservationCollector::send_to_rank0(const policies::NodeObservation& o) {
   h.sender_rank = rank_;
   h.step = o.step;
   Status s = send_text_message(*transport_, 0, h, format_observation(o), "an observation", /*quiet=*/true);
-  if (!s.ok()) SC_LOG_DEBUG("cannot send an observation to rank 0: %s", s.to_string().c_str());
+  if (!s.ok()) SC_LOG_DEBUG("cannot send an observation to rank 0: {}", s.to_string());
 }
 
 }  // namespace sparsecar

@@ -96,7 +96,7 @@ void Pipeline::stop() {
 
 void Pipeline::end_job_progress(const char* why) {
   const ProgressTotals job = progress_.job();
-  if (auto summary = progress_.end_job()) SC_LOG_INFO("%s (%s)", summary->c_str(), why);
+  if (auto summary = progress_.end_job()) SC_LOG_INFO("{} ({})", summary->c_str(), why);
   finished_jobs_.add(job);
   std::lock_guard<std::mutex> lock(stats_mu_);
   stats_.job = ProgressTotals{};
@@ -174,7 +174,7 @@ void Pipeline::submit(const StepJob& job) {
 void Pipeline::report_metric(const std::string& name, double value, uint64_t step) {
   // Controllers that consume trainer metrics come with the controllers issue.
   if (metrics_) metrics_->set_trainer_metric(name, value);
-  SC_LOG_DEBUG("trainer reported %s = %g at step %llu", name.c_str(), value, static_cast<unsigned long long>(step));
+  SC_LOG_DEBUG("trainer reported {} = {:g} at step {}", name, value, static_cast<unsigned long long>(step));
   if (observer_) observer_->on_metric(name, value, step);
 }
 
@@ -223,7 +223,7 @@ void Pipeline::run() {
         g.tensors += 1;
         g.elements += n;
       }
-      SC_LOG_DEBUG("tensor %u '%s' registered (%zu elements)", reg->id, reg->spec.name.c_str(), n);
+      SC_LOG_DEBUG("tensor {} '{}' registered ({} elements)", reg->id, reg->spec.name, n);
     } else if (std::holds_alternative<Reset>(cmd)) {
       end_job_progress("every trainer disconnected");
       tensors_.clear();
@@ -254,7 +254,7 @@ void Pipeline::run() {
       const double busy = seconds_since(clock_, started);
       progress_.on_tensor_step(job.step, r.status.ok(), job.local_sum.size(), r.nnz, r.bytes_sent, r.dense_bytes,
                                busy);
-      if (auto line = progress_.due_line()) SC_LOG_INFO("%s", line->c_str());
+      if (auto line = progress_.due_line()) SC_LOG_INFO("{}", line->c_str());
       {
         std::lock_guard<std::mutex> lock(stats_mu_);
         stats_.job = progress_.job();
@@ -300,7 +300,7 @@ StepResult Pipeline::process(const StepJob& job) {
     Status agreed = agree_on_job(clock_.now() + options_.join_timeout);
     if (!agreed.ok()) {
       r.status = agreed;
-      SC_LOG_ERROR("job agreement failed: %s", agreed.to_string().c_str());
+      SC_LOG_ERROR("job agreement failed: {}", agreed.to_string());
       return r;
     }
     // The agreement may have brought rank 0's decisions (a node that joined late adopts them).
@@ -324,7 +324,7 @@ StepResult Pipeline::process(const StepJob& job) {
   r.status = run_step(t, job, decision, &r);
   if (!r.status.ok()) {
     r.status = r.status.with_context("tensor '" + spec.name + "' step " + std::to_string(job.step));
-    SC_LOG_WARN("%s", r.status.to_string().c_str());
+    SC_LOG_WARN("{}", r.status.to_string());
   }
   return r;
 }
@@ -601,7 +601,7 @@ Status Pipeline::write_checkpoint(const std::string& path, CheckpointInfo* info)
   info->tensors = static_cast<uint32_t>(entries.size());
   info->bytes = out.size();
   info->residual_norm = std::sqrt(norm2);
-  SC_LOG_INFO("checkpoint: %u tensors' residuals (%zu bytes) written to %s", info->tensors, out.size(), path.c_str());
+  SC_LOG_INFO("checkpoint: {} tensors' residuals ({} bytes) written to {}", info->tensors, out.size(), path);
   return Status::Ok();
 }
 
@@ -632,7 +632,7 @@ Status Pipeline::read_checkpoint(const std::string& path, const std::vector<Tens
   info->tensors = static_cast<uint32_t>(live.size());
   info->bytes = file.bytes.size();
   info->residual_norm = std::sqrt(norm2);
-  SC_LOG_INFO("restore: %zu tensors' residuals loaded from %s", live.size(), path.c_str());
+  SC_LOG_INFO("restore: {} tensors' residuals loaded from {}", live.size(), path);
   restored_ = true;
   return Status::Ok();
 }
@@ -658,7 +658,7 @@ Status Pipeline::agree_on_job(Clock::time_point deadline) {
   incarnation_ = job.incarnation;
   total_trainers_ = job.total_trainers;
   agreed_ = true;
-  SC_LOG_INFO("job agreed: %u trainers across %u nodes (incarnation %016llx)", total_trainers_, options_.world_size,
+  SC_LOG_INFO("job agreed: {} trainers across {} nodes (incarnation {:016x})", total_trainers_, options_.world_size,
               static_cast<unsigned long long>(incarnation_));
   if (job.joined_running) {
     // What the lost process of this rank held is gone with it: its error-feedback residuals.
@@ -668,8 +668,8 @@ Status Pipeline::agree_on_job(Clock::time_point deadline) {
       ++tensors;
       elements += t->compressor.spec().count;
     }
-    SC_LOG_WARN("joined the running job as a replacement for rank %u: the error-feedback residuals of %zu tensor(s) "
-                "(%zu elements) start at zero%s",
+    SC_LOG_WARN("joined the running job as a replacement for rank {}: the error-feedback residuals of {} tensor(s) "
+                "({} elements) start at zero{}",
                 options_.rank, tensors, elements,
                 restored_ ? " except those restored from a checkpoint"
                           : " (restore a checkpoint before the first step to keep them: sparsecarctl restore PATH)");
@@ -704,8 +704,8 @@ ExchangeContext Pipeline::exchange_context(uint32_t epoch) const {
 }
 
 void Pipeline::run_fail_step(const FailStep& fail) {
-  SC_LOG_WARN("tensor %u step %llu fails job-wide: %s", fail.tensor_id, static_cast<unsigned long long>(fail.step),
-              fail.reason.c_str());
+  SC_LOG_WARN("tensor {} step {} fails job-wide: {}", fail.tensor_id, static_cast<unsigned long long>(fail.step),
+              fail.reason);
   if (metrics_) metrics_->count_step_failure(Code::kAborted);
   if (options_.world_size == 1 || transport_ == nullptr) return;
   // Receivers do not check an abort's epoch; the incarnation is still this job's (a FailStep is

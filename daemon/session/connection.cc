@@ -14,7 +14,7 @@
 
 namespace sparsecar {
 
-std::string Connection::label() const { return strfmt("client %u (pid %d)", id_, static_cast<int>(peer_pid_)); }
+std::string Connection::label() const { return fmt::format("client {} (pid {})", id_, static_cast<int>(peer_pid_)); }
 
 void Connection::mark_drop(std::string reason) {
   if (drop_) return;
@@ -41,7 +41,7 @@ bool Connection::send(proto::MsgType type, const void* payload, const int* fds, 
   msg.msg_iovlen = 1;
   alignas(cmsghdr) char cbuf[CMSG_SPACE(sizeof(int) * proto::kHelloFds)];
   if (nfds > 0) {
-    SC_CHECK(nfds <= proto::kHelloFds, "too many fds (%zu) for one message", nfds);
+    SC_CHECK(nfds <= proto::kHelloFds, "too many fds ({}) for one message", nfds);
     std::memset(cbuf, 0, sizeof cbuf);
     msg.msg_control = cbuf;
     msg.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
@@ -57,7 +57,7 @@ bool Connection::send(proto::MsgType type, const void* payload, const int* fds, 
   } while (n < 0 && errno == EINTR);
   if (n != static_cast<ssize_t>(iov.iov_len)) {
     // A client that does not read its socket is broken; a partial message cannot be resumed.
-    mark_drop(n < 0 ? strfmt("send failed: %s", std::strerror(errno))
+    mark_drop(n < 0 ? fmt::format("send failed: {}", std::strerror(errno))
                     : std::string("send buffer full (client does not read its socket)"));
     return false;
   }
@@ -78,7 +78,7 @@ std::optional<std::string> Connection::receive(const MessageHandler& on_message)
   ssize_t n = ::recvmsg(sock_.get(), &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
   if (n < 0) {
     if (errno == EAGAIN || errno == EINTR) return std::nullopt;
-    mark_drop(strfmt("socket error: %s", std::strerror(errno)));
+    mark_drop(fmt::format("socket error: {}", std::strerror(errno)));
     return std::nullopt;
   }
   bool stray_fds = false;
@@ -116,13 +116,13 @@ std::optional<std::string> Connection::receive(const MessageHandler& on_message)
 
 Status Connection::check_hello(const proto::Hello& m) const {
   if (m.version != proto::kProtocolVersion || m.shm_version != shm::kShmVersion) {
-    return failed_precondition(strfmt("client speaks protocol %u / shm %u; the daemon speaks %u / %u",
+    return failed_precondition(fmt::format("client speaks protocol {} / shm {}; the daemon speaks {} / {}",
                                       m.version, m.shm_version, proto::kProtocolVersion, shm::kShmVersion));
   }
-  if (m.flags != 0) return invalid_argument(strfmt("unknown Hello flags 0x%x", m.flags));
+  if (m.flags != 0) return invalid_argument(fmt::format("unknown Hello flags 0x{:x}", m.flags));
   uid_t self = ::geteuid();
   if (peer_uid_ != self && peer_uid_ != 0) {
-    return permission_denied(strfmt("uid %u may not open a session (the daemon runs as uid %u)",
+    return permission_denied(fmt::format("uid {} may not open a session (the daemon runs as uid {})",
                                     static_cast<unsigned>(peer_uid_), static_cast<unsigned>(self)));
   }
   return Status::Ok();
@@ -138,13 +138,13 @@ void Connection::refuse_hello(const Status& st) {
 }
 
 Status Connection::open_session(uint32_t local_clients) {
-  auto control = ShmMapping::create(strfmt("sparsecar-c%u-control", id_), shm::kControlBytes);
+  auto control = ShmMapping::create(fmt::format("sparsecar-c{}-control", id_), shm::kControlBytes);
   if (!control.ok()) return control.status().with_context("creating the control mapping");
   Fd sub(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   Fd comp(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (sub.get() < 0 || comp.get() < 0) {
     int err = errno;
-    SC_LOG_ERROR("eventfd for %s: %s", label().c_str(), std::strerror(err));
+    SC_LOG_ERROR("eventfd for {}: {}", label(), std::strerror(err));
     return errno_status("eventfd", err);
   }
   control_ = std::move(control).value();
@@ -168,7 +168,7 @@ Status Connection::open_session(uint32_t local_clients) {
 bool Connection::take_submission_wakeup() {
   uint64_t v;
   if (::read(sub_efd_.get(), &v, sizeof v) < 0 && errno != EAGAIN) {
-    mark_drop(strfmt("reading its submission eventfd: %s", std::strerror(errno)));
+    mark_drop(fmt::format("reading its submission eventfd: {}", std::strerror(errno)));
     return false;
   }
   return true;
@@ -179,7 +179,7 @@ bool Connection::post_completion(const shm::Completion& comp) {
   if (!shm::ring_push(ctl_->completions, comp)) return false;
   uint64_t one = 1;
   if (::write(comp_efd_.get(), &one, sizeof one) < 0 && errno != EAGAIN) {
-    mark_drop(strfmt("signalling its completion eventfd: %s", std::strerror(errno)));
+    mark_drop(fmt::format("signalling its completion eventfd: {}", std::strerror(errno)));
   }
   return true;
 }

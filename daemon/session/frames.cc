@@ -47,7 +47,7 @@ RegisterRequest decode_register_shaped(const uint8_t* payload) {
   proto::RegisterShaped m;
   RegisterRequest req = decode_common(payload, &m);
   if (m.ndim == 0 || m.ndim > proto::kMaxShapeDims) {
-    req.malformed = strfmt("shape has %u dims; 1..%zu are allowed", m.ndim, proto::kMaxShapeDims);
+    req.malformed = fmt::format("shape has {} dims; 1..{} are allowed", m.ndim, proto::kMaxShapeDims);
   } else {
     req.shape.assign(m.dims, m.dims + m.ndim);
     for (size_t i = m.ndim; i < proto::kMaxShapeDims; ++i) {

@@ -117,8 +117,8 @@ Status SessionServer::Impl::start() {
   const std::string& path = options_.socket_path;
   sockaddr_un addr{};
   if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
-    return invalid_argument(strfmt("socket path '%s' is empty or longer than %zu bytes",
-                                path.c_str(), sizeof(addr.sun_path) - 1));
+    return invalid_argument(fmt::format("socket path '{}' is empty or longer than {} bytes",
+                                path, sizeof(addr.sun_path) - 1));
   }
   if (options_.local_clients == 0) return invalid_argument("local_clients must be at least 1");
   if (pipeline_ == nullptr) return invalid_argument("no pipeline given to the session server");
@@ -137,30 +137,30 @@ Status SessionServer::Impl::start() {
   struct stat st{};
   if (::lstat(path.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode)) {
-      return failed_precondition(strfmt("'%s' exists and is not a socket", path.c_str()));
+      return failed_precondition(fmt::format("'{}' exists and is not a socket", path));
     }
     Fd probe(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
     if (probe.get() < 0) return errno_status("socket", errno);
     if (::connect(probe.get(), sa, sizeof addr) == 0) {
       return Status(Code::kAlreadyExists,
-                    strfmt("another daemon is listening on '%s'", path.c_str()));
+                    fmt::format("another daemon is listening on '{}'", path));
     }
     if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
       return errno_status("removing stale socket " + path, errno);
     }
-    SC_LOG_INFO("removed stale socket %s", path.c_str());
+    SC_LOG_INFO("removed stale socket {}", path);
   }
 
   listen_fd_.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (listen_fd_.get() < 0) return errno_status("socket(AF_UNIX)", errno);
   if (::bind(listen_fd_.get(), sa, sizeof addr) != 0) {
     int err = errno;
-    SC_LOG_ERROR("bind(%s): %s", path.c_str(), std::strerror(err));
+    SC_LOG_ERROR("bind({}): {}", path, std::strerror(err));
     return errno_status("bind " + path, err);
   }
   if (::chmod(path.c_str(), 0660) != 0) {
     int err = errno;
-    SC_LOG_ERROR("chmod(%s): %s", path.c_str(), std::strerror(err));
+    SC_LOG_ERROR("chmod({}): {}", path, std::strerror(err));
     ::unlink(path.c_str());
     return errno_status("chmod " + path, err);
   }
@@ -181,7 +181,7 @@ Status SessionServer::Impl::start() {
     ::unlink(path.c_str());
     return internal_error(std::string("starting the session thread: ") + e.what());
   }
-  SC_LOG_INFO("session server listening on %s (%u local clients)", path.c_str(),
+  SC_LOG_INFO("session server listening on {} ({} local clients)", path,
               options_.local_clients);
   return Status::Ok();
 }
@@ -194,7 +194,7 @@ void SessionServer::Impl::stop() {
   if (thread_.joinable()) {
     uint64_t one = 1;
     if (::write(wake_efd_.get(), &one, sizeof one) < 0 && errno != EAGAIN) {
-      SC_LOG_WARN("waking the session thread: %s", std::strerror(errno));
+      SC_LOG_WARN("waking the session thread: {}", std::strerror(errno));
     }
     thread_.join();
   }
@@ -207,7 +207,7 @@ void SessionServer::Impl::complete(const StepResult& result) {
   }
   uint64_t one = 1;
   if (::write(wake_efd_.get(), &one, sizeof one) < 0 && errno != EAGAIN) {
-    SC_LOG_ERROR("waking the session thread for a step result: %s", std::strerror(errno));
+    SC_LOG_ERROR("waking the session thread for a step result: {}", std::strerror(errno));
   }
 }
 
@@ -260,13 +260,13 @@ void SessionServer::Impl::run() {
     int n = ::poll(pollfds_.data(), pollfds_.size(), busy ? 0 : kPollTimeoutMs);
     if (n < 0) {
       if (errno == EINTR) continue;
-      SC_LOG_ERROR("session thread: poll: %s; the session server stops", std::strerror(errno));
+      SC_LOG_ERROR("session thread: poll: {}; the session server stops", std::strerror(errno));
       break;
     }
     if (pollfds_[0].revents & POLLIN) {
       uint64_t v;
       if (::read(wake_efd_.get(), &v, sizeof v) < 0 && errno != EAGAIN) {
-        SC_LOG_ERROR("reading the wake eventfd: %s", std::strerror(errno));
+        SC_LOG_ERROR("reading the wake eventfd: {}", std::strerror(errno));
       }
     }
     process_results();
@@ -295,7 +295,7 @@ void SessionServer::Impl::run() {
   process_results();
   listen_fd_.reset();
   if (::unlink(options_.socket_path.c_str()) != 0 && errno != ENOENT) {
-    SC_LOG_WARN("removing %s: %s", options_.socket_path.c_str(), std::strerror(errno));
+    SC_LOG_WARN("removing {}: {}", options_.socket_path, std::strerror(errno));
   }
 }
 
@@ -309,14 +309,14 @@ void SessionServer::Impl::accept_clients() {
     int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) return;
-      SC_LOG_WARN("accept on %s: %s", options_.socket_path.c_str(), std::strerror(errno));
+      SC_LOG_WARN("accept on {}: {}", options_.socket_path, std::strerror(errno));
       return;
     }
     Fd sock(fd);
     ucred cred{};
     socklen_t len = sizeof cred;
     if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
-      SC_LOG_WARN("SO_PEERCRED: %s; closing the connection", std::strerror(errno));
+      SC_LOG_WARN("SO_PEERCRED: {}; closing the connection", std::strerror(errno));
       bump(counters_.clients_rejected);
       continue;
     }
@@ -332,8 +332,8 @@ void SessionServer::Impl::accept_clients() {
     if (waiting >= options_.max_handshakes_per_uid && oldest != nullptr) {
       bump(counters_.clients_rejected);
       bump(counters_.handshakes_evicted);
-      SC_LOG_WARN("connection %u (pid %d, uid %u) closed: %u connections of uid %u wait for their handshake "
-                  "(at most %u)", oldest->id(), static_cast<int>(oldest->peer_pid()), static_cast<unsigned>(cred.uid),
+      SC_LOG_WARN("connection {} (pid {}, uid {}) closed: {} connections of uid {} wait for their handshake "
+                  "(at most {})", oldest->id(), static_cast<int>(oldest->peer_pid()), static_cast<unsigned>(cred.uid),
                   waiting, static_cast<unsigned>(cred.uid), options_.max_handshakes_per_uid);
       oldest->mark_drop("no Hello while newer connections of its uid arrived");
       oldest->shutdown();
@@ -342,12 +342,12 @@ void SessionServer::Impl::accept_clients() {
     for (auto& [cid, other] : conns_) open += other->dropped() ? 0 : 1;
     if (open >= options_.local_clients + kMaxPendingConnections) {
       bump(counters_.clients_rejected);
-      SC_LOG_WARN("refusing a connection of uid %u: %zu connections open already",
+      SC_LOG_WARN("refusing a connection of uid {}: {} connections open already",
                   static_cast<unsigned>(cred.uid), open);
       continue;
     }
     auto c = std::make_unique<Connection>(next_client_id_++, std::move(sock), cred.pid, cred.uid, clock_.now());
-    SC_LOG_DEBUG("connection %u from pid %d uid %u", c->id(), static_cast<int>(cred.pid),
+    SC_LOG_DEBUG("connection {} from pid {} uid {}", c->id(), static_cast<int>(cred.pid),
                  static_cast<unsigned>(cred.uid));
     conns_.emplace(c->id(), std::move(c));
   }
@@ -384,13 +384,13 @@ void SessionServer::Impl::handle_message(Connection& c, const proto::MsgHeader& 
       return;
     }
     default:
-      protocol_error(c, strfmt("unexpected message type %u", static_cast<unsigned>(h.type)));
+      protocol_error(c, fmt::format("unexpected message type {}", static_cast<unsigned>(h.type)));
   }
 }
 
 void SessionServer::Impl::protocol_error(Connection& c, const std::string& what) {
   bump(counters_.protocol_errors);
-  SC_LOG_WARN("%s: protocol error: %s; closing the session", c.label().c_str(), what.c_str());
+  SC_LOG_WARN("{}: protocol error: {}; closing the session", c.label(), what);
   proto::Error e{};
   e.status = static_cast<int32_t>(Code::kDataLoss);
   proto::set_field(e.message, sizeof e.message, "protocol error: " + what);
@@ -400,8 +400,8 @@ void SessionServer::Impl::protocol_error(Connection& c, const std::string& what)
 
 void SessionServer::Impl::reject_hello(Connection& c, const Status& st) {
   bump(counters_.clients_rejected);
-  SC_LOG_WARN("%s (uid %u) refused: %s", c.label().c_str(), static_cast<unsigned>(c.peer_uid()),
-              st.message().c_str());
+  SC_LOG_WARN("{} (uid {}) refused: {}", c.label(), static_cast<unsigned>(c.peer_uid()),
+              st.message());
   c.refuse_hello(st);
 }
 
@@ -411,7 +411,7 @@ void SessionServer::Impl::handle_hello(Connection& c, const proto::Hello& m) {
     return;
   }
   if (ready_clients_.load() >= options_.local_clients) {
-    reject_hello(c, resource_exhausted(strfmt("the daemon already serves its %u local clients",
+    reject_hello(c, resource_exhausted(fmt::format("the daemon already serves its {} local clients",
                                            options_.local_clients)));
     return;
   }
@@ -423,7 +423,7 @@ void SessionServer::Impl::handle_hello(Connection& c, const proto::Hello& m) {
   ready_clients_.fetch_add(1);
   collector_->client_joined(c.id(), c.label());
   bump(counters_.clients_accepted);
-  SC_LOG_INFO("%s connected (uid %u, %u of %u local clients)", c.label().c_str(),
+  SC_LOG_INFO("{} connected (uid {}, {} of {} local clients)", c.label(),
               static_cast<unsigned>(c.peer_uid()), ready_clients_.load(), options_.local_clients);
 }
 
@@ -431,7 +431,7 @@ void SessionServer::Impl::handle_register(Connection& c, const RegisterRequest& 
   proto::RegisterAck ack{};
   auto reject = [&](const Status& st) {
     bump(counters_.registrations_rejected);
-    SC_LOG_WARN("%s: registration refused: %s", c.label().c_str(), st.message().c_str());
+    SC_LOG_WARN("{}: registration refused: {}", c.label(), st.message());
     ack.status = static_cast<int32_t>(st.code());
     proto::set_field(ack.message, sizeof ack.message, st.message());
     c.send(proto::MsgType::kRegisterAck, &ack, nullptr, 0);
@@ -440,8 +440,8 @@ void SessionServer::Impl::handle_register(Connection& c, const RegisterRequest& 
   if (!reg.ok()) return reject(reg.status());
   const StepCollector::Registration& t = *reg;
   size_t bytes = static_cast<size_t>(t.count) * sizeof(float);
-  auto slot = ShmMapping::create(strfmt("sparsecar-c%u-t%u", c.id(), t.tensor_id), bytes);
-  if (!slot.ok()) return reject(slot.status().with_context(strfmt("slot of tensor '%s'", t.name.c_str())));
+  auto slot = ShmMapping::create(fmt::format("sparsecar-c{}-t{}", c.id(), t.tensor_id), bytes);
+  if (!slot.ok()) return reject(slot.status().with_context(fmt::format("slot of tensor '{}'", t.name)));
   ack.status = 0;
   ack.tensor_id = t.tensor_id;
   ack.count = t.count;
@@ -457,8 +457,8 @@ void SessionServer::Impl::handle_register(Connection& c, const RegisterRequest& 
   slot->close_fd();
   c.slots.emplace(t.tensor_id, std::move(slot).value());
   bump(counters_.registrations);
-  SC_LOG_DEBUG("%s registered tensor '%s' (id %u, %llu elements, shape %s)", c.label().c_str(), t.name.c_str(),
-               t.tensor_id, static_cast<unsigned long long>(t.count), shape_text(t.shape).c_str());
+  SC_LOG_DEBUG("{} registered tensor '{}' (id {}, {} elements, shape {})", c.label(), t.name,
+               t.tensor_id, static_cast<unsigned long long>(t.count), shape_text(t.shape));
 }
 
 void SessionServer::Impl::handle_metric(Connection& c, const proto::Metric& m) {
@@ -552,20 +552,20 @@ void SessionServer::Impl::sweep() {
 
 void SessionServer::Impl::free_conn(Connection& c) {
   if (c.ready()) {
-    SC_LOG_INFO("%s disconnected: %s", c.label().c_str(), c.drop_reason().c_str());
+    SC_LOG_INFO("{} disconnected: {}", c.label(), c.drop_reason());
     bump(counters_.clients_disconnected);
     ready_clients_.fetch_sub(1);
     // Not failed job-wide while the daemon stops: the trainer did not die, and the peers see this
     // node go.
     collector_->client_left(c.id(), c.drop_reason(), /*fail_owed=*/!stopping_.load());
   } else {
-    SC_LOG_DEBUG("connection %u closed before its handshake: %s", c.id(), c.drop_reason().c_str());
+    SC_LOG_DEBUG("connection {} closed before its handshake: {}", c.id(), c.drop_reason());
   }
   c.release_memory();
 }
 
 void SessionServer::Impl::reset_job() {
-  SC_LOG_INFO("no local client left: resetting the job (%zu tensors)", collector_->tensor_count());
+  SC_LOG_INFO("no local client left: resetting the job ({} tensors)", collector_->tensor_count());
   pipeline_->reset();
   process_results();  // answers of the aborted jobs
   collector_->reset_job();

@@ -40,23 +40,23 @@ Expected<ShmMapping> ShmMapping::create(const std::string& name, size_t bytes) {
   m.fd_.reset(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (m.fd_.get() < 0) {
     int err = errno;
-    SC_LOG_ERROR("memfd_create(%s): %s", name.c_str(), std::strerror(err));
+    SC_LOG_ERROR("memfd_create({}): {}", name, std::strerror(err));
     return errno_status("memfd_create " + name, err);
   }
   if (::ftruncate(m.fd_.get(), static_cast<off_t>(bytes)) != 0) {
     int err = errno;
-    SC_LOG_ERROR("ftruncate(%s, %zu): %s", name.c_str(), bytes, std::strerror(err));
+    SC_LOG_ERROR("ftruncate({}, {}): {}", name, bytes, std::strerror(err));
     return errno_status("ftruncate " + name, err);
   }
   if (::fcntl(m.fd_.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     int err = errno;
-    SC_LOG_ERROR("F_ADD_SEALS(%s): %s", name.c_str(), std::strerror(err));
+    SC_LOG_ERROR("F_ADD_SEALS({}): {}", name, std::strerror(err));
     return errno_status("sealing " + name, err);
   }
   void* addr = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, m.fd_.get(), 0);
   if (addr == MAP_FAILED) {
     int err = errno;
-    SC_LOG_ERROR("mmap(%s, %zu): %s", name.c_str(), bytes, std::strerror(err));
+    SC_LOG_ERROR("mmap({}, {}): {}", name, bytes, std::strerror(err));
     return errno_status("mmap " + name, err);
   }
   m.addr_ = addr;

@@ -18,7 +18,7 @@
 namespace sparsecar {
 namespace {
 
-std::string mib(uint64_t bytes) { return strfmt("%.1f MiB", static_cast<double>(bytes) / (1 << 20)); }
+std::string mib(uint64_t bytes) { return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20)); }
 
 void bump(std::atomic<uint64_t>& c) { c.fetch_add(1, std::memory_order_relaxed); }
 
@@ -63,7 +63,7 @@ StepCollector::~StepCollector() = default;
 
 std::string StepCollector::label_of(uint32_t client) const {
   auto it = clients_.find(client);
-  return it != clients_.end() ? it->second.label : strfmt("client %u", client);
+  return it != clients_.end() ? it->second.label : fmt::format("client {}", client);
 }
 
 void StepCollector::charge(uint64_t bytes) {
@@ -81,7 +81,7 @@ void StepCollector::release(uint64_t bytes) {
 void StepCollector::client_joined(uint32_t client, std::string label) {
   clients_[client].label = std::move(label);
   if (clients_.size() == options_.local_clients && !lost_client_.empty()) {
-    SC_LOG_INFO("%s replaces %s", clients_[client].label.c_str(), lost_client_.c_str());
+    SC_LOG_INFO("{} replaces {}", clients_[client].label, lost_client_);
     lost_client_.clear();
   }
 }
@@ -94,9 +94,9 @@ void StepCollector::client_left(uint32_t client, const std::string& reason, bool
   if (fail_owed) fail_owed_steps(label, reason);
   for (auto& t : tensors_) {
     if (t->collecting) {
-      Status st = aborted(strfmt("local %s disconnected (%s) before step %llu of tensor '%s' completed",
-                                 label.c_str(), reason.c_str(), static_cast<unsigned long long>(t->collect_step),
-                                 t->name.c_str()));
+      Status st = aborted(fmt::format("local {} disconnected ({}) before step {} of tensor '{}' completed",
+                                 label, reason, static_cast<unsigned long long>(t->collect_step),
+                                 t->name));
       fail_collecting(*t, st, client);
     }
     if (t->in_flight) std::erase(t->participants, client);
@@ -112,18 +112,18 @@ Expected<StepCollector::Registration> StepCollector::register_tensor(uint32_t cl
   if (!name_field) return invalid_argument("tensor name is not NUL-terminated within 256 bytes");
   std::string name(*name_field);
   if (name.empty()) return invalid_argument("tensor name is empty");
-  if (!m.malformed.empty()) return invalid_argument(strfmt("tensor '%s': %s", name.c_str(), m.malformed.c_str()));
+  if (!m.malformed.empty()) return invalid_argument(fmt::format("tensor '{}': {}", name, m.malformed));
   if (m.dtype != 0) {
-    return invalid_argument(strfmt("tensor '%s': unsupported dtype %u (only fp32 = 0)", name.c_str(), m.dtype));
+    return invalid_argument(fmt::format("tensor '{}': unsupported dtype {} (only fp32 = 0)", name, m.dtype));
   }
-  if (m.count == 0) return invalid_argument(strfmt("tensor '%s' has 0 elements", name.c_str()));
+  if (m.count == 0) return invalid_argument(fmt::format("tensor '{}' has 0 elements", name));
   if (m.count > options_.max_tensor_elements || m.count > SIZE_MAX / sizeof(float)) {
-    return resource_exhausted(strfmt("tensor '%s' has %llu elements; the daemon allows at most %llu", name.c_str(),
+    return resource_exhausted(fmt::format("tensor '{}' has {} elements; the daemon allows at most {}", name,
                                      static_cast<unsigned long long>(m.count),
                                      static_cast<unsigned long long>(options_.max_tensor_elements)));
   }
   if (Status st = check_shape(m.count, m.shape); !st.ok()) {
-    return st.with_context(strfmt("tensor '%s'", name.c_str()));
+    return st.with_context(fmt::format("tensor '{}'", name));
   }
   // Charged before anything is allocated; over the budget is kResourceExhausted, not an OOM kill.
   const uint64_t budget = options_.budget_bytes;
@@ -135,36 +135,36 @@ Expected<StepCollector::Registration> StepCollector::register_tensor(uint32_t cl
     size_t slots = 0;
     for (const auto& [cid, other] : clients_) slots += other.slots.size();
     // Most telling first: the client's message field is short (the log line has all of it).
-    return resource_exhausted(strfmt(
-        "tensor_memory_budget_bytes = %llu exceeded: tensor '%s' (%llu elements) needs %llu bytes, %llu are in "
-        "use (%zu tensors, %zu slots); needs = shm slot %s + session %s + pipeline %s",
-        static_cast<unsigned long long>(budget), name.c_str(), static_cast<unsigned long long>(m.count),
+    return resource_exhausted(fmt::format(
+        "tensor_memory_budget_bytes = {} exceeded: tensor '{}' ({} elements) needs {} bytes, {} are in "
+        "use ({} tensors, {} slots); needs = shm slot {} + session {} + pipeline {}",
+        static_cast<unsigned long long>(budget), name, static_cast<unsigned long long>(m.count),
         static_cast<unsigned long long>(need), static_cast<unsigned long long>(bytes_in_use_),
-        tensors_.size() + orphans_.size(), slots, mib(slot_bytes).c_str(), mib(tensor_bytes).c_str(),
-        mib(pipeline_bytes).c_str()));
+        tensors_.size() + orphans_.size(), slots, mib(slot_bytes), mib(tensor_bytes),
+        mib(pipeline_bytes)));
   };
   Tensor* t = nullptr;
   if (auto it = tensor_ids_.find(name); it != tensor_ids_.end()) {
     t = tensors_[it->second].get();
     if (t->count != m.count) {
-      return invalid_argument(strfmt("tensor '%s' is registered with %llu elements; %s asked for %llu", name.c_str(),
-                                     static_cast<unsigned long long>(t->count), label_of(client).c_str(),
+      return invalid_argument(fmt::format("tensor '{}' is registered with {} elements; {} asked for {}", name,
+                                     static_cast<unsigned long long>(t->count), label_of(client),
                                      static_cast<unsigned long long>(m.count)));
     }
     if (t->shape != m.shape) {
-      return invalid_argument(strfmt("tensor '%s' is registered with shape %s; %s asked for %s", name.c_str(),
-                                     shape_text(t->shape).c_str(), label_of(client).c_str(),
-                                     shape_text(m.shape).c_str()));
+      return invalid_argument(fmt::format("tensor '{}' is registered with shape {}; {} asked for {}", name,
+                                     shape_text(t->shape), label_of(client),
+                                     shape_text(m.shape)));
     }
     auto c = clients_.find(client);
     if (c != clients_.end() && c->second.slots.count(t->id) != 0) {
-      return Status(Code::kAlreadyExists, strfmt("tensor '%s' is already registered by this client", name.c_str()));
+      return Status(Code::kAlreadyExists, fmt::format("tensor '{}' is already registered by this client", name));
     }
     if (Status st = over_budget(0, 0); !st.ok()) return st;
   } else {
     if (tensors_.size() >= options_.max_tensors) {
       return resource_exhausted(
-          strfmt("tensor '%s': the daemon allows at most %u tensors", name.c_str(), options_.max_tensors));
+          fmt::format("tensor '{}': the daemon allows at most {} tensors", name, options_.max_tensors));
     }
     const TensorSpec spec{name, m.count, m.shape};
     const uint64_t session_bytes = 2 * m.count * sizeof(float);  // local_sum + result
@@ -180,11 +180,11 @@ Expected<StepCollector::Registration> StepCollector::register_tensor(uint32_t cl
       fresh->local_sum.resize(m.count);
       fresh->result.resize(m.count);
     } catch (const std::bad_alloc&) {
-      return resource_exhausted(strfmt("tensor '%s': cannot allocate 2 x %llu floats", name.c_str(),
+      return resource_exhausted(fmt::format("tensor '{}': cannot allocate 2 x {} floats", name,
                                        static_cast<unsigned long long>(m.count)));
     }
     Status st = pipeline_->register_tensor(fresh->id, spec);
-    if (!st.ok()) return st.with_context(strfmt("tensor '%s'", name.c_str()));
+    if (!st.ok()) return st.with_context(fmt::format("tensor '{}'", name));
     charge(fresh->bytes);
     t = fresh.get();
     tensor_ids_.emplace(name, fresh->id);
@@ -195,9 +195,9 @@ Expected<StepCollector::Registration> StepCollector::register_tensor(uint32_t cl
 
 void StepCollector::attach_slot(uint32_t client, uint32_t tensor_id, std::span<float> slot) {
   auto it = clients_.find(client);
-  SC_CHECK(it != clients_.end(), "slot of tensor %u attached to client %u, which has not joined", tensor_id, client);
+  SC_CHECK(it != clients_.end(), "slot of tensor {} attached to client {}, which has not joined", tensor_id, client);
   SC_CHECK(tensor_id < tensors_.size() && slot.size() == tensors_[tensor_id]->count,
-           "slot of %zu floats attached for tensor %u", slot.size(), tensor_id);
+           "slot of {} floats attached for tensor {}", slot.size(), tensor_id);
   charge(slot_footprint(slot.size()));
   it->second.slots[tensor_id] = slot;
 }
@@ -217,7 +217,7 @@ void StepCollector::submit(uint32_t client, const shm::Submission& s) {
   bump(counters_.submissions);
   auto reject = [&](const Status& st) {
     bump(counters_.submissions_rejected);
-    SC_LOG_WARN("%s: submission refused: %s", label_of(client).c_str(), st.message().c_str());
+    SC_LOG_WARN("{}: submission refused: {}", label_of(client), st.message());
     clients_sink_->post(client, s.tensor_id, s.step, st, nullptr);
   };
   if (s.flags != 0 || s.reserved != 0) {
@@ -225,45 +225,45 @@ void StepCollector::submit(uint32_t client, const shm::Submission& s) {
   }
   if (!std::isfinite(s.lr) || s.lr < 0.0f) {
     return reject(
-        invalid_argument(strfmt("learning rate %g is not a finite value >= 0", static_cast<double>(s.lr))));
+        invalid_argument(fmt::format("learning rate {:g} is not a finite value >= 0", static_cast<double>(s.lr))));
   }
   auto c = clients_.find(client);
   if (c == clients_.end() || c->second.slots.count(s.tensor_id) == 0 || s.tensor_id >= tensors_.size()) {
-    return reject(not_found(strfmt("unknown tensor id %u (not registered by this client)", s.tensor_id)));
+    return reject(not_found(fmt::format("unknown tensor id {} (not registered by this client)", s.tensor_id)));
   }
   Tensor& t = *tensors_[s.tensor_id];
   auto step = static_cast<unsigned long long>(s.step);
   if (!lost_client_.empty() && clients_.size() < options_.local_clients) {
-    Status st = aborted(strfmt("tensor '%s' step %llu: local %s; this node cannot complete steps "
-                               "until %u local clients are connected again",
-                               t.name.c_str(), step, lost_client_.c_str(), options_.local_clients));
+    Status st = aborted(fmt::format("tensor '{}' step {}: local {}; this node cannot complete steps "
+                               "until {} local clients are connected again",
+                               t.name, step, lost_client_, options_.local_clients));
     if (!t.in_flight && !(t.has_last && s.step <= t.last_step)) fail_job_wide(t, s.step, st.message());
     return reject(st);
   }
   if (t.in_flight) {
     return reject(failed_precondition(
-        strfmt("tensor '%s': step %llu is still in flight; wait for it before submitting step %llu", t.name.c_str(),
+        fmt::format("tensor '{}': step {} is still in flight; wait for it before submitting step {}", t.name,
                static_cast<unsigned long long>(t.flight_step), step)));
   }
   if (t.collecting) {
     for (const auto& sub : t.submitters) {
       if (sub.first == client) {
-        return reject(failed_precondition(strfmt("tensor '%s': step %llu submitted twice", t.name.c_str(), step)));
+        return reject(failed_precondition(fmt::format("tensor '{}': step {} submitted twice", t.name, step)));
       }
     }
     if (s.step != t.collect_step) {
       Status st = failed_precondition(
-          strfmt("local clients disagree on the step of tensor '%s': %s submitted step %llu, "
-                 "client %u submitted step %llu",
-                 t.name.c_str(), label_of(client).c_str(), step, t.submitters.front().first,
+          fmt::format("local clients disagree on the step of tensor '{}': {} submitted step {}, "
+                 "client {} submitted step {}",
+                 t.name, label_of(client), step, t.submitters.front().first,
                  static_cast<unsigned long long>(t.collect_step)));
       fail_collecting(t, st, 0);
       return reject(st);
     }
   } else {
     if (t.has_last && s.step <= t.last_step) {
-      return reject(out_of_range(strfmt("tensor '%s': step %llu is not greater than its last step %llu",
-                                        t.name.c_str(), step, static_cast<unsigned long long>(t.last_step))));
+      return reject(out_of_range(fmt::format("tensor '{}': step {} is not greater than its last step {}",
+                                        t.name, step, static_cast<unsigned long long>(t.last_step))));
     }
     t.collecting = true;
     t.collect_step = s.step;
@@ -288,7 +288,7 @@ void StepCollector::dispatch(Tensor& t) {
   sum_inputs_.clear();
   for (const auto& sub : t.submitters) {
     auto c = clients_.find(sub.first);
-    SC_CHECK(c != clients_.end() && c->second.slots.count(t.id) == 1, "submitter %u of tensor %u vanished",
+    SC_CHECK(c != clients_.end() && c->second.slots.count(t.id) == 1, "submitter {} of tensor {} vanished",
              sub.first, t.id);
     sum_inputs_.push_back(c->second.slots[t.id].data());
   }
@@ -338,7 +338,7 @@ void StepCollector::on_result(const StepResult& r) {
   Tensor* t = r.tensor_id < tensors_.size() ? tensors_[r.tensor_id].get() : nullptr;
   if (r.generation != generation_ || t == nullptr || !t->in_flight || t->flight_step != r.step) {
     bump(counters_.stale_results);
-    SC_LOG_WARN("dropping a result for tensor %u step %llu: no such step in flight", r.tensor_id,
+    SC_LOG_WARN("dropping a result for tensor {} step {}: no such step in flight", r.tensor_id,
                 static_cast<unsigned long long>(r.step));
     return;
   }
@@ -363,8 +363,8 @@ void StepCollector::fail_job_wide(Tensor& t, uint64_t step, const std::string& r
   t.failed_job_wide = true;
   t.failed_step = step;
   bump(counters_.steps_failed_job_wide);
-  SC_LOG_WARN("failing tensor '%s' step %llu job-wide: %s", t.name.c_str(), static_cast<unsigned long long>(step),
-              reason.c_str());
+  SC_LOG_WARN("failing tensor '{}' step {} job-wide: {}", t.name, static_cast<unsigned long long>(step),
+              reason);
   pipeline_->fail_step(t.id, step, reason);
 }
 
@@ -387,15 +387,15 @@ void StepCollector::fail_owed_steps(const std::string& dead_label, const std::st
         (t->collecting && t->collect_step == current) || (t->has_last && t->last_step == current);
     mid_step = mid_step || !at_current;
   }
-  const std::string who = strfmt("local trainer %s disconnected (%s)", dead_label.c_str(), why.c_str());
+  const std::string who = fmt::format("local trainer {} disconnected ({})", dead_label, why);
   for (auto& t : tensors_) {
     if (t->collecting) {
       fail_job_wide(*t, t->collect_step,
-                    strfmt("%s before every local trainer submitted step %llu of tensor '%s'", who.c_str(),
-                           static_cast<unsigned long long>(t->collect_step), t->name.c_str()));
+                    fmt::format("{} before every local trainer submitted step {} of tensor '{}'", who,
+                           static_cast<unsigned long long>(t->collect_step), t->name));
     } else if (mid_step && !(t->has_last && t->last_step >= current)) {
-      fail_job_wide(*t, current, strfmt("%s in step %llu before it submitted tensor '%s'", who.c_str(),
-                                        static_cast<unsigned long long>(current), t->name.c_str()));
+      fail_job_wide(*t, current, fmt::format("{} in step {} before it submitted tensor '{}'", who,
+                                        static_cast<unsigned long long>(current), t->name));
     }
     // Between steps (every tensor reached `current`) nothing is failed: that is also how every
     // job ends, and the next step number is only a guess.
@@ -407,7 +407,7 @@ void StepCollector::free_orphan(size_t index) {
   orphans_.erase(orphans_.begin() + static_cast<std::ptrdiff_t>(index));
   counters_.orphaned_tensors.store(orphans_.size());
   release(t->bytes);
-  SC_LOG_DEBUG("freed tensor '%s' of a reset job: the pipeline answered its step %llu", t->name.c_str(),
+  SC_LOG_DEBUG("freed tensor '{}' of a reset job: the pipeline answered its step {}", t->name,
                static_cast<unsigned long long>(t->flight_step));
 }
 

@@ -160,16 +160,18 @@ class RateLimitedLog {
   explicit RateLimitedLog(const Clock& clock) : clock_(clock) {}
 
   template <typename... Args>
-  void warn(const char* fmt, Args... args) {
+  void warn(fmt::format_string<Args...> format, Args&&... args) {
     const auto now = clock_.now();
     if (now - window_start_ >= std::chrono::seconds(1)) {
-      if (suppressed_ > 0) SC_LOG_WARN("rendezvous: %llu similar lines suppressed", static_cast<unsigned long long>(suppressed_));
+      if (suppressed_ > 0) SC_LOG_WARN("rendezvous: {} similar lines suppressed", static_cast<unsigned long long>(suppressed_));
       window_start_ = now;
       in_window_ = 0;
       suppressed_ = 0;
     }
     if (in_window_++ < 5) {
-      SC_LOG_WARN(fmt, args...);
+      if (log_enabled(LogLevel::kWarn)) {
+        log_write(LogLevel::kWarn, __FILE__, __LINE__, fmt::vformat(format, fmt::make_format_args(args...)));
+      }
     } else {
       ++suppressed_;
     }
@@ -313,7 +315,7 @@ Expected<Fd> listen_on(const Options& o) {
     return fd;
   }
   Status s = errno_status("rendezvous: rank 0 cannot listen on " + o.coordinator, last_errno);
-  SC_LOG_ERROR("%s", s.message().c_str());
+  SC_LOG_ERROR("{}", s.message());
   return s;
 }
 
@@ -367,8 +369,8 @@ class Server {
       for (uint32_t rank = 1; rank < o_.world_size; ++rank) {
         const pollfd& f = fds[1 + pending_.size() + rank - 1];
         if (f.revents == 0 || joined_[rank].fd.get() < 0) continue;
-        SC_LOG_WARN("rendezvous: rank %u (%s) hung up before the job was complete; its slot is free again", rank,
-                    table_[rank].label.c_str());
+        SC_LOG_WARN("rendezvous: rank {} ({}) hung up before the job was complete; its slot is free again", rank,
+                    table_[rank].label);
         joined_[rank].fd.reset();
         table_[rank] = Peer{};
         --count_;
@@ -414,7 +416,7 @@ class Server {
       int r = ::poll(fds.data(), fds.size(), timeout);
       if (r < 0) {
         if (errno == EINTR) continue;
-        SC_LOG_ERROR("rendezvous: poll: %s; no more replacements are admitted", std::strerror(errno));
+        SC_LOG_ERROR("rendezvous: poll: {}; no more replacements are admitted", std::strerror(errno));
         return;
       }
       if (fds[0].revents != 0) return;
@@ -440,8 +442,8 @@ class Server {
   // Closes connections whose hello is overdue.
   void expire(Clock::time_point now) {
     while (!pending_.empty() && now - pending_.front().accepted_at >= o_.hello_timeout) {
-      shed_log_.warn("rendezvous: closing the connection from %s: no hello within %lld ms",
-                     pending_.front().from.c_str(), static_cast<long long>(o_.hello_timeout.count()));
+      shed_log_.warn("rendezvous: closing the connection from {}: no hello within {} ms",
+                     pending_.front().from, static_cast<long long>(o_.hello_timeout.count()));
       bump(&Stats::shed, o_);
       pending_.pop_front();
     }
@@ -460,7 +462,7 @@ class Server {
         }
         if (errno != EAGAIN && errno != EWOULDBLOCK) {
           // ENOBUFS/ENOMEM and the like: back off briefly instead of spinning on a readable listener.
-          SC_LOG_WARN("rendezvous: accept: %s", std::strerror(errno));
+          SC_LOG_WARN("rendezvous: accept: {}", std::strerror(errno));
           listener_paused_until_ = clock_.now() + std::chrono::milliseconds(10);
         }
         return;
@@ -479,8 +481,8 @@ class Server {
       ssize_t n = ::send(c, challenge.data(), challenge.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
       if (n != static_cast<ssize_t>(challenge.size())) continue;
       if (pending_.size() >= o_.max_pending) {
-        shed_log_.warn("rendezvous: %zu connections are waiting for their hello; closing the oldest (from %s)",
-                       pending_.size(), pending_.front().from.c_str());
+        shed_log_.warn("rendezvous: {} connections are waiting for their hello; closing the oldest (from {})",
+                       pending_.size(), pending_.front().from);
         bump(&Stats::shed, o_);
         pending_.pop_front();
       }
@@ -494,8 +496,8 @@ class Server {
   void out_of_fds() {
     bump(&Stats::shed, o_);
     if (!pending_.empty()) {
-      shed_log_.warn("rendezvous: out of file descriptors; closing the oldest waiting connection (from %s)",
-                     pending_.front().from.c_str());
+      shed_log_.warn("rendezvous: out of file descriptors; closing the oldest waiting connection (from {})",
+                     pending_.front().from);
       pending_.pop_front();
       return;  // that freed one: the next accept() succeeds
     }
@@ -516,7 +518,7 @@ class Server {
     size_t want = chunk_want(conn);
     ssize_t n = ::recv(conn.fd.get(), chunk, std::min(want, sizeof chunk), 0);
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR && errno != EWOULDBLOCK)) {
-      SC_LOG_DEBUG("rendezvous: connection from %s closed before its hello arrived", conn.from.c_str());
+      SC_LOG_DEBUG("rendezvous: connection from {} closed before its hello arrived", conn.from);
       conn.fd.reset();
       return;
     }
@@ -525,7 +527,7 @@ class Server {
     auto size = hello_size(conn.buf);
     if (!size.ok()) {
       bump(&Stats::malformed, o_);
-      refuse_log_.warn("rendezvous: refusing %s: %s", conn.from.c_str(), size.status().message().c_str());
+      refuse_log_.warn("rendezvous: refusing {}: {}", conn.from, size.status().message());
       send_and_close(conn, refusal_bytes(key_, conn.challenge, auth::Nonce{}, size.status().message()));
       return;
     }
@@ -536,11 +538,11 @@ class Server {
       std::memcpy(nonce.data(), conn.buf.data() + 12, nonce.size());
       if (hello.status().code() == Code::kPermissionDenied) {
         bump(&Stats::auth_failures, o_);
-        refuse_log_.warn("rendezvous: authentication failed for a hello from %s (wrong or missing job secret)",
-                         conn.from.c_str());
+        refuse_log_.warn("rendezvous: authentication failed for a hello from {} (wrong or missing job secret)",
+                         conn.from);
       } else {
         bump(&Stats::malformed, o_);
-        refuse_log_.warn("rendezvous: refusing %s: %s", conn.from.c_str(), hello.status().message().c_str());
+        refuse_log_.warn("rendezvous: refusing {}: {}", conn.from, hello.status().message());
       }
       send_and_close(conn, refusal_bytes(key_, conn.challenge, nonce, hello.status().message()));
       return;
@@ -573,7 +575,7 @@ class Server {
     }
     if (!reason.empty()) {
       bump(&Stats::refused, o_);
-      refuse_log_.warn("rendezvous: refusing %s: %s", who.c_str(), reason.c_str());
+      refuse_log_.warn("rendezvous: refusing {}: {}", who, reason);
       send_and_close(conn, refusal_bytes(key_, conn.challenge, h.nonce, reason));
       return;
     }
@@ -586,7 +588,7 @@ class Server {
     joined_[h.rank].challenge = conn.challenge;
     joined_[h.rank].nonce = h.nonce;
     ++count_;
-    SC_LOG_DEBUG("rendezvous: %s joined (%u of %u)", who.c_str(), count_, o_.world_size);
+    SC_LOG_DEBUG("rendezvous: {} joined ({} of {})", who, count_, o_.world_size);
   }
 
   // A replacement for lost rank h.rank, authenticated and checked like a formation's join: rank
@@ -598,8 +600,8 @@ class Server {
     auto generation = admit_(Replacement{rank, entry.label, entry.address});
     if (!generation.ok()) {
       bump(&Stats::refused, o_);
-      refuse_log_.warn("rendezvous: not admitting %s as a replacement: %s", who.c_str(),
-                       generation.status().message().c_str());
+      refuse_log_.warn("rendezvous: not admitting {} as a replacement: {}", who,
+                       generation.status().message());
       send_and_close(conn, refusal_bytes(key_, conn.challenge, h.nonce, generation.status().message()));
       return;
     }
@@ -613,9 +615,9 @@ class Server {
     Status s = write_all(conn.fd.get(), out, clock_, clock_.now() + o_.hello_timeout, who);
     if (!s.ok()) {
       // Rank 0 is ready for a process that went away: its endpoint fails and the rank stays lost.
-      SC_LOG_ERROR("rendezvous: cannot send the table to replacement %s: %s", who.c_str(), s.message().c_str());
+      SC_LOG_ERROR("rendezvous: cannot send the table to replacement {}: {}", who, s.message());
     } else {
-      SC_LOG_INFO("rendezvous: admitted %s as the replacement for lost rank %u (generation %llu)", who.c_str(), rank,
+      SC_LOG_INFO("rendezvous: admitted {} as the replacement for lost rank {} (generation {})", who, rank,
                   static_cast<unsigned long long>(*generation));
     }
     conn.fd.reset();
@@ -642,8 +644,8 @@ class Server {
       const std::string out = verdict_bytes(kVerdictAccepted, j.challenge, j.nonce, body);
       Status s = write_all(j.fd.get(), out, clock_, deadline_, "rank " + std::to_string(r));
       if (!s.ok()) {
-        SC_LOG_ERROR("rendezvous: cannot send the address table to rank %u (%s): %s", r, f.peers[r].label.c_str(),
-                     s.message().c_str());
+        SC_LOG_ERROR("rendezvous: cannot send the address table to rank {} ({}): {}", r, f.peers[r].label,
+                     s.message());
         return s.with_context("rendezvous");
       }
     }
@@ -723,7 +725,7 @@ class Joiner {
         auto result = exchange(fd.get());
         if (result.ok() || !retryable(result.status())) return result;
         last = result.status();
-        SC_LOG_DEBUG("rendezvous: %s; reconnecting", last.message().c_str());
+        SC_LOG_DEBUG("rendezvous: {}; reconnecting", last.message());
       }
       int left = remaining_ms(clock_, deadline_);
       if (left == 0) {
@@ -780,10 +782,10 @@ class Joiner {
         Status st = permission_denied("rendezvous: " + who_ + " refused rank " + std::to_string(o_.rank) +
                                       " without proving it holds the job secret (\"" + reason +
                                       "\"): authentication failed; is job_secret_file the same on every node?");
-        SC_LOG_ERROR("%s", st.message().c_str());
+        SC_LOG_ERROR("{}", st.message());
         return st;
       }
-      SC_LOG_ERROR("rendezvous: refused by %s: %s", who_.c_str(), reason.c_str());
+      SC_LOG_ERROR("rendezvous: refused by {}: {}", who_, reason);
       return failed_precondition("rendezvous refused by " + who_ + ": " + reason);
     }
     if (verdict != kVerdictAccepted && verdict != kVerdictReplacement) {
@@ -802,7 +804,7 @@ class Joiner {
       Status st = permission_denied("rendezvous: " + who_ +
                                     " could not prove it holds the job secret (authentication failed); its table "
                                     "is ignored. Is job_secret_file the same on every node?");
-      SC_LOG_ERROR("%s", st.message().c_str());
+      SC_LOG_ERROR("{}", st.message());
       return st;
     }
     uint64_t generation = 0;

@@ -24,9 +24,9 @@ Status send_text_message(Transport& transport, uint32_t peer, wire::WireHeader h
   return transport.send(peer, b->header, payload, [b, peer, what = std::move(what), quiet](const Status& st) {
     if (st.ok()) return;
     if (quiet) {
-      SC_LOG_DEBUG("%s to rank %u was not delivered: %s", what.c_str(), peer, st.to_string().c_str());
+      SC_LOG_DEBUG("{} to rank {} was not delivered: {}", what, peer, st.to_string());
     } else {
-      SC_LOG_WARN("%s to rank %u was not delivered: %s", what.c_str(), peer, st.to_string().c_str());
+      SC_LOG_WARN("{} to rank {} was not delivered: {}", what, peer, st.to_string());
     }
   });
 }

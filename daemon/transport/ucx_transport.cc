@@ -116,18 +116,20 @@ class RateLimitedLog {
   explicit RateLimitedLog(const Clock& clock) : clock_(clock) {}
 
   template <typename... Args>
-  void error(const char* fmt, Args... args) {
+  void error(fmt::format_string<Args...> format, Args&&... args) {
     const auto now = clock_.now();
     if (now - window_start_ >= std::chrono::seconds(1)) {
       if (suppressed_ > 0) {
-        SC_LOG_ERROR("transport: %llu more rejected messages not logged", static_cast<unsigned long long>(suppressed_));
+        SC_LOG_ERROR("transport: {} more rejected messages not logged", static_cast<unsigned long long>(suppressed_));
       }
       window_start_ = now;
       in_window_ = 0;
       suppressed_ = 0;
     }
     if (in_window_++ < 5) {
-      SC_LOG_ERROR(fmt, args...);
+      if (log_enabled(LogLevel::kError)) {
+        log_write(LogLevel::kError, __FILE__, __LINE__, fmt::vformat(format, fmt::make_format_args(args...)));
+      }
     } else {
       ++suppressed_;
     }
@@ -170,7 +172,7 @@ std::string default_label() {
     ucs_status_t sc_ucs_ = (call);                                       \
     if (sc_ucs_ != UCS_OK) {                                             \
       ::sparsecar::Status sc_st_ = ucx_status(#call, sc_ucs_, (who));    \
-      SC_LOG_ERROR("%s", sc_st_.message().c_str());                      \
+      SC_LOG_ERROR("{}", sc_st_.message());                      \
       return sc_st_;                                                     \
     }                                                                    \
   } while (0)
@@ -259,7 +261,7 @@ class UcxTransport::Impl {
     wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (wake_fd_ < 0) {
       Status s = errno_status("eventfd", errno);
-      SC_LOG_ERROR("%s", s.message().c_str());
+      SC_LOG_ERROR("{}", s.message());
       return s;
     }
     SC_RETURN_IF_ERROR(init_ucx());
@@ -297,7 +299,7 @@ class UcxTransport::Impl {
     // A replacement's messages, and everyone's to it, are numbered above every earlier process's.
     const uint64_t first_seq = formation.generation << kGenerationShift;
     if (formation.generation > 0) {
-      SC_LOG_INFO("transport: rank %u joined the running job as a replacement (generation %llu)", options_.rank,
+      SC_LOG_INFO("transport: rank {} joined the running job as a replacement (generation {})", options_.rank,
                   static_cast<unsigned long long>(formation.generation));
     }
 
@@ -448,7 +450,7 @@ class UcxTransport::Impl {
       Status s = init_ucx_once(&retryable);
       if (s.ok()) {
         if (attempts > 1) {
-          SC_LOG_INFO("transport: UCX came up after %d attempts (%lld ms)", attempts,
+          SC_LOG_INFO("transport: UCX came up after {} attempts ({} ms)", attempts,
                       static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(clock_.now() - begin).count()));
         }
         return s;
@@ -457,11 +459,11 @@ class UcxTransport::Impl {
       if (!retryable || clock_.now() >= give_up) {
         if (retryable) s = s.with_context("no usable network device after " + std::to_string(attempts) + " attempts in " +
                                           std::to_string(options_.device_wait.count()) + " ms");
-        SC_LOG_ERROR("transport: %s", s.message().c_str());
+        SC_LOG_ERROR("transport: {}", s.message());
         return s;
       }
       if (attempts == 1) {
-        SC_LOG_WARN("transport: %s; retrying for up to %lld ms (network device not up yet?)", s.message().c_str(),
+        SC_LOG_WARN("transport: {}; retrying for up to {} ms (network device not up yet?)", s.message(),
                     static_cast<long long>(options_.device_wait.count()));
       }
       std::this_thread::sleep_for(std::min<Clock::duration>(backoff, give_up - clock_.now()));
@@ -483,7 +485,7 @@ class UcxTransport::Impl {
       ucs_status_t s = ucp_config_modify(config, name, value.c_str());
       if (s != UCS_OK) {
         Status st = ucx_status(std::string("ucp_config_modify(") + name + "=" + value + ")", s, "");
-        SC_LOG_ERROR("%s", st.message().c_str());
+        SC_LOG_ERROR("{}", st.message());
         return st;
       }
       return Status::Ok();
@@ -553,7 +555,7 @@ class UcxTransport::Impl {
     uint64_t one = 1;
     // EAGAIN means the counter is already non-zero: the thread will wake anyway.
     if (::write(wake_fd_, &one, sizeof one) < 0 && errno != EAGAIN) {
-      SC_LOG_ERROR("transport: write(eventfd): %s", std::strerror(errno));
+      SC_LOG_ERROR("transport: write(eventfd): {}", std::strerror(errno));
     }
   }
 
@@ -592,7 +594,7 @@ class UcxTransport::Impl {
     }
     if (s != UCS_OK) {
       // Cannot arm: fall back to a short timed sleep so we still make progress.
-      SC_LOG_ERROR("transport: ucp_worker_arm: %s", ucs_status_string(s));
+      SC_LOG_ERROR("transport: ucp_worker_arm: {}", ucs_status_string(s));
       limit = std::min(limit, std::chrono::milliseconds(1));
     }
     poll_fds_.clear();
@@ -602,13 +604,13 @@ class UcxTransport::Impl {
       if (p.pidfd >= 0) poll_fds_.push_back({p.pidfd, POLLIN, 0});
     }
     int r = ::poll(poll_fds_.data(), poll_fds_.size(), static_cast<int>(limit.count()));
-    if (r < 0 && errno != EINTR) SC_LOG_ERROR("transport: poll: %s", std::strerror(errno));
+    if (r < 0 && errno != EINTR) SC_LOG_ERROR("transport: poll: {}", std::strerror(errno));
     sleeping_.store(false);
     if (r <= 0) return;
     if (poll_fds_[1].revents & POLLIN) {
       uint64_t count;
       if (::read(wake_fd_, &count, sizeof count) < 0 && errno != EAGAIN) {
-        SC_LOG_ERROR("transport: read(eventfd): %s", std::strerror(errno));
+        SC_LOG_ERROR("transport: read(eventfd): {}", std::strerror(errno));
       }
     }
     for (size_t i = 2; i < poll_fds_.size(); ++i) {
@@ -672,7 +674,7 @@ class UcxTransport::Impl {
       finish_send(op, Status::Ok());
     } else if (UCS_PTR_IS_ERR(r)) {
       Status s = ucx_status("ucp_am_send_nbx", UCS_PTR_STATUS(r), p.name);
-      SC_LOG_ERROR("%s", s.message().c_str());
+      SC_LOG_ERROR("{}", s.message());
       finish_send(op, s);
     } else {
       op->ucx_request = r;
@@ -746,7 +748,7 @@ class UcxTransport::Impl {
                          std::to_string(header_length) + " header bytes" +
                          (claimed != MessageSink::kUnknownPeer ? ", claiming " + peers_[claimed].name : std::string()) +
                          "): " + why);
-    reject_log_.error("%s", s.message().c_str());
+    reject_log_.error("{}", s.message());
     if (!stop_requested_.load(std::memory_order_acquire)) sink_->on_rejected(claimed, s);
     return s;
   }
@@ -839,7 +841,7 @@ class UcxTransport::Impl {
       req.payload = shared->data();
       req.payload_len = shared->size();
       req.done = [shared, rank = q.rank](const Status& st) {
-        if (!st.ok()) SC_LOG_WARN("transport: telling rank %u about the replacement failed: %s", rank, st.message().c_str());
+        if (!st.ok()) SC_LOG_WARN("transport: telling rank {} about the replacement failed: {}", rank, st.message());
       };
       post(std::move(req));
     }
@@ -877,7 +879,7 @@ class UcxTransport::Impl {
     }
     p.failed.store(false, std::memory_order_release);
     peers_rejoined_.fetch_add(1, std::memory_order_relaxed);
-    SC_LOG_INFO("transport: %s rejoined the job (generation %llu)", p.name.c_str(),
+    SC_LOG_INFO("transport: {} rejoined the job (generation {})", p.name,
                 static_cast<unsigned long long>(generation));
     sink_->on_peer_rejoined(p.rank);
     return Status::Ok();
@@ -918,7 +920,7 @@ class UcxTransport::Impl {
     const std::string label(reinterpret_cast<const char*>(body + 8), label_len);
     const std::string address(reinterpret_cast<const char*>(body + 8 + label_len), address_len);
     Status s = self->replace_peer(p, label, address, generation);
-    if (!s.ok()) SC_LOG_ERROR("transport: cannot connect to the replacement of rank %u: %s", rank, s.message().c_str());
+    if (!s.ok()) SC_LOG_ERROR("transport: cannot connect to the replacement of rank {}: {}", rank, s.message());
     return UCS_OK;
   }
 
@@ -998,13 +1000,13 @@ class UcxTransport::Impl {
     p.failed.store(true, std::memory_order_release);
     p.close_pending = p.ep != nullptr;
     if (stop_requested_.load(std::memory_order_acquire)) {
-      SC_LOG_DEBUG("transport: during shutdown: %s", p.failure.message().c_str());
+      SC_LOG_DEBUG("transport: during shutdown: {}", p.failure.message());
       return;
     }
     if (orderly) {
-      SC_LOG_INFO("transport: %s", p.failure.message().c_str());
+      SC_LOG_INFO("transport: {}", p.failure.message());
     } else {
-      SC_LOG_ERROR("transport: %s", p.failure.message().c_str());
+      SC_LOG_ERROR("transport: {}", p.failure.message());
     }
     sink_->on_peer_failed(p.rank, p.failure);
   }
@@ -1030,7 +1032,7 @@ class UcxTransport::Impl {
       if (UCS_PTR_IS_PTR(r)) {
         close_requests_.push_back(r);
       } else if (UCS_PTR_IS_ERR(r)) {
-        SC_LOG_DEBUG("transport: force-closing the endpoint to %s: %s", p.name.c_str(),
+        SC_LOG_DEBUG("transport: force-closing the endpoint to {}: {}", p.name,
                      ucs_status_string(UCS_PTR_STATUS(r)));
       }
     }
@@ -1059,7 +1061,7 @@ class UcxTransport::Impl {
     auto* self = static_cast<Impl*>(arg);
     const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
     auto drop = [&](const char* why) {
-      SC_LOG_ERROR("transport: dropping a message of %zu+%zu bytes: %s", header_length, length, why);
+      SC_LOG_ERROR("transport: dropping a message of {}+{} bytes: {}", header_length, length, why);
       self->dropped_++;
       if (rndv) ucp_am_data_release(self->worker_, data);
       return UCS_OK;
@@ -1098,7 +1100,7 @@ class UcxTransport::Impl {
     if (r == nullptr) {
       self->deliver(op);
     } else if (UCS_PTR_IS_ERR(r)) {
-      SC_LOG_ERROR("transport: ucp_am_recv_data_nbx (%s, %zu bytes): %s", self->peers_[sender].name.c_str(), length,
+      SC_LOG_ERROR("transport: ucp_am_recv_data_nbx ({}, {} bytes): {}", self->peers_[sender].name, length,
                    ucs_status_string(UCS_PTR_STATUS(r)));
       self->dropped_++;
       self->release_recv(op);
@@ -1112,7 +1114,7 @@ class UcxTransport::Impl {
     ucp_request_free(request);
     if (op->orphaned) return;
     if (status != UCS_OK) {
-      SC_LOG_ERROR("transport: receiving %zu bytes from %s: %s", op->length, self->peers_[op->peer].name.c_str(),
+      SC_LOG_ERROR("transport: receiving {} bytes from {}: {}", op->length, self->peers_[op->peer].name,
                    ucs_status_string(status));
       self->dropped_++;
       self->release_recv(op);
@@ -1226,7 +1228,7 @@ class UcxTransport::Impl {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock_.now());
       sleep_until_event(std::clamp(left, std::chrono::milliseconds(1), std::chrono::milliseconds(10)));
     }
-    if (closing()) SC_LOG_WARN("transport: endpoints did not close within %lld ms; dropping them",
+    if (closing()) SC_LOG_WARN("transport: endpoints did not close within {} ms; dropping them",
                                static_cast<long long>(options_.stop_timeout.count()));
     for (Peer& p : peers_) {
       while (p.inflight != nullptr) {

@@ -14,8 +14,12 @@
 // per message; COO = 8 bytes per element; dense = ring all-reduce), not from a network.
 #include <sparsecar/client.h>
 
+#include <CLI/CLI.hpp>
+
 #include <chrono>
+#include <cerrno>
 #include <cinttypes>
+#include <cstdint>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -27,35 +31,6 @@
 #include "logreg_problem.h"
 
 namespace {
-
-constexpr const char* kUsage = R"(usage: sparsecar-logreg-trainer [flags]
-
-Logistic regression on a seeded, gisette-like synthetic problem (5,000 sparse non-negative
-features, 4,000 samples, 20 informative), data-parallel through the local sparsecard.
-
-  --socket PATH         the local daemon's Unix socket (required unless --local)
-  --rank R              this trainer's rank (default 0)
-  --world-size W        number of trainers in the job (default 1)
-  --steps N             SGD steps (default 400)
-  --lr X                learning rate (default 0.5)
-  --batch B             minibatch size per trainer (default 64)
-  --seed S              data and sampling seed; same on every trainer (default 1)
-  --log-every N         rank 0 prints a line every N steps (default 25; 0 = only the last)
-  --deadline-ms MS      how long to wait for each averaged gradient (default 30000)
-  --json-out FILE       write this trainer's totals as JSON
-  --local               no daemon: simulate --world-size trainers in this process
-  --local-compress M    with --local: off (exact average) or topk (Top-k + error feedback)
-  --density D           with --local-compress topk: fraction of elements kept (default 0.001)
-
-Problem shape (every trainer of a job must pass the same values):
-  --samples N           training samples (default 4000)
-  --informative N       features that carry the label (default 20)
-  --probe-density X     fraction of samples in which a probe feature is non-zero (default 0.12)
-  --signal X            scale of the hidden weights; higher = cleaner labels (default 3)
-  --label-noise X       fraction of labels flipped on top (default 0)
-  --l2 X                L2 penalty added to the gradient (weight decay; default 0.02)
-  --help                this text
-)";
 
 struct Flags {
   std::string socket;
@@ -80,88 +55,55 @@ struct Flags {
   std::exit(2);
 }
 
-template <typename T>
-T parse_number(const std::string& flag, const std::string& text) {
-  char* end = nullptr;
-  errno = 0;
-  T value{};
-  if constexpr (std::is_floating_point_v<T>) {
-    value = static_cast<T>(std::strtod(text.c_str(), &end));
-  } else if constexpr (std::is_signed_v<T>) {
-    value = static_cast<T>(std::strtoll(text.c_str(), &end, 10));
-  } else {
-    if (!text.empty() && text[0] == '-') usage_error(flag + " must not be negative");
-    value = static_cast<T>(std::strtoull(text.c_str(), &end, 10));
-  }
-  if (text.empty() || errno != 0 || end == nullptr || *end != '\0') {
-    usage_error("bad value for " + flag + ": '" + text + "'");
-  }
-  return value;
-}
-
+// The command line, parsed by CLI11 ("--flag value" and "--flag=value"; numbers are checked, an
+// unsigned flag refuses a negative value). Exit 0 for --help, 2 for a usage error.
 Flags parse_flags(int argc, char** argv) {
   Flags f;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    std::string value;
-    bool has_value = false;
-    if (auto eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-      has_value = true;
-    }
-    auto take = [&]() -> std::string {
-      if (has_value) return value;
-      if (i + 1 >= argc) usage_error(arg + " needs a value");
-      return argv[++i];
-    };
-    if (arg == "--help" || arg == "-h") {
-      std::fputs(kUsage, stdout);
-      std::exit(0);
-    } else if (arg == "--socket") {
-      f.socket = take();
-    } else if (arg == "--rank") {
-      f.rank = parse_number<uint32_t>(arg, take());
-    } else if (arg == "--world-size") {
-      f.world = parse_number<uint32_t>(arg, take());
-    } else if (arg == "--steps") {
-      f.steps = parse_number<uint64_t>(arg, take());
-    } else if (arg == "--lr") {
-      f.lr = parse_number<float>(arg, take());
-    } else if (arg == "--batch") {
-      f.batch = parse_number<size_t>(arg, take());
-    } else if (arg == "--seed") {
-      f.seed = parse_number<uint64_t>(arg, take());
-    } else if (arg == "--log-every") {
-      f.log_every = parse_number<uint64_t>(arg, take());
-    } else if (arg == "--deadline-ms") {
-      f.deadline_ms = parse_number<int64_t>(arg, take());
-    } else if (arg == "--json-out") {
-      f.json_out = take();
-    } else if (arg == "--local") {
-      f.local = true;
-    } else if (arg == "--local-compress") {
-      std::string mode = take();
-      if (mode != "off" && mode != "topk") usage_error("--local-compress is off or topk");
-      f.local_topk = mode == "topk";
-    } else if (arg == "--density") {
-      f.density = parse_number<double>(arg, take());
-    } else if (arg == "--samples") {
-      f.problem.samples = parse_number<size_t>(arg, take());
-    } else if (arg == "--informative") {
-      f.problem.informative = parse_number<size_t>(arg, take());
-    } else if (arg == "--probe-density") {
-      f.problem.probe_density = parse_number<double>(arg, take());
-    } else if (arg == "--l2") {
-      f.l2 = parse_number<float>(arg, take());
-    } else if (arg == "--signal") {
-      f.problem.signal = parse_number<double>(arg, take());
-    } else if (arg == "--label-noise") {
-      f.problem.label_noise = parse_number<double>(arg, take());
-    } else {
-      usage_error("unknown flag " + arg);
-    }
+  CLI::App app(
+      "Logistic regression on a seeded, gisette-like synthetic problem (5,000 sparse non-negative\n"
+      "features, 4,000 samples, 20 informative), data-parallel through the local sparsecard.",
+      "sparsecar-logreg-trainer");
+  app.option_defaults()->always_capture_default();
+  std::string compress = "off";
+  app.add_option("--socket", f.socket, "the local daemon's Unix socket (required unless --local)")
+      ->type_name("PATH");
+  app.add_option("--rank", f.rank, "this trainer's rank")->type_name("R");
+  app.add_option("--world-size", f.world, "number of trainers in the job")->type_name("W");
+  app.add_option("--steps", f.steps, "SGD steps")->type_name("N");
+  app.add_option("--lr", f.lr, "learning rate")->type_name("X");
+  app.add_option("--batch", f.batch, "minibatch size per trainer")->type_name("B");
+  app.add_option("--seed", f.seed, "data and sampling seed; same on every trainer")->type_name("S");
+  app.add_option("--log-every", f.log_every, "rank 0 prints a line every N steps (0 = only the last)")
+      ->type_name("N");
+  app.add_option("--deadline-ms", f.deadline_ms, "how long to wait for each averaged gradient")
+      ->type_name("MS");
+  app.add_option("--json-out", f.json_out, "write this trainer's totals as JSON")->type_name("FILE");
+  app.add_flag("--local", f.local, "no daemon: simulate --world-size trainers in this process");
+  app.add_option("--local-compress", compress,
+                 "with --local: off (exact average) or topk (Top-k + error feedback)")
+      ->type_name("M")->check(CLI::IsMember({"off", "topk"}));
+  app.add_option("--density", f.density, "with --local-compress topk: fraction of elements kept")
+      ->type_name("D");
+  const std::string shape = "Problem shape (every trainer of a job must pass the same values)";
+  app.add_option("--samples", f.problem.samples, "training samples")->type_name("N")->group(shape);
+  app.add_option("--informative", f.problem.informative, "features that carry the label")
+      ->type_name("N")->group(shape);
+  app.add_option("--probe-density", f.problem.probe_density,
+                 "fraction of samples in which a probe feature is non-zero")->type_name("X")->group(shape);
+  app.add_option("--signal", f.problem.signal, "scale of the hidden weights; higher = cleaner labels")
+      ->type_name("X")->group(shape);
+  app.add_option("--label-noise", f.problem.label_noise, "fraction of labels flipped on top")
+      ->type_name("X")->group(shape);
+  app.add_option("--l2", f.l2, "L2 penalty added to the gradient (weight decay)")->type_name("X")->group(shape);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::fputs(app.help().c_str(), stdout);
+    std::exit(0);
+  } catch (const CLI::ParseError& e) {
+    usage_error(e.what());
   }
+  f.local_topk = compress == "topk";
   if (f.world == 0) usage_error("--world-size must be at least 1");
   if (f.rank >= f.world) usage_error("--rank must be below --world-size");
   if (f.batch == 0) usage_error("--batch must be at least 1");

@@ -15,7 +15,7 @@ namespace sparsecar::kernels {
 namespace detail {
 
 void add_isa(Isa isa, std::span<float> dst, std::span<const float> src) {
-  SC_CHECK(dst.size() == src.size(), "add: %zu vs %zu elements", dst.size(), src.size());
+  SC_CHECK(dst.size() == src.size(), "add: {} vs {} elements", dst.size(), src.size());
   if (isa == Isa::kAvx512) {
     detail::add_avx512(dst.data(), src.data(), dst.size());
   } else {
@@ -44,14 +44,14 @@ void scale(std::span<float> x, float factor) { detail::scale_isa(detail::best_is
 void clear_selected(std::span<float> residual, std::span<const uint32_t> index) {
   const size_t n = residual.size();
   for (const uint32_t i : index) {
-    SC_CHECK(i < n, "clear_selected: index %u outside %zu elements", i, n);
+    SC_CHECK(i < n, "clear_selected: index {} outside {} elements", i, n);
     residual[i] = 0.0f;
   }
 }
 
 
 void ef_accumulate_scaled(std::span<float> residual, std::span<const float> grad, float factor) {
-  SC_CHECK(residual.size() == grad.size(), "ef_accumulate_scaled: %zu vs %zu elements",
+  SC_CHECK(residual.size() == grad.size(), "ef_accumulate_scaled: {} vs {} elements",
            residual.size(), grad.size());
   float* r = residual.data();
   const float* g = grad.data();
@@ -66,7 +66,7 @@ void ef_accumulate_scaled(std::span<float> residual, std::span<const float> grad
 void momentum_accumulate(std::span<float> velocity, std::span<float> residual,
                          std::span<const float> grad, float momentum, float factor) {
   SC_CHECK(velocity.size() == grad.size() && residual.size() == grad.size(),
-           "momentum_accumulate: %zu/%zu/%zu elements", velocity.size(), residual.size(),
+           "momentum_accumulate: {}/{}/{} elements", velocity.size(), residual.size(),
            grad.size());
   float* u = velocity.data();
   float* v = residual.data();
@@ -81,22 +81,22 @@ void momentum_accumulate(std::span<float> velocity, std::span<float> residual,
 
 void subtract_selected(std::span<float> residual, std::span<const uint32_t> index,
                        std::span<const float> value) {
-  SC_CHECK(index.size() == value.size(), "subtract_selected: %zu indices, %zu values",
+  SC_CHECK(index.size() == value.size(), "subtract_selected: {} indices, {} values",
            index.size(), value.size());
   const size_t n = residual.size();
   for (size_t j = 0; j < index.size(); ++j) {
-    SC_CHECK(index[j] < n, "subtract_selected: index %u outside %zu elements", index[j], n);
+    SC_CHECK(index[j] < n, "subtract_selected: index {} outside {} elements", index[j], n);
     residual[index[j]] -= value[j];
   }
 }
 
 void add_selected(std::span<float> residual, std::span<const uint32_t> index,
                   std::span<const float> value) {
-  SC_CHECK(index.size() == value.size(), "add_selected: %zu indices, %zu values", index.size(),
+  SC_CHECK(index.size() == value.size(), "add_selected: {} indices, {} values", index.size(),
            value.size());
   const size_t n = residual.size();
   for (size_t j = 0; j < index.size(); ++j) {
-    SC_CHECK(index[j] < n, "add_selected: index %u outside %zu elements", index[j], n);
+    SC_CHECK(index[j] < n, "add_selected: index {} outside {} elements", index[j], n);
     residual[index[j]] += value[j];
   }
 }

@@ -14,6 +14,20 @@ uint16_t float_to_bf16(float x) { return detail::float_to_bf16_bits(x); }
 float bf16_to_float(uint16_t b) { return detail::bf16_bits_to_float(b); }
 
 namespace codec {
+namespace {
+
+// The fp16 loops, each with an F16C clone where the conversion is the compiler's (value_bits.h).
+SC_F16_CLONES void halves_of(const float* value, size_t m, std::byte* out) {
+  for (size_t j = 0; j < m; ++j) store_u16(out + 2 * j, detail::float_to_half_bits(value[j]));
+}
+SC_F16_CLONES void halves_scattered(const uint32_t* index, const float* value, size_t k, std::byte* out) {
+  for (size_t j = 0; j < k; ++j) store_u16(out + 2 * size_t{index[j]}, detail::float_to_half_bits(value[j]));
+}
+SC_F16_CLONES void half_roundtrip(const float* value, size_t m, float* out) {
+  for (size_t j = 0; j < m; ++j) out[j] = detail::half_bits_to_float(detail::float_to_half_bits(value[j]));
+}
+
+}  // namespace
 
 bool known_value_type(ValueType vt) { return find_value_type(vt) != nullptr; }
 
@@ -46,7 +60,7 @@ size_t write_values(ValueType vt, std::span<const float> value, std::byte* out) 
       if (m > 0) std::memcpy(out, value.data(), 4 * m);
       return 4 * m;
     case ValueType::kF16:
-      for (size_t j = 0; j < m; ++j) store_u16(out + 2 * j, float_to_half(value[j]));
+      halves_of(value.data(), m, out);
       return 2 * m;
     case ValueType::kBf16:
       for (size_t j = 0; j < m; ++j) store_u16(out + 2 * j, float_to_bf16(value[j]));
@@ -72,7 +86,7 @@ size_t write_values_scattered(ValueType vt, std::span<const uint32_t> index, std
       break;
     case ValueType::kF16:
       if (n > 0) std::memset(out, 0, 2 * n);
-      for (size_t j = 0; j < k; ++j) store_u16(out + 2 * size_t{index[j]}, float_to_half(value[j]));
+      halves_scattered(index.data(), value.data(), k, out);
       break;
     case ValueType::kBf16:
       if (n > 0) std::memset(out, 0, 2 * n);
@@ -121,7 +135,7 @@ Status quantize_roundtrip(ValueType value_type, std::span<const float> value, st
       std::copy(value.begin(), value.end(), out.begin());
       return Status::Ok();
     case ValueType::kF16:
-      for (size_t j = 0; j < m; ++j) out[j] = half_to_float(float_to_half(value[j]));
+      codec::half_roundtrip(value.data(), m, out.data());
       return Status::Ok();
     case ValueType::kBf16:
       for (size_t j = 0; j < m; ++j) out[j] = bf16_to_float(float_to_bf16(value[j]));

@@ -52,7 +52,7 @@ uint32_t find_bin(const uint32_t* hist, size_t bins, size_t k, size_t* above) {
     }
     sum += hist[b];
   }
-  SC_CHECK(false, "top-k histogram holds %zu keys, fewer than k=%zu", sum, k);
+  SC_CHECK(false, "top-k histogram holds {} keys, fewer than k={}", sum, k);
   return 0;
 }
 
@@ -140,7 +140,7 @@ void keep_largest_pairs(detail::Isa isa, uint32_t* index, float* value, size_t c
   const size_t kept = isa == detail::Isa::kAvx512
                           ? detail::topk_compact_avx512(index, value, count, kth, ties, index, value, need)
                           : detail::topk_compact_portable(index, value, count, kth, ties, index, value, need);
-  SC_CHECK(kept == need, "top-k pair refinement kept %zu of %zu", kept, need);
+  SC_CHECK(kept == need, "top-k pair refinement kept {} of {}", kept, need);
 }
 
 // out[0, above) and the second list (second_count entries, index via idx(j), value via val(j))
@@ -256,7 +256,7 @@ size_t topk_two_pass(Isa isa, std::span<const float> x, size_t k, const ScratchL
              : detail::topk_partition_portable(x.data(), n, bin, out_index, out_value, candidates,
                                                &n_candidates);
   SC_CHECK(written == above && n_candidates == hist[bin],
-           "top-k partition disagrees with its histogram (%zu/%zu above, %zu/%u in bin)", written,
+           "top-k partition disagrees with its histogram ({}/{} above, {}/{} in bin)", written,
            above, n_candidates, hist[bin]);
 
   // The exact k-th key T among the candidates; keep those above T and the lowest-index ones
@@ -279,7 +279,7 @@ size_t topk_two_pass(Isa isa, std::span<const float> x, size_t k, const ScratchL
       }
     }
   }
-  SC_CHECK(kept == need, "top-k refinement kept %zu of %zu", kept, need);
+  SC_CHECK(kept == need, "top-k refinement kept {} of {}", kept, need);
   const float* xs = x.data();
   merge_from_back(
       out_index, out_value, above, need, [candidates](size_t j) { return candidates[j]; },
@@ -412,7 +412,7 @@ bool topk_sampled(Isa isa, std::span<const float> x, size_t k, const ScratchLayo
       offset[c] = at;
       at += keep[c];
     }
-    SC_CHECK(at == k, "top-k chunks keep %zu of %zu", at, k);
+    SC_CHECK(at == k, "top-k chunks keep {} of {}", at, k);
   }
   std::array<size_t, kMaxKernelThreads> written{};
   const auto compact = [&](unsigned c) {
@@ -426,7 +426,7 @@ bool topk_sampled(Isa isa, std::span<const float> x, size_t k, const ScratchLayo
   };
   run_chunks(pool, chunks, compact);
   for (unsigned c = 0; c < chunks; ++c) {
-    SC_CHECK(written[c] == keep[c], "top-k compaction of chunk %u wrote %zu of %zu", c,
+    SC_CHECK(written[c] == keep[c], "top-k compaction of chunk {} wrote {} of {}", c,
              written[c], keep[c]);
   }
   return true;
@@ -536,21 +536,21 @@ Expected<size_t> topk_approx_isa(Isa isa, std::span<const float> x, size_t k, do
 
 size_t threshold_select_isa(Isa isa, std::span<const float> x, float lambda, uint32_t* out_index,
                             float* out_value, size_t capacity, ThreadPool* pool) {
-  SC_CHECK(x.size() <= kMaxElements, "threshold_select: %zu elements exceed uint32", x.size());
+  SC_CHECK(x.size() <= kMaxElements, "threshold_select: {} elements exceed uint32", x.size());
   SC_CHECK(capacity == 0 || (out_index != nullptr && out_value != nullptr),
-           "threshold_select: null output with capacity %zu", capacity);
+           "threshold_select: null output with capacity {}", capacity);
   return threshold_keys(isa, x, lambda_key(lambda), out_index, out_value, capacity, pool);
 }
 
 size_t ef_threshold_isa(Isa isa, std::span<float> residual, std::span<const float> grad,
                         float lambda, uint32_t* out_index, float* out_value, size_t capacity,
                         ThreadPool* pool) {
-  SC_CHECK(residual.size() == grad.size(), "ef_threshold: %zu vs %zu elements", residual.size(),
+  SC_CHECK(residual.size() == grad.size(), "ef_threshold: {} vs {} elements", residual.size(),
            grad.size());
-  SC_CHECK(residual.size() <= kMaxElements, "ef_threshold: %zu elements exceed uint32",
+  SC_CHECK(residual.size() <= kMaxElements, "ef_threshold: {} elements exceed uint32",
            residual.size());
   SC_CHECK(capacity == 0 || (out_index != nullptr && out_value != nullptr),
-           "ef_threshold: null output with capacity %zu", capacity);
+           "ef_threshold: null output with capacity {}", capacity);
   const uint32_t key = lambda_key(lambda);
   const auto pass = [&](size_t begin, size_t end, uint32_t* oi, float* ov, size_t cap) {
     return isa == Isa::kAvx512 ? detail::ef_threshold_avx512(residual.data() + begin,
@@ -597,10 +597,10 @@ Expected<size_t> topk_approx(std::span<const float> x, size_t k, double toleranc
 float magnitude_quantile(std::span<const float> x, double q, std::span<std::byte> scratch,
                          std::span<const float> add) {
   const size_t n = x.size();
-  SC_CHECK(add.empty() || add.size() == n, "magnitude_quantile: %zu vs %zu elements", n,
+  SC_CHECK(add.empty() || add.size() == n, "magnitude_quantile: {} vs {} elements", n,
            add.size());
   SC_CHECK(scratch.size() >= kScratchAlign + kHiHistBytes + kSampleBytes,
-           "magnitude_quantile: scratch of %zu bytes", scratch.size());
+           "magnitude_quantile: scratch of {} bytes", scratch.size());
   if (n == 0) return 0.0f;
   if (!(q >= 0.0)) q = 0.0;  // NaN too
   if (q > 1.0) q = 1.0;
@@ -634,9 +634,9 @@ uint64_t random_keep_threshold(double p) { return detail::keep_threshold(p); }
 size_t randomk_select(std::span<const float> x, double p, uint64_t seed, bool unbiased,
                       uint32_t* out_index, float* out_value, size_t capacity) {
   const size_t n = x.size();
-  SC_CHECK(n <= kMaxElements, "randomk_select: %zu elements exceed uint32", n);
+  SC_CHECK(n <= kMaxElements, "randomk_select: {} elements exceed uint32", n);
   SC_CHECK(capacity == 0 || (out_index != nullptr && out_value != nullptr),
-           "randomk_select: null output with capacity %zu", capacity);
+           "randomk_select: null output with capacity {}", capacity);
   const uint64_t t = random_keep_threshold(p);
   if (t == 0) return 0;
   // Scale by the probability actually used (t / 2^32), so E[sent] == x exactly.
@@ -678,9 +678,9 @@ double importance_scale(std::span<const float> x, size_t k) {
 size_t importance_select(std::span<const float> x, size_t k, uint64_t seed, bool unbiased,
                          uint32_t* out_index, float* out_value, size_t capacity) {
   const size_t n = x.size();
-  SC_CHECK(n <= kMaxElements, "importance_select: %zu elements exceed uint32", n);
+  SC_CHECK(n <= kMaxElements, "importance_select: {} elements exceed uint32", n);
   SC_CHECK(capacity == 0 || (out_index != nullptr && out_value != nullptr),
-           "importance_select: null output with capacity %zu", capacity);
+           "importance_select: null output with capacity {}", capacity);
   if (k == 0 || n == 0) return 0;
   const double c = importance_scale(x, k);
   const uint64_t mixed = detail::splitmix64(seed);

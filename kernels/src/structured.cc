@@ -237,7 +237,7 @@ Expected<size_t> column_topk(std::span<const float> x, size_t rows, size_t cols,
 }
 
 void importance_accumulate(std::span<float> importance, std::span<const float> g) {
-  SC_CHECK(importance.size() == g.size(), "importance_accumulate: %zu vs %zu elements", importance.size(), g.size());
+  SC_CHECK(importance.size() == g.size(), "importance_accumulate: {} vs {} elements", importance.size(), g.size());
   float* acc = importance.data();
   const float* src = g.data();
   for (size_t i = 0; i < g.size(); ++i) acc[i] += std::fabs(src[i]);
@@ -246,7 +246,7 @@ void importance_accumulate(std::span<float> importance, std::span<const float> g
 void gather(std::span<const float> x, std::span<const uint32_t> index, float* out_value) {
   const size_t n = x.size();
   for (size_t j = 0; j < index.size(); ++j) {
-    SC_CHECK(index[j] < n, "gather: index %u out of %zu elements", index[j], n);
+    SC_CHECK(index[j] < n, "gather: index {} out of {} elements", index[j], n);
     out_value[j] = x[index[j]];
   }
 }

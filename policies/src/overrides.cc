@@ -1,5 +1,7 @@
 #include "sparsecar/policies/overrides.h"
 
+#include <fnmatch.h>
+
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -92,25 +94,10 @@ std::string tensor_override_keys() {
 }
 
 bool glob_match(std::string_view glob, std::string_view name) {
-  // Iterative matcher with one backtrack point for the last '*' (linear for typical globs).
-  size_t g = 0, n = 0, star = std::string_view::npos, mark = 0;
-  while (n < name.size()) {
-    // '*' first: it is a wildcard even where the name holds a literal '*'.
-    if (g < glob.size() && glob[g] == '*') {
-      star = g++;
-      mark = n;
-    } else if (g < glob.size() && (glob[g] == '?' || glob[g] == name[n])) {
-      ++g;
-      ++n;
-    } else if (star != std::string_view::npos) {
-      g = star + 1;
-      n = ++mark;
-    } else {
-      return false;
-    }
-  }
-  while (g < glob.size() && glob[g] == '*') ++g;
-  return g == glob.size();
+  // fnmatch(3) reads NUL-terminated strings: a NUL inside either would cut it short.
+  if (glob.find('\0') != std::string_view::npos || name.find('\0') != std::string_view::npos) return false;
+  // No flags: '*' and '?' also match '/' and a leading '.', as tensor names are not paths.
+  return ::fnmatch(std::string(glob).c_str(), std::string(name).c_str(), 0) == 0;
 }
 
 Expected<std::vector<TensorOverride>> parse_tensor_overrides(std::string_view text) {

@@ -2,6 +2,7 @@
 #include <string>
 
 #include "sparsecar/kernels/select.h"
+#include "sparsecar/kernels/selectors.h"
 #include "sparsecar/policies/plan.h"
 
 namespace sparsecar::policies {
@@ -114,16 +115,16 @@ std::string describe(const Plan& plan) {
   char buf[160];
   const char* collective = plan.collective == Collective::kSparseAllGather ? "sparse-allgather" : "ring";
   const std::string_view format = plan.auto_format ? std::string_view("auto") : kernels::format_name(plan.format);
+  const std::string_view vt = kernels::value_type_name(plan.value_type);
   if (plan.selector == kernels::Selector::kThreshold) {
     std::snprintf(buf, sizeof buf, "threshold lambda=%g %.*s/%.*s %s", plan.params.threshold,
-                  static_cast<int>(format.size()), format.data(),
-                  static_cast<int>(kernels::value_type_name(plan.value_type).size()),
-                  kernels::value_type_name(plan.value_type).data(), collective);
+                  static_cast<int>(format.size()), format.data(), static_cast<int>(vt.size()), vt.data(), collective);
   } else {
-    std::snprintf(buf, sizeof buf, "topk density=%g %.*s/%.*s %s", plan.params.density,
-                  static_cast<int>(format.size()), format.data(),
-                  static_cast<int>(kernels::value_type_name(plan.value_type).size()),
-                  kernels::value_type_name(plan.value_type).data(), collective);
+    // The selector's registry name (row_topk, randomk, ...), not "topk" for every one of them.
+    const std::string_view name = kernels::selector_name(plan.selector);
+    std::snprintf(buf, sizeof buf, "%.*s density=%g %.*s/%.*s %s", static_cast<int>(name.size()), name.data(),
+                  plan.params.density, static_cast<int>(format.size()), format.data(), static_cast<int>(vt.size()),
+                  vt.data(), collective);
   }
   return buf;
 }

@@ -7,8 +7,9 @@
 //     number is finite and inside the range of its knob (the selector registry's kSelectorParams,
 //     compression_knobs.h); format=auto and a named format are exclusive;
 //   - parse → format (below, in the documented text form) → parse gives the same rules;
-//   - glob_match agrees with a simple dynamic-programming matcher, on each rule's glob against
-//     the other globs and against a name taken from the input; a glob matches itself.
+//   - glob_match (fnmatch) agrees with a simple dynamic-programming matcher of '*' and '?', on
+//     each rule's glob against the other globs and against a name taken from the input; a glob
+//     matches itself (both only for globs without '[' or '\', which the matcher does not model).
 // Built by the clang fuzz project (tests/fuzz/CMakeLists.txt: fuzz_tensor_overrides); seeds in
 // corpus/tensor_overrides/ (fuzz_make_parser_seeds).
 #include <algorithm>
@@ -109,8 +110,16 @@ bool reference_match(std::string_view glob, std::string_view name) {
   return m[0][0];
 }
 
+// glob_match is fnmatch(3): the reference models only '*' and '?', so globs with a bracket set
+// or an escape (and NULs, which never match) are left to the unit tests.
+bool reference_covers(std::string_view glob, std::string_view name) {
+  return glob.find_first_of(std::string_view("[\\\0", 3)) == std::string_view::npos &&
+         name.find('\0') == std::string_view::npos;
+}
+
 void check_match(std::string_view glob, std::string_view name) {
   if (glob.size() > 128 || name.size() > 128) return;  // keep the reference cheap
+  if (!reference_covers(glob, name)) return;
   CHECK(sp::glob_match(glob, name) == reference_match(glob, name));
 }
 
@@ -145,7 +154,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const size_t pairs = std::min<size_t>(rules->size(), 8);  // bounded: the reference is quadratic
   for (size_t i = 0; i < rules->size(); ++i) {
     const std::string& glob = (*rules)[i].glob;
-    CHECK(sp::glob_match(glob, glob));
+    if (reference_covers(glob, glob)) CHECK(sp::glob_match(glob, glob));  // "[a]" does not match "[a]"
     if (i >= pairs) continue;
     check_match(glob, name);
     for (size_t j = 0; j < pairs; ++j) check_match(glob, (*rules)[j].glob);

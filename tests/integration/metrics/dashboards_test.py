@@ -6,7 +6,8 @@ Debian's prometheus scraping both every second with dashboards/prometheus/alerts
 pauses and resumes compression through sparsecarctl so sparse and dense steps both happen; then
   * `promtool check metrics` on a live scrape of each daemon,
   * every dashboard panel's PromQL ($__rate_interval, $instance substituted) must return a
-    non-empty result whose values are all finite,
+    non-empty result whose values are all finite, and so must every annotation's (the pause and
+    resume are controller decisions),
   * every alert rule's expression, with its comparisons made `bool`, likewise,
   * prometheus reports every rule group healthy.
 Everything it starts runs in its own process group and is killed on exit.
@@ -191,6 +192,16 @@ def main():
                 checked += 1
                 if err:
                     failures.append(f"panel '{panel['title']}' {target['refId']}: {err}\n    {expr}")
+        # Annotations (controller decisions, decision epochs): the pause/resume above makes both fire.
+        for annotation in dashboard.get("annotations", {}).get("list", []):
+            if "expr" not in annotation:
+                continue
+            expr = annotation["expr"].replace("[1m]", "[10m]").replace("$instance", ".*")
+            data, err = query(prom, expr)
+            err = err or check_result(data)
+            checked += 1
+            if err:
+                failures.append(f"annotation '{annotation['name']}': {err}\n    {expr}")
         for group in yaml.safe_load(open(rules))["groups"]:
             for rule in group["rules"]:
                 expr = as_bool(rule["expr"])

@@ -185,6 +185,31 @@ TEST(Metrics, TheReadmeAndTheScrapeMatchTheCatalogue) {
   EXPECT_EQ(families, std::size(kMetricCatalogue)) << "families in the scrape vs catalogue.h";
 }
 
+// Histogram bucket bounds print as short decimals in the exposition text (no le="0.0006400000000000001"),
+// the same list for the step and every stage histogram.
+TEST(Metrics, HistogramBucketLabelsAreCleanDecimals) {
+  MetricsOptions o;
+  o.world_size = 2;
+  auto m = Metrics::create("off", o).value();
+  const std::string text = m->scrape_text();
+  const std::vector<std::string> want = {"1e-05", "2.5e-05", "0.0001", "0.00025", "0.001", "0.0025", "0.01",
+                                         "0.025", "0.1",     "0.25",   "1",       "2.5",   "10",     "+Inf"};
+  std::map<std::string, std::vector<std::string>> les;  // series (name and other labels) -> le values
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    const size_t bucket = line.find("_bucket{");
+    if (line.empty() || line[0] == '#' || bucket == std::string::npos) continue;
+    const size_t le = line.find("le=\"");
+    ASSERT_NE(le, std::string::npos) << line;
+    const size_t end = line.find('"', le + 4);
+    std::string series = line.substr(0, le);
+    les[series].push_back(line.substr(le + 4, end - le - 4));
+  }
+  ASSERT_FALSE(les.empty()) << text;
+  for (const auto& [series, values] : les) EXPECT_EQ(values, want) << series;
+  EXPECT_NE(text.find("sparsecar_step_duration_seconds_bucket{le=\"0.00025\"}"), std::string::npos) << text;
+}
+
 TEST(Metrics, UpdatesAndCaps) {
   MetricsOptions o;
   o.world_size = 2;

@@ -209,6 +209,49 @@ TEST(kernelsCodecFormats, HalfAndBfloatConversions) {
   }
 }
 
+// fp32 -> fp16 against WIRE.md's rule computed independently of the code under test (which is the
+// compiler's _Float16 conversion on GCC, integer code elsewhere): the nearest value of the half
+// grid, ties to the even pattern; |x| >= 65504 saturates; inf kept; NaN quiet with the top
+// payload bits. Inputs: ~1M patterns spread over every exponent, every tie between adjacent
+// halves and its neighbours one float ulp away, and the whole fp16 encode/decode path.
+TEST(kernelsCodecFormats, HalfConversionFollowsTheWireRule) {
+  std::vector<double> grid;  // the non-negative finite halves, ascending by pattern and value
+  for (uint32_t h = 0; h < 0x7c00; ++h) grid.push_back(std::ldexp(double(h & 0x3ff) + (h >> 10 ? 1024 : 0), (h >> 10 ? int(h >> 10) : 1) - 25));
+  auto expected = [&](float x) -> uint16_t {
+    const uint32_t bits = std::bit_cast<uint32_t>(x);
+    const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
+    const uint32_t ax = bits & 0x7fffffffu;
+    if (ax > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
+    if (ax == 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00u);
+    const double a = std::fabs(double(x));
+    if (a >= 65504.0) return static_cast<uint16_t>(sign | 0x7bffu);
+    const size_t hi = static_cast<size_t>(std::lower_bound(grid.begin(), grid.end(), a) - grid.begin());
+    if (grid[hi] == a) return static_cast<uint16_t>(sign | hi);
+    const size_t lo = hi - 1;
+    const double dlo = a - grid[lo], dhi = grid[hi] - a;
+    const size_t pick = dlo < dhi ? lo : dhi < dlo ? hi : (lo % 2 == 0 ? lo : hi);
+    return static_cast<uint16_t>(sign | pick);
+  };
+  std::vector<float> inputs;
+  for (uint64_t b = 0; b <= 0xffffffffull; b += 4099) inputs.push_back(std::bit_cast<float>(static_cast<uint32_t>(b)));
+  for (size_t h = 0; h + 1 < grid.size(); ++h) {
+    const float tie = static_cast<float>((grid[h] + grid[h + 1]) / 2);  // exact: 12 significant bits
+    for (float x : {tie, std::nextafter(tie, 0.0f), std::nextafter(tie, 1e9f)}) {
+      inputs.push_back(x);
+      inputs.push_back(-x);
+    }
+  }
+  for (float x : {65504.0f, 65519.99f, 65520.0f, 1e30f, 6.1035156e-05f, 6.1035153e-05f}) inputs.push_back(x);
+  for (float x : inputs) ASSERT_EQ(float_to_half(x), expected(x)) << std::hexfloat << x;
+  // The encoders' loops (an F16C clone where the CPU has one) give the same bits.
+  std::vector<float> out(inputs.size());
+  ASSERT_TRUE(quantize_roundtrip(ValueType::kF16, inputs, out).ok());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const float want = half_to_float(expected(inputs[i]));
+    ASSERT_EQ(std::bit_cast<uint32_t>(out[i]), std::bit_cast<uint32_t>(want)) << std::hexfloat << inputs[i];
+  }
+}
+
 TEST(kernelsCodecFormats, Int8NonFiniteValuesMakeTheWholeMessageNaN) {
   const std::vector<uint32_t> index = {1, 4};
   const std::vector<float> value = {1.0f, std::numeric_limits<float>::infinity()};

@@ -323,5 +323,32 @@ TEST(GlobMatch, StarStaysAWildcardAgainstALiteralStar) {
   EXPECT_TRUE(glob_match("a*c", "a*bc"));
 }
 
+// The fnmatch(3) syntax beyond '*' and '?' (flags 0), against hand-written expectations.
+TEST(GlobMatch, BracketSetsAndEscapes) {
+  EXPECT_TRUE(glob_match("layer[0-3].weight", "layer2.weight"));
+  EXPECT_FALSE(glob_match("layer[0-3].weight", "layer7.weight"));
+  EXPECT_TRUE(glob_match("layer[!0-3].weight", "layer7.weight"));
+  EXPECT_FALSE(glob_match("layer[!0-3].weight", "layer2.weight"));
+  EXPECT_TRUE(glob_match("[qkv]_proj", "k_proj"));
+  EXPECT_FALSE(glob_match("[qkv]_proj", "o_proj"));
+  EXPECT_TRUE(glob_match("a\\*", "a*"));   // an escaped star is a literal '*'
+  EXPECT_FALSE(glob_match("a\\*", "ab"));
+  EXPECT_TRUE(glob_match("a\\?", "a?"));
+  EXPECT_FALSE(glob_match("a\\?", "ab"));
+  EXPECT_TRUE(glob_match("x[", "x["));      // '[' without ']' is literal
+}
+
+TEST(GlobMatch, TensorNamesAreNotPaths) {
+  EXPECT_TRUE(glob_match("*weight", "module/layer.0/.weight"));  // '*' crosses '/' and '.'
+  EXPECT_TRUE(glob_match("?bias", ".bias"));
+  EXPECT_TRUE(glob_match("encoder.*.attn", "encoder.layers.0.attn"));
+}
+
+TEST(GlobMatch, AnEmbeddedNulNeverMatches) {
+  using namespace std::string_view_literals;
+  EXPECT_FALSE(glob_match("a*"sv, "a\0b"sv));
+  EXPECT_FALSE(glob_match("a\0*"sv, "a"sv));
+}
+
 }  // namespace
 }  // namespace sparsecar::policies

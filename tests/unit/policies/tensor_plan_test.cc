@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include "sparsecar/kernels/selectors.h"
+#include "sparsecar/policies/plan.h"
 #include "sparsecar/policies/tensor_plan.h"
 
 namespace sparsecar::policies {
@@ -180,3 +182,20 @@ TEST(TensorPlanTest, TensorScalesNearDoubleMaxRoundTrip) {
 
 }  // namespace
 }  // namespace sparsecar::policies
+
+// describe() names the plan's selector by its registry name (a row_topk override used to read
+// "topk density=..." in sparsecarctl status), and a threshold plan by its lambda.
+TEST(DescribePlan, NamesTheSelector) {
+  sparsecar::policies::Plan plan;
+  plan.selector = sparsecar::kernels::Selector::kRowTopk;
+  plan.params.density = 0.1;
+  const std::string row = sparsecar::policies::describe(plan);
+  EXPECT_EQ(row.rfind("row_topk density=0.1 ", 0), 0u) << row;
+  plan.selector = sparsecar::kernels::Selector::kTopk;
+  EXPECT_EQ(sparsecar::policies::describe(plan).rfind("topk density=0.1 ", 0), 0u);
+  plan.selector = sparsecar::kernels::Selector::kThreshold;
+  plan.params.threshold = 0.5;
+  EXPECT_EQ(sparsecar::policies::describe(plan).rfind("threshold lambda=0.5 ", 0), 0u);
+  plan.dense = true;
+  EXPECT_EQ(sparsecar::policies::describe(plan), "dense ring-allreduce");
+}

@@ -7,10 +7,12 @@
 //   embed*: selector=randomk, density=0.001, format=bitmap; *.bias: compression=off;
 //   attn.*: selector=head_topk, heads=16, group_norm=l1; fc*: block_size=128, value_type=fp16
 //
-// GLOB matches the whole registered tensor name; `*` is any run of characters (also none),
-// `?` any one character. Keys (tensor_override_keys()), with exactly the values of the global
-// knobs of the same names (ranges and names from the selector registry, kernels/selectors.h, and
-// compression_knobs.h):
+// GLOB matches the whole registered tensor name as an fnmatch(3) pattern without flags: `*` is
+// any run of characters (also none, also '.' and '/'), `?` any one character, `[abc]` / `[a-z]`
+// one character of a set and `[!abc]` one outside it, `\` takes the next character literally
+// (`\*` is a '*'); a `[` without its `]` is a literal '['.
+// Keys (tensor_override_keys()), with exactly the values of the global knobs of the same names
+// (ranges and names from the selector registry, kernels/selectors.h, and compression_knobs.h):
 //   compression (on|off), selector (a selector name), every per-tensor selector parameter (each
 //   row of kernels::kSelectorParams with per_tensor, parsed by its row's type, range or choices:
 //   density, block_size, group_norm, ...; tensor_override_keys() lists them), format (a codec
@@ -72,7 +74,7 @@ Expected<std::vector<TensorOverride>> parse_tensor_overrides(std::string_view te
 // selector registry (kernels/selectors.h), format, value_type and the error compensation keys.
 std::string tensor_override_keys();
 
-// `*` and `?` glob match of the whole name.
+// fnmatch(3) of the whole name (flags 0; the pattern syntax above); false when either holds a NUL.
 bool glob_match(std::string_view glob, std::string_view name);
 
 }  // namespace sparsecar::policies
