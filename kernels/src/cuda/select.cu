@@ -194,8 +194,10 @@ void queue_topk_passes(float* residual, const float* grad, size_t n, bool clear_
   SelectState* st = l.state;
   const size_t cap = candidate_capacity(n);
   RadixState* band = &st->band;
-  queue_compact(EfBandOp{residual, grad, st}, n, Output{l.cand_index, l.cand_value, cap, &band->candidates}, l,
-                false, nullptr, nullptr, stream);
+  // The candidate pass: EF + threshold at the bound (residual += grad written back), nothing
+  // cleared (what is sent is known only after the candidates' select); candidates in index order.
+  queue_compact(EfThresholdOp{residual, grad, &st->band_lo_key, false}, n,
+                Output{l.cand_index, l.cand_value, cap, &band->candidates}, l, false, nullptr, nullptr, stream);
   if (approx) {
     cand_count_kernel<<<stride_blocks(cap), kThreads, 0, stream>>>(l.cand_value, cap, st);
     approx_decide_kernel<<<1, 1, 0, stream>>>(st, cap, low, high, out.capacity);

@@ -168,28 +168,6 @@ static __global__ void __launch_bounds__(kFindThreads) bracket_kernel(SelectStat
   }
 }
 
-// Top-k's one pass over the tensor, as a compaction (so the candidates come out in index
-// order): residual += grad, written back; every key >= band_lo_key is a candidate (its index and
-// value). Nothing is cleared here: what is sent is known only after the candidates' select.
-struct EfBandOp {
-  float* residual;
-  const float* grad;
-  const SelectState* state;
-  struct Item {
-    float v;
-  };
-  __device__ Item load(size_t i) const {
-    float v = residual[i];
-    if (grad != nullptr) v = cpu_add(v, grad[i]);
-    return {v};
-  }
-  __device__ bool keep(const Item& it, size_t) const { return magnitude_key(it.v) >= state->band_lo_key; }
-  __device__ float value(const Item& it, size_t) const { return it.v; }
-  __device__ void store(size_t i, const Item& it, bool, bool) const {
-    if (grad != nullptr) residual[i] = it.v;
-  }
-};
-
 // Keys of the candidates' values; past the count (known on the device only) a key no element
 // has (keys are below 2^31), so the tie kernels never count one there.
 struct CandKeys {
