@@ -187,6 +187,7 @@ TEST(TensorPlanTest, TensorScalesNearDoubleMaxRoundTrip) {
 // "topk density=..." in sparsecarctl status), and a threshold plan by its lambda.
 TEST(DescribePlan, NamesTheSelector) {
   sparsecar::policies::Plan plan;
+  plan.dense = false;  // a default Plan is the dense ring
   plan.selector = sparsecar::kernels::Selector::kRowTopk;
   plan.params.density = 0.1;
   const std::string row = sparsecar::policies::describe(plan);
