@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -26,6 +27,19 @@ struct TensorSpec {
   // registered without a shape (a 1-D tensor of `count`). 1..kMaxTensorDims dims, each >= 1,
   // product == count (check_shape). Structured selectors read it; nodes agree on it.
   std::vector<uint64_t> shape = {};
+  // The trainers keep this tensor in GPU memory (session protocol RegisterDevice): its steps come
+  // as StepJob::device buffers, and the pipeline compresses it on the GPU (DESIGN §8).
+  bool on_device = false;
+};
+
+// One local client's device tensor as this daemon opened it (daemon/device/device_runtime.h).
+// The pointers are this process's: `data` is the client's allocation mapped by CUDA IPC, the
+// events are the client's interprocess events opened here.
+struct DeviceBuffer {
+  float* data = nullptr;         // count floats on `device`
+  int device = -1;               // CUDA ordinal in this daemon
+  void* ready_event = nullptr;   // cudaEvent_t: the client recorded it after writing its gradient
+  void* done_event = nullptr;    // cudaEvent_t: recorded once the pipeline is done with `data`
 };
 
 // "[64, 3, 3, 3]", or "none" for an empty shape (logs, errors, the job manifest).
@@ -65,6 +79,14 @@ struct StepJob {
   std::span<const float> local_sum;    // sum over the local clients, count elements
   std::span<float> result;             // the pipeline writes the job-wide average here
   uint64_t generation = 0;             // the session's job generation; echoed in the result
+  // A device tensor's step (TensorSpec::on_device): local_sum and result are empty and these are
+  // the local clients' buffers, in client-id order. The pipeline makes its stream wait on every
+  // ready_event before it reads them, writes the job-wide average into every `data` on success
+  // (on failure it writes nothing), and on every path records every done_event after its last
+  // access and before it answers with the StepResult. `keepalive` owns the mappings until then:
+  // the pipeline drops it when it answers (the mappings close with the last owner).
+  std::span<const DeviceBuffer> device;
+  std::shared_ptr<const void> keepalive;
 };
 
 struct StepResult {

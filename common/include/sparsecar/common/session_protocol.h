@@ -15,8 +15,10 @@
 //                                                          completion eventfd] when status == 0
 //   Register{count, dtype, name} ──────────►
 //   or RegisterShaped{count, dtype, ndim, dims, name}
+//   or RegisterDevice{count, dtype, ndim, dims, CUDA IPC handles, name}
 //                                   ◄──────  RegisterAck{status, tensor id, message}
 //                                            + SCM_RIGHTS [tensor slot memfd] when status == 0
+//                                              (no fd for RegisterDevice: the data stays on the GPU)
 //   Metric{value, step, name} ─────────────►  (no reply)
 //                                   ◄──────  Error{status, message}, then the daemon closes
 //                                            (malformed message, protocol violation)
@@ -36,6 +38,18 @@
 // answers it with Error("unknown message type") and closes the session. Register is the same as
 // registering without a shape (a 1-D tensor of count elements). Every local client registering a
 // name must give the same shape (or none), and every node must agree at the first step.
+//
+// RegisterDevice (type 8) was added to v1 the same way: a tensor that lives in GPU memory (DESIGN
+// §8). Instead of a shm slot the trainer hands the daemon CUDA IPC handles: the allocation that
+// holds the tensor (cudaIpcMemHandle_t of the allocation's base + the tensor's byte offset in it),
+// the device's UUID (the daemon may number its GPUs differently), and two interprocess events the
+// trainer created (cudaEventInterprocess | cudaEventDisableTiming): `ready`, which the trainer
+// records on its stream after writing the gradient and before it submits, and `done`, which the
+// daemon records once the average is in the tensor and before it posts the Completion; the
+// trainer's stream waits on `done` before it reads the tensor. Neither side's host waits for the
+// other's GPU. The RegisterAck carries no fd (slot_bytes 0). A daemon built without CUDA, or
+// without a GPU, answers kUnavailable saying so; the trainer then registers a host tensor instead.
+// Submissions and completions of a device tensor use the same rings as host tensors.
 #pragma once
 
 #include <bit>
@@ -57,6 +71,8 @@ inline constexpr size_t kMessageBytes = 192;       // error text field, NUL-term
 inline constexpr size_t kHelloFds = 3;             // control memfd, submission efd, completion efd
 inline constexpr size_t kRegisterFds = 1;          // tensor slot memfd
 inline constexpr size_t kMaxShapeDims = 4;         // RegisterShaped carries 1..4 dims
+inline constexpr size_t kIpcHandleBytes = 64;      // cudaIpcMemHandle_t / cudaIpcEventHandle_t
+inline constexpr size_t kDeviceUuidBytes = 16;     // cudaUUID_t
 
 enum class MsgType : uint16_t {
   kHello = 1,        // client -> daemon
@@ -66,6 +82,7 @@ enum class MsgType : uint16_t {
   kMetric = 5,       // client -> daemon, no reply
   kError = 6,        // daemon -> client, then close
   kRegisterShaped = 7,  // client -> daemon, answered by RegisterAck like Register
+  kRegisterDevice = 8,  // client -> daemon, answered by RegisterAck without an fd
 };
 
 struct MsgHeader {
@@ -113,6 +130,22 @@ struct RegisterShaped {
 };
 static_assert(sizeof(RegisterShaped) == 304);
 
+struct RegisterDevice {
+  uint64_t count;                // elements, 1 .. daemon's max_tensor_elements
+  uint32_t dtype;                // sparsecar::DType (0 = fp32; the only one on the device so far)
+  uint32_t ndim;                 // 0 (no shape) or 1..kMaxShapeDims
+  uint64_t dims[kMaxShapeDims];  // as RegisterShaped; all 0 when ndim == 0
+  uint64_t offset;               // bytes from the allocation's base to the tensor; multiple of 4
+  uint8_t device_uuid[kDeviceUuidBytes];  // the GPU holding the allocation (cudaUUID_t)
+  uint8_t mem_handle[kIpcHandleBytes];    // cudaIpcGetMemHandle of the allocation's base
+  uint8_t ready_event[kIpcHandleBytes];   // cudaIpcGetEventHandle: the trainer records it per step
+  uint8_t done_event[kIpcHandleBytes];    // cudaIpcGetEventHandle: the daemon records it per step
+  uint32_t flags;                // 0
+  uint32_t reserved;             // 0
+  char name[kNameBytes];         // 1..255 bytes, NUL-terminated
+};
+static_assert(sizeof(RegisterDevice) == 528);
+
 struct RegisterAck {
   int32_t status;          // Code; 0 = registered and the slot memfd is attached
   uint32_t tensor_id;      // job-wide id (same for every local client registering this name)
@@ -146,11 +179,12 @@ inline constexpr uint32_t payload_bytes(uint16_t type) {
     case MsgType::kMetric: return sizeof(Metric);
     case MsgType::kError: return sizeof(Error);
     case MsgType::kRegisterShaped: return sizeof(RegisterShaped);
+    case MsgType::kRegisterDevice: return sizeof(RegisterDevice);
   }
   return 0;
 }
-inline constexpr size_t kMaxPayloadBytes = sizeof(RegisterShaped);
-static_assert(sizeof(Register) <= kMaxPayloadBytes && sizeof(Metric) <= kMaxPayloadBytes &&
+inline constexpr size_t kMaxPayloadBytes = sizeof(RegisterDevice);
+static_assert(sizeof(RegisterShaped) <= kMaxPayloadBytes && sizeof(Register) <= kMaxPayloadBytes && sizeof(Metric) <= kMaxPayloadBytes &&
               sizeof(HelloAck) <= kMaxPayloadBytes);
 inline constexpr size_t kMaxMessageBytes = sizeof(MsgHeader) + kMaxPayloadBytes;
 
