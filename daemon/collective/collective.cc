@@ -158,11 +158,12 @@ Status finish_sends(const ExchangeContext& ctx, SendGroup& group, Status body, E
 
 Status sparse_allgather_body(const ExchangeContext& ctx, const std::shared_ptr<SendGroup>& group, uint32_t tensor_id,
                              uint64_t step, kernels::Format format, kernels::ValueType value_type, uint64_t nnz,
-                             std::span<const std::byte> payload, std::span<float> out, ExchangeStats* stats) {
+                             uint64_t dense_len, std::span<const std::byte> payload, const PayloadConsumer& consume,
+                             ExchangeStats* stats) {
   wire::WireHeader h = make_header(ctx, wire::Kind::kData, tensor_id, step);
   h.format = static_cast<uint16_t>(format);
   h.value_type = static_cast<uint16_t>(value_type);
-  h.dense_len = out.size();
+  h.dense_len = dense_len;
   h.nnz = nnz;
   h.payload_bytes = payload.size();
   {
@@ -172,12 +173,18 @@ Status sparse_allgather_body(const ExchangeContext& ctx, const std::shared_ptr<S
       SC_RETURN_IF_ERROR(SendGroup::send(group, ctx, peer, h, payload, stats));
     }
   }
-  // Sum in rank order so that every node computes the same bits.
+  // In rank order, so that every node computes the same bits.
+  GatheredPayload g;
   for (uint32_t r = 0; r < ctx.world_size; ++r) {
+    g.rank = r;
     if (r == ctx.rank) {
+      g.format = format;
+      g.value_type = value_type;
+      g.nnz = nnz;
+      g.payload = payload;
+      g.from = "own selection";
       StageTimer timer(*ctx.clock, &stats->decode_seconds);
-      SC_RETURN_IF_ERROR(kernels::decode_accumulate(format, value_type, payload, nnz, out, ctx.kernel_pool)
-                             .with_context("decoding own selection"));
+      SC_RETURN_IF_ERROR(consume(g).with_context("decoding own selection"));
       continue;
     }
     std::string name = ctx.transport->peer_name(r);
@@ -185,20 +192,22 @@ Status sparse_allgather_body(const ExchangeContext& ctx, const std::shared_ptr<S
     auto taken = ctx.mailbox->take(wire::Kind::kData, r, tensor_id, step, 0, ctx.incarnation, ctx.deadline, name);
     stats->wait_seconds += seconds_since(*ctx.clock, waited);
     SC_ASSIGN_OR_RETURN(Envelope e, std::move(taken));
-    if (e.header.dense_len != out.size()) {
+    if (e.header.dense_len != dense_len) {
       return data_loss(name + " sent tensor " + std::to_string(tensor_id) + " with " +
-                       std::to_string(e.header.dense_len) + " elements; this node has " + std::to_string(out.size()));
+                       std::to_string(e.header.dense_len) + " elements; this node has " + std::to_string(dense_len));
     }
     if (e.header.epoch != ctx.epoch) {
       return failed_precondition(name + " sent step " + std::to_string(step) + " under decision epoch " +
                                  std::to_string(e.header.epoch) + "; this node is at epoch " +
                                  std::to_string(ctx.epoch));
     }
+    g.format = static_cast<kernels::Format>(e.header.format);
+    g.value_type = static_cast<kernels::ValueType>(e.header.value_type);
+    g.nnz = e.header.nnz;
+    g.payload = e.payload;
+    g.from = name;
     StageTimer timer(*ctx.clock, &stats->decode_seconds);
-    SC_RETURN_IF_ERROR(kernels::decode_accumulate(static_cast<kernels::Format>(e.header.format),
-                                                  static_cast<kernels::ValueType>(e.header.value_type), e.payload,
-                                                  e.header.nnz, out, ctx.kernel_pool)
-                           .with_context("decoding from " + name));
+    SC_RETURN_IF_ERROR(consume(g).with_context("decoding from " + name));
   }
   return Status::Ok();
 }
@@ -268,13 +277,23 @@ Status ring_allreduce_body(const ExchangeContext& ctx, const std::shared_ptr<Sen
 
 }  // namespace
 
+Status sparse_allgather_each(const ExchangeContext& ctx, uint32_t tensor_id, uint64_t step, kernels::Format format,
+                             kernels::ValueType value_type, uint64_t nnz, uint64_t dense_len,
+                             std::span<const std::byte> payload, const PayloadConsumer& consume, ExchangeStats* stats) {
+  auto group = std::make_shared<SendGroup>(ctx.keepalive);
+  Status body = sparse_allgather_body(ctx, group, tensor_id, step, format, value_type, nnz, dense_len, payload,
+                                      consume, stats);
+  return finish_sends(ctx, *group, std::move(body), stats);
+}
+
 Status sparse_allgather(const ExchangeContext& ctx, uint32_t tensor_id, uint64_t step, kernels::Format format,
                         kernels::ValueType value_type, uint64_t nnz, std::span<const std::byte> payload,
                         std::span<float> out, ExchangeStats* stats) {
   std::fill(out.begin(), out.end(), 0.0f);
-  auto group = std::make_shared<SendGroup>(ctx.keepalive);
-  Status body = sparse_allgather_body(ctx, group, tensor_id, step, format, value_type, nnz, payload, out, stats);
-  return finish_sends(ctx, *group, std::move(body), stats);
+  auto decode = [&](const GatheredPayload& g) {
+    return kernels::decode_accumulate(g.format, g.value_type, g.payload, g.nnz, out, ctx.kernel_pool);
+  };
+  return sparse_allgather_each(ctx, tensor_id, step, format, value_type, nnz, out.size(), payload, decode, stats);
 }
 
 Status ring_allreduce(const ExchangeContext& ctx, uint32_t tensor_id, uint64_t step, std::span<float> data,

@@ -19,8 +19,10 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
+#include <string>
 
 #include "daemon/collective/mailbox.h"
 #include "daemon/transport/transport.h"
@@ -74,6 +76,27 @@ struct ExchangeStats {
 Status sparse_allgather(const ExchangeContext& ctx, uint32_t tensor_id, uint64_t step,
                         kernels::Format format, kernels::ValueType value_type, uint64_t nnz,
                         std::span<const std::byte> payload, std::span<float> out, ExchangeStats* stats);
+
+// One node's selection as sparse_allgather_each hands it on. The header fields are checked
+// (dense_len and decision epoch agree with this node's; the wire layer checked the sizes); the
+// payload bytes are not: the consumer's decoder validates them.
+struct GatheredPayload {
+  uint32_t rank = 0;  // whose selection: this node's own or a peer's
+  kernels::Format format = kernels::Format::kCoo;
+  kernels::ValueType value_type = kernels::ValueType::kF32;
+  uint64_t nnz = 0;
+  std::span<const std::byte> payload;  // valid during the call only
+  std::string from;                    // "own selection" or the peer's name, for errors
+};
+using PayloadConsumer = std::function<Status(const GatheredPayload&)>;
+
+// sparse_allgather without the decoding: sends `payload` to every peer and hands every node's
+// selection (this node's own included) to `consume` in rank order, as it arrives; the time spent
+// in `consume` counts as decoding. The first error (a peer's, a consumer's) ends it. What to
+// decode into is the consumer's: the device path uploads and decodes on the GPU.
+Status sparse_allgather_each(const ExchangeContext& ctx, uint32_t tensor_id, uint64_t step, kernels::Format format,
+                             kernels::ValueType value_type, uint64_t nnz, uint64_t dense_len,
+                             std::span<const std::byte> payload, const PayloadConsumer& consume, ExchangeStats* stats);
 
 // In place: `data` becomes the sum over all nodes (not scaled).
 Status ring_allreduce(const ExchangeContext& ctx, uint32_t tensor_id, uint64_t step, std::span<float> data,

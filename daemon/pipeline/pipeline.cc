@@ -13,6 +13,7 @@
 #include "daemon/collective/collective.h"
 #include "daemon/metrics/metrics.h"
 #include "daemon/pipeline/checkpoint.h"
+#include "daemon/pipeline/device_compressor.h"
 #include "daemon/pipeline/job_agreement.h"
 #include "daemon/pipeline/settings.h"
 #include "sparsecar/common/clock_wait.h"
@@ -23,12 +24,35 @@
 
 namespace sparsecar {
 
-// Per-tensor state: the compressor (residual and buffers, sized at registration) and the step
-// order check.
+// Per-tensor state: the compressor (residual and buffers, sized at registration: on the host, or
+// on the GPU for a device tensor) and the step order check.
 struct Pipeline::TensorState {
-  TensorState(uint32_t id, const TensorSpec& spec, kernels::ThreadPool* pool, const Clock& clock)
-      : compressor(id, spec, pool, clock) {}
-  TensorCompressor compressor;
+  TensorState(uint32_t id_, const TensorSpec& spec_, kernels::ThreadPool* pool, uint32_t world, const Clock& clock)
+      : id(id_), spec(spec_) {
+    if (spec.on_device) {
+      device = std::make_unique<DeviceCompressor>(id, spec, world, clock);
+    } else {
+      host = std::make_unique<TensorCompressor>(id, spec, pool, clock);
+    }
+  }
+  const uint32_t id;
+  const TensorSpec spec;
+  std::unique_ptr<TensorCompressor> host;    // host tensors
+  std::unique_ptr<DeviceCompressor> device;  // device tensors (spec.on_device)
+  std::string device_plan_notes;             // the last substitution logged (device_plan())
+  // The residual on the host: the host compressor's, or the device's copied down (checkpoints).
+  std::vector<float> residual_copy;
+  Expected<std::span<const float>> residual() {
+    if (host) return host->residual();
+    SC_RETURN_IF_ERROR(device->read_residual(&residual_copy));
+    return std::span<const float>(residual_copy);
+  }
+  double residual_norm2() {
+    if (host) return host->residual_norm2();
+    double s = 0;
+    for (float v : residual_copy) s += static_cast<double>(v) * v;
+    return s;
+  }
   bool has_step = false;
   uint64_t last_step = 0;
   // Latest step, for metrics and status (pipeline thread).
@@ -38,6 +62,17 @@ struct Pipeline::TensorState {
 };
 
 namespace {
+
+// Records every done event of a device step that never reached a DeviceCompressor: nothing of
+// ours touched the buffers, so a record on the legacy stream of each device releases them.
+void release_device_buffers(std::span<const DeviceBuffer> buffers) {
+  for (const DeviceBuffer& b : buffers) {
+    if (b.done_event == nullptr || b.device < 0) continue;
+    Status s = kernels::cuda::set_device(b.device);
+    if (s.ok()) s = kernels::cuda::event_record(b.done_event, nullptr);
+    if (!s.ok()) SC_LOG_ERROR("releasing a trainer's device buffer: {}", s.to_string());
+  }
+}
 
 double seconds_since(const Clock& clock, Clock::time_point t0) {
   return std::chrono::duration<double>(clock.now() - t0).count();
@@ -212,8 +247,8 @@ void Pipeline::run() {
       queue_.pop_front();
     }
     if (auto* reg = std::get_if<Register>(&cmd)) {
-      auto t = std::make_shared<TensorState>(reg->id, reg->spec, kernel_pool_.get(), clock_);
-      t->compressor.structured().set_pool(&pooled_);
+      auto t = std::make_shared<TensorState>(reg->id, reg->spec, kernel_pool_.get(), options_.world_size, clock_);
+      if (t->host) t->host->structured().set_pool(&pooled_);
       const size_t n = reg->spec.count;
       if (tensors_.size() != reg->id) tensors_.resize(reg->id);
       tensors_.push_back(std::move(t));
@@ -279,14 +314,25 @@ StepResult Pipeline::process(const StepJob& job) {
   r.tensor_id = job.tensor_id;
   r.step = job.step;
   r.generation = job.generation;
+  // A device step that ends before run_step() still owes its trainers their done events.
+  struct ReleaseUnstarted {
+    const StepJob& job;
+    bool armed;
+    ~ReleaseUnstarted() {
+      if (armed) release_device_buffers(job.device);
+    }
+  } release{job, !job.device.empty()};
   if (job.tensor_id >= tensors_.size() || !tensors_[job.tensor_id]) {
     r.status = not_found("tensor " + std::to_string(job.tensor_id) + " is not registered");
     return r;
   }
   TensorState& t = *tensors_[job.tensor_id];
-  const TensorSpec& spec = t.compressor.spec();
-  if (job.local_sum.size() != spec.count || job.result.size() != spec.count) {
-    r.status = internal_error("step buffers of tensor '" + spec.name + "' have the wrong size");
+  const TensorSpec& spec = t.spec;
+  const bool sizes_ok = spec.on_device ? job.device.size() == options_.local_clients && job.local_sum.empty()
+                                       : job.local_sum.size() == spec.count && job.result.size() == spec.count &&
+                                             job.device.empty();
+  if (!sizes_ok) {
+    r.status = internal_error("step buffers of tensor '" + spec.name + "' have the wrong size or kind");
     return r;
   }
   if (t.has_step && job.step <= t.last_step) {
@@ -321,6 +367,7 @@ StepResult Pipeline::process(const StepJob& job) {
     stats_.has_step = true;
     stats_.total_trainers = total_trainers_;
   }
+  release.armed = job.device.empty() ? false : !t.device;  // a device tensor's step ends in run_step()
   r.status = run_step(t, job, decision, &r);
   if (!r.status.ok()) {
     r.status = r.status.with_context("tensor '" + spec.name + "' step " + std::to_string(job.step));
@@ -330,41 +377,29 @@ StepResult Pipeline::process(const StepJob& job) {
 }
 
 Status Pipeline::run_step(TensorState& t, const StepJob& job, const Decision& decision, StepResult* result) {
-  TensorCompressor& c = t.compressor;
-  const uint32_t id = c.id();
-  const size_t n = c.spec().count;
-  policies::TensorObservation obs;
-  obs.tensor_id = id;
-  obs.elements = n;
-  obs.step = job.step;
-  obs.world_size = options_.world_size;
-  obs.name = c.spec().name;
-  obs.rows = c.spec().shape.empty() ? 1 : static_cast<uint32_t>(c.spec().shape[0]);
-  // Without a decision board plan_settings_ stays options_.settings (set at construction).
-  if (decision.config && decision.config != plan_config_) {
-    plan_config_ = decision.config;  // once per decision epoch; the overrides once per text
-    plan_settings_ = plan_settings_from_config(*decision.config, &overrides_cache_);
-    progress_.set_interval(std::chrono::milliseconds(
-        static_cast<int64_t>(decision.config->progress_log_seconds * 1000.0)));
-  }
-  const policies::Plan plan = policies::plan_tensor(plan_settings_, obs);
+  if (t.device) return run_device_step(t, job, decision, result);
+  TensorCompressor& c = *t.host;
+  const uint32_t id = t.id;
+  const size_t n = t.spec.count;
+  const policies::Plan plan = plan_for(observation(t, job), decision);
 
   ExchangeContext ctx = exchange_context(decision.epoch);
   ctx.keepalive = tensors_[id];
   ctx.kernel_pool = kernel_pool_.get();
   mailbox_->drop_before(id, job.step);
 
-  const float inv_trainers = 1.0f / static_cast<float>(total_trainers_);
   ExchangeStats stats;
   result->dense_bytes = ring_allreduce_bytes(n, options_.world_size, options_.rank);
   if (metrics_) metrics_->elements_total.Increment(static_cast<double>(n));
 
   Status s;
-  const Clock::time_point encode_started = clock_.now();
-  Clock::time_point exchange_started = encode_started;
+  kernels::Format sent_format = plan.format;
+  StepTimes times;
+  times.encode_started = clock_.now();
+  times.exchange_started = times.encode_started;
   if (plan.dense) {
     std::span<float> work = c.dense_input(job.local_sum, plan, job.lr);
-    exchange_started = clock_.now();
+    times.exchange_started = clock_.now();
     s = ring_allreduce(ctx, id, job.step, work, &stats);
     if (s.ok()) {
       std::copy(work.begin(), work.end(), job.result.begin());
@@ -383,69 +418,188 @@ Status Pipeline::run_step(TensorState& t, const StepJob& job, const Decision& de
       return s;
     }
     const TensorCompressor::Encoded& e = *compressed;
-    exchange_started = clock_.now();
-    // compress() folds, selects and encodes; it reports the encoding part.
-    if (metrics_) {
-      metrics_->observe_stage(Stage::kSelect, std::max(0.0, seconds_since(clock_, compress_started) - e.encode_seconds));
-      metrics_->observe_stage(Stage::kEncode, e.encode_seconds);
-    }
+    times.exchange_started = clock_.now();
+    observe_compression(plan, compress_started, e.encode_seconds);
     s = sparse_allgather(ctx, id, job.step, e.format, e.value_type, e.nnz, e.payload, job.result, &stats);
     result->nnz = e.selected;
-    if (metrics_) metrics_->count_messages(e.format, plan.selector, static_cast<double>(stats.messages_sent));
+    sent_format = e.format;
   }
-  if (metrics_ && plan.dense) {
-    metrics_->count_messages(kernels::Format::kDense, kernels::Selector::kNone, static_cast<double>(stats.messages_sent));
-  }
-  const Clock::time_point exchange_ended = clock_.now();
-  auto observe = [&] {
-    if (!observer_) return;
-    TensorStepRecord rec;
-    rec.tensor_id = id;
-    rec.step = job.step;
-    rec.tensors_in_job = static_cast<uint32_t>(tensors_.size());
-    rec.elements = n;
-    rec.ok = s.ok();
-    rec.plan = plan;
-    rec.nnz = s.ok() ? result->nnz : 0;
-    rec.bytes_sent = stats.bytes_sent;
-    rec.dense_bytes = result->dense_bytes;
-    rec.encode_s = std::chrono::duration<double>(exchange_started - encode_started).count();
-    rec.exchange_s = std::chrono::duration<double>(exchange_ended - exchange_started).count();
-    rec.link_bytes = stats.link_bytes;
-    rec.link_s = stats.link_seconds;
-    rec.local_sum = job.local_sum;
-    rec.residual = c.residual();
-    observer_->on_tensor_step(rec, decision);
-  };
+  count_messages(plan, sent_format, stats);
+  times.exchange_ended = clock_.now();
   result->bytes_sent = stats.bytes_sent;
   if (!s.ok()) {
     c.rollback();  // nothing lost
     broadcast_abort(ctx, id, job.step, s.message());
-    observe();
+    observe_step(t, job, decision, plan, false, *result, stats, times, job.local_sum, c.residual());
     return s;
   }
   c.commit();
-  observe();
+  observe_step(t, job, decision, plan, true, *result, stats, times, job.local_sum, c.residual());
   const auto reduce_started = clock_.now();
-  kernels::scale(job.result, inv_trainers);
+  kernels::scale(job.result, 1.0f / static_cast<float>(total_trainers_));
   stats.reduce_seconds += seconds_since(clock_, reduce_started);
+  finish_step(t, plan, *result, stats);
+  return Status::Ok();
+}
+
+Status Pipeline::run_device_step(TensorState& t, const StepJob& job, const Decision& decision, StepResult* result) {
+  DeviceCompressor& d = *t.device;
+  const uint32_t id = t.id;
+  const size_t n = t.spec.count;
+  std::string notes;
+  const policies::Plan plan = DeviceCompressor::device_plan(plan_for(observation(t, job), decision), &notes);
+  if (!notes.empty() && notes != t.device_plan_notes) {
+    SC_LOG_WARN("tensor '{}' on the GPU runs {}: {}", t.spec.name, policies::describe(plan), notes);
+    t.device_plan_notes = notes;
+  }
+
+  ExchangeContext ctx = exchange_context(decision.epoch);
+  ctx.keepalive = tensors_[id];
+  mailbox_->drop_before(id, job.step);
+
+  ExchangeStats stats;
+  result->dense_bytes = ring_allreduce_bytes(n, options_.world_size, options_.rank);
+  if (metrics_) metrics_->elements_total.Increment(static_cast<double>(n));
+  // A step that fails before anything is pending: tell the peers, release the trainers' buffers.
+  auto fail_early = [&](Status s) {
+    s = s.with_context("on the GPU of rank " + std::to_string(options_.rank));
+    broadcast_abort(ctx, id, job.step, s.message());
+    d.end(job.device, false).ignore();
+    return s;
+  };
+
+  kernels::Format sent_format = plan.format;
+  StepTimes times;
+  times.encode_started = clock_.now();
+  times.exchange_started = times.encode_started;
+  Status s = d.begin(job.device);
+  if (!s.ok()) return fail_early(std::move(s));
+  if (plan.dense) {
+    Expected<std::span<float>> work = d.dense_input(plan);
+    if (!work.ok()) return fail_early(work.status());
+    times.exchange_started = clock_.now();
+    s = ring_allreduce(ctx, id, job.step, *work, &stats);
+    if (s.ok()) s = d.finish_dense(total_trainers_);
+    result->nnz = n;
+  } else {
+    const auto compress_started = clock_.now();
+    Expected<DeviceCompressor::Encoded> compressed = d.compress(plan);
+    if (!compressed.ok()) return fail_early(compressed.status());
+    const DeviceCompressor::Encoded& e = *compressed;
+    times.exchange_started = clock_.now();
+    observe_compression(plan, compress_started, e.encode_seconds);
+    auto upload = [&d](const GatheredPayload& g) { return d.add_payload(g); };
+    s = sparse_allgather_each(ctx, id, job.step, e.format, e.value_type, e.nnz, n, e.payload, upload, &stats);
+    if (s.ok()) {
+      const auto decode_started = clock_.now();
+      s = d.finish_sparse(total_trainers_);
+      stats.decode_seconds += seconds_since(clock_, decode_started);
+    }
+    result->nnz = e.selected;
+    sent_format = e.format;
+  }
+  count_messages(plan, sent_format, stats);
+  times.exchange_ended = clock_.now();
+  result->bytes_sent = stats.bytes_sent;
+  if (!s.ok()) {
+    d.rollback();  // nothing lost
+    broadcast_abort(ctx, id, job.step, s.message());
+    Status ended = d.end(job.device, false);
+    if (!ended.ok()) SC_LOG_ERROR("tensor '{}': releasing the trainers' buffers: {}", t.spec.name, ended.to_string());
+    observe_step(t, job, decision, plan, false, *result, stats, times, {}, {});
+    return s;
+  }
+  d.commit();
+  // The peers have this step now; writing the average into the trainers' buffers can still fail
+  // on a CUDA error, which fails the step here (the residual already let the selection go).
+  SC_RETURN_IF_ERROR(d.end(job.device, true).with_context("writing the average into the trainers' buffers"));
+  observe_step(t, job, decision, plan, true, *result, stats, times, {}, {});
+  finish_step(t, plan, *result, stats);
+  return Status::Ok();
+}
+
+policies::TensorObservation Pipeline::observation(const TensorState& t, const StepJob& job) const {
+  policies::TensorObservation obs;
+  obs.tensor_id = t.id;
+  obs.elements = t.spec.count;
+  obs.step = job.step;
+  obs.world_size = options_.world_size;
+  obs.name = t.spec.name;
+  obs.rows = t.spec.shape.empty() ? 1 : static_cast<uint32_t>(t.spec.shape[0]);
+  return obs;
+}
+
+void Pipeline::observe_compression(const policies::Plan& plan, Clock::time_point compress_started,
+                                   double encode_seconds) {
+  (void)plan;
+  if (!metrics_) return;
+  // compress() folds, selects and encodes; it reports the encoding part.
+  metrics_->observe_stage(Stage::kSelect, std::max(0.0, seconds_since(clock_, compress_started) - encode_seconds));
+  metrics_->observe_stage(Stage::kEncode, encode_seconds);
+}
+
+void Pipeline::count_messages(const policies::Plan& plan, kernels::Format sent, const ExchangeStats& stats) {
+  if (!metrics_) return;
+  if (plan.dense) {
+    metrics_->count_messages(kernels::Format::kDense, kernels::Selector::kNone, static_cast<double>(stats.messages_sent));
+  } else {
+    metrics_->count_messages(sent, plan.selector, static_cast<double>(stats.messages_sent));
+  }
+}
+
+void Pipeline::observe_step(TensorState& t, const StepJob& job, const Decision& decision, const policies::Plan& plan,
+                            bool ok, const StepResult& result, const ExchangeStats& stats, const StepTimes& times,
+                            std::span<const float> local_sum, std::span<const float> residual) {
+  if (!observer_) return;
+  TensorStepRecord rec;
+  rec.tensor_id = t.id;
+  rec.step = job.step;
+  rec.tensors_in_job = static_cast<uint32_t>(tensors_.size());
+  rec.elements = t.spec.count;
+  rec.ok = ok;
+  rec.plan = plan;
+  rec.nnz = ok ? result.nnz : 0;
+  rec.bytes_sent = stats.bytes_sent;
+  rec.dense_bytes = result.dense_bytes;
+  rec.encode_s = std::chrono::duration<double>(times.exchange_started - times.encode_started).count();
+  rec.exchange_s = std::chrono::duration<double>(times.exchange_ended - times.exchange_started).count();
+  rec.link_bytes = stats.link_bytes;
+  rec.link_s = stats.link_seconds;
+  rec.local_sum = local_sum;
+  rec.residual = residual;
+  observer_->on_tensor_step(rec, decision);
+}
+
+void Pipeline::finish_step(TensorState& t, const policies::Plan& plan, const StepResult& result,
+                           const ExchangeStats& stats) {
   if (metrics_) {
-    metrics_->elements_selected.Increment(static_cast<double>(result->nnz));
-    metrics_->dense_equivalent_bytes.Increment(static_cast<double>(result->dense_bytes));
+    metrics_->elements_selected.Increment(static_cast<double>(result.nnz));
+    metrics_->dense_equivalent_bytes.Increment(static_cast<double>(result.dense_bytes));
     metrics_->observe_stage(Stage::kSend, stats.send_seconds);
     metrics_->observe_stage(Stage::kWait, stats.wait_seconds);
     metrics_->observe_stage(Stage::kDecode, stats.decode_seconds);
     metrics_->observe_stage(Stage::kReduce, stats.reduce_seconds);
   }
-  record_step_metrics(t, plan, *result, !plan.dense);
-  return Status::Ok();
+  record_step_metrics(t, plan, result, !plan.dense);
+}
+
+policies::Plan Pipeline::plan_for(const policies::TensorObservation& obs, const Decision& decision) {
+  // Without a decision board plan_settings_ stays options_.settings (set at construction).
+  if (decision.config && decision.config != plan_config_) {
+    plan_config_ = decision.config;  // once per decision epoch; the overrides once per text
+    plan_settings_ = plan_settings_from_config(*decision.config, &overrides_cache_);
+    progress_.set_interval(std::chrono::milliseconds(
+        static_cast<int64_t>(decision.config->progress_log_seconds * 1000.0)));
+  }
+  return policies::plan_tensor(plan_settings_, obs);
 }
 
 void Pipeline::record_step_metrics(TensorState& t, const policies::Plan& plan, const StepResult& r, bool sparse) {
-  const uint64_t n = t.compressor.spec().count;
+  const uint64_t n = t.spec.count;
   const TensorGroup group = tensor_group(n);
-  // Dense steps empty the residual; sparse ones leave the unsent part (one read pass).
-  const double norm2 = sparse ? t.compressor.residual_norm2() : 0.0;
+  // Dense steps empty the residual; sparse ones leave the unsent part (one read pass). A device
+  // residual is not read back per step (0 here; checkpoints copy it).
+  const double norm2 = sparse && t.host ? t.host->residual_norm2() : 0.0;
   std::string desc = policies::describe(plan);
   double density = 0, group_norm2 = 0;
   {
@@ -559,10 +713,11 @@ Status Pipeline::write_checkpoint(const std::string& path, CheckpointInfo* info)
   double norm2 = 0;
   for (const auto& t : tensors_) {
     if (!t) continue;
-    const auto& spec = t->compressor.spec();
-    entries.push_back(CheckpointEntry{spec.name, t->compressor.residual()});
+    const auto& spec = t->spec;
+    SC_ASSIGN_OR_RETURN(std::span<const float> residual, t->residual());
+    entries.push_back(CheckpointEntry{spec.name, residual});
     info->elements += spec.count;
-    norm2 += t->compressor.residual_norm2();
+    norm2 += t->residual_norm2();
   }
   if (entries.empty()) return failed_precondition("no tensors are registered; nothing to checkpoint");
   const std::string out = encode_checkpoint(options_.job_id, options_.rank, options_.world_size, entries);
@@ -615,7 +770,7 @@ Status Pipeline::read_checkpoint(const std::string& path, const std::vector<Tens
   }
   bool same = live.size() == specs.size() && file.offsets.size() == specs.size();
   for (size_t i = 0; same && i < live.size(); ++i) {
-    same = live[i]->compressor.spec().name == specs[i].name && live[i]->compressor.spec().count == specs[i].count;
+    same = live[i]->spec.name == specs[i].name && live[i]->spec.count == specs[i].count;
   }
   if (!same) {
     return failed_precondition("the registered tensors changed while checkpoint " + path +
@@ -624,10 +779,18 @@ Status Pipeline::read_checkpoint(const std::string& path, const std::vector<Tens
   double norm2 = 0;
   for (size_t i = 0; i < live.size(); ++i) {
     // The pipeline thread owns the compressor and no step is pending: overwrite its residual.
-    auto current = live[i]->compressor.residual();
-    std::memcpy(const_cast<float*>(current.data()), file.bytes.data() + file.offsets[i], current.size_bytes());
-    norm2 += live[i]->compressor.residual_norm2();
-    info->elements += current.size();
+    TensorState& t = *live[i];
+    const size_t count = t.spec.count;
+    if (t.host) {
+      auto current = t.host->residual();
+      std::memcpy(const_cast<float*>(current.data()), file.bytes.data() + file.offsets[i], current.size_bytes());
+    } else {
+      t.residual_copy.resize(count);
+      std::memcpy(t.residual_copy.data(), file.bytes.data() + file.offsets[i], count * sizeof(float));
+      SC_RETURN_IF_ERROR(t.device->write_residual(t.residual_copy).with_context("restoring tensor '" + t.spec.name + "'"));
+    }
+    norm2 += t.residual_norm2();
+    info->elements += count;
   }
   info->tensors = static_cast<uint32_t>(live.size());
   info->bytes = file.bytes.size();
@@ -645,10 +808,10 @@ std::string Pipeline::manifest() const {
     if (!t) continue;
     // "tensor <id> <count> shape=<d0>x<d1>... <name>" (shape=none without one): the shape must
     // agree across nodes like the count, since structured selectors read it.
-    const TensorSpec& spec = t->compressor.spec();
+    const TensorSpec& spec = t->spec;
     std::string shape = spec.shape.empty() ? "none" : "";
     for (size_t i = 0; i < spec.shape.size(); ++i) shape += (i ? "x" : "") + std::to_string(spec.shape[i]);
-    os << "tensor " << t->compressor.id() << " " << spec.count << " shape=" << shape << " " << spec.name << "\n";
+    os << "tensor " << t->id << " " << spec.count << " shape=" << shape << " " << spec.name << "\n";
   }
   return os.str();
 }
@@ -666,7 +829,7 @@ Status Pipeline::agree_on_job(Clock::time_point deadline) {
     for (const auto& t : tensors_) {
       if (!t) continue;
       ++tensors;
-      elements += t->compressor.spec().count;
+      elements += t->spec.count;
     }
     SC_LOG_WARN("joined the running job as a replacement for rank {}: the error-feedback residuals of {} tensor(s) "
                 "({} elements) start at zero{}",
@@ -678,6 +841,7 @@ Status Pipeline::agree_on_job(Clock::time_point deadline) {
 }
 
 uint64_t Pipeline::tensor_footprint_bytes(const TensorSpec& spec) const {
+  if (spec.on_device) return DeviceCompressor::footprint_bytes(spec, options_.world_size);
   return TensorCompressor::footprint_bytes(spec);
 }
 

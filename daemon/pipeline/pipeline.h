@@ -198,6 +198,22 @@ class Pipeline final : public StepSink {
   void run();
   StepResult process(const StepJob& job);
   Status run_step(TensorState& t, const StepJob& job, const Decision& decision, StepResult* result);
+  // run_step() of a device tensor (DESIGN §8): DeviceCompressor + sparse_allgather_each.
+  Status run_device_step(TensorState& t, const StepJob& job, const Decision& decision, StepResult* result);
+  // When the parts of a step happened (TensorStepRecord's encode and exchange times).
+  struct StepTimes {
+    Clock::time_point encode_started, exchange_started, exchange_ended;
+  };
+  policies::TensorObservation observation(const TensorState& t, const StepJob& job) const;
+  // The plan of a tensor step under `decision` (adopts a new decision config first).
+  policies::Plan plan_for(const policies::TensorObservation& obs, const Decision& decision);
+  void observe_compression(const policies::Plan& plan, Clock::time_point compress_started, double encode_seconds);
+  void count_messages(const policies::Plan& plan, kernels::Format sent, const ExchangeStats& stats);
+  void observe_step(TensorState& t, const StepJob& job, const Decision& decision, const policies::Plan& plan, bool ok,
+                    const StepResult& result, const ExchangeStats& stats, const StepTimes& times,
+                    std::span<const float> local_sum, std::span<const float> residual);
+  // A successful step's metrics.
+  void finish_step(TensorState& t, const policies::Plan& plan, const StepResult& result, const ExchangeStats& stats);
   Status agree_on_job(Clock::time_point deadline);
   // This job's identity for a collective or an abort under `epoch`, deadline one step_timeout
   // from now (pipeline thread).

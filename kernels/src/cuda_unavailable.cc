@@ -24,6 +24,15 @@ Status zero_async(void*, size_t, Stream) { return unavailable_here("cuda::zero_a
 Status synchronize(Stream) { return unavailable_here("cuda::synchronize"); }
 Expected<Stream> stream_create() { return unavailable_here("cuda::stream_create"); }
 void stream_destroy(Stream) {}
+Status set_device(int) { return unavailable_here("cuda::set_device"); }
+Expected<void*> host_alloc_pinned(size_t) { return unavailable_here("cuda::host_alloc_pinned"); }
+void host_free_pinned(void*) {}
+Status stream_wait_event(Stream, void*) { return unavailable_here("cuda::stream_wait_event"); }
+Status event_record(void*, Stream) { return unavailable_here("cuda::event_record"); }
+Expected<void*> event_create() { return unavailable_here("cuda::event_create"); }
+void event_destroy(void*) {}
+Status local_sum(float*, std::span<const float* const>, size_t, Stream) { return unavailable_here("cuda::local_sum"); }
+Status scatter_add(const DeviceSelection&, float*, size_t, Stream) { return unavailable_here("cuda::scatter_add"); }
 size_t select_workspace_bytes(size_t) { return 0; }
 
 Status ef_threshold(float*, const float*, size_t, float, bool, const DeviceSelection&, Workspace, Stream) {

@@ -62,4 +62,34 @@ void stream_destroy(Stream stream) {
   if (stream != nullptr) cudaStreamDestroy(stream);
 }
 
+Status set_device(int device) { return cuda_status("cudaSetDevice", cudaSetDevice(device)); }
+
+Expected<void*> host_alloc_pinned(size_t bytes) {
+  void* ptr = nullptr;
+  SC_RETURN_IF_ERROR(cuda_status("cudaHostAlloc", cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable)));
+  return ptr;
+}
+
+void host_free_pinned(void* ptr) {
+  if (ptr != nullptr) cudaFreeHost(ptr);
+}
+
+Status stream_wait_event(Stream stream, void* event) {
+  return cuda_status("cudaStreamWaitEvent", cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(event), 0));
+}
+
+Status event_record(void* event, Stream stream) {
+  return cuda_status("cudaEventRecord", cudaEventRecord(static_cast<cudaEvent_t>(event), stream));
+}
+
+Expected<void*> event_create() {
+  cudaEvent_t event = nullptr;
+  SC_RETURN_IF_ERROR(cuda_status("cudaEventCreate", cudaEventCreateWithFlags(&event, cudaEventDisableTiming)));
+  return static_cast<void*>(event);
+}
+
+void event_destroy(void* event) {
+  if (event != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(event));
+}
+
 }  // namespace sparsecar::kernels::cuda

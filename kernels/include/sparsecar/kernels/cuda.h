@@ -62,6 +62,18 @@ Status zero_async(void* ptr, size_t bytes, Stream stream);
 Status synchronize(Stream stream);
 Expected<Stream> stream_create();
 void stream_destroy(Stream stream);
+// The calling thread's current device (cudaSetDevice).
+Status set_device(int device);
+// Page-locked host memory (cudaHostAlloc), for copies that overlap and run at full PCIe speed.
+Expected<void*> host_alloc_pinned(size_t bytes);
+void host_free_pinned(void* ptr);  // null is fine
+// Events: `event` is a cudaEvent_t, an interprocess one opened with cudaIpcOpenEventHandle
+// included. The stream waits on the GPU for the event's latest record (the host does not wait);
+// a record must be queued on a stream of the event's device.
+Status stream_wait_event(Stream stream, void* event);
+Status event_record(void* event, Stream stream);
+Expected<void*> event_create();  // cudaEventDisableTiming, this process only
+void event_destroy(void* event);  // null is fine
 
 // ---- selections ------------------------------------------------------------------------------
 
@@ -77,6 +89,16 @@ struct Workspace {
   void* ptr = nullptr;  // device memory, any alignment of 256 bytes or more
   size_t bytes = 0;
 };
+
+// ---- element-wise helpers of the daemon's device path --------------------------------------------
+// Where the summands of local_sum() are: device pointers readable from the current device.
+inline constexpr size_t kMaxSumInputs = 16;
+// dst[i] = float(Σ_j double(src[j][i])) for i < n, the sum in j order in float64, rounded once
+// (the session's host local sum, bit for bit); one input is copied. 1..kMaxSumInputs inputs.
+Status local_sum(float* dst, std::span<const float* const> src, size_t n, Stream stream);
+// dense[index[j]] += value[j] for j < min(*sel.count, sel.capacity), one float addition each
+// (the indices of a selection are distinct). Gives a rolled-back selection back to its residual.
+Status scatter_add(const DeviceSelection& sel, float* dense, size_t n, Stream stream);
 
 // Workspace bytes every selection function below needs for a tensor of n elements.
 size_t select_workspace_bytes(size_t n);

@@ -1,0 +1,78 @@
+// cuda.h's element-wise helpers of the daemon's device path: the node's local sum and giving a
+// selection back to its residual. Grid-stride passes; validation on the host first.
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "cuda/detail/launch.h"
+#include "cuda/detail/status.h"
+#include "sparsecar/kernels/cuda.h"
+
+namespace sparsecar::kernels::cuda {
+namespace {
+
+using detail::cuda_status;
+
+constexpr unsigned kThreads = 256;
+
+struct SumInputs {
+  const float* src[kMaxSumInputs];
+  unsigned count;
+};
+
+// The session's local sum: float64 accumulation in input order, one rounding (step_collector.h).
+__global__ void local_sum_kernel(SumInputs in, float* __restrict__ dst, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    double s = 0.0;
+    for (unsigned j = 0; j < in.count; ++j) s += static_cast<double>(in.src[j][i]);
+    dst[i] = static_cast<float>(s);
+  }
+}
+
+__global__ void scatter_add_kernel(const uint32_t* __restrict__ index, const float* __restrict__ value,
+                                   const uint64_t* __restrict__ count, size_t capacity, float* __restrict__ dense,
+                                   size_t n) {
+  const uint64_t m = *count < capacity ? *count : capacity;
+  for (size_t j = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; j < m;
+       j += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const uint32_t i = index[j];
+    if (i < n) dense[i] += value[j];
+  }
+}
+
+}  // namespace
+
+Status local_sum(float* dst, std::span<const float* const> src, size_t n, Stream stream) {
+  if (src.empty() || src.size() > kMaxSumInputs) {
+    return invalid_argument("cuda::local_sum: " + std::to_string(src.size()) + " inputs; 1.." +
+                            std::to_string(kMaxSumInputs) + " are allowed");
+  }
+  if (dst == nullptr) return invalid_argument("cuda::local_sum: null output");
+  for (const float* p : src) {
+    if (p == nullptr) return invalid_argument("cuda::local_sum: null input");
+  }
+  if (n == 0) return Status::Ok();
+  if (src.size() == 1) {
+    if (src[0] == dst) return Status::Ok();
+    return cuda_status("cudaMemcpyAsync",
+                       cudaMemcpyAsync(dst, src[0], n * sizeof(float), cudaMemcpyDefault, stream));
+  }
+  SumInputs in{};
+  for (size_t j = 0; j < src.size(); ++j) in.src[j] = src[j];
+  in.count = static_cast<unsigned>(src.size());
+  local_sum_kernel<<<detail::stride_blocks(n, kThreads), kThreads, 0, stream>>>(in, dst, n);
+  return cuda_status("local_sum_kernel", cudaGetLastError());
+}
+
+Status scatter_add(const DeviceSelection& sel, float* dense, size_t n, Stream stream) {
+  if (dense == nullptr || sel.count == nullptr || (sel.capacity > 0 && (sel.index == nullptr || sel.value == nullptr))) {
+    return invalid_argument("cuda::scatter_add: null buffer");
+  }
+  if (sel.capacity == 0 || n == 0) return Status::Ok();
+  scatter_add_kernel<<<detail::stride_blocks(sel.capacity, kThreads), kThreads, 0, stream>>>(
+      sel.index, sel.value, sel.count, sel.capacity, dense, n);
+  return cuda_status("scatter_add_kernel", cudaGetLastError());
+}
+
+}  // namespace sparsecar::kernels::cuda

@@ -1,0 +1,201 @@
+// The pipeline's device path (DESIGN §8, device_compressor.h) against its host path: W nodes joined
+// by the in-process FakeNetwork run the same steps twice, once with host tensors (the CPU
+// kernels) and once with device tensors in GPU memory (the CUDA kernels, pinned staging, device
+// decode), and every node's averaged gradient must be the same bits. The CUDA kernels equal the
+// CPU ones bit for bit (cuda.h), the local sum is the session's float64 sum, so any difference is
+// a bug of the device path. Label gpu: the tests that need a GPU skip without one; the refusal
+// test runs everywhere.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "daemon/pipeline/device_compressor.h"
+#include "sparsecar/kernels/cuda.h"
+#include "tests/unit/daemon/pipeline_job.h"
+
+namespace sparsecar {
+namespace {
+
+namespace cu = kernels::cuda;
+using fakes::PipelineJob;
+
+#define SKIP_WITHOUT_GPU()                                                                            \
+  do {                                                                                                \
+    if (cu::device_count() == 0) {                                                                    \
+      GTEST_SKIP() << "no CUDA GPU here (" << (cu::built() ? "built with CUDA" : "built without CUDA") \
+                   << "): the device path runs on a GPU machine (docs/gpu.md)";                        \
+    }                                                                                                 \
+  } while (0)
+
+// One trainer's tensor in GPU memory with its two events (in-process: no IPC needed here).
+struct DeviceTensor {
+  explicit DeviceTensor(size_t n) : count(n) {
+    auto p = cu::device_alloc(n * sizeof(float));
+    auto r = cu::event_create();
+    auto d = cu::event_create();
+    auto s = cu::stream_create();
+    if (!p.ok() || !r.ok() || !d.ok() || !s.ok()) return;
+    buffer = DeviceBuffer{static_cast<float*>(*p), 0, *r, *d};
+    stream = *s;
+  }
+  ~DeviceTensor() {
+    cu::synchronize(stream).ignore();
+    cu::device_free(buffer.data);
+    cu::event_destroy(buffer.ready_event);
+    cu::event_destroy(buffer.done_event);
+    cu::stream_destroy(stream);
+  }
+  // The trainer's side of a step: write the gradient on its stream, record ready.
+  void write(const std::vector<float>& host) {
+    ASSERT_TRUE(cu::copy_async(buffer.data, host.data(), count * sizeof(float), stream).ok());
+    ASSERT_TRUE(cu::event_record(buffer.ready_event, stream).ok());
+  }
+  // After the completion: wait for done on the trainer's stream, read the average.
+  std::vector<float> read() {
+    std::vector<float> out(count, std::nanf(""));
+    EXPECT_TRUE(cu::stream_wait_event(stream, buffer.done_event).ok());
+    EXPECT_TRUE(cu::copy_async(out.data(), buffer.data, count * sizeof(float), stream).ok());
+    EXPECT_TRUE(cu::synchronize(stream).ok());
+    return out;
+  }
+  size_t count;
+  DeviceBuffer buffer;
+  cu::Stream stream = nullptr;
+};
+
+PipelineOptions options(bool compression, kernels::Selector selector, double density, double threshold) {
+  PipelineOptions o;
+  o.settings.compression = compression;
+  o.settings.selector = selector;
+  o.settings.params.density = density;
+  o.settings.params.threshold = threshold;
+  o.step_timeout = std::chrono::milliseconds(20000);
+  return o;
+}
+
+struct Case {
+  const char* name;
+  bool compression;
+  kernels::Selector selector;
+  double density;
+  double threshold;
+  kernels::Format format;
+};
+
+class DevicePipeline : public ::testing::TestWithParam<Case> {};
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+TEST_P(DevicePipeline, EqualsTheHostPathBitForBit) {
+  SKIP_WITHOUT_GPU();
+  const Case c = GetParam();
+  constexpr uint32_t kWorld = 3;
+  const size_t n = 200003;  // odd: no chunk or vector width divides it
+  PipelineOptions o = options(c.compression, c.selector, c.density, c.threshold);
+  o.settings.format = c.format;
+  PipelineJob host(kWorld, o);
+  PipelineJob device(kWorld, o);
+  for (uint32_t r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(host.nodes[r]->pipeline->register_tensor(0, TensorSpec{"fc.weight", n}).ok());
+    TensorSpec spec{"fc.weight", n};
+    spec.on_device = true;
+    ASSERT_TRUE(device.nodes[r]->pipeline->register_tensor(0, spec).ok());
+  }
+  std::vector<std::unique_ptr<DeviceTensor>> tensors;
+  for (uint32_t r = 0; r < kWorld; ++r) {
+    tensors.push_back(std::make_unique<DeviceTensor>(n));
+    ASSERT_NE(tensors.back()->buffer.data, nullptr);
+  }
+  for (uint64_t step = 1; step <= 4; ++step) {
+    std::vector<std::vector<float>> inputs;
+    for (uint32_t r = 0; r < kWorld; ++r) inputs.push_back(fakes::random_vector(n, 1000 * static_cast<uint32_t>(step) + r));
+    std::vector<std::vector<float>> expected;
+    auto host_results = fakes::run_step(host, 0, step, inputs, expected);
+    for (auto& res : host_results) ASSERT_TRUE(res.status.ok()) << res.status.to_string();
+
+    for (uint32_t r = 0; r < kWorld; ++r) {
+      tensors[r]->write(inputs[r]);
+      StepJob j;
+      j.tensor_id = 0;
+      j.step = step;
+      j.device = std::span<const DeviceBuffer>(&tensors[r]->buffer, 1);
+      device.nodes[r]->pipeline->submit(j);
+    }
+    for (uint32_t r = 0; r < kWorld; ++r) {
+      StepResult res = device.nodes[r]->results.wait(0, step);
+      ASSERT_TRUE(res.status.ok()) << "rank " << r << ": " << res.status.to_string();
+      EXPECT_EQ(res.nnz, host_results[r].nnz) << "rank " << r << " step " << step;
+      EXPECT_EQ(res.bytes_sent, host_results[r].bytes_sent) << "rank " << r << " step " << step;
+      const std::vector<float> got = tensors[r]->read();
+      EXPECT_TRUE(same_bits(got, expected[r])) << c.name << ": rank " << r << " step " << step
+                                               << " differs from the host path";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Plans, DevicePipeline,
+    ::testing::Values(Case{"topk_coo", true, kernels::Selector::kTopk, 0.01, 0.0, kernels::Format::kCoo},
+                      Case{"topk_bitmap", true, kernels::Selector::kTopk, 0.05, 0.0, kernels::Format::kBitmap},
+                      Case{"threshold_varint", true, kernels::Selector::kThreshold, 0.0, 2.5,
+                           kernels::Format::kCooVarint},
+                      Case{"dense_ring", false, kernels::Selector::kTopk, 0.01, 0.0, kernels::Format::kCoo}),
+    [](const ::testing::TestParamInfo<Case>& p) { return std::string(p.param.name); });
+
+// Without a GPU a device step fails at once with an error that says why, on every node (the peers
+// are told), and does not wait for its deadline.
+TEST(DevicePipelineRefusal, ADeviceStepWithoutAGpuFailsClearly) {
+  if (cu::device_count() > 0) GTEST_SKIP() << "a GPU is present: the refusal is for machines without one";
+  PipelineOptions o = options(true, kernels::Selector::kTopk, 0.01, 0.0);
+  PipelineJob job(2, o);
+  TensorSpec spec{"fc.weight", 1000};
+  spec.on_device = true;
+  for (auto& node : job.nodes) ASSERT_TRUE(node->pipeline->register_tensor(0, spec).ok());
+  // Non-null stand-ins: nothing may dereference them when no GPU is there.
+  alignas(64) static float fake_memory[16];
+  int fake_event_a = 0, fake_event_b = 0;
+  const DeviceBuffer buf{fake_memory, 0, &fake_event_a, &fake_event_b};
+  const auto started = std::chrono::steady_clock::now();
+  for (auto& node : job.nodes) {
+    StepJob j;
+    j.tensor_id = 0;
+    j.step = 1;
+    j.device = std::span<const DeviceBuffer>(&buf, 1);
+    node->pipeline->submit(j);
+  }
+  for (auto& node : job.nodes) {
+    StepResult r = node->results.wait(0, 1);
+    EXPECT_FALSE(r.status.ok());
+    EXPECT_NE(r.status.message().find("GPU"), std::string::npos) << r.status.to_string();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(10));
+}
+
+TEST(DevicePlan, SubstitutesWhatTheDeviceDoesNotRunAndSaysSo) {
+  policies::Plan p;
+  p.dense = false;
+  p.selector = kernels::Selector::kTopk;
+  p.format = kernels::Format::kCoo;
+  std::string why;
+  policies::Plan q = DeviceCompressor::device_plan(p, &why);
+  if (cu::built()) {  // without CUDA nothing runs on a device and everything is substituted
+    EXPECT_TRUE(why.empty()) << why;
+  }
+  EXPECT_EQ(q.selector, p.selector);
+  p.value_type = kernels::ValueType::kF16;
+  p.error_feedback = policies::ErrorFeedback::kMomentum;
+  q = DeviceCompressor::device_plan(p, &why);
+  EXPECT_EQ(q.value_type, kernels::ValueType::kF32);
+  EXPECT_EQ(q.error_feedback, policies::ErrorFeedback::kResidual);
+  EXPECT_NE(why.find("fp32"), std::string::npos) << why;
+  EXPECT_NE(why.find("momentum"), std::string::npos) << why;
+  EXPECT_EQ(DeviceCompressor::capacity(100), 100u);
+  EXPECT_EQ(DeviceCompressor::capacity(800000), 100000u + 4096u);
+}
+
+}  // namespace
+}  // namespace sparsecar
