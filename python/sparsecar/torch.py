@@ -32,6 +32,16 @@ How it works (torch 1.13 .. 2.x; only public, long-lived hook APIs are used):
   (with the learning rate) and returns a ``torch.futures.Future``; one completion thread per
   process waits for the daemon in bucket order, copies the averages back into the bucket and
   completes the future. DDP's ``backward()`` waits for the futures.
+* **GPU buckets stay on the GPU** (``device_path="auto"``, the default). Each bucket (or
+  parameter slice) gets a float32 buffer on its GPU that the daemon maps by CUDA IPC, with two
+  interprocess events: per step the hook copies the bucket into it on the current stream (a cast
+  for float16/bfloat16 buckets), records ``ready`` and submits; the daemon's stream waits on
+  ``ready``, compresses on its GPU (error-feedback residual there too), sends only the encoded
+  payload and writes the average back, then records ``done``; the completion thread's stream waits
+  on ``done``, copies the average into the bucket, and the future (created with ``devices=``)
+  carries that stream to DDP. No host thread waits for a GPU. A daemon built without CUDA (or
+  without a GPU) refuses GPU tensors: the hook then warns once and stages through host memory
+  (``summary()["path"]`` says which).
 * **Fallback, agreed.** If the daemon is unreachable when registering or a step fails, the hook
   logs the real cause (torch itself would only say "Unable to cast ..."), warns once, and uses
   plain all-reduce from then on; ``on_error="raise"`` fails the step instead. A failure may be
@@ -63,7 +73,8 @@ How it works (torch 1.13 .. 2.x; only public, long-lived hook APIs are used):
 
 Rules: one sparsecar client per DDP rank (the daemon's --local-clients equals the local ranks),
 the daemon averages over all trainers of the job, so the job's trainers must be exactly the DDP
-ranks. Gradients must be float32 (otherwise the hook stays on plain all-reduce and warns).
+ranks. Gradients must be float32, float16 or bfloat16 (otherwise the hook stays on plain
+all-reduce and warns); the daemon compresses float32, half buckets are cast on their device.
 Every rank must register the same tensors in the same order: they must run the same model.
 """
 
@@ -113,11 +124,14 @@ def nnodes():
 
 
 class _Slice:
-    """One sparsecar tensor of a bucket: elements [offset, offset + numel) of its buffer."""
-    __slots__ = ("name", "offset", "numel", "shape", "tensor")
+    """One sparsecar tensor of a bucket: elements [offset, offset + numel) of its buffer. On the
+    device path `stage` is its float32 GPU buffer registered with the daemon (CUDA IPC) and
+    `ready` / `done` its interprocess events."""
+    __slots__ = ("name", "offset", "numel", "shape", "tensor", "stage", "ready", "done")
 
     def __init__(self, name, offset, numel, shape):
         self.name, self.offset, self.numel, self.shape, self.tensor = name, offset, numel, shape, None
+        self.stage = self.ready = self.done = None
 
 
 class SparsecarHook:
@@ -125,13 +139,17 @@ class SparsecarHook:
 
     def __init__(self, socket=None, *, optimizer=None, lr=None, dense_iterations=2,
                  on_error="fallback", timeout=60.0, connect_timeout=10.0, process_group=None,
-                 prefix=None, tensors="buckets", param_names=None, device=None, announce="rank0"):
+                 prefix=None, tensors="buckets", param_names=None, device=None, announce="rank0",
+                 device_path="auto"):
         if on_error not in ("fallback", "raise"):
             raise ValueError('on_error must be "fallback" or "raise"')
         if tensors not in ("parameters", "buckets"):
             raise ValueError('tensors must be "parameters" or "buckets"')
         if announce not in ("rank0", "all", None):
             raise ValueError('announce must be "rank0", "all" or None')
+        if device_path not in ("auto", "off", "require"):
+            raise ValueError('device_path must be "auto", "off" or "require"')
+        self.device_path = device_path
         self.socket = socket or os.environ.get("SPARSECAR_SOCKET", sparsecar.DEFAULT_SOCKET)
         self.optimizer = optimizer
         self.lr = lr
@@ -159,6 +177,7 @@ class SparsecarHook:
         self._in_iteration = False
         self._step_failed = False    # a sparsecar step failed; dense from the next iteration on
         self._warned = False
+        self._warned_host_staging = False
         self._jobs = queue.Queue()
         self._worker = None
         self._closed = False
@@ -166,6 +185,8 @@ class SparsecarHook:
         self._per_tensor = {}        # name -> [steps, elements, nnz, bytes_sent, dense_bytes]
         self._t_iteration = None     # monotonic time of this iteration's first sparse bucket
         self._t_prev_iteration = None
+        self.path = None             # "device" (CUDA IPC) or "host" (shm staging) once registered
+        self._sync_stream = None     # device path: where the daemon's done events are waited on
 
     # ---- public ------------------------------------------------------------------------------
     def report_metric(self, name, value, step=None):
@@ -191,7 +212,8 @@ class SparsecarHook:
     def summary(self, per_tensor=False):
         """What the hook did so far, as a dict:
 
-        mode, iterations (every DDP iteration hooked, restored ones included), sparse_iterations,
+        mode, path ("device": GPU buckets handed over by CUDA IPC and compressed on the GPU;
+        "host": staged through shared memory; None before registering), iterations (every DDP iteration hooked, restored ones included), sparse_iterations,
         dense_buckets (warm-up and fallback), tensors (registered), bytes_sent / dense_bytes (the
         daemon's report for this node: wire bytes vs. what a dense ring all-reduce would have
         sent), ratio (dense_bytes / bytes_sent; None before any sparse step), density (selected /
@@ -204,6 +226,7 @@ class SparsecarHook:
         sent, dense = st["sparsecar_bytes"], st["sparsecar_dense_equivalent_bytes"]
         out = {
             "mode": self.mode,
+            "path": self.path,
             "iterations": self.iteration,
             "sparse_iterations": st["sparse_iterations"],
             "dense_buckets": st["dense_buckets"],
@@ -347,8 +370,9 @@ class SparsecarHook:
     def _layout_key(self, bucket, buf):
         """What must stay the same between iterations for the registration to hold: the bucket's
         size, and in parameter mode its parameters (name, size, shape) in buffer order. None when
-        the bucket is not float32."""
-        if buf.dtype != torch.float32:
+        the bucket is not float32, float16 or bfloat16 (half buckets are cast to float32 on their
+        device: the daemon compresses float32)."""
+        if buf.dtype not in _BUCKET_DTYPES:
             return None
         if self.tensors == "buckets":
             return buf.numel()
@@ -392,12 +416,19 @@ class SparsecarHook:
     def _register_buckets(self, device):
         ok = True
         try:
+            use_device = self._device_path_wanted(device)
             for index in sorted(self._layout):
                 slices = self._slices_of(index, self._layout[index])
                 for sl in slices:
-                    sl.tensor = self._client.register(sl.name, tuple(sl.shape) if sl.shape else sl.numel)
+                    if use_device:
+                        use_device = self._register_on_device(sl, device)
+                    if not use_device:
+                        sl.tensor = self._client.register(sl.name, tuple(sl.shape) if sl.shape else sl.numel)
                 self._slices[index] = slices
-        except sparsecar.Error as e:
+            self.path = "device" if use_device else "host"
+            if use_device:
+                self._sync_stream = torch.cuda.Stream(device=device)
+        except (sparsecar.Error, RuntimeError, ValueError) as e:
             ok = False
             self._note_failure(f"registering the DDP buckets with sparsecar failed: {e}")
         if not self._all_ranks_ok(ok, device):
@@ -411,6 +442,46 @@ class SparsecarHook:
         self._worker.start()
         self._announce()
 
+    def _device_path_wanted(self, device):
+        """Whether to try registering GPU buffers (CUDA IPC) instead of host slots."""
+        if self.device_path == "off" or device is None or device.type != "cuda":
+            return False
+        if not hasattr(self._client, "register_device"):
+            return self._no_device_path("this sparsecar Python package has no device registration")
+        return True
+
+    def _no_device_path(self, why):
+        if self.device_path == "require":
+            raise RuntimeError(f"device_path='require' but {why}")
+        log.warning("sparsecar: GPU buckets are staged through host memory: %s", why)
+        if not self._warned_host_staging:
+            self._warned_host_staging = True
+            warnings.warn(f"sparsecar DDP hook: GPU buckets are staged through host memory: {why}",
+                          RuntimeWarning, stacklevel=5)
+        return False
+
+    def _register_on_device(self, sl, device):
+        """Registers slice `sl` as a device tensor: a float32 buffer on `device` that the daemon
+        maps by CUDA IPC, with its ready/done interprocess events. False (after one warning) when
+        the daemon refuses device tensors (no CUDA or no GPU there); other errors raise."""
+        sl.stage = torch.zeros(sl.numel, dtype=torch.float32, device=device)
+        sl.ready = torch.cuda.Event(interprocess=True)
+        sl.done = torch.cuda.Event(interprocess=True)
+        with torch.cuda.device(device):
+            # An interprocess event exists once recorded: record both before taking their handles.
+            sl.ready.record()
+            sl.done.record()
+        handles = sparsecar.device_handles(sl.stage, sl.ready, sl.done)
+        try:
+            sl.tensor = self._client.register_device(sl.name, sl.numel, shape=tuple(sl.shape) if sl.shape else None,
+                                                     **handles)
+        except sparsecar.Error as e:
+            if getattr(e, "code_name", "") != "UNAVAILABLE" or self._slices:
+                raise
+            sl.stage = sl.ready = sl.done = None
+            return self._no_device_path(f"the daemon does not take GPU tensors: {e}")
+        return True
+
     def _announce(self):
         """One line a user sees by default (stderr), on rank 0 or every rank; also logged."""
         rank = dist.get_rank(group=self.process_group)
@@ -422,7 +493,8 @@ class SparsecarHook:
         what = "parameter tensors" if self.tensors == "parameters" else "bucket tensors"
         line = (f"sparsecar: rank {rank} of {world}: {n_tensors} {what} ({elements} elements in "
                 f"{len(self._slices)} DDP buckets) go through the daemon of {where} ({self.socket}) from step "
-                f"{self.iteration} on; hook.summary() reports bytes and ratio")
+                f"{self.iteration} on ({'GPU buffers by CUDA IPC' if self.path == 'device' else 'staged through host memory'}); "
+                f"hook.summary() reports bytes and ratio")
         log.info("%s", line)
         if self.announce == "all" or (self.announce == "rank0" and rank == 0):
             print(line, file=sys.stderr, flush=True)
@@ -507,9 +579,18 @@ class SparsecarHook:
                 try:
                     flat = buf.view(-1)
                     lr = self._current_lr()
-                    for sl in slices:
-                        sparsecar.copy_into(sl.tensor.array(), flat[sl.offset:sl.offset + sl.numel])
-                        self._client.submit(sl.tensor, step, lr=lr)
+                    if self.path == "device":
+                        # Into the registered float32 buffers (cast on the GPU for half buckets);
+                        # the daemon's stream waits for `ready`, the host does not wait.
+                        stream = torch.cuda.current_stream(buf.device)
+                        for sl in slices:
+                            sl.stage.copy_(flat[sl.offset:sl.offset + sl.numel])
+                            sl.ready.record(stream)
+                            self._client.submit(sl.tensor, step, lr=lr)
+                    else:
+                        for sl in slices:
+                            sparsecar.copy_into(sl.tensor.array(), flat[sl.offset:sl.offset + sl.numel])
+                            self._client.submit(sl.tensor, step, lr=lr)
                     self._jobs.put(("sparse", index, buf, fut, step, last))
                 except sparsecar.Error as e:
                     self._fail_step(f"submitting bucket {index} step {step} failed: {e}")
@@ -541,7 +622,7 @@ class SparsecarHook:
             return
         self._layout = layout
         if any(key is None for key in layout.values()):
-            self._note_failure("DDP buckets are not float32; sparsecar handles float32 only")
+            self._note_failure("DDP buckets are not float32, float16 or bfloat16; sparsecar handles those only")
             self._give_up()
             return
         if self._client is None:
@@ -604,6 +685,14 @@ class SparsecarHook:
                         f.set_exception(RuntimeError(f"sparsecar DDP hook: {e}"))
                 pending = []
 
+    def _copy_out_on_device(self, sl, flat, device):
+        """The daemon's average into the bucket, on the sync stream, after the daemon's done
+        event (cast back for half buckets); the host does not wait."""
+        stream = self._sync_stream
+        with torch.cuda.device(device), torch.cuda.stream(stream):
+            stream.wait_event(sl.done)
+            flat[sl.offset:sl.offset + sl.numel].copy_(sl.stage)
+
     def _finish_iteration(self, pending):
         """Every rank learns whether every rank got every bucket of this iteration, then all use
         the daemon's averages or all all-reduce the original gradients."""
@@ -618,7 +707,10 @@ class SparsecarHook:
             if all_ok:
                 flat = buf.view(-1)
                 for sl, info in zip(self._slices[index], infos):
-                    sparsecar.copy_out(sl.tensor.array(), flat[sl.offset:sl.offset + sl.numel])
+                    if self.path == "device":
+                        self._copy_out_on_device(sl, flat, buf.device)
+                    else:
+                        sparsecar.copy_out(sl.tensor.array(), flat[sl.offset:sl.offset + sl.numel])
                     self.stats["sparsecar_bytes"] += info.bytes_sent
                     self.stats["sparsecar_dense_equivalent_bytes"] += info.dense_bytes
                     self.stats["sparsecar_nnz"] += info.nnz
@@ -630,7 +722,13 @@ class SparsecarHook:
                     t[3] += info.bytes_sent
                     t[4] += info.dense_bytes
                 self.stats["sparse_buckets"] += 1
-                fut.set_result(buf)
+                if self.path == "device":
+                    # The future records its event on this thread's current stream: the one that
+                    # waited for the daemon and copied the average into the bucket.
+                    with torch.cuda.device(buf.device), torch.cuda.stream(self._sync_stream):
+                        fut.set_result(buf)
+                else:
+                    fut.set_result(buf)
             elif self.on_error == "raise":
                 fut.set_exception(RuntimeError(f"sparsecar DDP hook: bucket {index} step {step}: {self.failure}"))
             else:
@@ -639,6 +737,9 @@ class SparsecarHook:
             self.stats["sparse_iterations"] += 1
             if self._t_iteration is not None:
                 self.stats["exchange_ns"] += int((time.monotonic() - self._t_iteration) * 1e9)
+
+
+_BUCKET_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def _same_buckets(a, b):
@@ -673,7 +774,7 @@ def _on_device(device):
 
 def register(ddp_model, socket=None, *, optimizer=None, lr=None, dense_iterations=2,
              on_error="fallback", timeout=60.0, connect_timeout=10.0, process_group=None,
-             prefix=None, tensors="buckets", announce="rank0"):
+             prefix=None, tensors="buckets", announce="rank0", device_path="auto"):
     """Installs the sparsecar communication hook on `ddp_model` and returns its state.
 
     socket: the local daemon's Unix socket (default $SPARSECAR_SOCKET or
@@ -687,6 +788,10 @@ def register(ddp_model, socket=None, *, optimizer=None, lr=None, dense_iteration
     on_error: "fallback" (warn once, plain all-reduce) or "raise".
     announce: "rank0" (one line on stderr from rank 0 when sparsecar takes over), "all" (every
         rank, with its rank), None (logged only).
+    device_path: for CUDA buckets, "auto" (default: each bucket is copied into a float32 GPU buffer
+        that the daemon maps by CUDA IPC and compresses on its GPU; when the daemon cannot — built
+        without CUDA, no GPU — one warning and the buckets are staged through host memory), "off"
+        (always host staging), "require" (no fallback to host staging: registering fails).
     timeout: seconds to wait for one bucket. Call this on every rank, like DDP itself (it runs
     one small all-reduce so that every rank agrees the daemon is reachable).
     """
@@ -697,7 +802,7 @@ def register(ddp_model, socket=None, *, optimizer=None, lr=None, dense_iteration
     state = SparsecarHook(socket, optimizer=optimizer, lr=lr, dense_iterations=dense_iterations,
                           on_error=on_error, timeout=timeout, connect_timeout=connect_timeout,
                           process_group=process_group, prefix=prefix, tensors=tensors,
-                          param_names=names, device=device, announce=announce)
+                          param_names=names, device=device, announce=announce, device_path=device_path)
     state._connect()
     ddp_model.register_comm_hook(state, _hook_entry)
     return state
