@@ -173,6 +173,7 @@ Status sparse_allgather_body(const ExchangeContext& ctx, const std::shared_ptr<S
       SC_RETURN_IF_ERROR(SendGroup::send(group, ctx, peer, h, payload, stats));
     }
   }
+  if (ctx.while_waiting) ctx.while_waiting();
   // In rank order, so that every node computes the same bits.
   GatheredPayload g;
   for (uint32_t r = 0; r < ctx.world_size; ++r) {

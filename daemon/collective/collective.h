@@ -50,6 +50,9 @@ struct ExchangeContext {
   std::shared_ptr<const void> keepalive;  // owner of every buffer handed to send()
   Metrics* metrics = nullptr;  // optional: bytes per peer and link bandwidth estimates
   kernels::ThreadPool* kernel_pool = nullptr;  // optional: the decoders split large scatters over it
+  // Optional: sparse_allgather(_each) calls it once, after its sends are queued and before it
+  // waits for the peers (the pipeline compresses the next device step there).
+  std::function<void()> while_waiting;
 };
 
 struct ExchangeStats {

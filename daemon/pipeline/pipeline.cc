@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <optional>
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -40,6 +41,17 @@ struct Pipeline::TensorState {
   std::unique_ptr<TensorCompressor> host;    // host tensors
   std::unique_ptr<DeviceCompressor> device;  // device tensors (spec.on_device)
   std::string device_plan_notes;             // the last substitution logged (device_plan())
+  // A device step compressed ahead, while the previous step was on the wire (overlap).
+  struct Prepared {
+    uint64_t step = 0;
+    uint64_t generation = 0;
+    uint32_t epoch = 0;
+    policies::Plan plan;
+    Status status;  // a failed compression: the step fails with it (its gradient is in the residual)
+    DeviceCompressor::Encoded encoded;
+    double seconds = 0;  // the compression's time
+  };
+  std::optional<Prepared> prepared;
   // The residual on the host: the host compressor's, or the device's copied down (checkpoints).
   std::vector<float> residual_copy;
   Expected<std::span<const float>> residual() {
@@ -132,6 +144,11 @@ void Pipeline::stop() {
 void Pipeline::end_job_progress(const char* why) {
   const ProgressTotals job = progress_.job();
   if (auto summary = progress_.end_job()) SC_LOG_INFO("{} ({})", summary->c_str(), why);
+  if (overlap_.steps > 0) {
+    SC_LOG_INFO("device steps compressed while the previous step was on the wire: {} ({:.1f} ms of compression hidden)",
+                overlap_.steps, overlap_.seconds * 1e3);
+  }
+  overlap_ = Overlap{};
   finished_jobs_.add(job);
   std::lock_guard<std::mutex> lock(stats_mu_);
   stats_.job = ProgressTotals{};
@@ -472,7 +489,22 @@ Status Pipeline::run_device_step(TensorState& t, const StepJob& job, const Decis
   StepTimes times;
   times.encode_started = clock_.now();
   times.exchange_started = times.encode_started;
-  Status s = d.begin(job.device);
+  std::optional<TensorState::Prepared> ahead;
+  if (t.prepared && t.prepared->step == job.step && t.prepared->generation == job.generation) ahead.swap(t.prepared);
+  if (t.prepared) {
+    // Compressed ahead for a step that failed before it ran: its selection goes back.
+    if (t.prepared->status.ok()) d.rollback();
+    t.prepared.reset();
+  }
+  if (ahead && !ahead->status.ok()) return fail_early(ahead->status);
+  if (ahead && ahead->epoch != decision.epoch) {
+    // Cannot happen (a decision takes effect two steps after it is made); never mix epochs.
+    d.rollback();
+    return fail_early(internal_error("compressed ahead under decision epoch " + std::to_string(ahead->epoch) +
+                                     ", run under " + std::to_string(decision.epoch)));
+  }
+  Status s;
+  if (!ahead) s = d.begin(job.device);
   if (!s.ok()) return fail_early(std::move(s));
   if (plan.dense) {
     Expected<std::span<float>> work = d.dense_input(plan);
@@ -483,12 +515,14 @@ Status Pipeline::run_device_step(TensorState& t, const StepJob& job, const Decis
     result->nnz = n;
   } else {
     const auto compress_started = clock_.now();
-    Expected<DeviceCompressor::Encoded> compressed = d.compress(plan);
+    Expected<DeviceCompressor::Encoded> compressed =
+        ahead ? Expected<DeviceCompressor::Encoded>(ahead->encoded) : d.compress(plan);
     if (!compressed.ok()) return fail_early(compressed.status());
     const DeviceCompressor::Encoded& e = *compressed;
     times.exchange_started = clock_.now();
-    observe_compression(plan, compress_started, e.encode_seconds);
+    if (!ahead) observe_compression(plan, compress_started, e.encode_seconds);
     auto upload = [&d](const GatheredPayload& g) { return d.add_payload(g); };
+    ctx.while_waiting = [this, id] { prepare_next_device_step(id); };
     s = sparse_allgather_each(ctx, id, job.step, e.format, e.value_type, e.nnz, n, e.payload, upload, &stats);
     if (s.ok()) {
       const auto decode_started = clock_.now();
@@ -516,6 +550,48 @@ Status Pipeline::run_device_step(TensorState& t, const StepJob& job, const Decis
   observe_step(t, job, decision, plan, true, *result, stats, times, {}, {});
   finish_step(t, plan, *result, stats);
   return Status::Ok();
+}
+
+void Pipeline::prepare_next_device_step(uint32_t current) {
+  // The next queued command, if it is a device step of another tensor this node can compress now.
+  StepJob next;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (queue_.empty() || stopping_) return;
+    const StepJob* j = std::get_if<StepJob>(&queue_.front());
+    if (j == nullptr || j->device.empty()) return;
+    next = *j;
+  }
+  if (!agreed_ || next.tensor_id == current || next.tensor_id >= tensors_.size() || !tensors_[next.tensor_id]) return;
+  TensorState& t = *tensors_[next.tensor_id];
+  if (!t.device || t.prepared || next.device.size() != options_.local_clients) return;
+  if (t.has_step && next.step <= t.last_step) return;
+  const Decision decision = decisions_ ? decisions_->at_step(next.step) : Decision{};
+  if (!decision.error.ok()) return;
+  const policies::Plan plan = DeviceCompressor::device_plan(plan_for(observation(t, next), decision));
+  if (plan.dense) return;
+  const auto started = clock_.now();
+  TensorState::Prepared p;
+  p.step = next.step;
+  p.generation = next.generation;
+  p.epoch = decision.epoch;
+  p.plan = plan;
+  Status begun = t.device->begin(next.device);
+  if (!begun.ok()) return;  // nothing happened: the step runs (and reports) it again in turn
+  Expected<DeviceCompressor::Encoded> e = t.device->compress(plan);
+  if (e.ok()) {
+    p.encoded = *e;
+  } else {
+    p.status = e.status();
+  }
+  p.seconds = seconds_since(clock_, started);
+  if (metrics_ && e.ok()) {
+    metrics_->observe_stage(Stage::kSelect, std::max(0.0, p.seconds - e->encode_seconds));
+    metrics_->observe_stage(Stage::kEncode, e->encode_seconds);
+  }
+  overlap_.steps += 1;
+  overlap_.seconds += p.seconds;
+  t.prepared = std::move(p);
 }
 
 policies::TensorObservation Pipeline::observation(const TensorState& t, const StepJob& job) const {

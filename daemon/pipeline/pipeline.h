@@ -205,6 +205,9 @@ class Pipeline final : public StepSink {
     Clock::time_point encode_started, exchange_started, exchange_ended;
   };
   policies::TensorObservation observation(const TensorState& t, const StepJob& job) const;
+  // While a device step waits for its peers: compresses the next queued device step (another
+  // tensor) ahead, so that its compression overlaps this step's exchange.
+  void prepare_next_device_step(uint32_t current_tensor);
   // The plan of a tensor step under `decision` (adopts a new decision config first).
   policies::Plan plan_for(const policies::TensorObservation& obs, const Decision& decision);
   void observe_compression(const policies::Plan& plan, Clock::time_point compress_started, double encode_seconds);
@@ -265,6 +268,11 @@ class Pipeline final : public StepSink {
   uint64_t incarnation_ = 0;  // the agreed job's incarnation (mailbox.h); 0 until agreed
   uint32_t total_trainers_ = 0;
   JobProgress progress_;           // the progress lines and the job summary (progress.h)
+  struct Overlap {
+    uint64_t steps = 0;   // device steps compressed while the previous one was on the wire
+    double seconds = 0;   // the time those compressions took (hidden behind the exchange)
+  };
+  Overlap overlap_;  // this job's; logged with the job summary
   ProgressTotals finished_jobs_;   // totals of the jobs before this one
   std::thread thread_;
 };

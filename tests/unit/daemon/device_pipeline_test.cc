@@ -9,6 +9,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <ostream>
+#include <string>
 #include <vector>
 
 #include "daemon/pipeline/device_compressor.h"
@@ -84,6 +86,8 @@ struct Case {
   kernels::Format format;
 };
 
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
 class DevicePipeline : public ::testing::TestWithParam<Case> {};
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
@@ -145,6 +149,60 @@ INSTANTIATE_TEST_SUITE_P(
                            kernels::Format::kCooVarint},
                       Case{"dense_ring", false, kernels::Selector::kTopk, 0.01, 0.0, kernels::Format::kCoo}),
     [](const ::testing::TestParamInfo<Case>& p) { return std::string(p.param.name); });
+
+// Several device tensors queued at once (DDP's buckets of one backward): each step after the first
+// is compressed while the one before it waits for its peers (Pipeline::prepare_next_device_step),
+// and the averages are still the host path's, bit for bit.
+TEST(DevicePipelineOverlap, BucketsQueuedTogetherEqualTheHostPath) {
+  SKIP_WITHOUT_GPU();
+  constexpr uint32_t kWorld = 2, kTensors = 4;
+  const size_t n = 100003;
+  PipelineOptions o = options(true, kernels::Selector::kTopk, 0.01, 0.0);
+  PipelineJob host(kWorld, o);
+  PipelineJob device(kWorld, o);
+  std::vector<std::vector<std::unique_ptr<DeviceTensor>>> tensors(kWorld);
+  for (uint32_t r = 0; r < kWorld; ++r) {
+    for (uint32_t i = 0; i < kTensors; ++i) {
+      const std::string name = "bucket." + std::to_string(i);
+      ASSERT_TRUE(host.nodes[r]->pipeline->register_tensor(i, TensorSpec{name, n}).ok());
+      TensorSpec spec{name, n};
+      spec.on_device = true;
+      ASSERT_TRUE(device.nodes[r]->pipeline->register_tensor(i, spec).ok());
+      tensors[r].push_back(std::make_unique<DeviceTensor>(n));
+      ASSERT_NE(tensors[r].back()->buffer.data, nullptr);
+    }
+  }
+  for (uint64_t step = 1; step <= 3; ++step) {
+    std::vector<std::vector<std::vector<float>>> inputs(kTensors), expected(kTensors);
+    for (uint32_t i = 0; i < kTensors; ++i) {
+      for (uint32_t r = 0; r < kWorld; ++r) {
+        inputs[i].push_back(fakes::random_vector(n, 7919 * static_cast<uint32_t>(step) + 31 * i + r));
+      }
+      for (auto& res : fakes::run_step(host, i, step, inputs[i], expected[i])) {
+        ASSERT_TRUE(res.status.ok()) << res.status.to_string();
+      }
+    }
+    // Every bucket of the step queued before the pipeline gets to the first one's exchange.
+    for (uint32_t r = 0; r < kWorld; ++r) {
+      for (uint32_t i = 0; i < kTensors; ++i) {
+        tensors[r][i]->write(inputs[i][r]);
+        StepJob j;
+        j.tensor_id = i;
+        j.step = step;
+        j.device = std::span<const DeviceBuffer>(&tensors[r][i]->buffer, 1);
+        device.nodes[r]->pipeline->submit(j);
+      }
+    }
+    for (uint32_t r = 0; r < kWorld; ++r) {
+      for (uint32_t i = 0; i < kTensors; ++i) {
+        StepResult res = device.nodes[r]->results.wait(i, step);
+        ASSERT_TRUE(res.status.ok()) << "rank " << r << " tensor " << i << ": " << res.status.to_string();
+        EXPECT_TRUE(same_bits(tensors[r][i]->read(), expected[i][r]))
+            << "rank " << r << " tensor " << i << " step " << step << " differs from the host path";
+      }
+    }
+  }
+}
 
 // Without a GPU a device step fails at once with an error that says why, on every node (the peers
 // are told), and does not wait for its deadline.
