@@ -85,8 +85,8 @@ struct StepJob {
   // (on failure it writes nothing), and on every path records every done_event after its last
   // access and before it answers with the StepResult. `keepalive` owns the mappings until then:
   // the pipeline drops it when it answers (the mappings close with the last owner).
-  std::span<const DeviceBuffer> device;
-  std::shared_ptr<const void> keepalive;
+  std::span<const DeviceBuffer> device = {};
+  std::shared_ptr<const void> keepalive = {};
 };
 
 struct StepResult {
