@@ -6,8 +6,11 @@ cmake_minimum_required(VERSION 3.25)
 #   transport   wire format, authentication, rendezvous, UCX
 #   config      the knob table and configuration (reads the job secret: transport/auth.h)
 #   metrics     Prometheus families (transport/transport.h for the link sample size)
+#   device      what trainers lend on their GPUs (CUDA IPC mappings, events): DeviceRuntime;
+#               sees only pipeline/step.h (DeviceBuffer)
 #   session     the trainers' socket and shared memory; hands steps to the pipeline through the
-#               interface in pipeline/step.h (that one header only)
+#               interface in pipeline/step.h (that one header only); opens device tensors
+#               through device/
 #   collective  mailbox and the exchange of one step
 #   pipeline    compression, decisions, observations, the job agreement, checkpoints
 #   control     the control socket and its commands
@@ -15,14 +18,16 @@ cmake_minimum_required(VERSION 3.25)
 set(allowed_transport "")
 set(allowed_config transport)
 set(allowed_metrics transport)
-set(allowed_session "")
+set(allowed_device "")
+set(allowed_session device)
 set(allowed_collective transport metrics)
-set(allowed_pipeline transport config metrics collective)
-set(allowed_control transport config metrics collective pipeline session)
+set(allowed_pipeline transport config metrics collective device)
+set(allowed_control transport config metrics collective pipeline session device)
+set(allowed_files_device pipeline/step.h)
 set(allowed_files_session pipeline/step.h)
 
 set(problems "")
-foreach(part transport config metrics session collective pipeline control)
+foreach(part transport config metrics device session collective pipeline control)
   file(GLOB sources ${ROOT}/daemon/${part}/*.h ${ROOT}/daemon/${part}/*.cc)
   foreach(source ${sources})
     file(STRINGS ${source} includes REGEX "^#include \"daemon/")

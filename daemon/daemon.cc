@@ -6,6 +6,7 @@
 #include "daemon/config/local_paths.h"
 #include "daemon/control/control_server.h"
 #include "daemon/control/daemon_backend.h"
+#include "daemon/device/device_runtime.h"
 #include "daemon/metrics/metrics.h"
 #include "daemon/pipeline/controller_runner.h"
 #include "daemon/pipeline/decisions.h"
@@ -42,6 +43,8 @@ struct Daemon::Parts {
   std::unique_ptr<DecisionBoard> decisions;
   std::unique_ptr<ControllerRunner> controllers;  // rank 0 only
   std::unique_ptr<ObservationCollector> observations;
+  // Trainers' GPU tensors (CUDA IPC); freed after the sessions and the pipeline that use it.
+  std::unique_ptr<DeviceRuntime> devices;
   std::unique_ptr<Pipeline> pipeline;
   std::unique_ptr<SessionServer> sessions;
   std::unique_ptr<control::DaemonBackend> backend;
@@ -168,7 +171,9 @@ Expected<std::unique_ptr<Daemon>> Daemon::start(const Config& config) {
   s.local_clients = config.local_clients;
   s.handshake_timeout = std::chrono::milliseconds(config.session_handshake_timeout_ms);
   s.tensor_memory_budget_bytes = config.tensor_memory_budget_bytes;
-  auto sessions = SessionServer::start(s, parts->pipeline.get());
+  parts->devices = make_device_runtime();
+  if (Status st = parts->devices->available(); !st.ok()) SC_LOG_INFO("{}", st.message());
+  auto sessions = SessionServer::start(s, parts->pipeline.get(), clock, parts->devices.get());
   if (!sessions.ok()) return sessions.status().with_context("opening the trainer socket");
   parts->sessions = std::move(sessions).value();
   parts->pipeline->set_result_sink(parts->sessions.get());

@@ -2,6 +2,7 @@
 // entry point catches what the C++ side could throw (allocation) and turns it into a status.
 #include "sparsecar/sparsecar.h"
 
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <new>
@@ -109,6 +110,38 @@ sc_status sc_register_tensor_shaped(sc_client* client, const char* name, uint64_
   });
 }
 
+sc_status sc_register_device_tensor(sc_client* client, const char* name, uint64_t count, int32_t dtype,
+                                    const uint64_t* shape, uint32_t ndim, const sc_device_handles* handles,
+                                    sc_tensor** out) {
+  if (out != nullptr) *out = nullptr;
+  if (client == nullptr || name == nullptr || out == nullptr || handles == nullptr || (ndim > 0 && shape == nullptr)) {
+    return record(client, sparsecar::invalid_argument("sc_register_device_tensor: NULL argument"));
+  }
+  if (dtype != SC_DTYPE_F32) {
+    return record(client, sparsecar::invalid_argument("sc_register_device_tensor: only SC_DTYPE_F32"));
+  }
+  if (ndim > SC_MAX_DIMS) {
+    return record(client, sparsecar::invalid_argument("sc_register_device_tensor: " + std::to_string(ndim) +
+                                                      " dims; at most " + std::to_string(SC_MAX_DIMS)));
+  }
+  return guarded(client, [&]() -> sc_status {
+    sparsecar::DeviceHandles h;
+    std::memcpy(h.device_uuid.data(), handles->device_uuid, h.device_uuid.size());
+    std::memcpy(h.mem_handle.data(), handles->mem_handle, h.mem_handle.size());
+    std::memcpy(h.ready_event.data(), handles->ready_event, h.ready_event.size());
+    std::memcpy(h.done_event.data(), handles->done_event, h.done_event.size());
+    h.offset = handles->offset;
+    auto t = client->client->register_device_tensor(name, count, h, std::span<const uint64_t>(shape, ndim));
+    if (!t.ok()) return record(client, t.status());
+    *out = reinterpret_cast<sc_tensor*>(t.value());
+    return SC_OK;
+  });
+}
+
+int sc_tensor_on_device(const sc_tensor* tensor) {
+  return tensor != nullptr && as_tensor(tensor)->on_device() ? 1 : 0;
+}
+
 float* sc_tensor_data(sc_tensor* tensor) {
   return tensor == nullptr ? nullptr : as_tensor(tensor)->data();
 }
@@ -179,4 +212,8 @@ static_assert(SC_ABORTED == static_cast<int>(sparsecar::Code::kAborted));
 static_assert(SC_DEADLINE_EXCEEDED == static_cast<int>(sparsecar::Code::kDeadlineExceeded));
 static_assert(SC_UNAVAILABLE == static_cast<int>(sparsecar::Code::kUnavailable));
 static_assert(SC_MAX_DIMS == sparsecar::Client::kMaxDims);
+static_assert(sizeof(sc_device_handles::device_uuid) == sizeof(sparsecar::DeviceHandles::device_uuid));
+static_assert(sizeof(sc_device_handles::mem_handle) == sizeof(sparsecar::DeviceHandles::mem_handle));
+static_assert(sizeof(sc_device_handles::ready_event) == sizeof(sparsecar::DeviceHandles::ready_event));
+static_assert(sizeof(sc_device_handles::done_event) == sizeof(sparsecar::DeviceHandles::done_event));
 static_assert(SC_PERMISSION_DENIED == static_cast<int>(sparsecar::Code::kPermissionDenied));

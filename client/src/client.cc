@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdarg>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <optional>
@@ -70,6 +71,9 @@ std::string shape_string(const std::vector<uint64_t>& shape) {
 }
 
 static_assert(Client::kMaxDims == proto::kMaxShapeDims);
+static_assert(sizeof(DeviceHandles::device_uuid) == proto::kDeviceUuidBytes);
+static_assert(sizeof(DeviceHandles::mem_handle) == proto::kIpcHandleBytes);
+static_assert(sizeof(DeviceHandles::ready_event) == proto::kIpcHandleBytes);
 
 }  // namespace
 
@@ -85,8 +89,9 @@ class Client::Impl {
 
   ~Impl();
   Status connect(const std::string& path, const ConnectOptions& options);
+  // A host tensor (device == null) or a device tensor.
   Expected<Tensor*> register_tensor(std::string_view name, size_t count, DType dtype,
-                                    const std::vector<uint64_t>& shape);
+                                    const std::vector<uint64_t>& shape, const DeviceHandles* device = nullptr);
   Status submit(const Tensor& tensor, uint64_t step, const SubmitOptions& options);
   Expected<StepInfo> wait(const Tensor& tensor, uint64_t step, milliseconds timeout);
   bool in_flight(const Tensor& tensor, uint64_t step) {
@@ -315,7 +320,7 @@ Status Client::Impl::connect(const std::string& path, const ConnectOptions& opti
 // ---- registration ------------------------------------------------------------------------------------
 
 Expected<Tensor*> Client::Impl::register_tensor(std::string_view name, size_t count, DType dtype,
-                                                const std::vector<uint64_t>& shape) {
+                                                const std::vector<uint64_t>& shape, const DeviceHandles* device) {
   if (!dead_.ok()) return dead_;
   if (name.empty() || name.size() > proto::kMaxNameLength || name.find('\0') != name.npos) {
     return invalid_argument(fmt::format("tensor name must be 1..{} bytes without NUL", proto::kMaxNameLength));
@@ -335,15 +340,49 @@ Expected<Tensor*> Client::Impl::register_tensor(std::string_view name, size_t co
                                      name, shape_string(shape), count));
     }
   }
+  if (device != nullptr) {
+    if (device->offset % sizeof(float) != 0) {
+      return invalid_argument(fmt::format("tensor '{}': device offset {} is not a multiple of 4", name,
+                                          static_cast<unsigned long long>(device->offset)));
+    }
+    if (count > (UINT64_MAX - device->offset) / sizeof(float)) {
+      return invalid_argument(fmt::format("tensor '{}': {} elements at offset {} overflow", name, count,
+                                          static_cast<unsigned long long>(device->offset)));
+    }
+  }
   for (auto& e : entries_) {
     if (e->tensor.name_ == name) {
-      if (e->tensor.count_ == count && e->tensor.shape_ == shape) return &e->tensor;
+      const bool same_place = device == nullptr ? !e->tensor.on_device_
+                                                : e->tensor.on_device_ && e->tensor.handles_ == *device;
+      if (e->tensor.count_ == count && e->tensor.shape_ == shape && same_place) return &e->tensor;
+      if (e->tensor.on_device_ != (device != nullptr)) {
+        return invalid_argument(fmt::format("tensor '{}' is already registered as a {} tensor, not a {} one",
+                                            e->tensor.name_, e->tensor.on_device_ ? "device" : "host",
+                                            device != nullptr ? "device" : "host"));
+      }
+      if (device != nullptr && e->tensor.count_ == count && e->tensor.shape_ == shape) {
+        return invalid_argument(fmt::format("device tensor '{}' is already registered with other CUDA handles",
+                                            e->tensor.name_));
+      }
       return invalid_argument(fmt::format("tensor '{}' is already registered with {} elements and shape {}, not {} and {}",
                                   e->tensor.name_, e->tensor.count_, shape_string(e->tensor.shape_),
                                   count, shape_string(shape)));
     }
   }
-  if (shape.empty()) {
+  if (device != nullptr) {
+    proto::RegisterDevice reg{};
+    reg.count = count;
+    reg.dtype = static_cast<uint32_t>(dtype);
+    reg.ndim = static_cast<uint32_t>(shape.size());
+    for (size_t i = 0; i < shape.size(); ++i) reg.dims[i] = shape[i];
+    reg.offset = device->offset;
+    std::memcpy(reg.device_uuid, device->device_uuid.data(), sizeof reg.device_uuid);
+    std::memcpy(reg.mem_handle, device->mem_handle.data(), sizeof reg.mem_handle);
+    std::memcpy(reg.ready_event, device->ready_event.data(), sizeof reg.ready_event);
+    std::memcpy(reg.done_event, device->done_event.data(), sizeof reg.done_event);
+    proto::set_field(reg.name, sizeof reg.name, name);
+    SC_RETURN_IF_ERROR(send(proto::MsgType::kRegisterDevice, &reg));
+  } else if (shape.empty()) {
     proto::Register reg{};  // the original message: unchanged bytes for trainers without shapes
     reg.count = count;
     reg.dtype = static_cast<uint32_t>(dtype);
@@ -376,6 +415,24 @@ Expected<Tensor*> Client::Impl::register_tensor(std::string_view name, size_t co
   if (ack.status != 0) {
     close_all();
     return wire_status(ack.status, ack.message, sizeof ack.message);
+  }
+  if (device != nullptr) {
+    // No slot: the daemon mapped the trainer's GPU memory.
+    if (!r.fds.empty() || ack.count != count || ack.slot_bytes != 0 || by_id_.count(ack.tensor_id) != 0) {
+      close_all();
+      return fail(data_loss(fmt::format("malformed RegisterAck for device tensor '{}'", name)));
+    }
+    auto e = std::make_unique<Entry>();
+    e->tensor.id_ = ack.tensor_id;
+    e->tensor.name_ = std::string(name);
+    e->tensor.count_ = count;
+    e->tensor.shape_ = shape;
+    e->tensor.on_device_ = true;
+    e->tensor.handles_ = *device;
+    Tensor* t = &e->tensor;
+    by_id_.emplace(ack.tensor_id, e.get());
+    entries_.push_back(std::move(e));
+    return t;
   }
   size_t bytes = count * sizeof(float);
   if (r.fds.size() != 1 || ack.count != count || ack.slot_bytes < bytes ||
@@ -552,6 +609,11 @@ Expected<Tensor*> Client::register_tensor(std::string_view name, size_t count, D
 Expected<Tensor*> Client::register_tensor(std::string_view name, size_t count, DType dtype,
                                           const std::vector<uint64_t>& shape) {
   return impl_->register_tensor(name, count, dtype, shape);
+}
+Expected<Tensor*> Client::register_device_tensor(std::string_view name, size_t count, const DeviceHandles& handles,
+                                                 std::span<const uint64_t> shape) {
+  return impl_->register_tensor(name, count, DType::kF32, std::vector<uint64_t>(shape.begin(), shape.end()),
+                                &handles);
 }
 Status Client::submit(const Tensor& tensor, uint64_t step, const SubmitOptions& options) {
   return impl_->submit(tensor, step, options);

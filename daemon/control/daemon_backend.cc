@@ -172,6 +172,7 @@ void DaemonBackend::refresh_metrics() {
   add(ErrorKind::kSubmissionRejected, s.submissions_rejected, last_.submissions);
   add(ErrorKind::kRegistrationOverBudget, s.registrations_over_budget, last_.over_budget);
   add(ErrorKind::kHandshakeEvicted, s.handshakes_evicted, last_.evicted);
+  add(ErrorKind::kRegistrationDeviceRefused, s.registrations_device_refused, last_.device_refused);
   m->tensor_memory_in_use.Set(static_cast<double>(s.tensor_bytes_in_use));
   m->tensor_memory_budget.Set(static_cast<double>(s.tensor_memory_budget));
 }

@@ -53,7 +53,7 @@ class DaemonBackend final : public ControlBackend {
  private:
   DaemonParts p_;
   struct SessionCounts {
-    uint64_t protocol = 0, clients = 0, registrations = 0, submissions = 0, over_budget = 0, evicted = 0;
+    uint64_t protocol = 0, clients = 0, registrations = 0, submissions = 0, over_budget = 0, evicted = 0, device_refused = 0;
   } last_;  // session counters already added to sparsecar_errors_total (exposer thread)
 };
 

@@ -77,7 +77,8 @@ std::string_view error_kind_name(ErrorKind k) {
       "step_peer_down",        "step_data_loss",   "step_disagreement", "step_aborted",
       "step_other",            "wire_rejected",    "session_protocol",  "client_rejected",
       "registration_rejected", "submission_rejected", "control_rejected", "transport_rejected", "join_refused",
-      "wire_stale", "registration_over_budget", "handshake_evicted", "restore_rejected"};
+      "wire_stale", "registration_over_budget", "handshake_evicted", "restore_rejected",
+      "registration_device_refused"};
   static_assert(sizeof names / sizeof names[0] == static_cast<size_t>(ErrorKind::kCount));
   return names[static_cast<int>(k)];
 }

@@ -70,7 +70,7 @@ enum class ErrorKind {
   kStepDisagreement, kStepAborted, kStepOther,
   kWireRejected, kSessionProtocol, kClientRejected, kRegistrationRejected, kSubmissionRejected,
   kControlRejected, kTransportRejected, kJoinRefused, kWireStale, kRegistrationOverBudget, kHandshakeEvicted,
-  kRestoreRejected, kCount
+  kRestoreRejected, kRegistrationDeviceRefused, kCount
 };
 std::string_view error_kind_name(ErrorKind k);
 ErrorKind step_error_kind(Code code);

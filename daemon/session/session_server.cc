@@ -43,7 +43,8 @@ constexpr int kPollTimeoutMs = 100;
 // What the connections saw (the steps' counters are the StepCollector's).
 struct Counters {
   std::atomic<uint64_t> clients_accepted{0}, clients_rejected{0}, clients_disconnected{0}, protocol_errors{0},
-      registrations{0}, registrations_rejected{0}, metrics{0}, handshakes_evicted{0};
+      registrations{0}, registrations_rejected{0}, metrics{0}, handshakes_evicted{0},
+      registrations_device_refused{0};
 };
 
 void bump(std::atomic<uint64_t>& c) { c.fetch_add(1, std::memory_order_relaxed); }
@@ -52,8 +53,8 @@ void bump(std::atomic<uint64_t>& c) { c.fetch_add(1, std::memory_order_relaxed);
 
 class SessionServer::Impl final : public CompletionSink {
  public:
-  Impl(SessionServerOptions options, StepSink* pipeline, const Clock& clock)
-      : options_(std::move(options)), pipeline_(pipeline), clock_(clock) {}
+  Impl(SessionServerOptions options, StepSink* pipeline, const Clock& clock, DeviceRuntime* devices)
+      : options_(std::move(options)), pipeline_(pipeline), clock_(clock), devices_(devices) {}
   ~Impl() override { stop(); }
 
   Status start();
@@ -74,6 +75,7 @@ class SessionServer::Impl final : public CompletionSink {
   void handle_message(Connection& c, const proto::MsgHeader& h, const uint8_t* payload);
   void handle_hello(Connection& c, const proto::Hello& m);
   void handle_register(Connection& c, const RegisterRequest& m);
+  void handle_register_device(Connection& c, const RegisterRequest& m);
   void handle_metric(Connection& c, const proto::Metric& m);
   void drain_submissions(Connection& c);
   void process_results();
@@ -89,6 +91,7 @@ class SessionServer::Impl final : public CompletionSink {
   SessionServerOptions options_;
   StepSink* pipeline_;
   const Clock& clock_;
+  DeviceRuntime* devices_;  // may be null: device tensors refused
   Fd listen_fd_;
   Fd wake_efd_;
   std::thread thread_;
@@ -229,6 +232,7 @@ SessionStats SessionServer::Impl::stats() const {
   s.stale_results = r(steps.stale_results);
   s.metrics = r(counters_.metrics);
   s.registrations_over_budget = r(steps.registrations_over_budget);
+  s.registrations_device_refused = r(counters_.registrations_device_refused);
   s.handshakes_evicted = r(counters_.handshakes_evicted);
   s.steps_failed_job_wide = r(steps.steps_failed_job_wide);
   s.tensor_bytes_in_use = r(steps.tensor_bytes_in_use);
@@ -377,6 +381,9 @@ void SessionServer::Impl::handle_message(Connection& c, const proto::MsgHeader& 
     case proto::MsgType::kRegisterShaped:
       handle_register(c, decode_register_shaped(payload));
       return;
+    case proto::MsgType::kRegisterDevice:
+      handle_register_device(c, decode_register_device(payload));
+      return;
     case proto::MsgType::kMetric: {
       proto::Metric m;
       std::memcpy(&m, payload, sizeof m);
@@ -458,6 +465,49 @@ void SessionServer::Impl::handle_register(Connection& c, const RegisterRequest& 
   c.slots.emplace(t.tensor_id, std::move(slot).value());
   bump(counters_.registrations);
   SC_LOG_DEBUG("{} registered tensor '{}' (id {}, {} elements, shape {})", c.label(), t.name,
+               t.tensor_id, static_cast<unsigned long long>(t.count), shape_text(t.shape));
+}
+
+void SessionServer::Impl::handle_register_device(Connection& c, const RegisterRequest& m) {
+  proto::RegisterAck ack{};
+  auto reject = [&](const Status& st, bool device_refused) {
+    bump(counters_.registrations_rejected);
+    if (device_refused) bump(counters_.registrations_device_refused);
+    SC_LOG_WARN("{}: device registration refused: {}", c.label(), st.message());
+    ack.status = static_cast<int32_t>(st.code());
+    proto::set_field(ack.message, sizeof ack.message, st.message());
+    c.send(proto::MsgType::kRegisterAck, &ack, nullptr, 0);
+  };
+  // Malformed fields are told first, then whether this daemon can take GPU tensors at all.
+  if (!m.malformed.empty()) {
+    if (Status st = collector_->check_registration(c.id(), m); !st.ok()) return reject(st, false);
+  }
+  Status available = devices_ != nullptr
+                         ? devices_->available()
+                         : unavailable("this session server has no device runtime: device tensors are refused; "
+                                       "register a host tensor");
+  if (!available.ok()) return reject(available, true);
+  if (Status st = collector_->check_registration(c.id(), m); !st.ok()) return reject(st, false);
+  auto opened = devices_->open(c.id(), *m.device);
+  if (!opened.ok()) {
+    auto name = proto::field_string(m.name, proto::kNameBytes);
+    return reject(opened.status().with_context(fmt::format("tensor '{}'", name ? *name : "?")), true);
+  }
+  auto reg = collector_->register_tensor(c.id(), m);
+  if (!reg.ok()) return reject(reg.status(), false);  // `opened` closes its handles
+  const StepCollector::Registration& t = *reg;
+  collector_->attach_device(c.id(), t.tensor_id, std::move(opened).value());
+  ack.status = 0;
+  ack.tensor_id = t.tensor_id;
+  ack.count = t.count;
+  ack.slot_bytes = 0;  // no slot: the tensor stays on the GPU
+  proto::set_field(ack.message, sizeof ack.message, "");
+  if (!c.send(proto::MsgType::kRegisterAck, &ack, nullptr, 0)) {
+    collector_->detach_device(c.id(), t.tensor_id);
+    return;
+  }
+  bump(counters_.registrations);
+  SC_LOG_DEBUG("{} registered device tensor '{}' (id {}, {} elements, shape {})", c.label(), t.name,
                t.tensor_id, static_cast<unsigned long long>(t.count), shape_text(t.shape));
 }
 
@@ -588,8 +638,9 @@ uint64_t default_tensor_memory_budget() {
 }
 
 Expected<std::unique_ptr<SessionServer>> SessionServer::start(const SessionServerOptions& options,
-                                                              StepSink* pipeline, const Clock& clock) {
-  auto impl = std::make_unique<Impl>(options, pipeline, clock);
+                                                              StepSink* pipeline, const Clock& clock,
+                                                              DeviceRuntime* devices) {
+  auto impl = std::make_unique<Impl>(options, pipeline, clock, devices);
   SC_RETURN_IF_ERROR(impl->start());
   return std::unique_ptr<SessionServer>(new SessionServer(std::move(impl)));
 }

@@ -29,6 +29,13 @@
 // answer) every job and no longer touches their buffers. Results that match no job in flight are
 // dropped and counted (stale_results). complete() may be called from inside StepSink::submit().
 //
+// Device tensors (RegisterDevice, DESIGN §8): the server asks its DeviceRuntime whether device
+// tensors can be opened here at all (kUnavailable with the reason, e.g. no CUDA or no GPU: the
+// session stays open and the trainer registers a host tensor instead), lets the StepCollector
+// check the registration, then opens the trainer's CUDA IPC handles (DeviceRuntime::open) and
+// attaches them to the collector. The RegisterAck carries no fd. Refusals of either kind are
+// counted in registrations_device_refused.
+//
 // Parts (each its own file in daemon/session/): the SessionServer runs the session thread's poll
 // loop and wires them — Connection (one client's socket, handshake, SCM_RIGHTS, rings),
 // StepCollector (tensors, step collection and local sums, disconnects, the memory budget; no
@@ -53,6 +60,7 @@
 #include <memory>
 #include <string>
 
+#include "daemon/device/device_runtime.h"
 #include "daemon/pipeline/step.h"
 #include "sparsecar/common/clock.h"
 #include "sparsecar/common/status.h"
@@ -102,6 +110,8 @@ struct SessionStats {
   uint64_t stale_results = 0;           // StepResults that matched no job in flight
   uint64_t metrics = 0;                 // Metric messages forwarded to the pipeline
   uint64_t registrations_over_budget = 0;  // of registrations_rejected: tensor memory budget
+  uint64_t registrations_device_refused = 0;  // of registrations_rejected: a device tensor the
+                                              // DeviceRuntime refused (no CUDA/GPU, bad handles)
   uint64_t handshakes_evicted = 0;      // of clients_rejected: closed for a newer one of its uid
   uint64_t steps_failed_job_wide = 0;   // (tensor, step)s handed to StepSink::fail_step
   uint64_t tensor_bytes_in_use = 0;     // charged to the tensor memory budget now
@@ -111,11 +121,14 @@ struct SessionStats {
 
 class SessionServer final : public StepResultSink {
  public:
-  // Binds the socket and starts the session thread. `pipeline` and `clock` must outlive the
-  // server; the clock times the handshakes (a test passes a FakeClock).
+  // Binds the socket and starts the session thread. `pipeline`, `clock` and `devices` must
+  // outlive the server; the clock times the handshakes (a test passes a FakeClock). `devices`
+  // opens device tensors (daemon.cc passes make_device_runtime(); tests a fake); null refuses
+  // every device tensor with kUnavailable.
   static Expected<std::unique_ptr<SessionServer>> start(const SessionServerOptions& options,
                                                         StepSink* pipeline,
-                                                        const Clock& clock = steady_clock());
+                                                        const Clock& clock = steady_clock(),
+                                                        DeviceRuntime* devices = nullptr);
   ~SessionServer() override;
 
   void complete(const StepResult& result) override;

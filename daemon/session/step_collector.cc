@@ -29,13 +29,24 @@ uint64_t slot_footprint(uint64_t count) {
   return (count * sizeof(float) + page - 1) / page * page;
 }
 
+// What a device step's keepalive owns: every participant's mappings (OpenedDevice::keepalive).
+struct StepCollector::DeviceLease {
+  std::vector<std::shared_ptr<const void>> owners;
+};
+
 struct StepCollector::Tensor {
   uint32_t id = 0;
   std::string name;
   uint64_t count = 0;
   std::vector<uint64_t> shape;  // empty: registered without a shape
+  bool on_device = false;       // RegisterDevice: no local_sum/result, the clients' GPU buffers
+  std::string first_client;     // label of the client that registered it first (errors)
   LargeVector<float> local_sum;  // huge-page backed: the pipeline streams over it
   LargeVector<float> result;     // the decoders scatter into it
+  // Device tensors: the step in flight's buffers (StepJob::device points here; rewritten only
+  // when a step is dispatched, never while one is in flight) and the keepalive it was lent.
+  std::vector<DeviceBuffer> device_buffers;
+  std::shared_ptr<DeviceLease> lease;
   bool has_last = false;
   uint64_t last_step = 0;  // last step handed to the pipeline
   // Being collected from the local clients.
@@ -102,12 +113,13 @@ void StepCollector::client_left(uint32_t client, const std::string& reason, bool
     if (t->in_flight) std::erase(t->participants, client);
   }
   for (const auto& [tid, slot] : it->second.slots) release(slot_footprint(slot.size()));
+  // Drops the client's OpenedDevices: a step in flight still holds their mappings (its lease).
   clients_.erase(it);
 }
 
 // ---- registration --------------------------------------------------------------------------------
 
-Expected<StepCollector::Registration> StepCollector::register_tensor(uint32_t client, const RegisterRequest& m) {
+Status StepCollector::plan_registration(uint32_t client, const RegisterRequest& m, Plan* plan) {
   auto name_field = proto::field_string(m.name, proto::kNameBytes);
   if (!name_field) return invalid_argument("tensor name is not NUL-terminated within 256 bytes");
   std::string name(*name_field);
@@ -125,9 +137,11 @@ Expected<StepCollector::Registration> StepCollector::register_tensor(uint32_t cl
   if (Status st = check_shape(m.count, m.shape); !st.ok()) {
     return st.with_context(fmt::format("tensor '{}'", name));
   }
+  const bool on_device = m.device.has_value();
   // Charged before anything is allocated; over the budget is kResourceExhausted, not an OOM kill.
+  // A device tensor has no shm slot and no host buffers of the session: only the pipeline's.
   const uint64_t budget = options_.budget_bytes;
-  const uint64_t slot_bytes = slot_footprint(m.count);
+  const uint64_t slot_bytes = on_device ? 0 : slot_footprint(m.count);
   auto over_budget = [&](uint64_t tensor_bytes, uint64_t pipeline_bytes) -> Status {
     const uint64_t need = slot_bytes + tensor_bytes + pipeline_bytes;
     if (need <= budget && bytes_in_use_ <= budget - need) return Status::Ok();
@@ -143,9 +157,12 @@ Expected<StepCollector::Registration> StepCollector::register_tensor(uint32_t cl
         tensors_.size() + orphans_.size(), slots, mib(slot_bytes), mib(tensor_bytes),
         mib(pipeline_bytes)));
   };
-  Tensor* t = nullptr;
+  plan->name = name;
+  plan->existing = nullptr;
+  plan->session_bytes = 0;
+  plan->pipeline_bytes = 0;
   if (auto it = tensor_ids_.find(name); it != tensor_ids_.end()) {
-    t = tensors_[it->second].get();
+    Tensor* t = tensors_[it->second].get();
     if (t->count != m.count) {
       return invalid_argument(fmt::format("tensor '{}' is registered with {} elements; {} asked for {}", name,
                                      static_cast<unsigned long long>(t->count), label_of(client),
@@ -156,38 +173,69 @@ Expected<StepCollector::Registration> StepCollector::register_tensor(uint32_t cl
                                      shape_text(t->shape), label_of(client),
                                      shape_text(m.shape)));
     }
+    if (t->on_device != on_device) {
+      auto kind = [](bool device) { return device ? "a GPU tensor (RegisterDevice)" : "a host tensor"; };
+      return invalid_argument(fmt::format("tensor '{}' is registered as {} by {}; {} asked for {}: every local "
+                                     "trainer must register a name the same way",
+                                     name, kind(t->on_device), t->first_client, label_of(client),
+                                     kind(on_device)));
+    }
     auto c = clients_.find(client);
-    if (c != clients_.end() && c->second.slots.count(t->id) != 0) {
+    if (c != clients_.end() && c->second.has(t->id)) {
       return Status(Code::kAlreadyExists, fmt::format("tensor '{}' is already registered by this client", name));
     }
     if (Status st = over_budget(0, 0); !st.ok()) return st;
-  } else {
-    if (tensors_.size() >= options_.max_tensors) {
-      return resource_exhausted(
-          fmt::format("tensor '{}': the daemon allows at most {} tensors", name, options_.max_tensors));
-    }
-    const TensorSpec spec{name, m.count, m.shape};
-    const uint64_t session_bytes = 2 * m.count * sizeof(float);  // local_sum + result
-    const uint64_t pipeline_bytes = pipeline_->tensor_footprint_bytes(spec);
-    if (Status st = over_budget(session_bytes, pipeline_bytes); !st.ok()) return st;
+    plan->existing = t;
+    return Status::Ok();
+  }
+  if (tensors_.size() >= options_.max_tensors) {
+    return resource_exhausted(
+        fmt::format("tensor '{}': the daemon allows at most {} tensors", name, options_.max_tensors));
+  }
+  TensorSpec spec{name, m.count, m.shape};
+  spec.on_device = on_device;
+  plan->session_bytes = on_device ? 0 : 2 * m.count * sizeof(float);  // local_sum + result
+  plan->pipeline_bytes = pipeline_->tensor_footprint_bytes(spec);
+  return over_budget(plan->session_bytes, plan->pipeline_bytes);
+}
+
+Status StepCollector::check_registration(uint32_t client, const RegisterRequest& request) {
+  Plan plan;
+  return plan_registration(client, request, &plan);
+}
+
+Expected<StepCollector::Registration> StepCollector::register_tensor(uint32_t client, const RegisterRequest& m) {
+  Plan plan;
+  SC_RETURN_IF_ERROR(plan_registration(client, m, &plan));
+  Tensor* t = plan.existing;
+  if (t == nullptr) {
+    const bool on_device = m.device.has_value();
+    TensorSpec spec{plan.name, m.count, m.shape};
+    spec.on_device = on_device;
     auto fresh = std::make_unique<Tensor>();
     fresh->id = static_cast<uint32_t>(tensors_.size());
-    fresh->name = name;
+    fresh->name = plan.name;
     fresh->count = m.count;
     fresh->shape = m.shape;
-    fresh->bytes = session_bytes + pipeline_bytes;
+    fresh->on_device = on_device;
+    fresh->first_client = label_of(client);
+    fresh->bytes = plan.session_bytes + plan.pipeline_bytes;
     try {
-      fresh->local_sum.resize(m.count);
-      fresh->result.resize(m.count);
+      if (on_device) {
+        fresh->device_buffers.reserve(options_.local_clients);  // no allocation per step
+      } else {
+        fresh->local_sum.resize(m.count);
+        fresh->result.resize(m.count);
+      }
     } catch (const std::bad_alloc&) {
-      return resource_exhausted(fmt::format("tensor '{}': cannot allocate 2 x {} floats", name,
+      return resource_exhausted(fmt::format("tensor '{}': cannot allocate 2 x {} floats", plan.name,
                                        static_cast<unsigned long long>(m.count)));
     }
     Status st = pipeline_->register_tensor(fresh->id, spec);
-    if (!st.ok()) return st.with_context(fmt::format("tensor '{}'", name));
+    if (!st.ok()) return st.with_context(fmt::format("tensor '{}'", plan.name));
     charge(fresh->bytes);
     t = fresh.get();
-    tensor_ids_.emplace(name, fresh->id);
+    tensor_ids_.emplace(plan.name, fresh->id);
     tensors_.push_back(std::move(fresh));
   }
   return Registration{t->id, t->count, t->name, t->shape};
@@ -196,7 +244,8 @@ Expected<StepCollector::Registration> StepCollector::register_tensor(uint32_t cl
 void StepCollector::attach_slot(uint32_t client, uint32_t tensor_id, std::span<float> slot) {
   auto it = clients_.find(client);
   SC_CHECK(it != clients_.end(), "slot of tensor {} attached to client {}, which has not joined", tensor_id, client);
-  SC_CHECK(tensor_id < tensors_.size() && slot.size() == tensors_[tensor_id]->count,
+  SC_CHECK(tensor_id < tensors_.size() && slot.size() == tensors_[tensor_id]->count &&
+               !tensors_[tensor_id]->on_device,
            "slot of {} floats attached for tensor {}", slot.size(), tensor_id);
   charge(slot_footprint(slot.size()));
   it->second.slots[tensor_id] = slot;
@@ -209,6 +258,20 @@ void StepCollector::detach_slot(uint32_t client, uint32_t tensor_id) {
   if (slot == it->second.slots.end()) return;
   release(slot_footprint(slot->second.size()));
   it->second.slots.erase(slot);
+}
+
+void StepCollector::attach_device(uint32_t client, uint32_t tensor_id, OpenedDevice opened) {
+  auto it = clients_.find(client);
+  SC_CHECK(it != clients_.end(), "device tensor {} attached to client {}, which has not joined", tensor_id,
+           client);
+  SC_CHECK(tensor_id < tensors_.size() && tensors_[tensor_id]->on_device,
+           "device buffer attached for tensor {}, which is not a device tensor", tensor_id);
+  it->second.devices[tensor_id] = std::move(opened);
+}
+
+void StepCollector::detach_device(uint32_t client, uint32_t tensor_id) {
+  auto it = clients_.find(client);
+  if (it != clients_.end()) it->second.devices.erase(tensor_id);
 }
 
 // ---- steps ---------------------------------------------------------------------------------------
@@ -228,7 +291,7 @@ void StepCollector::submit(uint32_t client, const shm::Submission& s) {
         invalid_argument(fmt::format("learning rate {:g} is not a finite value >= 0", static_cast<double>(s.lr))));
   }
   auto c = clients_.find(client);
-  if (c == clients_.end() || c->second.slots.count(s.tensor_id) == 0 || s.tensor_id >= tensors_.size()) {
+  if (c == clients_.end() || !c->second.has(s.tensor_id) || s.tensor_id >= tensors_.size()) {
     return reject(not_found(fmt::format("unknown tensor id {} (not registered by this client)", s.tensor_id)));
   }
   Tensor& t = *tensors_[s.tensor_id];
@@ -283,34 +346,67 @@ void StepCollector::fail_collecting(Tensor& t, const Status& st, uint32_t except
   t.submitters.clear();
 }
 
+void StepCollector::release_lease(Tensor& t) {
+  if (!t.lease) return;
+  if (t.lease.use_count() == 1) {
+    // The pipeline let go: drop the mappings' refs now and keep the vector for the next step.
+    std::atomic_thread_fence(std::memory_order_acquire);
+    t.lease->owners.clear();
+  } else {
+    t.lease.reset();  // the pipeline still holds it; its last owner frees it
+  }
+}
+
 void StepCollector::dispatch(Tensor& t) {
   std::sort(t.submitters.begin(), t.submitters.end());
-  sum_inputs_.clear();
-  for (const auto& sub : t.submitters) {
-    auto c = clients_.find(sub.first);
-    SC_CHECK(c != clients_.end() && c->second.slots.count(t.id) == 1, "submitter {} of tensor {} vanished",
-             sub.first, t.id);
-    sum_inputs_.push_back(c->second.slots[t.id].data());
-  }
-  float* out = t.local_sum.data();
-  const size_t count = t.count;
-  if (sum_inputs_.size() == 1) {
-    std::memcpy(out, sum_inputs_[0], count * sizeof(float));
-  } else {
-    // float64 accumulation in client order, rounded once: the same sum whatever L is.
-    for (size_t i = 0; i < count; ++i) {
-      double acc = 0.0;
-      for (const float* in : sum_inputs_) acc += static_cast<double>(in[i]);
-      out[i] = static_cast<float>(acc);
-    }
-  }
   StepJob job;
+  if (t.on_device) {
+    // No host data: the clients' buffers in client-id order, and one keepalive for all of them.
+    if (!t.lease || t.lease.use_count() != 1) {
+      t.lease = std::make_shared<DeviceLease>();
+      t.lease->owners.reserve(options_.local_clients);
+    } else {
+      std::atomic_thread_fence(std::memory_order_acquire);  // pairs with the last owner's release
+    }
+    t.lease->owners.clear();
+    t.device_buffers.clear();
+    for (const auto& sub : t.submitters) {
+      auto c = clients_.find(sub.first);
+      SC_CHECK(c != clients_.end() && c->second.devices.count(t.id) == 1, "submitter {} of device tensor {} vanished",
+               sub.first, t.id);
+      const OpenedDevice& d = c->second.devices[t.id];
+      t.device_buffers.push_back(d.buffer);
+      t.lease->owners.push_back(d.keepalive);
+    }
+    job.device = std::span<const DeviceBuffer>(t.device_buffers.data(), t.device_buffers.size());
+    job.keepalive = t.lease;
+  } else {
+    sum_inputs_.clear();
+    for (const auto& sub : t.submitters) {
+      auto c = clients_.find(sub.first);
+      SC_CHECK(c != clients_.end() && c->second.slots.count(t.id) == 1, "submitter {} of tensor {} vanished",
+               sub.first, t.id);
+      sum_inputs_.push_back(c->second.slots[t.id].data());
+    }
+    float* out = t.local_sum.data();
+    const size_t count = t.count;
+    if (sum_inputs_.size() == 1) {
+      std::memcpy(out, sum_inputs_[0], count * sizeof(float));
+    } else {
+      // float64 accumulation in client order, rounded once: the same sum whatever L is.
+      for (size_t i = 0; i < count; ++i) {
+        double acc = 0.0;
+        for (const float* in : sum_inputs_) acc += static_cast<double>(in[i]);
+        out[i] = static_cast<float>(acc);
+      }
+    }
+    job.local_sum = std::span<const float>(out, count);
+    job.result = std::span<float>(t.result.data(), count);
+  }
   job.tensor_id = t.id;
   job.step = t.collect_step;
   job.lr = t.submitters.front().second;
   job.generation = generation_;
-  job.local_sum = std::span<const float>(out, count);
-  job.result = std::span<float>(t.result.data(), count);
   t.in_flight = true;
   t.flight_step = t.collect_step;
   t.flight_generation = generation_;
@@ -348,12 +444,18 @@ void StepCollector::on_result(const StepResult& r) {
     if (!clients_sink_->reachable(id)) continue;
     auto c = clients_.find(id);
     if (c == clients_.end()) continue;
-    auto slot = c->second.slots.find(t->id);
-    if (slot == c->second.slots.end()) continue;
-    if (r.status.ok()) std::memcpy(slot->second.data(), t->result.data(), t->count * sizeof(float));
+    if (t->on_device) {
+      // The pipeline wrote the average into the client's GPU buffer and recorded its done event.
+      if (c->second.devices.count(t->id) == 0) continue;
+    } else {
+      auto slot = c->second.slots.find(t->id);
+      if (slot == c->second.slots.end()) continue;
+      if (r.status.ok()) std::memcpy(slot->second.data(), t->result.data(), t->count * sizeof(float));
+    }
     clients_sink_->post(id, t->id, r.step, r.status, &r);
   }
   t->participants.clear();
+  release_lease(*t);
 }
 
 // ---- disconnects and job resets ------------------------------------------------------------------

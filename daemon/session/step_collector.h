@@ -7,7 +7,15 @@
 // in client-id order (float64 accumulation, rounded once to fp32; a single client's slot is
 // copied) into the tensor's local_sum and hands one StepJob to the pipeline (StepSink). The
 // pipeline's StepResult (on_result) is copied into the slot of every client that took part and
-// answered with a completion. Everything a client is told goes through a CompletionSink (the
+// answered with a completion.
+//
+// Device tensors (RegisterDevice, TensorSpec::on_device) have no slots and no local sum: each
+// client attaches the OpenedDevice the DeviceRuntime made of its registration (attach_device),
+// and a step hands the pipeline the participants' DeviceBuffers in client-id order
+// (StepJob::device) plus one keepalive that owns every participant's mappings, so a client that
+// leaves while its step is in flight does not unmap memory the pipeline still uses. on_result
+// only posts the completions: the pipeline wrote the average on the GPU. They charge the budget
+// only what the pipeline says (tensor_footprint_bytes): no host memory is allocated for them. Everything a client is told goes through a CompletionSink (the
 // SessionServer posts it on the client's completion ring), so tests can drive the collector with
 // plain float buffers as slots. The rules it enforces (refused submissions, disconnects, what is
 // failed job-wide) are the ones session_server.h describes.
@@ -26,6 +34,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "daemon/device/device_runtime.h"
 #include "daemon/pipeline/step.h"
 #include "daemon/session/frames.h"
 #include "sparsecar/common/shm_layout.h"
@@ -91,15 +100,26 @@ class StepCollector {
     std::vector<uint64_t> shape;
   };
   // Checks a registration of `client` (name, dtype, count, shape, limits, agreement with an
-  // earlier registration of the same name, the memory budget counting the client's slot too)
-  // and registers a new tensor with the pipeline. The error is what the client is told.
-  // The client's slot is not attached yet: see attach_slot.
+  // earlier registration of the same name — host or device too —, the memory budget counting
+  // the client's slot too) and registers a new tensor with the pipeline. The error is what the
+  // client is told. The client's slot (or device buffer) is not attached yet: see attach_slot
+  // and attach_device.
   Expected<Registration> register_tensor(uint32_t client, const RegisterRequest& request);
+  // The same checks without registering anything (nothing is counted but a refusal over the
+  // budget): the server asks before it opens a device registration's CUDA handles, so that a
+  // registration the collector refuses opens nothing and one it accepts needs no undoing.
+  Status check_registration(uint32_t client, const RegisterRequest& request);
   // The client's slot of `tensor_id` (count floats, the client writes its gradient there and
   // reads the result back): charged to the budget and summed from now on.
   void attach_slot(uint32_t client, uint32_t tensor_id, std::span<float> slot);
   // Undoes attach_slot (the slot never reached the client).
   void detach_slot(uint32_t client, uint32_t tensor_id);
+  // The client's opened device tensor `tensor_id` (registered with request.device): its buffer is
+  // handed to the pipeline from now on; the collector holds `opened` until the client leaves (or
+  // detach_device), and each step in flight holds its keepalive too.
+  void attach_device(uint32_t client, uint32_t tensor_id, OpenedDevice opened);
+  // Undoes attach_device (the ack never reached the client).
+  void detach_device(uint32_t client, uint32_t tensor_id);
 
   // ---- steps ----
   // One submission popped from `client`'s ring. Refused ones are answered at once through the
@@ -117,10 +137,21 @@ class StepCollector {
 
  private:
   struct Tensor;
+  struct DeviceLease;
   struct Client {
     std::string label;
     std::map<uint32_t, std::span<float>> slots;  // tensor id -> the client's slot
+    std::map<uint32_t, OpenedDevice> devices;     // tensor id -> the client's device tensor
+    bool has(uint32_t tensor_id) const { return slots.count(tensor_id) != 0 || devices.count(tensor_id) != 0; }
   };
+  // What a registration would do (check_registration/register_tensor share it).
+  struct Plan {
+    std::string name;
+    Tensor* existing = nullptr;  // the tensor registered under that name, if any
+    uint64_t session_bytes = 0;  // of a new tensor: local_sum + result (0 on the device)
+    uint64_t pipeline_bytes = 0;
+  };
+  Status plan_registration(uint32_t client, const RegisterRequest& request, Plan* plan);
 
   std::string label_of(uint32_t client) const;
   void dispatch(Tensor& t);
@@ -130,6 +161,9 @@ class StepCollector {
   // A client died: fail job-wide what this node now owes its peers (see session_server.h).
   void fail_owed_steps(const std::string& dead_label, const std::string& why);
   void free_orphan(size_t index);
+  // A step of device tensor `t` was answered: its lease drops what it held (reused if the
+  // pipeline let go of it already, so a steady state allocates nothing per step).
+  static void release_lease(Tensor& t);
   void charge(uint64_t bytes);
   void release(uint64_t bytes);
 

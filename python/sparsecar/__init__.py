@@ -12,6 +12,12 @@ NumPy float32 view of it and ``sparsecar.as_torch(tensor)`` a torch tensor on th
 Blocking calls release the GIL; one Client may be used from several threads (calls are
 serialised; ``wait`` waits in short slices so another thread can submit meanwhile).
 
+GPU tensors stay on the GPU: ``c.register_device(name, t.numel(), **sparsecar.device_handles(t,
+ready, done))`` hands the daemon CUDA IPC handles of a CUDA tensor ``t`` and of two
+``torch.cuda.Event(interprocess=True)``; per step record ``ready`` on the stream that wrote the
+gradient, submit, wait, then make the stream wait on ``done`` before reading the average. A daemon
+without CUDA or GPU refuses with sparsecar.Unavailable (register a host tensor then).
+
 PyTorch DDP: ``sparsecar.torch.register(ddp_model, socket=...)`` (see sparsecar/torch.py).
 """
 
@@ -21,7 +27,7 @@ from ._sparsecar import (MAX_DIMS, DeadlineExceeded, Error, StepInfo, Tensor, Un
                          kernels, set_log_level)
 
 __all__ = ["Client", "Tensor", "StepInfo", "Error", "DeadlineExceeded", "Unavailable", "kernels",
-           "as_torch", "set_log_level", "DEFAULT_SOCKET", "MAX_DIMS"]
+           "as_torch", "device_handles", "set_log_level", "DEFAULT_SOCKET", "MAX_DIMS"]
 __version__ = "0.1.0"
 
 DEFAULT_SOCKET = "/run/sparsecar/sparsecard.sock"
@@ -35,6 +41,59 @@ def as_torch(tensor):
     """A torch tensor sharing the slot's memory (zero-copy; needs torch)."""
     import torch
     return torch.from_numpy(tensor.array())
+
+
+def _uuid_bytes(uuid):
+    """The 16 bytes of a torch device UUID (``get_device_properties(i).uuid``): its ``bytes`` where
+    torch has them, else parsed from its text ("GPU-8f2c..." or "8f2c1a3e-...")."""
+    raw = getattr(uuid, "bytes", None)
+    if raw is not None:
+        raw = bytes(raw)
+        if len(raw) == 16:
+            return raw
+    import uuid as _uuid
+    text = str(uuid)
+    if text.startswith("GPU-"):
+        text = text[4:]
+    return _uuid.UUID(text).bytes
+
+
+def device_handles(tensor, ready_event, done_event):
+    """The keyword arguments of ``Client.register_device`` for CUDA float32 tensor `tensor` and two
+    ``torch.cuda.Event(interprocess=True)``: the device UUID, the CUDA IPC handle of the allocation
+    holding the tensor and the tensor's byte offset in it, and both events' IPC handles.
+
+        ready, done = torch.cuda.Event(interprocess=True), torch.cuda.Event(interprocess=True)
+        t = c.register_device(name, g.numel(), **sparsecar.device_handles(g, ready, done))
+
+    The shape is not among them (pass ``shape=tuple(t.shape)`` to register it). The tensor must be
+    contiguous and stay allocated (keep a reference) as long as it is registered. Needs torch 2.x with CUDA (exercised on the GPU machine; Debian's CPU torch
+    cannot run it)."""
+    import torch
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"device_handles: expected a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.device.type != "cuda":
+        raise ValueError(f"device_handles: the tensor is on {tensor.device}, not a CUDA device; register a host "
+                         "tensor with Client.register instead")
+    if tensor.dtype != torch.float32:
+        raise ValueError(f"device_handles: the tensor is {tensor.dtype}; sparsecar's device tensors are float32")
+    if not tensor.is_contiguous():
+        raise ValueError("device_handles: the tensor is not contiguous")
+    storage = tensor.untyped_storage()
+    # (device, handle, storage size, storage offset in the allocation, ...): the handle is the
+    # caching allocator's block, which may hold other tensors too.
+    shared = storage._share_cuda_()
+    handle, storage_offset = bytes(shared[1]), int(shared[3])
+    index = tensor.device.index if tensor.device.index is not None else torch.cuda.current_device()
+    with torch.cuda.device(index):  # an event not recorded yet is created on the current device
+        ready, done = bytes(ready_event.ipc_handle()), bytes(done_event.ipc_handle())
+    return {
+        "device_uuid": _uuid_bytes(torch.cuda.get_device_properties(index).uuid),
+        "mem_handle": handle,
+        "offset": storage_offset + tensor.storage_offset() * tensor.element_size(),
+        "ready_event": ready,
+        "done_event": done,
+    }
 
 
 def copy_into(dst_view, data):
@@ -76,6 +135,20 @@ class Client:
         MAX_DIMS dims, which the daemon's structured selectors use) and maps its slot. Every tensor of the job must be registered before the first submit, in the same
         order on every trainer."""
         return self._c.register(name, size)
+
+    def register_device(self, name, count, *, device_uuid, mem_handle, offset, ready_event, done_event,
+                        shape=None):
+        """Registers a float32 tensor of `count` elements that lives in GPU memory, by CUDA IPC
+        handles (``sparsecar.device_handles(tensor, ready, done)`` makes these keyword arguments):
+        device_uuid (16 bytes), mem_handle / ready_event / done_event (64 bytes each), offset (bytes
+        from the allocation's base). No host slot: the Tensor's ``on_device`` is True and
+        ``array()`` raises. submit/wait work as for host tensors; the trainer records
+        `ready_event` on its stream before submit, and its stream waits on `done_event` after wait.
+        A daemon without CUDA or without a GPU raises sparsecar.Unavailable (register a host
+        tensor then; the session stays usable)."""
+        return self._c.register_device(name, int(count), device_uuid=device_uuid, mem_handle=mem_handle,
+                                       offset=int(offset), ready_event=ready_event, done_event=done_event,
+                                       shape=None if shape is None else tuple(shape))
 
     def submit(self, tensor, step, lr=0.0, data=None):
         """Hands the slot's contents for `step` to the daemon (non-blocking). With `data` (a NumPy

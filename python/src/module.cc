@@ -1,8 +1,8 @@
 // sparsecar._sparsecar: the pybind11 binding behind the Python package `sparsecar`.
 //
 // Two parts:
-//  - Client / Tensor over the C++ client library (client/): connect, register, submit, wait,
-//    report_metric. A Tensor's shared-memory slot is exposed as a NumPy array *without a copy*
+//  - Client / Tensor over the C++ client library (client/): connect, register, register_device
+//    (a GPU tensor by CUDA IPC handles), submit, wait, report_metric. A Tensor's shared-memory slot is exposed as a NumPy array *without a copy*
 //    (Tensor.array(); torch.from_numpy() on it is zero-copy too). Blocking calls release the GIL.
 //  - `kernels`: the CPU sparsifiers and codecs (kernels/) over NumPy arrays, for experiments and
 //    tests that simulate workers in one process (bench/convergence/).
@@ -125,6 +125,52 @@ class PyClient {
     return PyTensor{s_, *t, shape};
   }
 
+  // A tensor in GPU memory, by its CUDA IPC handles (sparsecar.device_handles() makes them from a
+  // torch CUDA tensor and two interprocess events). The byte strings are checked here so that a
+  // wrong one says which and how long it should be.
+  PyTensor register_device(const std::string& name, size_t count, const py::bytes& device_uuid,
+                           const py::bytes& mem_handle, uint64_t offset, const py::bytes& ready_event,
+                           const py::bytes& done_event, const py::object& shape) {
+    sparsecar::DeviceHandles h;
+    auto take = [&](const py::bytes& b, const char* what, auto& field) {
+      const std::string_view v = b;
+      if (v.size() != field.size()) {
+        throw py::value_error(sparsecar::strfmt("register_device('%s'): %s must be %zu bytes, got %zu", name.c_str(),
+                                                what, field.size(), v.size()));
+      }
+      std::memcpy(field.data(), v.data(), field.size());
+    };
+    take(device_uuid, "device_uuid (cudaUUID_t)", h.device_uuid);
+    take(mem_handle, "mem_handle (cudaIpcMemHandle_t)", h.mem_handle);
+    take(ready_event, "ready_event (cudaIpcEventHandle_t)", h.ready_event);
+    take(done_event, "done_event (cudaIpcEventHandle_t)", h.done_event);
+    h.offset = offset;
+    std::vector<uint64_t> dims;
+    std::vector<ssize_t> view_shape{static_cast<ssize_t>(count)};
+    if (!shape.is_none()) {
+      view_shape.clear();
+      for (auto d : shape) {
+        const ssize_t v = d.cast<ssize_t>();
+        if (v < 0) throw py::value_error("tensor dimensions must be >= 0");
+        dims.push_back(static_cast<uint64_t>(v));
+        view_shape.push_back(v);
+      }
+      if (dims.size() > sparsecar::Client::kMaxDims) {
+        throw py::value_error(sparsecar::strfmt("tensor '%s': a shape has at most %zu dims, got %zu", name.c_str(),
+                                                sparsecar::Client::kMaxDims, dims.size()));
+      }
+    }
+    Session& s = live();
+    sparsecar::Expected<sparsecar::Tensor*> t = sparsecar::Status::Ok();
+    {
+      py::gil_scoped_release nogil;
+      std::lock_guard lock(s.mu);
+      t = s.client->register_device_tensor(name, count, h, dims);
+    }
+    if (!t.ok()) raise_status(t.status());
+    return PyTensor{s_, *t, view_shape};
+  }
+
   void submit(const PyTensor& t, uint64_t step, float lr) {
     Session& s = live_for(t);
     sparsecar::Status st;
@@ -210,6 +256,10 @@ class PyClient {
 // A NumPy view of a tensor's slot; its base object keeps the mapping alive.
 py::array tensor_array(py::object self) {
   const PyTensor& t = self.cast<const PyTensor&>();
+  if (t.tensor->on_device()) {
+    throw py::value_error("tensor '" + t.tensor->name() +
+                          "' lives on the GPU (registered with register_device): it has no host array");
+  }
   std::vector<ssize_t> strides(t.shape.size());
   ssize_t stride = sizeof(float);
   for (size_t i = t.shape.size(); i-- > 0;) {
@@ -284,11 +334,16 @@ PYBIND11_MODULE(_sparsecar, m) {
       .def_property_readonly("shape", [](const PyTensor& t) { return py::tuple(py::cast(t.shape)); })
       .def_property_readonly("registered_shape", [](const PyTensor& t) { return py::tuple(py::cast(t.tensor->shape())); },
                              "The shape the daemon knows (empty when registered by element count).")
-      .def("array", &tensor_array, "The slot as a NumPy float32 array (a view, no copy).");
+      .def_property_readonly("on_device", [](const PyTensor& t) { return t.tensor->on_device(); },
+                             "True for a GPU tensor (Client.register_device): no host slot, array() raises.")
+      .def("array", &tensor_array, "The slot as a NumPy float32 array (a view, no copy); ValueError for a GPU tensor.");
 
   py::class_<PyClient>(m, "_Client")
       .def_static("connect", &PyClient::connect, py::arg("socket"), py::arg("timeout") = 10.0)
       .def("register", &PyClient::register_tensor, py::arg("name"), py::arg("size"))
+      .def("register_device", &PyClient::register_device, py::arg("name"), py::arg("count"), py::kw_only(),
+           py::arg("device_uuid"), py::arg("mem_handle"), py::arg("offset"), py::arg("ready_event"),
+           py::arg("done_event"), py::arg("shape") = py::none())
       .def("submit", &PyClient::submit, py::arg("tensor"), py::arg("step"), py::arg("lr") = 0.0f)
       .def("wait", &PyClient::wait, py::arg("tensor"), py::arg("step"), py::arg("timeout") = 30.0)
       .def("report_metric", &PyClient::report_metric, py::arg("name"), py::arg("value"), py::arg("step"))

@@ -72,6 +72,16 @@ void session_frames() {
   matrix.dims[0] = 512;
   matrix.dims[1] = 128;
   proto::set_field(matrix.name, sizeof matrix.name, "attn.q_proj.weight");
+  proto::RegisterDevice device{};  // a DDP bucket in a caching-allocator segment, no shape
+  device.count = 1 << 20;
+  device.offset = 4096;
+  for (uint8_t i = 0; i < proto::kDeviceUuidBytes; ++i) device.device_uuid[i] = static_cast<uint8_t>(0x10 + i);
+  for (uint8_t i = 0; i < proto::kIpcHandleBytes; ++i) {
+    device.mem_handle[i] = i;
+    device.ready_event[i] = static_cast<uint8_t>(0x40 + i);
+    device.done_event[i] = static_cast<uint8_t>(0x80 + i);
+  }
+  proto::set_field(device.name, sizeof device.name, "ddp.bucket.0");
   proto::Metric metric{};
   metric.value = 0.6931;
   metric.step = 17;
@@ -104,6 +114,8 @@ void session_frames() {
                                                 message(proto::MsgType::kError, error));
   const std::string partial = message(proto::MsgType::kRegister, reg);
   write("session_frames", "partial", "\x06" + h + partial.substr(0, 100));
+  write("session_frames", "device", "\x08" + h + message(proto::MsgType::kRegisterDevice, device) +
+                                        message(proto::MsgType::kMetric, metric));
   proto::MsgHeader bad = proto::make_header(proto::MsgType::kMetric);
   bad.length = 12;
   write("session_frames", "bad_length", "\x07" + h + std::string(reinterpret_cast<const char*>(&bad), sizeof bad));

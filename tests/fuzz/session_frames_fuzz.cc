@@ -9,8 +9,9 @@
 //     and that buffer never fills up;
 //   - every frame passes header_error, is canonical (its header is make_header(type)) and has
 //     exactly payload_bytes(type) > 0 bytes;
-//   - Register / RegisterShaped decode → encode gives back the payload bytes when the request is
-//     not malformed; a shape has 1..kMaxShapeDims dims; check_shape's verdict agrees with the
+//   - Register / RegisterShaped / RegisterDevice decode → encode gives back the payload bytes
+//     when the request is not malformed; a shape has 1..kMaxShapeDims dims (0..kMaxShapeDims for
+//     RegisterDevice); a well-formed RegisterDevice region is 4-aligned and does not overflow; check_shape's verdict agrees with the
 //     product of the dims; name fields round-trip through field_string / set_field.
 // Built by the clang fuzz project (tests/fuzz/CMakeLists.txt: fuzz_session_frames); seeds in
 // corpus/session_frames/ (written by fuzz_make_parser_seeds).
@@ -108,6 +109,32 @@ void check_frame(const FrameScan& f) {
         for (uint64_t d : r.shape) good = good && d != 0 && !__builtin_mul_overflow(product, d, &product);
         good = good && product == r.count;
         CHECK(sparsecar::check_shape(r.count, r.shape).ok() == good);
+      }
+      return;
+    }
+    case proto::MsgType::kRegisterDevice: {
+      const sparsecar::RegisterRequest r = sparsecar::decode_register_device(f.payload.data());
+      CHECK(r.name == reinterpret_cast<const char*>(f.payload.data()) + offsetof(proto::RegisterDevice, name));
+      CHECK(r.device.has_value());
+      check_name_field(r.name);
+      CHECK(r.shape.size() <= proto::kMaxShapeDims);
+      if (r.malformed.empty()) {
+        const sparsecar::DeviceRegion& d = *r.device;
+        CHECK(d.offset % 4 == 0);
+        CHECK(d.bytes == r.count * 4 && d.bytes / 4 == r.count && d.offset + d.bytes >= d.offset);
+        CHECK(proto::field_string(r.name, proto::kNameBytes).has_value());
+        proto::RegisterDevice m{};
+        m.count = r.count;
+        m.dtype = r.dtype;
+        m.ndim = static_cast<uint32_t>(r.shape.size());
+        std::copy(r.shape.begin(), r.shape.end(), m.dims);
+        m.offset = d.offset;
+        std::copy(d.device_uuid.begin(), d.device_uuid.end(), m.device_uuid);
+        std::copy(d.mem_handle.begin(), d.mem_handle.end(), m.mem_handle);
+        std::copy(d.ready_event.begin(), d.ready_event.end(), m.ready_event);
+        std::copy(d.done_event.begin(), d.done_event.end(), m.done_event);
+        std::memcpy(m.name, r.name, sizeof m.name);
+        CHECK(std::memcmp(&m, f.payload.data(), sizeof m) == 0);
       }
       return;
     }

@@ -10,6 +10,13 @@
 //   auto done = client->wait(*w, step, std::chrono::seconds(30));
 //   // on success w->data() now holds the average over every trainer of the job
 //
+// A tensor that lives in GPU memory (DESIGN §8) is registered by its CUDA IPC handles instead
+// (register_device_tensor): the daemon maps the trainer's allocation and works on it in place,
+// with no shared-memory slot. The trainer records `ready` on its stream after writing the
+// gradient and before submit(); once wait() returns OK, the daemon has recorded `done` after
+// writing the average, and the trainer's stream must wait on `done` before reading the tensor.
+// A daemon without CUDA or without a GPU refuses with kUnavailable; register a host tensor then.
+//
 // Rules: register every tensor before the first submit; every trainer of the job registers the
 // same tensors (names, sizes, order) and submits them in the same order with increasing steps;
 // between submit() and the matching wait() the tensor's memory belongs to the daemon.
@@ -20,10 +27,12 @@
 // Clients are independent.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -51,8 +60,23 @@ struct StepInfo {
   uint64_t nnz = 0;          // elements the local daemon selected for this step
 };
 
-// A registered tensor: a view of its shared-memory slot. Owned by the Client that made it;
-// valid until that Client is destroyed.
+// Where a GPU tensor is, as CUDA IPC handles (the bytes of the CUDA types; this header needs no
+// CUDA headers). Fill it in the trainer with cudaIpcGetMemHandle on the base of the allocation
+// holding the tensor (cuMemGetAddressRange gives the base), cudaIpcGetEventHandle on two events
+// created with cudaEventInterprocess | cudaEventDisableTiming on the tensor's device, and
+// cudaDeviceProp::uuid of that device (the daemon may number the GPUs differently).
+struct DeviceHandles {
+  std::array<uint8_t, 16> device_uuid{};  // cudaUUID_t of the GPU holding the tensor
+  std::array<uint8_t, 64> mem_handle{};   // cudaIpcMemHandle_t of the allocation's base
+  uint64_t offset = 0;                    // bytes from the allocation's base to the tensor; 4-aligned
+  std::array<uint8_t, 64> ready_event{};  // cudaIpcEventHandle_t: the trainer records it per step
+  std::array<uint8_t, 64> done_event{};   // cudaIpcEventHandle_t: the daemon records it per step
+  bool operator==(const DeviceHandles&) const = default;
+};
+
+// A registered tensor: a view of its shared-memory slot, or of nothing on the host for a device
+// tensor (on_device(): data() is null; the gradient and the average are in the trainer's GPU
+// memory). Owned by the Client that made it; valid until that Client is destroyed.
 class Tensor {
  public:
   uint32_t id() const { return id_; }
@@ -61,8 +85,11 @@ class Tensor {
   // The shape it was registered with (row-major, shape()[0] leading); empty when registered
   // without one.
   const std::vector<uint64_t>& shape() const { return shape_; }
+  // The slot (size() floats); null for a device tensor.
   float* data() { return data_; }
   const float* data() const { return data_; }
+  // Registered by register_device_tensor: the data stays in the trainer's GPU memory.
+  bool on_device() const { return on_device_; }
 
  private:
   friend class Client;
@@ -71,6 +98,8 @@ class Tensor {
   size_t count_ = 0;
   std::vector<uint64_t> shape_;
   float* data_ = nullptr;
+  bool on_device_ = false;
+  DeviceHandles handles_{};  // on_device_ only
 };
 
 class Client {
@@ -96,6 +125,19 @@ class Client {
   static constexpr size_t kMaxDims = 4;
   Expected<Tensor*> register_tensor(std::string_view name, size_t count, DType dtype,
                                     const std::vector<uint64_t>& shape);
+
+  // Registers an fp32 tensor of `count` elements that lives in GPU memory, by its CUDA IPC
+  // handles (DeviceHandles; `shape` as above, empty for none). No slot is mapped: the returned
+  // Tensor has on_device() true and data() null; submit/wait/in_flight work as for host tensors,
+  // with the event protocol described at the top of this file. Registering the same name again
+  // with the same count, shape and handles returns the same tensor. Errors: those of
+  // register_tensor, plus the daemon's refusal as it said it — kUnavailable when it was built
+  // without CUDA or sees no GPU (register a host tensor instead), kNotFound when it does not
+  // see the tensor's GPU, kInvalidArgument when the handles do not open or the tensor passes the
+  // end of its allocation. A name registered as a host tensor by another local trainer is
+  // kInvalidArgument (every local trainer registers a name the same way).
+  Expected<Tensor*> register_device_tensor(std::string_view name, size_t count, const DeviceHandles& handles,
+                                           std::span<const uint64_t> shape = {});
 
   // Hands the tensor's current contents for `step` to the daemon. Non-blocking.
   Status submit(const Tensor& tensor, uint64_t step, const SubmitOptions& options = {});

@@ -32,8 +32,10 @@
 extern "C" {
 #endif
 
-/* 2: sc_register_tensor_shaped, sc_tensor_ndim, sc_tensor_dim (version 1 calls unchanged). */
-#define SPARSECAR_C_ABI_VERSION 2
+/* 2: sc_register_tensor_shaped, sc_tensor_ndim, sc_tensor_dim (version 1 calls unchanged).
+ * 3: GPU tensors by CUDA IPC handles: sc_device_handles, sc_register_device_tensor,
+ *    sc_tensor_on_device (version 1 and 2 calls unchanged). */
+#define SPARSECAR_C_ABI_VERSION 3
 
 typedef int32_t sc_status;
 enum {
@@ -58,6 +60,19 @@ enum { SC_MAX_DIMS = 4 }; /* most dims a registered shape may have */
 
 typedef struct sc_client sc_client;  /* a session with the local daemon */
 typedef struct sc_tensor sc_tensor;  /* a registered tensor; owned by its client */
+
+/* Where a GPU tensor is, as the bytes of the CUDA IPC types (no CUDA header needed here):
+ * cudaIpcGetMemHandle of the base of the allocation holding the tensor, the tensor's byte offset
+ * from that base (a multiple of 4), cudaIpcGetEventHandle of two events the trainer created with
+ * cudaEventInterprocess | cudaEventDisableTiming on the tensor's device, and that device's
+ * cudaDeviceProp::uuid. Since ABI version 3. */
+typedef struct sc_device_handles {
+  uint8_t device_uuid[16]; /* cudaUUID_t */
+  uint8_t mem_handle[64];  /* cudaIpcMemHandle_t of the allocation's base */
+  uint64_t offset;         /* bytes from the allocation's base to the tensor */
+  uint8_t ready_event[64]; /* cudaIpcEventHandle_t: the trainer records it after writing the gradient */
+  uint8_t done_event[64];  /* cudaIpcEventHandle_t: the daemon records it after writing the average */
+} sc_device_handles;
 
 typedef struct sc_step_info {
   uint64_t step;
@@ -91,7 +106,20 @@ sc_status sc_register_tensor(sc_client* client, const char* name, uint64_t count
  * the shape; every trainer must register a name with the same shape. Since ABI version 2. */
 sc_status sc_register_tensor_shaped(sc_client* client, const char* name, uint64_t count, int32_t dtype,
                                     const uint64_t* shape, uint32_t ndim, sc_tensor** out);
-float* sc_tensor_data(sc_tensor* tensor);      /* count floats; NULL for NULL */
+/* Registers an fp32 tensor (dtype SC_DTYPE_F32) of `count` elements that lives in GPU memory, by
+ * its CUDA IPC handles; shape/ndim as sc_register_tensor_shaped (ndim 0: no shape). No slot is
+ * mapped: sc_tensor_data() is NULL and sc_tensor_on_device() 1. Per step the trainer records
+ * `ready` on its stream after writing the gradient, then calls sc_submit; after sc_wait returns
+ * SC_OK its stream waits on `done` (cudaStreamWaitEvent) before it reads the average. A daemon
+ * built without CUDA or without a GPU answers SC_UNAVAILABLE with its reason
+ * (sc_client_last_error): register a host tensor instead; the session stays usable.
+ * Since ABI version 3. */
+sc_status sc_register_device_tensor(sc_client* client, const char* name, uint64_t count, int32_t dtype,
+                                    const uint64_t* shape, uint32_t ndim, const sc_device_handles* handles,
+                                    sc_tensor** out);
+float* sc_tensor_data(sc_tensor* tensor);      /* count floats; NULL for NULL or a device tensor */
+/* 1 for a tensor registered with sc_register_device_tensor, else 0. Since ABI version 3. */
+int sc_tensor_on_device(const sc_tensor* tensor);
 uint64_t sc_tensor_size(const sc_tensor* tensor);
 uint32_t sc_tensor_id(const sc_tensor* tensor);
 const char* sc_tensor_name(const sc_tensor* tensor);

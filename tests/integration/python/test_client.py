@@ -121,3 +121,32 @@ def test_daemon_deadline_comes_through_wait_unchanged(make_job):
     assert "did not deliver" in str(e.value), str(e.value)
     for c in clients:
         c.close()
+
+
+def test_device_registration_refused_without_gpu_and_checked_here(make_job):
+    """This machine has no GPU: the daemon refuses a device tensor with Unavailable saying why,
+    the session stays usable for the host fallback, and bad handle lengths never leave Python."""
+    job = make_job(nodes=1)
+    c = sparsecar.Client(job.sockets[0], timeout=10)
+    handles = dict(device_uuid=bytes(16), mem_handle=bytes(64), offset=0, ready_event=bytes(64),
+                   done_event=bytes(64))
+    with pytest.raises(ValueError, match="mem_handle .* must be 64 bytes, got 3"):
+        c.register_device("g", 8, **dict(handles, mem_handle=b"abc"))
+    with pytest.raises(ValueError, match="device_uuid .* must be 16 bytes"):
+        c.register_device("g", 8, **dict(handles, device_uuid=bytes(15)))
+    with pytest.raises(sparsecar.Unavailable) as refused:
+        c.register_device("g", 8, **handles)
+    assert refused.value.code_name == "UNAVAILABLE"
+    assert "GPU" in str(refused.value) or "CUDA" in str(refused.value)
+    t = c.register("g", 8)  # the fallback the DDP hook takes
+    assert not t.on_device
+    c.allreduce(t, np.full(8, 3.0, dtype=np.float32), step=1)
+    c.close()
+
+
+def test_device_handles_refuses_cpu_tensors():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(ValueError, match="not a CUDA device"):
+        sparsecar.device_handles(torch.zeros(4), None, None)
+    with pytest.raises(TypeError):
+        sparsecar.device_handles([1.0], None, None)

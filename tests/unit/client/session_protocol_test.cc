@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstddef>
+#include <cstring>
 
 namespace sparsecar::proto {
 namespace {
@@ -33,9 +34,62 @@ TEST(SessionProtocol, FrozenLayout) {
   EXPECT_EQ(offsetof(RegisterShaped, dims), 16u);
   EXPECT_EQ(offsetof(RegisterShaped, name), 48u);
   EXPECT_EQ(kMaxShapeDims, 4u);
-  EXPECT_EQ(kMaxPayloadBytes, 304u);
-  EXPECT_EQ(kMaxMessageBytes, 320u);
+  // RegisterDevice (type 8) joined v1 after that; again nothing above moved.
+  EXPECT_EQ(static_cast<int>(MsgType::kRegisterDevice), 8);
+  EXPECT_EQ(sizeof(RegisterDevice), 528u);
+  EXPECT_EQ(offsetof(RegisterDevice, count), 0u);
+  EXPECT_EQ(offsetof(RegisterDevice, dtype), 8u);
+  EXPECT_EQ(offsetof(RegisterDevice, ndim), 12u);
+  EXPECT_EQ(offsetof(RegisterDevice, dims), 16u);
+  EXPECT_EQ(offsetof(RegisterDevice, offset), 48u);
+  EXPECT_EQ(offsetof(RegisterDevice, device_uuid), 56u);
+  EXPECT_EQ(offsetof(RegisterDevice, mem_handle), 72u);
+  EXPECT_EQ(offsetof(RegisterDevice, ready_event), 136u);
+  EXPECT_EQ(offsetof(RegisterDevice, done_event), 200u);
+  EXPECT_EQ(offsetof(RegisterDevice, flags), 264u);
+  EXPECT_EQ(offsetof(RegisterDevice, reserved), 268u);
+  EXPECT_EQ(offsetof(RegisterDevice, name), 272u);
+  EXPECT_EQ(kDeviceUuidBytes, 16u);
+  EXPECT_EQ(kIpcHandleBytes, 64u);
+  EXPECT_EQ(payload_bytes(static_cast<uint16_t>(MsgType::kRegisterDevice)), 528u);
+  EXPECT_EQ(kMaxPayloadBytes, 528u);
+  EXPECT_EQ(kMaxMessageBytes, 544u);
   EXPECT_EQ(kProtocolVersion, 1);
+}
+
+TEST(SessionProtocol, RegisterDeviceGoldenBytes) {
+  MsgHeader h = make_header(MsgType::kRegisterDevice);
+  const uint8_t header[16] = {'S', 'C', 'S', 'P', 1, 0, 8, 0, 0x10, 0x02, 0, 0, 0, 0, 0, 0};
+  EXPECT_EQ(std::memcmp(&h, header, sizeof header), 0);
+  RegisterDevice m{};
+  m.count = 0x0102;
+  m.ndim = 1;
+  m.dims[0] = 0x0102;
+  m.offset = 0x0a0b0c00;
+  for (uint8_t i = 0; i < 16; ++i) m.device_uuid[i] = static_cast<uint8_t>(0xa0 + i);
+  for (uint8_t i = 0; i < 64; ++i) {
+    m.mem_handle[i] = i;
+    m.ready_event[i] = static_cast<uint8_t>(0x40 + i);
+    m.done_event[i] = static_cast<uint8_t>(0x80 + i);
+  }
+  set_field(m.name, sizeof m.name, "g");
+  const auto* b = reinterpret_cast<const uint8_t*>(&m);
+  const uint8_t head[24] = {0x02, 0x01, 0, 0, 0, 0, 0, 0,  0, 0, 0, 0,  1, 0, 0, 0,
+                            0x02, 0x01, 0, 0, 0, 0, 0, 0};
+  EXPECT_EQ(std::memcmp(b, head, sizeof head), 0);
+  for (size_t i = 24; i < 48; ++i) EXPECT_EQ(b[i], 0) << i;  // unused dims
+  const uint8_t offset[8] = {0x00, 0x0c, 0x0b, 0x0a, 0, 0, 0, 0};
+  EXPECT_EQ(std::memcmp(b + 48, offset, sizeof offset), 0);
+  EXPECT_EQ(b[56], 0xa0);
+  EXPECT_EQ(b[71], 0xaf);
+  EXPECT_EQ(b[72], 0x00);
+  EXPECT_EQ(b[135], 0x3f);
+  EXPECT_EQ(b[136], 0x40);
+  EXPECT_EQ(b[200], 0x80);
+  EXPECT_EQ(b[263], 0xbf);
+  for (size_t i = 264; i < 272; ++i) EXPECT_EQ(b[i], 0) << i;  // flags, reserved
+  EXPECT_EQ(b[272], 'g');
+  EXPECT_EQ(b[273], 0);
 }
 
 TEST(SessionProtocol, RegisterShapedGoldenBytes) {
@@ -66,7 +120,7 @@ TEST(SessionProtocol, HeaderBytesAreLittleEndian) {
 
 TEST(SessionProtocol, HeaderValidationRejectsEveryBadField) {
   for (auto type : {MsgType::kHello, MsgType::kHelloAck, MsgType::kRegister, MsgType::kRegisterAck,
-                    MsgType::kMetric, MsgType::kError, MsgType::kRegisterShaped}) {
+                    MsgType::kMetric, MsgType::kError, MsgType::kRegisterShaped, MsgType::kRegisterDevice}) {
     EXPECT_EQ(header_error(make_header(type)), nullptr);
   }
   MsgHeader h = make_header(MsgType::kHello);
@@ -78,7 +132,7 @@ TEST(SessionProtocol, HeaderValidationRejectsEveryBadField) {
   h = make_header(MsgType::kHello);
   h.type = 0;
   EXPECT_NE(header_error(h), nullptr);
-  h.type = 8;
+  h.type = 9;
   EXPECT_NE(header_error(h), nullptr);
   h = make_header(MsgType::kHello);
   h.length += 1;

@@ -95,5 +95,90 @@ TEST(Frames, DecodesRegister) {
   EXPECT_EQ(r.malformed, "reserved field of Register is not 0");
 }
 
+proto::RegisterDevice device_message() {
+  proto::RegisterDevice m{};
+  m.count = 6;
+  m.ndim = 2;
+  m.dims[0] = 2;
+  m.dims[1] = 3;
+  m.offset = 256;
+  for (uint8_t i = 0; i < 16; ++i) m.device_uuid[i] = i;
+  for (uint8_t i = 0; i < 64; ++i) {
+    m.mem_handle[i] = static_cast<uint8_t>(i + 1);
+    m.ready_event[i] = static_cast<uint8_t>(i + 2);
+    m.done_event[i] = static_cast<uint8_t>(i + 3);
+  }
+  proto::set_field(m.name, sizeof m.name, "g");
+  return m;
+}
+
+RegisterRequest decode_device(const proto::RegisterDevice& m) {
+  // Kept alive for the request's name pointer.
+  static std::vector<uint8_t> bytes;
+  bytes = message(proto::MsgType::kRegisterDevice, m);
+  const FrameScan f = scan_frame(bytes);
+  EXPECT_EQ(f.kind, FrameScan::Kind::kFrame);
+  return decode_register_device(bytes.data() + sizeof(proto::MsgHeader));
+}
+
+TEST(Frames, DecodesRegisterDevice) {
+  const proto::RegisterDevice m = device_message();
+  RegisterRequest r = decode_device(m);
+  EXPECT_TRUE(r.malformed.empty()) << r.malformed;
+  EXPECT_EQ(r.count, 6u);
+  EXPECT_EQ(r.shape, (std::vector<uint64_t>{2, 3}));
+  EXPECT_STREQ(r.name, "g");
+  ASSERT_TRUE(r.device.has_value());
+  EXPECT_EQ(r.device->offset, 256u);
+  EXPECT_EQ(r.device->bytes, 24u);
+  EXPECT_EQ(r.device->device_uuid[15], 15);
+  EXPECT_EQ(r.device->mem_handle[0], 1);
+  EXPECT_EQ(r.device->ready_event[63], 65);
+  EXPECT_EQ(r.device->done_event[0], 3);
+
+  proto::RegisterDevice flat = m;  // ndim 0: no shape, every dim 0
+  flat.ndim = 0;
+  flat.dims[0] = flat.dims[1] = 0;
+  r = decode_device(flat);
+  EXPECT_TRUE(r.malformed.empty()) << r.malformed;
+  EXPECT_TRUE(r.shape.empty());
+  // Host registrations carry no device region.
+  EXPECT_FALSE(decode_register(message(proto::MsgType::kRegister, proto::Register{}).data() +
+                               sizeof(proto::MsgHeader)).device.has_value());
+}
+
+TEST(Frames, RefusesMalformedRegisterDevice) {
+  struct Case {
+    const char* what;
+    void (*edit)(proto::RegisterDevice&);
+    const char* expect;
+  };
+  const Case cases[] = {
+      {"5 dims", [](proto::RegisterDevice& m) { m.ndim = 5; }, "shape has 5 dims; 0 (no shape) or 1..4 are allowed"},
+      {"unused dim", [](proto::RegisterDevice& m) { m.dims[2] = 1; }, "unused dims of RegisterDevice are not 0"},
+      {"ndim 0 with a dim", [](proto::RegisterDevice& m) { m.ndim = 0; }, "unused dims of RegisterDevice are not 0"},
+      {"flags", [](proto::RegisterDevice& m) { m.flags = 1; }, "flags/reserved fields of RegisterDevice are not 0"},
+      {"reserved", [](proto::RegisterDevice& m) { m.reserved = 2; }, "flags/reserved fields of RegisterDevice are not 0"},
+      {"offset", [](proto::RegisterDevice& m) { m.offset = 258; }, "device offset 258 is not a multiple of 4"},
+      {"overflow",
+       [](proto::RegisterDevice& m) {
+         m.ndim = 0;
+         m.dims[0] = m.dims[1] = 0;
+         m.count = uint64_t{1} << 62;
+         m.offset = 4;
+       },
+       "device region of 4611686018427387904 elements at offset 4 overflows"},
+      {"name", [](proto::RegisterDevice& m) { std::memset(m.name, 'x', sizeof m.name); },
+       "tensor name is not NUL-terminated within 256 bytes"},
+  };
+  for (const Case& c : cases) {
+    proto::RegisterDevice m = device_message();
+    c.edit(m);
+    const RegisterRequest r = decode_device(m);
+    EXPECT_EQ(r.malformed, c.expect) << c.what;
+    EXPECT_TRUE(r.device.has_value()) << c.what;
+  }
+}
+
 }  // namespace
 }  // namespace sparsecar

@@ -67,6 +67,8 @@ class FakePipeline : public StepSink {
     uint64_t step;
     float lr;
     std::vector<float> local_sum;
+    std::vector<DeviceBuffer> device;  // a device tensor's buffers (StepJob::device)
+    bool keepalive = false;            // StepJob::keepalive was set
   };
 
   explicit FakePipeline(Mode mode = Mode::kHalf) : mode_(mode) {}
@@ -86,7 +88,8 @@ class FakePipeline : public StepSink {
     r.generation = job.generation;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      jobs.push_back({job.tensor_id, job.step, job.lr, {job.local_sum.begin(), job.local_sum.end()}});
+      jobs.push_back({job.tensor_id, job.step, job.lr, {job.local_sum.begin(), job.local_sum.end()},
+                      {job.device.begin(), job.device.end()}, job.keepalive != nullptr});
       if (mode_ == Mode::kHold) {
         held_.push_back(job);
         return;
@@ -255,6 +258,9 @@ class RawSession {
   proto::RegisterAck register_raw(const proto::Register& reg) { return register_raw(proto::MsgType::kRegister, &reg); }
   proto::RegisterAck register_raw(const proto::RegisterShaped& reg) {
     return register_raw(proto::MsgType::kRegisterShaped, &reg);
+  }
+  proto::RegisterAck register_raw(const proto::RegisterDevice& reg) {
+    return register_raw(proto::MsgType::kRegisterDevice, &reg);
   }
   proto::RegisterAck register_raw(proto::MsgType type, const void* reg) {
     proto::RegisterAck ack{};
