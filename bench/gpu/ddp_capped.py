@@ -454,7 +454,7 @@ def parse(argv):
 
 
 def preflight(args):
-    """Every reason not to start, as one message each (None if all is well)."""
+    """Every reason not to start, as one message each (empty if all is well)."""
     errors = []
     capped = any(r != "none" for r in args.rate_list) or ("tta" in args.parts and args.tta_rate != "none")
     if capped:
@@ -466,23 +466,26 @@ def preflight(args):
                               f"../shared/tools/gpu-bundle packs it)")
     uses_sparsecar = any(m.startswith("sparsecar") for m in
                          (args.method_list if "step" in args.parts else []) + (args.tta_list if "tta" in args.parts else []))
-    if uses_sparsecar:
-        if not args.sparsecard or not os.access(args.sparsecard, os.X_OK):
-            errors.append(f"sparsecard not found or not executable ({args.sparsecard or 'not on PATH'}); pass --bin "
-                          f"DIR or --build-dir")
-        probe = subprocess.run([args.python, "-c", "import sparsecar.torch"], capture_output=True, text=True,
-                               env=dict(os.environ, PYTHONPATH=os.pathsep.join(
-                                   p for p in (args.pythonpath, os.environ.get("PYTHONPATH")) if p)))
-        if probe.returncode != 0:
-            errors.append(f"{args.python} cannot import sparsecar.torch (--pythonpath {args.pythonpath}): "
-                          f"{probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else probe.returncode}")
-    probe = subprocess.run([args.python, "-c", "import torch, sys; print(torch.__version__); "
-                            "sys.exit(0 if torch.cuda.device_count() >= 2 or sys.argv[1] == 'cpu' else 4)",
-                            args.device], capture_output=True, text=True)
+    if uses_sparsecar and (not args.sparsecard or not os.access(args.sparsecard, os.X_OK)):
+        errors.append(f"sparsecard not found or not executable ({args.sparsecard or 'not on PATH'}); pass --bin "
+                      f"DIR or --build-dir")
+    # One interpreter start (importing torch takes seconds): torch, the GPUs, the sparsecar package.
+    probe = subprocess.run(
+        [args.python, "-c", "import sys, torch\n"
+         "if sys.argv[1] == 'cuda' and torch.cuda.device_count() < 2: sys.exit(4)\n"
+         "if sys.argv[2] == '1':\n"
+         "    try:\n        import sparsecar.torch\n"
+         "    except Exception as e:\n        print(repr(e), file=sys.stderr); sys.exit(5)\n",
+         args.device, "1" if uses_sparsecar else "0"],
+        capture_output=True, text=True,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (args.pythonpath, os.environ.get("PYTHONPATH")) if p)))
+    last = probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else ""
     if probe.returncode == 4:
         errors.append("--device cuda needs 2 GPUs visible to torch")
+    elif probe.returncode == 5:
+        errors.append(f"{args.python} cannot import sparsecar.torch (--pythonpath {args.pythonpath}): {last}")
     elif probe.returncode != 0:
-        errors.append(f"{args.python} cannot import torch: {probe.stderr.strip()[-300:]}")
+        errors.append(f"{args.python} cannot import torch: {last}")
     if "tta" in args.parts and not os.path.exists(os.path.join(args.data_dir, "t10k-labels-idx1-ubyte.gz")):
         errors.append(f"Fashion-MNIST not in {args.data_dir} (Debian: dataset-fashion-mnist; --data-dir)")
     return errors
@@ -578,5 +581,14 @@ def main(argv):
     return 1 if failed else 0
 
 
+def _main(argv):
+    try:
+        return main(argv)
+    except KeyboardInterrupt as e:  # SIGTERM/SIGINT/SIGHUP: the with-blocks tore everything down
+        print(f"ddp_capped.py: stopped by {e or 'SIGINT'}; processes and namespaces removed, results so far "
+              f"in the results JSON", file=sys.stderr)
+        return 130
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(_main(sys.argv[1:]))
