@@ -10,7 +10,9 @@ NCCL is forced onto that veth (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_IB_DIS
 NCCL_SOCKET_IFNAME=<veth>; gloo: GLOO_SOCKET_IFNAME=<veth>), the daemons use UCX tcp on it.
 Rate "none" means no namespaces and no NCCL restrictions: plain NCCL as it comes (NVLink between
 two GPUs of one host), the "at most 2x plain DDP" baseline; its daemons use UCX tcp on loopback.
-Trainer of node r: GPU r (CUDA_VISIBLE_DEVICES, --gpus), bench/gpu/ddp_trainer.py.
+Trainer of node r (bench/gpu/ddp_trainer.py): GPU r of --gpus; under a cap it sees only that GPU
+(CUDA_VISIBLE_DEVICES), uncapped it sees all of them, as under a plain torchrun on one host, so that
+NCCL may take its P2P (NVLink) path; each run records the transport NCCL logged.
 
 Parts (--part):
   step  for every rate, model (--models) and method (--methods): median / p10 / p90 step time
@@ -150,7 +152,8 @@ def trainer_env(args, job, link, node, port):
                 "SPARSECAR_NODE_RANK": str(node), "SPARSECAR_NNODES": "2", "PYTHONUNBUFFERED": "1",
                 "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET",
                 "PYTHONPATH": os.pathsep.join(p for p in (args.pythonpath, env.get("PYTHONPATH")) if p)})
-    if args.device == "cuda":
+    if args.device == "cuda" and link.capped:
+        # Each node sees only its own GPU: NCCL cannot find a P2P path to the other one at all.
         env["CUDA_VISIBLE_DEVICES"] = args.gpus[node]
     if link.capped:
         env.update(NCCL_P2P_DISABLE="1", NCCL_SHM_DISABLE="1", NCCL_IB_DISABLE="1",
@@ -158,6 +161,15 @@ def trainer_env(args, job, link, node, port):
     if args.device == "cpu":
         env.setdefault("OMP_NUM_THREADS", str(args.threads or 1))
     return env
+
+
+def gpu_index(args, link, node):
+    """The trainer's --gpu: 0 under a capped link (CUDA_VISIBLE_DEVICES holds node r's GPU only);
+    uncapped, every GPU stays visible and node r uses --gpus[r], as plain DDP on one host does, so
+    that NCCL may open its P2P (NVLink) path between the two processes."""
+    if args.device != "cuda" or link.capped:
+        return "0"
+    return args.gpus[node]
 
 
 def nccl_transport(log_path):
@@ -223,7 +235,7 @@ def run_one(args, link, model, method, trainer_args, run_dir, timeout):
                 outs.append(out)
                 argv = [args.python, TRAINER, "--model", model,
                         "--method", "sparsecar" if method.startswith("sparsecar") else method,
-                        "--device", args.device, "--out", out] + trainer_args
+                        "--device", args.device, "--out", out, "--gpu", gpu_index(args, link, node)] + trainer_args
                 if method.startswith("sparsecar"):
                     argv += ["--socket", job.sockets[node]]
                 if method == "sparsecar_bandwidth":
@@ -386,7 +398,7 @@ def parse(argv):
     g.add_argument("--quick", action="store_true", help="fewer steps: --budget-s 2 --min-steps 3 --warmup 3 "
                    "--tta-epochs 1 (unless given)")
     t = p.add_argument_group("trainers")
-    t.add_argument("--gpus", default="0,1", help="GPU of node 0 and node 1 (CUDA_VISIBLE_DEVICES)")
+    t.add_argument("--gpus", default="0,1", help="GPU of node 0 and node 1")
     t.add_argument("--python", default=sys.executable, help="interpreter with torch for the trainers")
     t.add_argument("--pythonpath", help="directory holding the sparsecar package (default <build-dir>/python)")
     t.add_argument("--backend", help="ddp_trainer.py --backend (default nccl on cuda, gloo on cpu)")
