@@ -49,6 +49,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "bench", "convergence"))
 
+from capped import decisions  # noqa: E402
 from capped_net import CappedLink  # noqa: E402
 from localjob import JobError, LocalJob, tail  # noqa: E402
 
@@ -249,6 +250,8 @@ def run_one(args, link, model, method, trainer_args, run_dir, timeout):
         if message:
             entry["message"] = message
         entry["nccl_transport"] = nccl_transport(os.path.join(run_dir, "trainer-0.log"))
+        if method == "sparsecar_bandwidth":
+            entry["controller_decisions"] = decisions(os.path.join(run_dir, "sparsecard-0.log"))
         killed = job.stop_all()
         if killed:
             entry["killed"] = killed
@@ -265,7 +268,7 @@ def run_one(args, link, model, method, trainer_args, run_dir, timeout):
         r0 = ranks[0]
         for k in ("params", "batch", "device_name", "backend", "torch", "compute_ms", "step_ms", "steps_timed",
                   "dense_ring_bytes_per_step", "payload_bytes_per_step", "hook", "hook_path", "powersgd",
-                  "final_accuracy", "train_seconds", "eval_seconds", "curve", "steps", "epochs"):
+                  "final_accuracy", "train_seconds", "eval_seconds", "curve", "steps", "epochs", "test_images"):
             if k in r0:
                 entry[k] = r0[k]
         if all(r.get("step_ms") for r in ranks):
@@ -394,6 +397,8 @@ def parse(argv):
                    "accuracy is the target)")
     g.add_argument("--tta-epochs", type=float, default=3.0)
     g.add_argument("--eval-every", type=int, default=50, help="tta: steps between test evaluations")
+    g.add_argument("--eval-limit", type=int, default=0, help="tta: test on the first N test images only "
+                   "(0 = all 10k; smoke tests on CPU)")
     g.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
     g.add_argument("--quick", action="store_true", help="fewer steps: --budget-s 2 --min-steps 3 --warmup 3 "
                    "--tta-epochs 1 (unless given)")
@@ -513,7 +518,7 @@ def trainer_args(args, model):
         a += ["--batch", str(args.batch)]
     if model == "fmnist_cnn":
         return a + ["--epochs", repr(args.tta_epochs), "--eval-every", str(args.eval_every),
-                    "--data-dir", args.data_dir]
+                    "--data-dir", args.data_dir, "--eval-limit", str(args.eval_limit)]
     return a + ["--steps", str(args.steps), "--min-steps", str(args.min_steps), "--budget-s", repr(args.budget_s),
                 "--image-size", str(args.image_size)]
 

@@ -35,6 +35,11 @@ Time to accuracy (fmnist_cnn): --epochs over each rank's shard of the 60k traini
 test accuracy on the 10k test images every --eval-every steps and at the end; evaluation (and
 the barrier after it) is kept out of the training clock. curve = [[steps, train_s, accuracy]].
 
+On gloo (--device cpu), PowerSGD failed here with a model of two DDP buckets (fmnist_cnn: gloo
+"op.preamble.length <= op.nbytes"), likely because its chained all-reduces are issued from gloo's
+completion threads in a different order on each rank; one bucket (tiny) runs. NCCL issues them in
+order.
+
 Runs under Debian's /usr/bin/python3 with torch 1.13 (CPU, gloo) and Python 3.12 with torch
 2.11 (CUDA, NCCL). Rank and world from --rank/--world or RANK/WORLD_SIZE; rendezvous through
 MASTER_ADDR/MASTER_PORT.
@@ -84,6 +89,8 @@ def parse(argv):
     p.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist", help="fmnist_cnn: the IDX .gz files")
     p.add_argument("--epochs", type=float, default=3.0, help="fmnist_cnn: passes over the training set")
     p.add_argument("--eval-every", type=int, default=50, help="fmnist_cnn: steps between evaluations")
+    p.add_argument("--eval-limit", type=int, default=0, help="fmnist_cnn: evaluate on the first N test images "
+                   "only (0 = all 10k; for smoke tests on CPU)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--out", help="also write the JSON line here")
     args = p.parse_args(argv)
@@ -341,6 +348,8 @@ def train_fmnist(args, torch, dist, ddp, opt, device, sync, report):
 
     shard = np.random.default_rng(args.seed).permutation(len(ty))[args.rank::args.world]
     xs, ys = to_tensor(tx[shard], ty[shard])
+    if args.eval_limit:
+        vx, vy = vx[:args.eval_limit], vy[:args.eval_limit]
     xt, yt = to_tensor(vx, vy)
     per_epoch = len(shard) // args.batch
     total = max(1, int(args.epochs * per_epoch))
@@ -379,7 +388,7 @@ def train_fmnist(args, torch, dist, ddp, opt, device, sync, report):
             curve.append([step + 1, round(te - t0 - eval_s, 4), acc])
             eval_s += time.perf_counter() - te
     train_s = time.perf_counter() - t0 - eval_s
-    return {"steps": total, "epochs": args.epochs, "train_seconds": train_s, "eval_seconds": eval_s,
+    return {"steps": total, "epochs": args.epochs, "test_images": len(yt), "train_seconds": train_s, "eval_seconds": eval_s,
             "final_accuracy": curve[-1][2], "curve": curve, "step_ms": stats_ms(steps_s[args.warmup:])}
 
 
