@@ -188,14 +188,28 @@ def nccl_transport(log_path):
     return sorted(found)
 
 
-def wait_pair(job, procs, timeout):
+def _written(path):
+    try:
+        with open(path) as f:
+            return f.read().endswith("\n")
+    except OSError:
+        return False
+
+
+def wait_pair(job, procs, outs, timeout, exit_grace=15.0):
     """Waits for both trainers; returns (status, message). A failed or skipped rank stops the
-    other at once (it would wait in a collective until NCCL's own timeout)."""
+    other at once (it would wait in a collective until NCCL's own timeout). Ranks that wrote their
+    results but do not exit within exit_grace seconds are stopped, and the run counts."""
     deadline = time.monotonic() + timeout
+    written_at = None
     while True:
         codes = [p.poll() for p in procs]
         if all(c == 0 for c in codes):
             return "ok", None
+        if written_at is None and all(_written(o) for o in outs):
+            written_at = time.monotonic()
+        if written_at is not None and time.monotonic() - written_at > exit_grace and None in codes:
+            return "ok", f"results written, but a trainer had not exited {exit_grace:.0f} s later: stopped"
         if any(c == SKIPPED for c in codes):
             return "skipped", tail(job.log_of(procs[codes.index(SKIPPED)]), 3).strip()
         bad = [i for i, c in enumerate(codes) if c not in (None, 0)]
@@ -243,7 +257,7 @@ def run_one(args, link, model, method, trainer_args, run_dir, timeout):
                     argv += ["--report-compute-time"]
                 procs.append(job.spawn(f"trainer rank {node}", link.argv(node, argv),
                                        env=trainer_env(args, job, link, node, port), log_name=f"trainer-{node}"))
-            status, message = wait_pair(job, procs, timeout)
+            status, message = wait_pair(job, procs, outs, timeout)
         except JobError as e:
             status, message = "failed", str(e)
         entry["status"] = status
