@@ -164,6 +164,17 @@ def trainer_env(args, job, link, node, port):
     return env
 
 
+def trainer_prefix(args):
+    """The trainers get the LD_LIBRARY_PATH this script started with, not --lib: the bundle's
+    Debian libraries (libz, libnuma, ...) are for sparsecard, ip and tc only, and must not shadow
+    the GPU machine's own under Python and torch. (`ip netns exec` passes its environment on.)"""
+    if not args.lib:
+        return []
+    if args.orig_ld_library_path:
+        return ["env", f"LD_LIBRARY_PATH={args.orig_ld_library_path}"]
+    return ["env", "-u", "LD_LIBRARY_PATH"]
+
+
 def gpu_index(args, link, node):
     """The trainer's --gpu: 0 under a capped link (CUDA_VISIBLE_DEVICES holds node r's GPU only);
     uncapped, every GPU stays visible and node r uses --gpus[r], as plain DDP on one host does, so
@@ -248,7 +259,7 @@ def run_one(args, link, model, method, trainer_args, run_dir, timeout):
             for node in range(2):
                 out = os.path.join(run_dir, f"trainer-{node}.json")
                 outs.append(out)
-                argv = [args.python, TRAINER, "--model", model,
+                argv = trainer_prefix(args) + [args.python, TRAINER, "--model", model,
                         "--method", "sparsecar" if method.startswith("sparsecar") else method,
                         "--device", args.device, "--out", out, "--gpu", gpu_index(args, link, node)] + trainer_args
                 if method.startswith("sparsecar"):
@@ -414,7 +425,7 @@ def parse(argv):
     g.add_argument("--eval-limit", type=int, default=0, help="tta: test on the first N test images only "
                    "(0 = all 10k; smoke tests on CPU)")
     g.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
-    g.add_argument("--quick", action="store_true", help="fewer steps: --budget-s 2 --min-steps 3 --warmup 3 "
+    g.add_argument("--quick", action="store_true", help="fewer steps: --budget-s 1.5 --min-steps 3 --warmup 3 "
                    "--tta-epochs 1 (unless given)")
     t = p.add_argument_group("trainers")
     t.add_argument("--gpus", default="0,1", help="GPU of node 0 and node 1")
@@ -431,6 +442,8 @@ def parse(argv):
     t.add_argument("--powersgd-rank", type=int, default=4)
     d = p.add_argument_group("sparsecar")
     d.add_argument("--bin", help="directory holding sparsecard (the carried bundle's bin/)")
+    d.add_argument("--lib", help="shared libraries of --bin's programs (default: DIR/../lib of --bin when it "
+                   "exists): on LD_LIBRARY_PATH of sparsecard, ip and tc, not of the trainers")
     d.add_argument("--build-dir", help="build tree (daemon/sparsecard, python/)")
     d.add_argument("--density", type=float, default=0.001, help="step part: the daemons' --density (top-k)")
     d.add_argument("--tta-density", type=float, default=0.01, help="tta part: --density (static; the bandwidth "
@@ -450,7 +463,7 @@ def parse(argv):
     def default(name, normal, quick):
         if getattr(args, name) is None:
             setattr(args, name, quick if args.quick else normal)
-    default("budget_s", 6.0, 2.0)
+    default("budget_s", 6.0, 1.5)
     default("min_steps", 5, 3)
     default("warmup", 4, 3)
     if args.quick and "--tta-epochs" not in " ".join(argv):
@@ -474,6 +487,9 @@ def parse(argv):
         p.error("--gpus takes two indices")
     if args.bin:
         args.sparsecard = os.path.join(args.bin, "sparsecard")
+        lib = os.path.join(os.path.dirname(os.path.abspath(args.bin)), "lib")
+        if args.lib is None and os.path.isdir(lib):
+            args.lib = lib
     elif args.build_dir:
         args.sparsecard = os.path.join(args.build_dir, "daemon", "sparsecard")
     else:
@@ -509,7 +525,7 @@ def preflight(args):
          "    except Exception as e:\n        print(repr(e), file=sys.stderr); sys.exit(5)\n",
          args.device, "1" if uses_sparsecar else "0"],
         capture_output=True, text=True,
-        env=dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (args.pythonpath, os.environ.get("PYTHONPATH")) if p)))
+        env=dict(os.environ, LD_LIBRARY_PATH=args.orig_ld_library_path, PYTHONPATH=os.pathsep.join(p for p in (args.pythonpath, os.environ.get("PYTHONPATH")) if p)))
     last = probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else ""
     if probe.returncode == 4:
         errors.append("--device cuda needs 2 GPUs visible to torch")
@@ -545,6 +561,10 @@ def main(argv):
     args = parse(argv)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, _interrupt)
+    args.orig_ld_library_path = os.environ.get("LD_LIBRARY_PATH", "")
+    if args.lib:  # for every child of this script (sparsecard, ip, tc) except the trainers
+        os.environ["LD_LIBRARY_PATH"] = os.pathsep.join(
+            p for p in (os.path.abspath(args.lib), args.orig_ld_library_path) if p)
     errors = preflight(args)
     if errors:
         for e in errors:

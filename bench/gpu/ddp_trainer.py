@@ -205,7 +205,8 @@ def main(argv):
     if args.threads:
         torch.set_num_threads(args.threads)
     result = {"rank": args.rank, "world": args.world, "model": args.model, "method": args.method,
-              "device": args.device, "torch": torch.__version__}
+              "device": args.device, "torch": torch.__version__,
+              "ld_library_path": os.environ.get("LD_LIBRARY_PATH")}
 
     def emit(extra):
         result.update(extra)
@@ -306,12 +307,12 @@ def main(argv):
         if s.get("sparse_iterations"):
             extra["payload_bytes_per_step"] = s["bytes_sent"] / s["sparse_iterations"]
         hook.close()
-    dist.barrier()
-    dist.destroy_process_group()
-    emit(extra)
+    emit(extra)  # before the teardown: a hanging destroy must not lose the results (the runner stops it)
     if hook is not None and extra["hook"]["mode"] != "sparse":
         print(f"ddp_trainer: the sparsecar hook ended in mode {extra['hook']['mode']}: {extra['hook']['failure']}",
               file=sys.stderr)
+    dist.barrier()
+    dist.destroy_process_group()
     return 0
 
 
