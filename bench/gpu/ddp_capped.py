@@ -509,8 +509,7 @@ def preflight(args):
             errors.append("needs root for network namespaces and tc (or use --rates none)")
         for tool in ("ip", "tc"):
             if not shutil.which(tool):
-                errors.append(f"'{tool}' not on PATH (iproute2; on the GPU machine: the bundle's bin/, "
-                              f"../shared/tools/gpu-bundle packs it)")
+                errors.append(f"'{tool}' not on PATH (iproute2; on the GPU machine: the bundle's bin/)")
     uses_sparsecar = any(m.startswith("sparsecar") for m in
                          (args.method_list if "step" in args.parts else []) + (args.tta_list if "tta" in args.parts else []))
     if uses_sparsecar and (not args.sparsecard or not os.access(args.sparsecard, os.X_OK)):
