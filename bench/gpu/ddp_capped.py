@@ -29,7 +29,8 @@ failed run is reported with its log's tail and the matrix goes on (exit status 1
 Runs that would start after --total-budget-s are skipped, so one call ends in time. The results
 JSON is rewritten after every run.
 
-  ddp_capped.py --bin .gpu-bundle/bin --pythonpath build-py --out-dir OUT        # on the GPU machine
+  bench/gpu/ddp-run .gpu-bundle OUT [--quick]     # on the GPU machine: builds build-gpu-py/, then
+  ddp_capped.py --bin .gpu-bundle/bin --lib .gpu-bundle/lib --pythonpath build-gpu-py --out-dir OUT
   ddp_capped.py --device cpu --build-dir build --models tiny --rates 100mbit --part step --out-dir OUT
 """
 
@@ -456,7 +457,7 @@ def parse(argv):
     o.add_argument("--run-timeout", type=float, default=None, help="seconds one run may take before it is "
                    "killed (default: 3 x --budget-s + 90; tta: 300)")
     o.add_argument("--total-budget-s", type=float, default=540.0, help="no run starts after this many seconds")
-    o.add_argument("--out-dir", default="bench-gpu-ddp", help="logs of every run and results.json")
+    o.add_argument("--out-dir", default="bench-gpu-ddp", help="logs of every run and the results JSON")
     o.add_argument("--out", help="results JSON (default <out-dir>/bench-gpu-ddp.json)")
     args = p.parse_args(argv)
 

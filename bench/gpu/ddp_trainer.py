@@ -263,6 +263,7 @@ def main(argv):
     else:
         x0, y0 = synthetic_batch(args.model, torch, args.batch, args.image_size, device, args.seed + args.rank)
     compute = []
+    buffers = [b.detach().clone() for b in ddp.module.buffers()]  # BatchNorm's running statistics
     with ddp.no_sync():
         for _ in range(4):
             sync()
@@ -271,6 +272,9 @@ def main(argv):
             sync()
             compute.append(time.perf_counter() - t)
     opt.zero_grad(set_to_none=True)
+    with torch.no_grad():  # the training starts from the model as built: no trace of the random batch
+        for b, saved in zip(ddp.module.buffers(), buffers):
+            b.copy_(saved)
     compute_s = statistics.median(compute[1:])
     result["compute_ms"] = compute_s * 1e3
 
