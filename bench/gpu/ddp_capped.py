@@ -39,6 +39,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -174,6 +175,19 @@ def trainer_prefix(args):
     if args.orig_ld_library_path:
         return ["env", f"LD_LIBRARY_PATH={args.orig_ld_library_path}"]
     return ["env", "-u", "LD_LIBRARY_PATH"]
+
+
+def trainer_python(args):
+    """args.python as a single program that starts with the trainers' LD_LIBRARY_PATH (a wrapper
+    script in --out-dir when --lib is set): for CappedLink.measure, which takes one path."""
+    prefix = trainer_prefix(args)
+    if not prefix:
+        return args.python
+    path = os.path.join(os.path.abspath(args.out_dir), "python-trainer-env")
+    with open(path, "w") as f:
+        f.write("#!/bin/sh\nexec " + " ".join(shlex.quote(a) for a in prefix + [args.python]) + ' "$@"\n')
+    os.chmod(path, 0o755)
+    return path
 
 
 def gpu_index(args, link, node):
@@ -599,7 +613,7 @@ def main(argv):
             break
         print(f"== {rate}: {', '.join(f'{m}/{meth}' for m, meth in runs)}", flush=True)
         with Link(rate) as link:
-            link.check(args.python)
+            link.check(trainer_python(args))
             results["links"][rate] = link.info
             for model, method in runs:
                 if time.monotonic() - t_start > args.total_budget_s:
