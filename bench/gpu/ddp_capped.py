@@ -45,6 +45,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -134,7 +135,7 @@ def start_daemons(args, job, link, flags, timeout=60.0):
         argv = [args.sparsecard, "--rank", str(node), "--world-size", "2",
                 "--coordinator", f"{link.addr(0)}:{port}", "--socket", job.sockets[node],
                 "--local-clients", "1", "--metrics-listen", "off",
-                "--control", f"ipc://{job.dir}/control-{node}.sock", "--log-level", "info",
+                "--control", f"ipc://{os.path.dirname(job.sockets[node])}/control-{node}.sock", "--log-level", "info",
                 "--ucx-tls", "tcp", "--ucx-net-devices", link.dev(node)] + flags
         job.daemons.append(job.spawn(f"sparsecard node {node}", link.argv(node, argv), env=env,
                                      log_name=f"sparsecard-{node}"))
@@ -263,38 +264,45 @@ def run_one(args, link, model, method, trainer_args, run_dir, timeout):
     sent0 = link.sent_bytes()
     t0 = time.monotonic()
     port = MASTER_PORT if link.capped else free_port()
-    with LocalJob(args.sparsecard, nodes=2, local_clients=1, workdir=run_dir, keep=True) as job:
-        try:
-            if method.startswith("sparsecar"):
-                density = args.tta_density if model == "fmnist_cnn" else args.density
-                flags = daemon_flags(args, method, density)
-                entry["daemon_flags"] = flags
-                start_daemons(args, job, link, flags)
-            procs, outs = [], []
-            for node in range(2):
-                out = os.path.join(run_dir, f"trainer-{node}.json")
-                outs.append(out)
-                argv = trainer_prefix(args) + [args.python, TRAINER, "--model", model,
-                        "--method", "sparsecar" if method.startswith("sparsecar") else method,
-                        "--device", args.device, "--out", out, "--gpu", gpu_index(args, link, node)] + trainer_args
+    # Unix socket paths must stay under 108 bytes: sockets in a short directory of /tmp, logs in run_dir.
+    sock_dir = tempfile.mkdtemp(prefix="scddp-")
+    try:
+        with LocalJob(args.sparsecard, nodes=2, local_clients=1, workdir=run_dir, keep=True) as job:
+            job.sockets = [os.path.join(sock_dir, f"node-{n}.sock") for n in range(2)]
+            try:
                 if method.startswith("sparsecar"):
-                    argv += ["--socket", job.sockets[node]]
-                if method == "sparsecar_bandwidth":
-                    argv += ["--report-compute-time"]
-                procs.append(job.spawn(f"trainer rank {node}", link.argv(node, argv),
-                                       env=trainer_env(args, job, link, node, port), log_name=f"trainer-{node}"))
-            status, message = wait_pair(job, procs, outs, timeout)
-        except JobError as e:
-            status, message = "failed", str(e)
-        entry["status"] = status
-        if message:
-            entry["message"] = message
-        entry["nccl_transport"] = nccl_transport(os.path.join(run_dir, "trainer-0.log"))
-        if method == "sparsecar_bandwidth":
-            entry["controller_decisions"] = decisions(os.path.join(run_dir, "sparsecard-0.log"))
-        killed = job.stop_all()
-        if killed:
-            entry["killed"] = killed
+                    density = args.tta_density if model == "fmnist_cnn" else args.density
+                    flags = daemon_flags(args, method, density)
+                    entry["daemon_flags"] = flags
+                    start_daemons(args, job, link, flags)
+                procs, outs = [], []
+                for node in range(2):
+                    out = os.path.join(run_dir, f"trainer-{node}.json")
+                    outs.append(out)
+                    trainer_method = "sparsecar" if method.startswith("sparsecar") else method
+                    argv = trainer_prefix(args) + [
+                        args.python, TRAINER, "--model", model, "--method", trainer_method, "--device", args.device,
+                        "--out", out, "--gpu", gpu_index(args, link, node)] + trainer_args
+                    if method.startswith("sparsecar"):
+                        argv += ["--socket", job.sockets[node]]
+                    if method == "sparsecar_bandwidth":
+                        argv += ["--report-compute-time"]
+                    procs.append(job.spawn(f"trainer rank {node}", link.argv(node, argv),
+                                           env=trainer_env(args, job, link, node, port), log_name=f"trainer-{node}"))
+                status, message = wait_pair(job, procs, outs, timeout)
+            except JobError as e:
+                status, message = "failed", str(e)
+            entry["status"] = status
+            if message:
+                entry["message"] = message
+            entry["nccl_transport"] = nccl_transport(os.path.join(run_dir, "trainer-0.log"))
+            if method == "sparsecar_bandwidth":
+                entry["controller_decisions"] = decisions(os.path.join(run_dir, "sparsecard-0.log"))
+            killed = job.stop_all()
+            if killed:
+                entry["killed"] = killed
+    finally:
+        shutil.rmtree(sock_dir, ignore_errors=True)
     entry["run_seconds"] = round(time.monotonic() - t0, 2)
     sent1 = link.sent_bytes()
     if sent0 is not None and sent1 is not None:
