@@ -459,7 +459,8 @@ def parse(argv):
     t.add_argument("--min-steps", type=int, default=None, help="fewest timed steps per run (default 5)")
     t.add_argument("--budget-s", type=float, default=None, help="timed seconds per run (default 6)")
     t.add_argument("--warmup", type=int, default=None, help="untimed iterations (default 4; >= 3)")
-    t.add_argument("--batch", type=int, help="per rank (default: per model)")
+    t.add_argument("--batch", type=int, help="step part, per rank (default: per model)")
+    t.add_argument("--tta-batch", type=int, default=128, help="tta part, per rank")
     t.add_argument("--image-size", type=int, default=224, help="resnet18's input (32 = CIFAR-sized)")
     t.add_argument("--threads", type=int, help="torch threads per trainer (cpu; default 1)")
     t.add_argument("--powersgd-rank", type=int, default=4)
@@ -533,8 +534,8 @@ def preflight(args):
         for tool in ("ip", "tc"):
             if not shutil.which(tool):
                 errors.append(f"'{tool}' not on PATH (iproute2; on the GPU machine: the bundle's bin/)")
-    uses_sparsecar = any(m.startswith("sparsecar") for m in
-                         (args.method_list if "step" in args.parts else []) + (args.tta_list if "tta" in args.parts else []))
+    methods = (args.method_list if "step" in args.parts else []) + (args.tta_list if "tta" in args.parts else [])
+    uses_sparsecar = any(m.startswith("sparsecar") for m in methods)
     if uses_sparsecar and (not args.sparsecard or not os.access(args.sparsecard, os.X_OK)):
         errors.append(f"sparsecard not found or not executable ({args.sparsecard or 'not on PATH'}); pass --bin "
                       f"DIR or --build-dir")
@@ -547,7 +548,8 @@ def preflight(args):
          "    except Exception as e:\n        print(repr(e), file=sys.stderr); sys.exit(5)\n",
          args.device, "1" if uses_sparsecar else "0"],
         capture_output=True, text=True,
-        env=dict(os.environ, LD_LIBRARY_PATH=args.orig_ld_library_path, PYTHONPATH=os.pathsep.join(p for p in (args.pythonpath, os.environ.get("PYTHONPATH")) if p)))
+        env=dict(os.environ, LD_LIBRARY_PATH=args.orig_ld_library_path,
+                 PYTHONPATH=os.pathsep.join(p for p in (args.pythonpath, os.environ.get("PYTHONPATH")) if p)))
     last = probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else ""
     if probe.returncode == 4:
         errors.append("--device cuda needs 2 GPUs visible to torch")
@@ -566,11 +568,12 @@ def trainer_args(args, model):
         a += ["--backend", args.backend]
     if args.threads:
         a += ["--threads", str(args.threads)]
+    if model == "fmnist_cnn":
+        return a + ["--batch", str(args.tta_batch), "--epochs", repr(args.tta_epochs),
+                    "--eval-every", str(args.eval_every), "--data-dir", args.data_dir,
+                    "--eval-limit", str(args.eval_limit)]
     if args.batch:
         a += ["--batch", str(args.batch)]
-    if model == "fmnist_cnn":
-        return a + ["--epochs", repr(args.tta_epochs), "--eval-every", str(args.eval_every),
-                    "--data-dir", args.data_dir, "--eval-limit", str(args.eval_limit)]
     return a + ["--steps", str(args.steps), "--min-steps", str(args.min_steps), "--budget-s", repr(args.budget_s),
                 "--image-size", str(args.image_size)]
 
