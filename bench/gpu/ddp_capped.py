@@ -53,7 +53,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "bench", "convergence"))
 
 from capped import decisions  # noqa: E402
-from capped_net import CappedLink  # noqa: E402
+from capped_net import CappedLink, rate_bits  # noqa: E402
 from localjob import JobError, LocalJob, tail  # noqa: E402
 
 TRAINER = os.path.join(HERE, "ddp_trainer.py")
@@ -498,6 +498,12 @@ def parse(argv):
     if not set(args.parts) <= {"step", "tta"}:
         p.error("--part takes step, tta or step,tta")
     args.rate_list = [r for r in args.rates.split(",") if r]
+    for rate in args.rate_list + [args.tta_rate]:
+        if rate != "none":
+            try:
+                rate_bits(rate)
+            except ValueError as e:
+                p.error(str(e))
     args.model_list = [m for m in args.models.split(",") if m]
     args.method_list = [m for m in args.methods.split(",") if m]
     args.tta_list = [m for m in args.tta_methods.split(",") if m]
@@ -619,42 +625,63 @@ def main(argv):
         if not by_rate or by_rate[-1][0] != rate:
             by_rate.append((rate, []))
         by_rate[-1][1].append((model, method))
+    def skip(rate, model, method, why):
+        print(f"  {model} {method}: skipped ({why})")
+        results["runs"].append({"model": model, "method": method, "rate": rate, "status": "skipped",
+                                "message": why})
+
+    spent = f"--total-budget-s {args.total_budget_s:.0f} s spent"
     for rate, runs in by_rate:
         if time.monotonic() - t_start > args.total_budget_s:
-            break
-        print(f"== {rate}: {', '.join(f'{m}/{meth}' for m, meth in runs)}", flush=True)
-        with Link(rate) as link:
-            link.check(trainer_python(args))
-            results["links"][rate] = link.info
             for model, method in runs:
-                if time.monotonic() - t_start > args.total_budget_s:
-                    print(f"  {model} {method}: skipped (--total-budget-s {args.total_budget_s:.0f} s spent)")
-                    results["runs"].append({"model": model, "method": method, "rate": rate,
-                                            "status": "skipped", "message": "--total-budget-s spent"})
-                    continue
-                run_dir = os.path.join(os.path.abspath(args.out_dir), f"{rate}-{model}-{method}")
-                timeout = 300.0 if model == "fmnist_cnn" else args.run_timeout
-                e = run_one(args, link, model, method, trainer_args(args, model), run_dir, timeout)
-                results["runs"].append(e)
-                s = e.get("step_ms") or {}
-                extra = (f", final accuracy {100 * e['final_accuracy']:.2f}% in {e['train_seconds']:.1f} s"
-                         if "final_accuracy" in e else "")
-                print(f"  {model} {method}: {e['status']}, median {fmt(s.get('median'), '.2f')} ms "
-                      f"({e['run_seconds']:.0f} s){extra}", flush=True)
-                if e["status"] in ("failed", "timeout"):
+                skip(rate, model, method, spent)
+            continue
+        print(f"== {rate}: {', '.join(f'{m}/{meth}' for m, meth in runs)}", flush=True)
+        try:
+            with Link(rate) as link:
+                link.check(trainer_python(args))
+                results["links"][rate] = link.info
+                for model, method in runs:
+                    if time.monotonic() - t_start > args.total_budget_s:
+                        skip(rate, model, method, spent)
+                        continue
+                    e = run_and_report(args, link, model, method)
+                    results["runs"].append(e)
+                    failed += e["status"] in ("failed", "timeout")
+                    save()
+        except (RuntimeError, OSError, ValueError) as err:  # the link could not be set up or checked
+            print(f"ddp_capped.py: link {rate} failed: {err}", file=sys.stderr, flush=True)
+            results["links"][rate] = {"rate": rate, "error": str(err)}
+            done = {(e["model"], e["method"]) for e in results["runs"] if e["rate"] == rate}
+            for model, method in runs:
+                if (model, method) not in done:
+                    results["runs"].append({"model": model, "method": method, "rate": rate, "status": "failed",
+                                            "message": f"link {rate}: {err}"})
                     failed += 1
-                    print(f"  {e.get('message', '')}", file=sys.stderr, flush=True)
-                elif e["status"] == "skipped":
-                    print(f"  ({e.get('message', '')})")
-                if e.get("warning"):
-                    print(f"  WARNING: {e['warning']}", flush=True)
-                save()
     save()
     print_step_table(results["runs"], device_name)
     print_tta(results["time_to_accuracy"])
     print(f"\nwrote {os.path.abspath(args.out)} ({results['wall_seconds']:.0f} s); logs under "
           f"{os.path.abspath(args.out_dir)}")
     return 1 if failed else 0
+
+
+def run_and_report(args, link, model, method):
+    run_dir = os.path.join(os.path.abspath(args.out_dir), f"{link.rate}-{model}-{method}")
+    timeout = 300.0 if model == "fmnist_cnn" else args.run_timeout
+    e = run_one(args, link, model, method, trainer_args(args, model), run_dir, timeout)
+    s = e.get("step_ms") or {}
+    extra = (f", final accuracy {100 * e['final_accuracy']:.2f}% in {e['train_seconds']:.1f} s"
+             if "final_accuracy" in e else "")
+    print(f"  {model} {method}: {e['status']}, median {fmt(s.get('median'), '.2f')} ms "
+          f"({e['run_seconds']:.0f} s){extra}", flush=True)
+    if e["status"] in ("failed", "timeout"):
+        print(f"  {e.get('message', '')}", file=sys.stderr, flush=True)
+    elif e["status"] == "skipped":
+        print(f"  ({e.get('message', '')})")
+    if e.get("warning"):
+        print(f"  WARNING: {e['warning']}", flush=True)
+    return e
 
 
 def _main(argv):
