@@ -57,6 +57,7 @@ MODELS = ("mlp50", "resnet18", "tiny", "fmnist_cnn")
 METHODS = ("dense", "powersgd", "sparsecar")
 DEFAULT_BATCH = {"mlp50": 256, "resnet18": 64, "tiny": 32, "fmnist_cnn": 128}
 SKIPPED = 3  # exit status: this configuration cannot run here (e.g. no torchvision)
+T_START = time.perf_counter()  # start_up_s: interpreter start to the first step (imports, CUDA, NCCL)
 
 
 def parse(argv):
@@ -333,12 +334,13 @@ def time_steps(args, torch, dist, ddp, opt, device, sync, report, x, y, flag_max
         return dt
 
     dist.barrier()
+    start_up_s = time.perf_counter() - T_START
     warm = [step() for _ in range(args.warmup)]
     # Every rank must run the same number of steps: agree on the slowest rank's last warm-up step.
     per_step = flag_max(warm[-1])
     n = max(args.min_steps, min(args.steps, int(args.budget_s / max(per_step, 1e-6))))
     times = [step() for _ in range(n)]
-    return {"steps_timed": n, "warmup_ms": [w * 1e3 for w in warm], "step_ms": stats_ms(times),
+    return {"start_up_s": start_up_s, "steps_timed": n, "warmup_ms": [w * 1e3 for w in warm], "step_ms": stats_ms(times),
             "step_ms_all": [round(t * 1e3, 3) for t in times]}
 
 
@@ -372,6 +374,7 @@ def train_fmnist(args, torch, dist, ddp, opt, device, sync, report):
     curve, steps_s = [], []
     eval_s = 0.0
     dist.barrier()
+    start_up_s = time.perf_counter() - T_START
     t0 = time.perf_counter()
     order = None
     for step in range(total):
@@ -393,7 +396,7 @@ def train_fmnist(args, torch, dist, ddp, opt, device, sync, report):
             curve.append([step + 1, round(te - t0 - eval_s, 4), acc])
             eval_s += time.perf_counter() - te
     train_s = time.perf_counter() - t0 - eval_s
-    return {"steps": total, "epochs": args.epochs, "test_images": len(yt), "train_seconds": train_s, "eval_seconds": eval_s,
+    return {"start_up_s": start_up_s, "steps": total, "epochs": args.epochs, "test_images": len(yt), "train_seconds": train_s, "eval_seconds": eval_s,
             "final_accuracy": curve[-1][2], "curve": curve, "step_ms": stats_ms(steps_s[args.warmup:])}
 
 
