@@ -285,6 +285,8 @@ def run_one(args, link, model, method, trainer_args, run_dir, timeout):
                         "--out", out, "--gpu", gpu_index(args, link, node)] + trainer_args
                     if method.startswith("sparsecar"):
                         argv += ["--socket", job.sockets[node]]
+                        if args.device_path:
+                            argv += ["--device-path", args.device_path]
                     if method == "sparsecar_bandwidth":
                         argv += ["--report-compute-time"]
                     procs.append(job.spawn(f"trainer rank {node}", link.argv(node, argv),
@@ -386,6 +388,7 @@ def print_step_table(runs, device_name):
               f"{fmt(pay / 1e6 if pay is not None else None, '15.3f'):>15} "
               f"{fmt(link / 1e6 if link is not None else None, '12.3f'):>12} "
               f"{','.join(e.get('nccl_transport', []))[:14]:<14} {e['status']}"
+              + (f" (hook path: {e['hook_path']})" if e.get("hook_path") else "")
               + (f" ({e['warning']})" if e.get("warning") else ""))
 
 
@@ -473,6 +476,9 @@ def parse(argv):
     d.add_argument("--tta-density", type=float, default=0.01, help="tta part: --density (static; the bandwidth "
                    "controller's starting point)")
     d.add_argument("--selector", default="topk")
+    d.add_argument("--device-path", choices=("auto", "off", "require"), help="the hook's device_path= (auto: GPU "
+                   "buffers by CUDA IPC when the daemon takes them, else host staging; off: host staging; require: "
+                   "fail without); default: the hook's own")
     d.add_argument("--kernel-threads", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)))
     d.add_argument("--daemon-arg", action="append", default=[], help="extra sparsecard flag (repeatable), "
                    "e.g. --daemon-arg=--density-min=0.001")

@@ -28,8 +28,9 @@ Bytes: dense_ring_bytes_per_step = 2(W-1)/W x parameter bytes, what a ring all-r
 rank. For sparsecar, payload_bytes_per_step = the hook summary's bytes_sent / sparse iterations:
 the encoded payload this node's daemon sent, i.e. the bytes that cross PCIe per step once the
 buckets are registered as device tensors (payload only, no dense copy) — issue 13's "PCIe bytes
-per step". hook_path is the summary's "path" when the hook reports one (null otherwise: today's
-hook stages CUDA buckets through host memory, i.e. also copies 2 x the bucket bytes over PCIe).
+per step". That holds on the hook's device path; hook_path is the summary's "path": "device"
+(GPU buffers by CUDA IPC), "host" (CUDA buckets staged through host memory: then 2 x the bucket
+bytes cross PCIe as well), null from a hook too old to say.
 
 Time to accuracy (fmnist_cnn): --epochs over each rank's shard of the 60k training images,
 test accuracy on the 10k test images every --eval-every steps and at the end; evaluation (and
@@ -83,6 +84,8 @@ def parse(argv):
     p.add_argument("--powersgd-rank", type=int, default=4)
     p.add_argument("--powersgd-start", type=int, default=2, help="PowerSGD's start_powerSGD_iter (>= 2)")
     p.add_argument("--socket", help="sparsecar: the node's sparsecard socket")
+    p.add_argument("--device-path", choices=("auto", "off", "require"), help="sparsecar: the hook's device_path= "
+                   "(CUDA buckets as GPU buffers by CUDA IPC, or staged through host memory); default: the hook's")
     p.add_argument("--hook-timeout", type=float, default=60.0, help="sparsecar: seconds per bucket")
     p.add_argument("--report-compute-time", action="store_true", help="sparsecar: report the compute time "
                    "per step (measured before training, no exchange) as metric compute_time: the "
@@ -290,8 +293,9 @@ def main(argv):
         result["powersgd"] = {"rank": args.powersgd_rank, "start_iter": max(2, args.powersgd_start)}
     elif args.method == "sparsecar":
         import sparsecar.torch
+        extra_kw = {"device_path": args.device_path} if args.device_path else {}  # older hooks lack it
         hook = sparsecar.torch.register(ddp, socket=args.socket, optimizer=opt, timeout=args.hook_timeout,
-                                        announce="rank0")
+                                        announce="rank0", **extra_kw)
 
     def report(loss):
         if hook is not None:
@@ -308,7 +312,7 @@ def main(argv):
         s = hook.summary()
         extra["hook"] = {k: s.get(k) for k in ("mode", "iterations", "sparse_iterations", "bytes_sent",
                                                 "dense_bytes", "ratio", "density", "mean_exchange_s", "failure")}
-        extra["hook_path"] = s.get("path")  # absent in today's hook: host staging of CUDA buckets
+        extra["hook_path"] = s.get("path")  # "device" (CUDA IPC) or "host" (staged); absent in older hooks
         if s.get("sparse_iterations"):
             extra["payload_bytes_per_step"] = s["bytes_sent"] / s["sparse_iterations"]
         hook.close()
