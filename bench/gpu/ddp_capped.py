@@ -132,6 +132,9 @@ def start_daemons(args, job, link, flags, timeout=60.0):
     port = COORD_PORT if link.capped else free_port()
     for node in range(2):
         env = dict(job.daemon_env(), UCX_TLS="tcp", UCX_NET_DEVICES=link.dev(node))
+        if args.device == "cuda":
+            # A node's daemon sees its node's GPU only (it finds a trainer's buffers by device UUID).
+            env["CUDA_VISIBLE_DEVICES"] = args.gpus[node]
         argv = [args.sparsecard, "--rank", str(node), "--world-size", "2",
                 "--coordinator", f"{link.addr(0)}:{port}", "--socket", job.sockets[node],
                 "--local-clients", "1", "--metrics-listen", "off",
