@@ -1,0 +1,706 @@
+#!/usr/bin/env python3
+"""DDP over a capped link between two "nodes" of one machine: dense NCCL (or gloo) all-reduce,
+torch's PowerSGD hook and sparsecar in the same run (issue 13's evidence). Needs root for the
+capped rates.
+
+Two GPUs (or two CPU processes with --device cpu) are two nodes. For a rate such as 1gbit, each
+node's trainer (and, for sparsecar, its sparsecard) runs in its own network namespace; the two
+are joined by one veth pair shaped by `tc tbf` on both ends (bench/convergence/capped_net.py).
+NCCL is forced onto that veth (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1
+NCCL_SOCKET_IFNAME=<veth>; gloo: GLOO_SOCKET_IFNAME=<veth>), the daemons use UCX tcp on it.
+Rate "none" means no namespaces and no NCCL restrictions: plain NCCL as it comes (NVLink between
+two GPUs of one host), the "at most 2x plain DDP" baseline; its daemons use UCX tcp on loopback.
+Trainer of node r (bench/gpu/ddp_trainer.py): GPU r of --gpus; under a cap it sees only that GPU
+(CUDA_VISIBLE_DEVICES), uncapped it sees all of them, as under a plain torchrun on one host, so that
+NCCL may take its P2P (NVLink) path; each run records the transport NCCL logged.
+
+Parts (--part):
+  step  for every rate, model (--models) and method (--methods): median / p10 / p90 step time
+        after the warm-up (ddp_trainer.py says how it is timed), sparsecar's payload bytes per
+        step (the hook's summary), the bytes the two tbf qdiscs sent during the run, the
+        transport NCCL reported, and per rate the ratio of every method's median to dense's and
+        to PowerSGD's from the same run.
+  tta   Fashion-MNIST, fmnist_cnn, 2 nodes at --tta-rate: dense, powersgd, sparsecar (static
+        top-k at --tta-density) and sparsecar_bandwidth (--controller bandwidth, the trainer
+        reports its compute time): test accuracy over training wall time (evaluation kept out
+        of the clock), time to dense's final accuracy, final accuracy.
+Each run is its own pair of processes (and daemons); a run over --run-timeout is killed, a
+failed run is reported with its log's tail and the matrix goes on (exit status 1 at the end).
+Runs that would start after --total-budget-s are skipped, so one call ends in time. The results
+JSON is rewritten after every run.
+
+  bench/gpu/ddp-run .gpu-bundle OUT [--quick]     # on the GPU machine: builds build-gpu-py/, then
+  ddp_capped.py --bin .gpu-bundle/bin --lib .gpu-bundle/lib --pythonpath build-gpu-py --out-dir OUT
+  ddp_capped.py --device cpu --build-dir build --models tiny --rates 100mbit --part step --out-dir OUT
+"""
+
+import argparse
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "bench", "convergence"))
+
+from capped import decisions  # noqa: E402
+from capped_net import CappedLink, rate_bits  # noqa: E402
+from localjob import JobError, LocalJob, tail  # noqa: E402
+
+TRAINER = os.path.join(HERE, "ddp_trainer.py")
+COORD_PORT = 29400   # inside our own namespaces: nothing else listens there
+MASTER_PORT = 29500
+SKIPPED = 3          # ddp_trainer.py's exit status for "cannot run here"
+NCCL_VETH = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE", "NCCL_SOCKET_IFNAME")
+TTA_METHODS = ("dense", "powersgd", "sparsecar", "sparsecar_bandwidth")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Link:
+    """Where a run's two nodes live: a CappedLink (namespaces, veth, tbf), or the host (rate none)."""
+
+    def __init__(self, rate):
+        self.rate = rate
+        self.capped = rate != "none"
+        self._link = CappedLink(rate) if self.capped else None
+        self.info = {"rate": rate}
+
+    def __enter__(self):
+        if self._link:
+            self._link.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self._link:
+            self._link.__exit__(*exc)
+        return False
+
+    def addr(self, node):
+        return self._link.addr[node] if self.capped else "127.0.0.1"
+
+    def dev(self, node):
+        return self._link.dev[node] if self.capped else "lo"
+
+    def argv(self, node, argv):
+        return self._link.exec_argv(node, argv) if self.capped else list(argv)
+
+    def sent_bytes(self):
+        if not self.capped:
+            return None
+        total = 0
+        for n in range(2):
+            m = re.search(r"Sent (\d+) bytes", self._link.qdisc_stats(n))
+            total += int(m.group(1)) if m else 0
+        return total
+
+    def check(self, python):
+        if self.capped:
+            goodput = self._link.measure(python, seconds=2.0)
+            self.info.update(tbf=self._link.tbf, tcp_goodput_mbit=round(goodput, 1), devices=self._link.dev,
+                             namespaces=self._link.ns)
+            print(f"  link {self._link.dev[0]} <-> {self._link.dev[1]}: tbf {self._link.tbf}, one TCP stream "
+                  f"{goodput:.0f} Mbit/s", flush=True)
+        else:
+            self.info.update(note="no namespaces, no tbf: NCCL as it comes (NVLink between GPUs of one host); "
+                                  "sparsecar daemons on loopback TCP")
+            print("  uncapped: no namespaces, plain NCCL (NVLink if present), daemons on loopback", flush=True)
+
+
+# ---- one run ------------------------------------------------------------------------------------
+def daemon_flags(args, method, density):
+    flags = ["--compression", "on", "--selector", args.selector, "--density", repr(density),
+             "--controller", "bandwidth" if method == "sparsecar_bandwidth" else "static",
+             "--kernel-threads", str(args.kernel_threads)]
+    return flags + args.daemon_arg
+
+
+def start_daemons(args, job, link, flags, timeout=60.0):
+    port = COORD_PORT if link.capped else free_port()
+    for node in range(2):
+        env = dict(job.daemon_env(), UCX_TLS="tcp", UCX_NET_DEVICES=link.dev(node))
+        if args.device == "cuda":
+            # A node's daemon sees its node's GPU only (it finds a trainer's buffers by device UUID).
+            env["CUDA_VISIBLE_DEVICES"] = args.gpus[node]
+        argv = [args.sparsecard, "--rank", str(node), "--world-size", "2",
+                "--coordinator", f"{link.addr(0)}:{port}", "--socket", job.sockets[node],
+                "--local-clients", "1", "--metrics-listen", "off",
+                "--control", f"ipc://{os.path.dirname(job.sockets[node])}/control-{node}.sock", "--log-level", "info",
+                "--ucx-tls", "tcp", "--ucx-net-devices", link.dev(node)] + flags
+        job.daemons.append(job.spawn(f"sparsecard node {node}", link.argv(node, argv), env=env,
+                                     log_name=f"sparsecard-{node}"))
+    deadline = time.monotonic() + timeout
+    while not all(os.path.exists(s) for s in job.sockets):
+        job.check_daemons("while starting")
+        if time.monotonic() > deadline:
+            raise JobError(f"daemon sockets did not appear within {timeout:.0f} s")
+        time.sleep(0.05)
+
+
+def trainer_env(args, job, link, node, port):
+    env = job.daemon_env()  # the launcher variables of an outer job removed
+    for k in NCCL_VETH + ("GLOO_SOCKET_IFNAME",):
+        env.pop(k, None)
+    env.update({"RANK": str(node), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                "MASTER_ADDR": link.addr(0), "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": link.dev(node),
+                "SPARSECAR_NODE_RANK": str(node), "SPARSECAR_NNODES": "2", "PYTHONUNBUFFERED": "1",
+                "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET",
+                "PYTHONPATH": os.pathsep.join(p for p in (args.pythonpath, env.get("PYTHONPATH")) if p)})
+    if args.device == "cuda" and link.capped:
+        # Each node sees only its own GPU: NCCL cannot find a P2P path to the other one at all.
+        env["CUDA_VISIBLE_DEVICES"] = args.gpus[node]
+    if link.capped:
+        env.update(NCCL_P2P_DISABLE="1", NCCL_SHM_DISABLE="1", NCCL_IB_DISABLE="1",
+                   NCCL_SOCKET_IFNAME=link.dev(node))
+    if args.device == "cpu":
+        env.setdefault("OMP_NUM_THREADS", str(args.threads or 1))
+    return env
+
+
+def trainer_prefix(args):
+    """The trainers get the LD_LIBRARY_PATH this script started with, not --lib: the bundle's
+    Debian libraries (libz, libnuma, ...) are for sparsecard, ip and tc only, and must not shadow
+    the GPU machine's own under Python and torch. (`ip netns exec` passes its environment on.)"""
+    if not args.lib:
+        return []
+    if args.orig_ld_library_path:
+        return ["env", f"LD_LIBRARY_PATH={args.orig_ld_library_path}"]
+    return ["env", "-u", "LD_LIBRARY_PATH"]
+
+
+def trainer_python(args):
+    """args.python as a single program that starts with the trainers' LD_LIBRARY_PATH (a wrapper
+    script in --out-dir when --lib is set): for CappedLink.measure, which takes one path."""
+    prefix = trainer_prefix(args)
+    if not prefix:
+        return args.python
+    path = os.path.join(os.path.abspath(args.out_dir), "python-trainer-env")
+    with open(path, "w") as f:
+        f.write("#!/bin/sh\nexec " + " ".join(shlex.quote(a) for a in prefix + [args.python]) + ' "$@"\n')
+    os.chmod(path, 0o755)
+    return path
+
+
+def gpu_index(args, link, node):
+    """The trainer's --gpu: 0 under a capped link (CUDA_VISIBLE_DEVICES holds node r's GPU only);
+    uncapped, every GPU stays visible and node r uses --gpus[r], as plain DDP on one host does, so
+    that NCCL may open its P2P (NVLink) path between the two processes."""
+    if args.device != "cuda" or link.capped:
+        return "0"
+    return args.gpus[node]
+
+
+def nccl_transport(log_path):
+    """The distinct 'via ...' transports NCCL logged (e.g. NET/Socket/0, P2P/CUMEM, NVLS)."""
+    found = set()
+    try:
+        with open(log_path, errors="replace") as f:
+            for line in f:
+                if "NCCL INFO" in line:
+                    m = re.search(r"\bvia (\S+)", line)
+                    if m:
+                        found.add(m.group(1))
+    except OSError:
+        pass
+    return sorted(found)
+
+
+def _written(path):
+    try:
+        with open(path) as f:
+            return f.read().endswith("\n")
+    except OSError:
+        return False
+
+
+def wait_pair(job, procs, outs, timeout, exit_grace=15.0):
+    """Waits for both trainers; returns (status, message). A failed or skipped rank stops the
+    other at once (it would wait in a collective until NCCL's own timeout). Ranks that wrote their
+    results but do not exit within exit_grace seconds are stopped, and the run counts."""
+    deadline = time.monotonic() + timeout
+    written_at = None
+    while True:
+        codes = [p.poll() for p in procs]
+        if all(c == 0 for c in codes):
+            return "ok", None
+        if written_at is None and all(_written(o) for o in outs):
+            written_at = time.monotonic()
+        if written_at is not None and time.monotonic() - written_at > exit_grace and None in codes:
+            return "ok", f"results written, but a trainer had not exited {exit_grace:.0f} s later: stopped"
+        if any(c == SKIPPED for c in codes):
+            return "skipped", tail(job.log_of(procs[codes.index(SKIPPED)]), 3).strip()
+        bad = [i for i, c in enumerate(codes) if c not in (None, 0)]
+        if bad:
+            msg = [f"--- trainer rank {i} exited with status {codes[i]}; {job.log_of(procs[i])}:\n"
+                   f"{tail(job.log_of(procs[i]))}" for i in bad]
+            for r, d in enumerate(job.daemons):
+                msg.append(f"--- sparsecard node {r} (status {d.poll()}); {job.log_of(d)}:\n{tail(job.log_of(d), 10)}")
+            return "failed", "\n".join(msg)
+        if job.daemons:
+            try:
+                job.check_daemons()
+            except JobError as e:
+                return "failed", str(e)
+        if time.monotonic() > deadline:
+            return "timeout", f"killed after {timeout:.0f} s (--run-timeout):\n" + "".join(
+                f"--- {job.log_of(p)}:\n{tail(job.log_of(p), 10)}" for p in procs if p.poll() is None)
+        time.sleep(0.05)
+
+
+def run_one(args, link, model, method, trainer_args, run_dir, timeout):
+    """One pair of trainers (+ daemons for sparsecar*): returns the run's entry."""
+    os.makedirs(run_dir, exist_ok=True)
+    entry = {"model": model, "method": method, "rate": link.rate, "log_dir": run_dir}
+    sent0 = link.sent_bytes()
+    t0 = time.monotonic()
+    port = MASTER_PORT if link.capped else free_port()
+    # Unix socket paths must stay under 108 bytes: sockets in a short directory of /tmp, logs in run_dir.
+    sock_dir = tempfile.mkdtemp(prefix="scddp-")
+    try:
+        with LocalJob(args.sparsecard, nodes=2, local_clients=1, workdir=run_dir, keep=True) as job:
+            job.sockets = [os.path.join(sock_dir, f"node-{n}.sock") for n in range(2)]
+            try:
+                if method.startswith("sparsecar"):
+                    density = args.tta_density if model == "fmnist_cnn" else args.density
+                    flags = daemon_flags(args, method, density)
+                    entry["daemon_flags"] = flags
+                    start_daemons(args, job, link, flags)
+                procs, outs = [], []
+                for node in range(2):
+                    out = os.path.join(run_dir, f"trainer-{node}.json")
+                    outs.append(out)
+                    trainer_method = "sparsecar" if method.startswith("sparsecar") else method
+                    argv = trainer_prefix(args) + [
+                        args.python, TRAINER, "--model", model, "--method", trainer_method, "--device", args.device,
+                        "--out", out, "--gpu", gpu_index(args, link, node)] + trainer_args
+                    if method.startswith("sparsecar"):
+                        argv += ["--socket", job.sockets[node]]
+                        if args.device_path:
+                            argv += ["--device-path", args.device_path]
+                    if method == "sparsecar_bandwidth":
+                        argv += ["--report-compute-time"]
+                    procs.append(job.spawn(f"trainer rank {node}", link.argv(node, argv),
+                                           env=trainer_env(args, job, link, node, port), log_name=f"trainer-{node}"))
+                status, message = wait_pair(job, procs, outs, timeout)
+            except JobError as e:
+                status, message = "failed", str(e)
+            entry["status"] = status
+            if message:
+                entry["message"] = message
+            entry["nccl_transport"] = nccl_transport(os.path.join(run_dir, "trainer-0.log"))
+            if method == "sparsecar_bandwidth":
+                entry["controller_decisions"] = decisions(os.path.join(run_dir, "sparsecard-0.log"))
+            killed = job.stop_all()
+            if killed:
+                entry["killed"] = killed
+    finally:
+        shutil.rmtree(sock_dir, ignore_errors=True)
+    entry["run_seconds"] = round(time.monotonic() - t0, 2)
+    sent1 = link.sent_bytes()
+    if sent0 is not None and sent1 is not None:
+        entry["link_bytes"] = sent1 - sent0
+    if status == "ok":
+        ranks = []
+        for out in outs:
+            with open(out) as f:
+                ranks.append(json.loads(f.readline()))
+        entry["ranks"] = ranks
+        r0 = ranks[0]
+        for k in ("params", "batch", "device_name", "backend", "torch", "compute_ms", "start_up_s", "step_ms",
+                  "steps_timed", "dense_ring_bytes_per_step", "payload_bytes_per_step", "hook", "hook_path", "powersgd",
+                  "final_accuracy", "train_seconds", "eval_seconds", "curve", "steps", "epochs", "test_images"):
+            if k in r0:
+                entry[k] = r0[k]
+        if all(r.get("step_ms") for r in ranks):
+            entry["step_ms_median_max_over_ranks"] = max(r["step_ms"]["median"] for r in ranks)
+        steps = r0.get("steps") or (r0.get("steps_timed", 0) + r0.get("warmup", 0))
+        if entry.get("link_bytes") is not None and steps:
+            entry["link_bytes_per_step"] = entry["link_bytes"] / steps
+        hook = r0.get("hook")
+        if hook and hook.get("mode") != "sparse":
+            entry["warning"] = f"sparsecar hook ended in mode {hook.get('mode')}: {hook.get('failure')}"
+    return entry
+
+
+# ---- reporting ----------------------------------------------------------------------------------
+def machine():
+    info = {"host": platform.node(), "cpus": os.cpu_count(), "python": sys.version.split()[0]}
+    if shutil.which("nvidia-smi"):
+        r = subprocess.run(["nvidia-smi", "--query-gpu=index,name,driver_version,memory.total", "--format=csv,noheader"],
+                           capture_output=True, text=True)
+        if r.returncode == 0:
+            info["gpus"] = [line.strip() for line in r.stdout.splitlines() if line.strip()]
+        t = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True)
+        if t.returncode == 0:
+            info["gpu_topology"] = t.stdout
+    try:
+        with open("/proc/cpuinfo") as f:
+            m = re.search(r"model name\s*:\s*(.*)", f.read())
+            info["cpu"] = m.group(1).strip() if m else None
+    except OSError:
+        pass
+    return info
+
+
+def add_ratios(runs):
+    """Per (model, rate): every method's median step time over dense's and over PowerSGD's."""
+    base = {}
+    for e in runs:
+        if e.get("step_ms") and e["method"] in ("dense", "powersgd") and e["model"] != "fmnist_cnn":
+            base[(e["model"], e["rate"], e["method"])] = e["step_ms"]["median"]
+    for e in runs:
+        if not e.get("step_ms") or e["model"] == "fmnist_cnn":
+            continue
+        for ref in ("dense", "powersgd"):
+            b = base.get((e["model"], e["rate"], ref))
+            e[f"ratio_to_{ref}"] = e["step_ms"]["median"] / b if b else None
+
+
+def fmt(v, spec):
+    return format(v, spec) if isinstance(v, (int, float)) else "-"
+
+
+def print_step_table(runs, device_name):
+    rows = [e for e in runs if e["model"] != "fmnist_cnn"]
+    if not rows:
+        return
+    print(f"\nstep time ({device_name}); median over timed steps, p10-p90; ratios against dense and PowerSGD "
+          f"of the same rate and run")
+    print(f"{'model':<9} {'rate':<7} {'method':<20} {'median ms':>10} {'p10-p90 ms':>16} {'x dense':>8} "
+          f"{'x psgd':>7} {'payload MB/step':>15} {'link MB/step':>12} {'nccl via':<14} status")
+    for e in rows:
+        s = e.get("step_ms") or {}
+        spread = f"{fmt(s.get('p10'), '.1f')}-{fmt(s.get('p90'), '.1f')}" if s else "-"
+        pay = e.get("payload_bytes_per_step")
+        link = e.get("link_bytes_per_step")
+        print(f"{e['model']:<9} {e['rate']:<7} {e['method']:<20} {fmt(s.get('median'), '10.2f'):>10} {spread:>16} "
+              f"{fmt(e.get('ratio_to_dense'), '8.3f'):>8} {fmt(e.get('ratio_to_powersgd'), '7.3f'):>7} "
+              f"{fmt(pay / 1e6 if pay is not None else None, '15.3f'):>15} "
+              f"{fmt(link / 1e6 if link is not None else None, '12.3f'):>12} "
+              f"{','.join(e.get('nccl_transport', []))[:14]:<14} {e['status']}"
+              + (f" (hook path: {e['hook_path']})" if e.get("hook_path") else "")
+              + (f" ({e['warning']})" if e.get("warning") else ""))
+
+
+def time_to(curve, target):
+    for steps, secs, acc in curve:
+        if acc >= target - 1e-9:
+            return secs, steps
+    return None, None
+
+
+def tta_summary(runs):
+    rows = [e for e in runs if e["model"] == "fmnist_cnn" and e["status"] == "ok"]
+    dense = next((e for e in rows if e["method"] == "dense"), None)
+    if dense is None:
+        return None
+    target = dense["final_accuracy"]
+    out = {"target_accuracy": target, "rate": dense["rate"], "methods": {}}
+    for e in rows:
+        t, steps = time_to(e.get("curve", []), target)
+        out["methods"][e["method"]] = {
+            "time_to_target_s": t, "steps_to_target": steps, "final_accuracy": e["final_accuracy"],
+            "final_accuracy_minus_dense_pp": 100 * (e["final_accuracy"] - target),
+            "train_seconds": e["train_seconds"], "median_step_ms": (e.get("step_ms") or {}).get("median"),
+            "link_bytes": e.get("link_bytes"), "payload_bytes_per_step": e.get("payload_bytes_per_step")}
+    dt = out["methods"]["dense"]["time_to_target_s"]
+    for m in out["methods"].values():
+        m["time_to_target_over_dense"] = (m["time_to_target_s"] / dt) if (dt and m["time_to_target_s"]) else None
+    return out
+
+
+def print_tta(t):
+    if not t:
+        return
+    print(f"\ntime to accuracy, Fashion-MNIST fmnist_cnn, {t['rate']}: target = dense's final test accuracy "
+          f"{100 * t['target_accuracy']:.2f}%")
+    print(f"{'method':<20} {'t->target s':>11} {'x dense':>8} {'steps':>6} {'final':>8} {'train s':>8} {'step ms':>8}")
+    for m, e in t["methods"].items():
+        print(f"{m:<20} {fmt(e['time_to_target_s'], '11.1f'):>11} {fmt(e['time_to_target_over_dense'], '8.3f'):>8} "
+              f"{fmt(e['steps_to_target'], '6d'):>6} {100 * e['final_accuracy']:>7.2f}% {e['train_seconds']:>8.1f} "
+              f"{fmt(e['median_step_ms'], '8.2f'):>8}")
+
+
+# ---- main ---------------------------------------------------------------------------------------
+def parse(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
+    g = p.add_argument_group("what runs")
+    g.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    g.add_argument("--part", default="step,tta", help="step, tta or both (default step,tta)")
+    g.add_argument("--models", default="mlp50,resnet18", help="step part's models (ddp_trainer.py --model)")
+    g.add_argument("--rates", default="1gbit,10gbit,none", help="tc tbf rates; none = no namespaces, no cap")
+    g.add_argument("--methods", default="dense,powersgd,sparsecar",
+                   help="step part (sparsecar_bandwidth = the daemons with --controller bandwidth)")
+    g.add_argument("--tta-rate", default="1gbit")
+    g.add_argument("--tta-methods", default=",".join(TTA_METHODS), help="tta part; dense first (its final "
+                   "accuracy is the target)")
+    g.add_argument("--tta-epochs", type=float, default=3.0)
+    g.add_argument("--eval-every", type=int, default=50, help="tta: steps between test evaluations")
+    g.add_argument("--eval-limit", type=int, default=0, help="tta: test on the first N test images only "
+                   "(0 = all 10k; smoke tests on CPU)")
+    g.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
+    g.add_argument("--quick", action="store_true", help="fewer steps: --budget-s 1.5 --min-steps 3 --warmup 3 "
+                   "--tta-epochs 1 (unless given)")
+    t = p.add_argument_group("trainers")
+    t.add_argument("--gpus", default="0,1", help="GPU of node 0 and node 1")
+    t.add_argument("--python", default=sys.executable, help="interpreter with torch for the trainers")
+    t.add_argument("--pythonpath", help="directory holding the sparsecar package (default <build-dir>/python)")
+    t.add_argument("--backend", help="ddp_trainer.py --backend (default nccl on cuda, gloo on cpu)")
+    t.add_argument("--steps", type=int, default=100, help="most timed steps per run")
+    t.add_argument("--min-steps", type=int, default=None, help="fewest timed steps per run (default 5)")
+    t.add_argument("--budget-s", type=float, default=None, help="timed seconds per run (default 6)")
+    t.add_argument("--warmup", type=int, default=None, help="untimed iterations (default 4; >= 3)")
+    t.add_argument("--batch", type=int, help="step part, per rank (default: per model)")
+    t.add_argument("--tta-batch", type=int, default=128, help="tta part, per rank")
+    t.add_argument("--image-size", type=int, default=224, help="resnet18's input (32 = CIFAR-sized)")
+    t.add_argument("--threads", type=int, help="torch threads per trainer (cpu; default 1)")
+    t.add_argument("--powersgd-rank", type=int, default=4)
+    d = p.add_argument_group("sparsecar")
+    d.add_argument("--bin", help="directory holding sparsecard (the carried bundle's bin/)")
+    d.add_argument("--lib", help="shared libraries of --bin's programs (default: DIR/../lib of --bin when it "
+                   "exists): on LD_LIBRARY_PATH of sparsecard, ip and tc, not of the trainers")
+    d.add_argument("--build-dir", help="build tree (daemon/sparsecard, python/)")
+    d.add_argument("--density", type=float, default=0.001, help="step part: the daemons' --density (top-k)")
+    d.add_argument("--tta-density", type=float, default=0.01, help="tta part: --density (static; the bandwidth "
+                   "controller's starting point)")
+    d.add_argument("--selector", default="topk")
+    d.add_argument("--device-path", choices=("auto", "off", "require"), help="the hook's device_path= (auto: GPU "
+                   "buffers by CUDA IPC when the daemon takes them, else host staging; off: host staging; require: "
+                   "fail without); default: the hook's own")
+    d.add_argument("--kernel-threads", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)))
+    d.add_argument("--daemon-arg", action="append", default=[], help="extra sparsecard flag (repeatable), "
+                   "e.g. --daemon-arg=--density-min=0.001")
+    o = p.add_argument_group("limits and output")
+    o.add_argument("--run-timeout", type=float, default=None, help="seconds one run may take before it is "
+                   "killed (default: 3 x --budget-s + 90; tta: 300)")
+    o.add_argument("--total-budget-s", type=float, default=540.0, help="no run starts after this many seconds")
+    o.add_argument("--out-dir", default="bench-gpu-ddp", help="logs of every run and the results JSON")
+    o.add_argument("--out", help="results JSON (default <out-dir>/bench-gpu-ddp.json)")
+    args = p.parse_args(argv)
+
+    def default(name, normal, quick):
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else normal)
+    default("budget_s", 6.0, 1.5)
+    default("min_steps", 5, 3)
+    default("warmup", 4, 3)
+    if args.quick and "--tta-epochs" not in " ".join(argv):
+        args.tta_epochs = 1.0
+    if args.run_timeout is None:
+        args.run_timeout = 3 * args.budget_s + 90
+    args.parts = [x for x in args.part.split(",") if x]
+    if not set(args.parts) <= {"step", "tta"}:
+        p.error("--part takes step, tta or step,tta")
+    args.rate_list = [r for r in args.rates.split(",") if r]
+    for rate in args.rate_list + [args.tta_rate]:
+        if rate != "none":
+            try:
+                rate_bits(rate)
+            except ValueError as e:
+                p.error(str(e))
+    args.model_list = [m for m in args.models.split(",") if m]
+    args.method_list = [m for m in args.methods.split(",") if m]
+    args.tta_list = [m for m in args.tta_methods.split(",") if m]
+    for m in args.method_list + args.tta_list:
+        if m not in TTA_METHODS:
+            p.error(f"unknown method {m} (known: {', '.join(TTA_METHODS)})")
+    if "tta" in args.parts and args.tta_list[:1] != ["dense"]:
+        p.error("--tta-methods must start with dense (its final accuracy is the target)")
+    args.gpus = args.gpus.split(",")
+    if len(args.gpus) != 2:
+        p.error("--gpus takes two indices")
+    if args.bin:
+        args.sparsecard = os.path.join(args.bin, "sparsecard")
+        lib = os.path.join(os.path.dirname(os.path.abspath(args.bin)), "lib")
+        if args.lib is None and os.path.isdir(lib):
+            args.lib = lib
+    elif args.build_dir:
+        args.sparsecard = os.path.join(args.build_dir, "daemon", "sparsecard")
+    else:
+        args.sparsecard = shutil.which("sparsecard")
+    if not args.pythonpath and args.build_dir:
+        args.pythonpath = os.path.join(args.build_dir, "python")
+    args.out = args.out or os.path.join(args.out_dir, "bench-gpu-ddp.json")
+    return args
+
+
+def preflight(args):
+    """Every reason not to start, as one message each (empty if all is well)."""
+    errors = []
+    capped = any(r != "none" for r in args.rate_list) or ("tta" in args.parts and args.tta_rate != "none")
+    if capped:
+        if os.geteuid() != 0:
+            errors.append("needs root for network namespaces and tc (or use --rates none)")
+        for tool in ("ip", "tc"):
+            if not shutil.which(tool):
+                errors.append(f"'{tool}' not on PATH (iproute2; on the GPU machine: the bundle's bin/)")
+    methods = (args.method_list if "step" in args.parts else []) + (args.tta_list if "tta" in args.parts else [])
+    uses_sparsecar = any(m.startswith("sparsecar") for m in methods)
+    if uses_sparsecar and (not args.sparsecard or not os.access(args.sparsecard, os.X_OK)):
+        errors.append(f"sparsecard not found or not executable ({args.sparsecard or 'not on PATH'}); pass --bin "
+                      f"DIR or --build-dir")
+    # One interpreter start (importing torch takes seconds): torch, the GPUs, the sparsecar package.
+    probe = subprocess.run(
+        [args.python, "-c", "import sys, torch\n"
+         "if sys.argv[1] == 'cuda' and torch.cuda.device_count() < 2: sys.exit(4)\n"
+         "if sys.argv[2] == '1':\n"
+         "    try:\n        import sparsecar.torch\n"
+         "    except Exception as e:\n        print(repr(e), file=sys.stderr); sys.exit(5)\n",
+         args.device, "1" if uses_sparsecar else "0"],
+        capture_output=True, text=True,
+        env=dict(os.environ, LD_LIBRARY_PATH=args.orig_ld_library_path,
+                 PYTHONPATH=os.pathsep.join(p for p in (args.pythonpath, os.environ.get("PYTHONPATH")) if p)))
+    last = probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else ""
+    if probe.returncode == 4:
+        errors.append("--device cuda needs 2 GPUs visible to torch")
+    elif probe.returncode == 5:
+        errors.append(f"{args.python} cannot import sparsecar.torch (--pythonpath {args.pythonpath}): {last}")
+    elif probe.returncode != 0:
+        errors.append(f"{args.python} cannot import torch: {last}")
+    if "tta" in args.parts and not os.path.exists(os.path.join(args.data_dir, "t10k-labels-idx1-ubyte.gz")):
+        errors.append(f"Fashion-MNIST not in {args.data_dir} (Debian: dataset-fashion-mnist; --data-dir)")
+    return errors
+
+
+def trainer_args(args, model):
+    a = ["--warmup", str(args.warmup), "--powersgd-rank", str(args.powersgd_rank)]
+    if args.backend:
+        a += ["--backend", args.backend]
+    if args.threads:
+        a += ["--threads", str(args.threads)]
+    if model == "fmnist_cnn":
+        return a + ["--batch", str(args.tta_batch), "--epochs", repr(args.tta_epochs),
+                    "--eval-every", str(args.eval_every), "--data-dir", args.data_dir,
+                    "--eval-limit", str(args.eval_limit)]
+    if args.batch:
+        a += ["--batch", str(args.batch)]
+    return a + ["--steps", str(args.steps), "--min-steps", str(args.min_steps), "--budget-s", repr(args.budget_s),
+                "--image-size", str(args.image_size)]
+
+
+def _interrupt(signum, _frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)  # unwinds through every teardown
+
+
+def main(argv):
+    args = parse(argv)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
+    args.orig_ld_library_path = os.environ.get("LD_LIBRARY_PATH", "")
+    if args.lib:  # for every child of this script (sparsecard, ip, tc) except the trainers
+        os.environ["LD_LIBRARY_PATH"] = os.pathsep.join(
+            p for p in (os.path.abspath(args.lib), args.orig_ld_library_path) if p)
+    errors = preflight(args)
+    if errors:
+        for e in errors:
+            print(f"ddp_capped.py: {e}", file=sys.stderr)
+        return 2
+    os.makedirs(args.out_dir, exist_ok=True)
+    t_start = time.monotonic()
+    results = {"machine": machine(), "config": {k: v for k, v in vars(args).items() if k not in ("parts",)},
+               "links": {}, "runs": []}
+    device_name = "cpu" if args.device == "cpu" else ", ".join(results["machine"].get("gpus", [])[:2]) or "cuda"
+
+    def save():
+        add_ratios(results["runs"])
+        results["time_to_accuracy"] = tta_summary(results["runs"])
+        results["wall_seconds"] = round(time.monotonic() - t_start, 1)
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+
+    plan = []  # (rate, model, method)
+    if "step" in args.parts:
+        plan += [(r, m, meth) for r in args.rate_list for m in args.model_list for meth in args.method_list]
+    if "tta" in args.parts:
+        plan += [(args.tta_rate, "fmnist_cnn", meth) for meth in args.tta_list]
+    failed = 0
+    by_rate = []
+    for rate, model, method in plan:  # group by rate, keeping the order: one link per rate
+        if not by_rate or by_rate[-1][0] != rate:
+            by_rate.append((rate, []))
+        by_rate[-1][1].append((model, method))
+    def skip(rate, model, method, why):
+        print(f"  {model} {method}: skipped ({why})")
+        results["runs"].append({"model": model, "method": method, "rate": rate, "status": "skipped",
+                                "message": why})
+
+    spent = f"--total-budget-s {args.total_budget_s:.0f} s spent"
+    for rate, runs in by_rate:
+        if time.monotonic() - t_start > args.total_budget_s:
+            for model, method in runs:
+                skip(rate, model, method, spent)
+            continue
+        print(f"== {rate}: {', '.join(f'{m}/{meth}' for m, meth in runs)}", flush=True)
+        try:
+            with Link(rate) as link:
+                link.check(trainer_python(args))
+                results["links"][rate] = link.info
+                for model, method in runs:
+                    if time.monotonic() - t_start > args.total_budget_s:
+                        skip(rate, model, method, spent)
+                        continue
+                    e = run_and_report(args, link, model, method)
+                    results["runs"].append(e)
+                    failed += e["status"] in ("failed", "timeout")
+                    save()
+        except (RuntimeError, OSError, ValueError) as err:  # the link could not be set up or checked
+            print(f"ddp_capped.py: link {rate} failed: {err}", file=sys.stderr, flush=True)
+            results["links"][rate] = {"rate": rate, "error": str(err)}
+            done = {(e["model"], e["method"]) for e in results["runs"] if e["rate"] == rate}
+            for model, method in runs:
+                if (model, method) not in done:
+                    results["runs"].append({"model": model, "method": method, "rate": rate, "status": "failed",
+                                            "message": f"link {rate}: {err}"})
+                    failed += 1
+    save()
+    print_step_table(results["runs"], device_name)
+    print_tta(results["time_to_accuracy"])
+    print(f"\nwrote {os.path.abspath(args.out)} ({results['wall_seconds']:.0f} s); logs under "
+          f"{os.path.abspath(args.out_dir)}")
+    return 1 if failed else 0
+
+
+def run_and_report(args, link, model, method):
+    run_dir = os.path.join(os.path.abspath(args.out_dir), f"{link.rate}-{model}-{method}")
+    timeout = 300.0 if model == "fmnist_cnn" else args.run_timeout
+    e = run_one(args, link, model, method, trainer_args(args, model), run_dir, timeout)
+    s = e.get("step_ms") or {}
+    extra = (f", final accuracy {100 * e['final_accuracy']:.2f}% in {e['train_seconds']:.1f} s"
+             if "final_accuracy" in e else "")
+    print(f"  {model} {method}: {e['status']}, median {fmt(s.get('median'), '.2f')} ms "
+          f"({e['run_seconds']:.0f} s){extra}", flush=True)
+    if e["status"] in ("failed", "timeout"):
+        print(f"  {e.get('message', '')}", file=sys.stderr, flush=True)
+    elif e["status"] == "skipped":
+        print(f"  ({e.get('message', '')})")
+    if e.get("warning"):
+        print(f"  WARNING: {e['warning']}", flush=True)
+    return e
+
+
+def _main(argv):
+    try:
+        return main(argv)
+    except KeyboardInterrupt as e:  # SIGTERM/SIGINT/SIGHUP: the with-blocks tore everything down
+        print(f"ddp_capped.py: stopped by {e or 'SIGINT'}; processes and namespaces removed, results so far "
+              f"in the results JSON", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
