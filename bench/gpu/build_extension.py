@@ -5,11 +5,13 @@ compiled by g++ for the interpreter running this script. Then PYTHONPATH=OUT imp
 
     python3 bench/gpu/build_extension.py OUT [--include DIR]...   # DIR: where fmt/ and spdlog/ are
 
-Sources: python/src/module.cc and the .cc files of the sparsecar_client, sparsecar_common and
+Sources: python/src/*.cc and the .cc files of the sparsecar_client, sparsecar_common and
 sparsecar_kernels targets, read from their CMakeLists.txt (what python/CMakeLists.txt compiles);
-defines as CMake gives them (fmt and spdlog header-only). pybind11 from torch's include/ (torch
-bundles it), else pybind11.get_include(), else /usr/include. Objects are compiled in parallel
-and only when their source or a header is newer; nothing is rebuilt when all is up to date.
+defines as CMake gives them (fmt and spdlog header-only); CUDA's include/ when it is there
+($CUDA_HOME or /usr/local/cuda); $CXXFLAGS and $LDFLAGS are added (e.g. LDFLAGS=-lcudart).
+pybind11 from torch's include/ (torch bundles it), else pybind11.get_include(), else
+/usr/include. Objects are compiled in parallel and only when their source or a header is newer;
+nothing is rebuilt when all is up to date.
 """
 
 import argparse
@@ -17,6 +19,7 @@ import concurrent.futures
 import glob
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -67,7 +70,7 @@ def main(argv):
     p.add_argument("-j", type=int, default=os.cpu_count() or 2)
     args = p.parse_args(argv)
 
-    sources = [os.path.join(ROOT, "python", "src", "module.cc")]
+    sources = sorted(glob.glob(os.path.join(ROOT, "python", "src", "*.cc")))  # module.cc and any companions
     for target, folder in TARGETS.items():
         sources += target_sources(target, folder)
     pkg = os.path.join(args.out, "sparsecar")
@@ -79,8 +82,11 @@ def main(argv):
 
     includes = [os.path.join(ROOT, d) for d in ("client/include", "common/include", "kernels/include", "kernels/src")]
     includes += args.include + [pybind11_include(), sysconfig.get_paths()["include"]]
+    cuda_include = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "include")
+    if os.path.exists(os.path.join(cuda_include, "cuda_runtime_api.h")):
+        includes.append(cuda_include)  # harmless when unused; the hook's device path may want it
     flags = ["-O2", "-std=c++20", "-fPIC", "-fvisibility=hidden", "-pthread"] + DEFINES + \
-        [f"-I{d}" for d in includes]
+        [f"-I{d}" for d in includes] + shlex.split(os.environ.get("CXXFLAGS", ""))
     headers = newest_header()
 
     def compile_one(src):
@@ -102,7 +108,8 @@ def main(argv):
     if os.path.exists(target) and os.path.getmtime(target) >= max(os.path.getmtime(o) for o in objs):
         print(f"build_extension: {target} is up to date")
         return 0
-    r = subprocess.run([args.cxx, "-shared", "-pthread", "-o", target] + objs, capture_output=True, text=True)
+    link = [args.cxx, "-shared", "-pthread", "-o", target] + objs + shlex.split(os.environ.get("LDFLAGS", ""))
+    r = subprocess.run(link, capture_output=True, text=True)
     if r.returncode != 0:
         sys.stderr.write(r.stderr[-4000:])
         return 1
