@@ -83,7 +83,7 @@ def device_handles(tensor, ready_event, done_event):
     # (device, handle, storage size, storage offset in the allocation, ...): the handle is the
     # caching allocator's block, which may hold other tensors too.
     shared = storage._share_cuda_()
-    handle, storage_offset = bytes(shared[1]), int(shared[3])
+    handle, storage_offset = _ipc_mem_handle(bytes(shared[1])), int(shared[3])
     index = tensor.device.index if tensor.device.index is not None else torch.cuda.current_device()
     with torch.cuda.device(index):  # an event not recorded yet is created on the current device
         ready, done = bytes(ready_event.ipc_handle()), bytes(done_event.ipc_handle())
@@ -94,6 +94,23 @@ def device_handles(tensor, ready_event, done_event):
         "ready_event": ready,
         "done_event": done,
     }
+
+
+def _ipc_mem_handle(raw):
+    """torch's shareable handle of a CUDA storage as the cudaIpcMemHandle_t (64 bytes) inside it.
+    torch up to 2.1 gives the 64 bytes; later versions prefix a format version byte and a kind
+    byte: b"c" for a cudaMalloc'd segment (the handle follows), b"e" for an expandable segment,
+    which has no cudaIpcMemHandle_t."""
+    if len(raw) == 64:
+        return raw
+    if len(raw) == 66 and raw[1:2] == b"c":
+        return raw[2:]
+    if len(raw) >= 2 and raw[1:2] == b"e":
+        raise ValueError("device_handles: the tensor lives in an expandable segment of torch's caching allocator "
+                         "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), which CUDA IPC handles cannot share; "
+                         "unset that option or register a host tensor")
+    raise ValueError(f"device_handles: torch's IPC handle has {len(raw)} bytes in a format this sparsecar does not "
+                     "know (expected 64, or 66 starting with a version byte and b'c')")
 
 
 def copy_into(dst_view, data):
