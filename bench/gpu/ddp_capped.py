@@ -281,6 +281,8 @@ def run_one(args, link, model, method, trainer_args, run_dir, timeout):
                 procs, outs = [], []
                 for node in range(2):
                     out = os.path.join(run_dir, f"trainer-{node}.json")
+                    if os.path.exists(out):
+                        os.remove(out)  # an earlier run's results must never pass for this one's
                     outs.append(out)
                     trainer_method = "sparsecar" if method.startswith("sparsecar") else method
                     argv = trainer_prefix(args) + [
