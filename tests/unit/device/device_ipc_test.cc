@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
@@ -29,6 +30,20 @@ namespace sparsecar {
 namespace {
 
 using namespace std::chrono_literals;
+
+// The trainer binary: $SPARSECAR_DEVICE_IPC_TRAINER, else next to this test (a bundle copied to
+// the GPU machine holds both), else where this build put it.
+std::string trainer_path() {
+  if (const char* env = std::getenv("SPARSECAR_DEVICE_IPC_TRAINER"); env != nullptr && *env != '\0') return env;
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n > 0) {
+    const std::string exe(self, static_cast<size_t>(n));
+    const std::string beside = exe.substr(0, exe.rfind('/') + 1) + "device_ipc_trainer";
+    if (::access(beside.c_str(), X_OK) == 0) return beside;
+  }
+  return SPARSECAR_DEVICE_IPC_TRAINER;
+}
 
 // The pipeline's part, done by hand: wait on ready, check, write the pattern, record done.
 class GpuSink : public StepSink {
@@ -105,10 +120,11 @@ TEST(DeviceIpc, TrainerBufferIsReadAndWrittenByTheDaemonProcess) {
   sink.attach(server->get());
 
   const std::string count = "4099";
-  char* argv[] = {const_cast<char*>(SPARSECAR_DEVICE_IPC_TRAINER), const_cast<char*>(sock.path().c_str()),
+  const std::string trainer = trainer_path();
+  char* argv[] = {const_cast<char*>(trainer.c_str()), const_cast<char*>(sock.path().c_str()),
                   const_cast<char*>(count.c_str()), nullptr};
   pid_t pid = 0;
-  ASSERT_EQ(::posix_spawn(&pid, SPARSECAR_DEVICE_IPC_TRAINER, nullptr, nullptr, argv, environ), 0);
+  ASSERT_EQ(::posix_spawn(&pid, trainer.c_str(), nullptr, nullptr, argv, environ), 0) << trainer;
   int status = 0;
   const auto deadline = std::chrono::steady_clock::now() + 60s;
   while (::waitpid(pid, &status, WNOHANG) == 0) {

@@ -168,7 +168,7 @@ TEST_F(StepCollectorDeviceTest, HostAndDeviceRegistrationsOfOneNameAreRefused) {
   auto host = collector_->register_tensor(2, request("g", 16, false));
   ASSERT_FALSE(host.ok());
   EXPECT_EQ(host.status().code(), Code::kInvalidArgument);
-  const std::string& m = host.status().message();
+  const std::string m = host.status().message();
   EXPECT_NE(m.find("a GPU tensor (RegisterDevice) by client 1 (pid 7)"), std::string::npos) << m;
   EXPECT_NE(m.find("client 2 (pid 7) asked for a host tensor"), std::string::npos) << m;
 
