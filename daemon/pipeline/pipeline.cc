@@ -524,11 +524,17 @@ Status Pipeline::run_device_step(TensorState& t, const StepJob& job, const Decis
     auto upload = [&d](const GatheredPayload& g) { return d.add_payload(g); };
     ctx.while_waiting = [this, id] { prepare_next_device_step(id); };
     s = sparse_allgather_each(ctx, id, job.step, e.format, e.value_type, e.nnz, n, e.payload, upload, &stats);
+    const auto decode_started = clock_.now();
     if (s.ok()) {
-      const auto decode_started = clock_.now();
       s = d.finish_sparse(total_trainers_);
       stats.decode_seconds += seconds_since(clock_, decode_started);
     }
+    SC_LOG_DEBUG("tensor {} step {} on the GPU: select+encode {:.3f} ms{} (waiting for the trainers' ready events "
+                 "included), exchange {:.3f} ms (send {:.3f}, wait {:.3f}), decode {:.3f} ms",
+                 id, job.step, std::chrono::duration<double, std::milli>(times.exchange_started - times.encode_started).count(),
+                 ahead ? " (done ahead)" : "",
+                 std::chrono::duration<double, std::milli>(decode_started - times.exchange_started).count(),
+                 stats.send_seconds * 1e3, stats.wait_seconds * 1e3, seconds_since(clock_, decode_started) * 1e3);
     result->nnz = e.selected;
     sent_format = e.format;
   }
@@ -546,7 +552,10 @@ Status Pipeline::run_device_step(TensorState& t, const StepJob& job, const Decis
   d.commit();
   // The peers have this step now; writing the average into the trainers' buffers can still fail
   // on a CUDA error, which fails the step here (the residual already let the selection go).
+  const auto end_started = clock_.now();
   SC_RETURN_IF_ERROR(d.end(job.device, true).with_context("writing the average into the trainers' buffers"));
+  SC_LOG_DEBUG("tensor {} step {} on the GPU: written back in {:.3f} ms; {:.3f} ms in all", id, job.step,
+               seconds_since(clock_, end_started) * 1e3, seconds_since(clock_, times.encode_started) * 1e3);
   observe_step(t, job, decision, plan, true, *result, stats, times, {}, {});
   finish_step(t, plan, *result, stats);
   return Status::Ok();
