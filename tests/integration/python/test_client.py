@@ -150,3 +150,18 @@ def test_device_handles_refuses_cpu_tensors():
         sparsecar.device_handles(torch.zeros(4), None, None)
     with pytest.raises(TypeError):
         sparsecar.device_handles([1.0], None, None)
+
+
+def test_ipc_mem_handle_formats():
+    """torch's shareable CUDA handle: 64 bytes as they are (torch <= 2.1); 66 bytes = version byte +
+    kind b"c" + the cudaIpcMemHandle_t (later torch); expandable segments and unknown formats are
+    refused with a message saying what to do."""
+    handle = bytes(range(64))
+    assert sparsecar._ipc_mem_handle(handle) == handle
+    assert sparsecar._ipc_mem_handle(b"\x01c" + handle) == handle
+    with pytest.raises(ValueError, match="expandable"):
+        sparsecar._ipc_mem_handle(b"\x01e" + bytes(80))
+    with pytest.raises(ValueError, match="format"):
+        sparsecar._ipc_mem_handle(b"\x01x" + handle)
+    with pytest.raises(ValueError, match="format"):
+        sparsecar._ipc_mem_handle(handle[:40])
