@@ -33,16 +33,18 @@ using fakes::PipelineJob;
 
 // One trainer's tensor in GPU memory with its two events (in-process: no IPC needed here).
 struct DeviceTensor {
-  explicit DeviceTensor(size_t n) : count(n) {
+  explicit DeviceTensor(size_t n, int device = 0) : count(n) {
+    if (!cu::set_device(device).ok()) return;
     auto p = cu::device_alloc(n * sizeof(float));
     auto r = cu::event_create();
     auto d = cu::event_create();
     auto s = cu::stream_create();
     if (!p.ok() || !r.ok() || !d.ok() || !s.ok()) return;
-    buffer = DeviceBuffer{static_cast<float*>(*p), 0, *r, *d};
+    buffer = DeviceBuffer{static_cast<float*>(*p), device, *r, *d};
     stream = *s;
   }
   ~DeviceTensor() {
+    cu::set_device(buffer.device).ignore();
     cu::synchronize(stream).ignore();
     cu::device_free(buffer.data);
     cu::event_destroy(buffer.ready_event);
@@ -51,12 +53,14 @@ struct DeviceTensor {
   }
   // The trainer's side of a step: write the gradient on its stream, record ready.
   void write(const std::vector<float>& host) {
+    ASSERT_TRUE(cu::set_device(buffer.device).ok());
     ASSERT_TRUE(cu::copy_async(buffer.data, host.data(), count * sizeof(float), stream).ok());
     ASSERT_TRUE(cu::event_record(buffer.ready_event, stream).ok());
   }
   // After the completion: wait for done on the trainer's stream, read the average.
   std::vector<float> read() {
     std::vector<float> out(count, std::nanf(""));
+    EXPECT_TRUE(cu::set_device(buffer.device).ok());
     EXPECT_TRUE(cu::stream_wait_event(stream, buffer.done_event).ok());
     EXPECT_TRUE(cu::copy_async(out.data(), buffer.data, count * sizeof(float), stream).ok());
     EXPECT_TRUE(cu::synchronize(stream).ok());
@@ -199,6 +203,62 @@ TEST(DevicePipelineOverlap, BucketsQueuedTogetherEqualTheHostPath) {
         ASSERT_TRUE(res.status.ok()) << "rank " << r << " tensor " << i << ": " << res.status.to_string();
         EXPECT_TRUE(same_bits(tensors[r][i]->read(), expected[i][r]))
             << "rank " << r << " tensor " << i << " step " << step << " differs from the host path";
+      }
+    }
+  }
+}
+
+// A node of two trainers on two GPUs: the daemon works on the first trainer's GPU, brings the
+// second's buffer over (a peer copy), sums both in float64 (the session's host sum), and writes
+// the average back into both buffers, recording each trainer's done event on its own GPU.
+TEST(DevicePipelineNode, TwoTrainersOnTwoGpusEqualTheHostPath) {
+  if (cu::device_count() < 2) GTEST_SKIP() << "needs 2 GPUs (" << cu::device_count() << " here)";
+  constexpr uint32_t kWorld = 2;
+  const size_t n = 65537;
+  PipelineOptions o = options(true, kernels::Selector::kTopk, 0.02, 0.0);
+  o.local_clients = 2;
+  PipelineJob host(kWorld, o);
+  PipelineJob device(kWorld, o);
+  std::vector<std::vector<std::unique_ptr<DeviceTensor>>> tensors(kWorld);
+  for (uint32_t r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(host.nodes[r]->pipeline->register_tensor(0, TensorSpec{"w", n}).ok());
+    TensorSpec spec{"w", n};
+    spec.on_device = true;
+    ASSERT_TRUE(device.nodes[r]->pipeline->register_tensor(0, spec).ok());
+    for (int gpu = 0; gpu < 2; ++gpu) {
+      tensors[r].push_back(std::make_unique<DeviceTensor>(n, gpu));
+      ASSERT_NE(tensors[r].back()->buffer.data, nullptr);
+    }
+  }
+  for (uint64_t step = 1; step <= 3; ++step) {
+    std::vector<std::vector<std::vector<float>>> grads(kWorld);  // [node][trainer]
+    std::vector<std::vector<float>> sums(kWorld, std::vector<float>(n));
+    for (uint32_t r = 0; r < kWorld; ++r) {
+      for (uint32_t c = 0; c < 2; ++c) grads[r].push_back(fakes::random_vector(n, 100 * static_cast<uint32_t>(step) + 10 * r + c));
+      for (size_t i = 0; i < n; ++i) {
+        sums[r][i] = static_cast<float>(static_cast<double>(grads[r][0][i]) + static_cast<double>(grads[r][1][i]));
+      }
+    }
+    std::vector<std::vector<float>> expected;
+    for (auto& res : fakes::run_step(host, 0, step, sums, expected)) ASSERT_TRUE(res.status.ok()) << res.status.to_string();
+    std::vector<std::vector<DeviceBuffer>> buffers(kWorld);
+    for (uint32_t r = 0; r < kWorld; ++r) {
+      for (uint32_t c = 0; c < 2; ++c) {
+        tensors[r][c]->write(grads[r][c]);
+        buffers[r].push_back(tensors[r][c]->buffer);
+      }
+      StepJob j;
+      j.tensor_id = 0;
+      j.step = step;
+      j.device = buffers[r];
+      device.nodes[r]->pipeline->submit(j);
+    }
+    for (uint32_t r = 0; r < kWorld; ++r) {
+      StepResult res = device.nodes[r]->results.wait(0, step);
+      ASSERT_TRUE(res.status.ok()) << "rank " << r << ": " << res.status.to_string();
+      for (uint32_t c = 0; c < 2; ++c) {
+        EXPECT_TRUE(same_bits(tensors[r][c]->read(), expected[r]))
+            << "rank " << r << " trainer " << c << " (GPU " << c << ") step " << step << " differs from the host path";
       }
     }
   }
