@@ -323,7 +323,8 @@ def run_one(args, link, model, method, trainer_args, run_dir, timeout):
         r0 = ranks[0]
         for k in ("params", "batch", "device_name", "backend", "torch", "compute_ms", "start_up_s", "step_ms",
                   "steps_timed", "dense_ring_bytes_per_step", "payload_bytes_per_step", "hook", "hook_path", "powersgd",
-                  "final_accuracy", "train_seconds", "eval_seconds", "curve", "steps", "epochs", "test_images"):
+                  "final_accuracy", "train_seconds", "eval_seconds", "curve", "steps", "epochs", "test_images",
+                  "dtype", "params_identical"):
             if k in r0:
                 entry[k] = r0[k]
         if all(r.get("step_ms") for r in ranks):
@@ -334,6 +335,9 @@ def run_one(args, link, model, method, trainer_args, run_dir, timeout):
         hook = r0.get("hook")
         if hook and hook.get("mode") != "sparse":
             entry["warning"] = f"sparsecar hook ended in mode {hook.get('mode')}: {hook.get('failure')}"
+        if any(r.get("params_identical") is False for r in ranks):
+            entry["status"] = "failed"
+            entry["message"] = "the ranks ended with different parameters (params_sha256 differs)"
     return entry
 
 
@@ -465,6 +469,8 @@ def parse(argv):
     t.add_argument("--backend", help="ddp_trainer.py --backend (default nccl on cuda, gloo on cpu)")
     t.add_argument("--steps", type=int, default=100, help="most timed steps per run")
     t.add_argument("--min-steps", type=int, default=None, help="fewest timed steps per run (default 5)")
+    t.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                   help="step part's parameters and activations (DDP's buckets get this type)")
     t.add_argument("--budget-s", type=float, default=None, help="timed seconds per run (default 6)")
     t.add_argument("--warmup", type=int, default=None, help="untimed iterations (default 4; >= 3)")
     t.add_argument("--batch", type=int, help="step part, per rank (default: per model)")
@@ -580,7 +586,7 @@ def preflight(args):
 
 
 def trainer_args(args, model):
-    a = ["--warmup", str(args.warmup), "--powersgd-rank", str(args.powersgd_rank)]
+    a = ["--warmup", str(args.warmup), "--powersgd-rank", str(args.powersgd_rank), "--dtype", args.dtype]
     if args.backend:
         a += ["--backend", args.backend]
     if args.threads:
@@ -684,8 +690,9 @@ def run_and_report(args, link, model, method):
     s = e.get("step_ms") or {}
     extra = (f", final accuracy {100 * e['final_accuracy']:.2f}% in {e['train_seconds']:.1f} s"
              if "final_accuracy" in e else "")
+    same = {True: ", parameters identical on every rank", False: ", PARAMETERS DIFFER"}.get(e.get("params_identical"), "")
     print(f"  {model} {method}: {e['status']}, median {fmt(s.get('median'), '.2f')} ms "
-          f"({e['run_seconds']:.0f} s){extra}", flush=True)
+          f"({e['run_seconds']:.0f} s){extra}{same}", flush=True)
     if e["status"] in ("failed", "timeout"):
         print(f"  {e.get('message', '')}", file=sys.stderr, flush=True)
     elif e["status"] == "skipped":

@@ -95,6 +95,8 @@ def parse(argv):
     p.add_argument("--eval-every", type=int, default=50, help="fmnist_cnn: steps between evaluations")
     p.add_argument("--eval-limit", type=int, default=0, help="fmnist_cnn: evaluate on the first N test images "
                    "only (0 = all 10k; for smoke tests on CPU)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                   help="parameters and activations (step-time models): DDP's buckets then have this type")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--out", help="also write the JSON line here")
     args = p.parse_args(argv)
@@ -244,6 +246,10 @@ def main(argv):
 
     torch.manual_seed(args.seed)  # the same initial parameters on every rank (DDP broadcasts them too)
     model = build_model(args.model, torch, args.image_size).to(device)
+    dtype = getattr(torch, args.dtype)
+    if args.model != "fmnist_cnn":
+        model = model.to(dtype)
+    result["dtype"] = args.dtype if args.model != "fmnist_cnn" else "float32"
     params = sum(p.numel() for p in model.parameters())
     result.update(params=params, batch=args.batch, warmup=args.warmup,
                   dense_ring_bytes_per_step=int(2 * (args.world - 1) / args.world * 4 * params))
@@ -266,6 +272,7 @@ def main(argv):
         y0 = torch.randint(0, 10, (args.batch,), device=device)
     else:
         x0, y0 = synthetic_batch(args.model, torch, args.batch, args.image_size, device, args.seed + args.rank)
+        x0 = x0.to(dtype)
     compute = []
     buffers = [b.detach().clone() for b in ddp.module.buffers()]  # BatchNorm's running statistics
     with ddp.no_sync():
@@ -308,6 +315,7 @@ def main(argv):
     else:
         extra = time_steps(args, torch, dist, ddp, opt, device, sync, report, x0, y0, flag_max)
 
+    extra.update(parameter_agreement(torch, dist, ddp))
     if hook is not None:
         s = hook.summary()
         extra["hook"] = {k: s.get(k) for k in ("mode", "iterations", "sparse_iterations", "bytes_sent",
@@ -323,6 +331,20 @@ def main(argv):
     dist.barrier()
     dist.destroy_process_group()
     return 0
+
+
+def parameter_agreement(torch, dist, ddp):
+    """Whether every rank ends with the same parameters, bit for bit: a SHA-256 of this rank's
+    parameter bytes, gathered from every rank (outside the clock)."""
+    import hashlib
+    h = hashlib.sha256()
+    with torch.no_grad():
+        for p in ddp.module.parameters():
+            h.update(p.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes())
+    mine = h.hexdigest()
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return {"params_sha256": mine, "params_identical": all(d == mine for d in every)}
 
 
 def time_steps(args, torch, dist, ddp, opt, device, sync, report, x, y, flag_max):

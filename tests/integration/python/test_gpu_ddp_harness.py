@@ -55,6 +55,7 @@ def test_harness_cpu_capped(sparsecard, tmp_path):
         assert e["steps_timed"] == 15 and e["step_ms"]["median"] > 0, e
         assert e["ratio_to_dense"] is not None and e["ratio_to_powersgd"] is not None
         assert e["link_bytes"] > 0
+        assert e["params_identical"] is True, (m, "ranks ended with different parameters")
     sc, dense = runs["sparsecar"], runs["dense"]
     assert sc["hook"]["mode"] == "sparse" and sc["hook"]["failure"] is None, sc["hook"]
     assert 0 < sc["payload_bytes_per_step"] < dense["dense_ring_bytes_per_step"]
