@@ -59,12 +59,7 @@ def start_daemons(job, link, daemon_args, timeout=60.0):
                 "--ucx-tls", "tcp", "--ucx-net-devices", link.dev[node]] + daemon_args
         job.daemons.append(job.spawn(f"sparsecard node {node}", link.exec_argv(node, argv), env=env_n,
                                      log_name=f"sparsecard-{node}"))
-    deadline = time.monotonic() + timeout
-    while not all(os.path.exists(s) for s in job.sockets):
-        job.check_daemons("while starting")
-        if time.monotonic() > deadline:
-            raise JobError(f"daemon sockets did not appear within {timeout:.0f} s")
-        time.sleep(0.05)
+    job.wait_for_sockets(timeout)
 
 
 def decisions(log_path, limit=40):

@@ -129,6 +129,16 @@ class LocalJob:
                 raise JobError(f"sparsecard node {r} exited with status {d.returncode} {when}:\n"
                                f"{tail(self.log_of(d))}")
 
+    def wait_for_sockets(self, timeout):
+        """Waits (bounded) until every daemon's session socket in self.sockets exists; a daemon
+        that exits meanwhile is reported with its log."""
+        deadline = time.monotonic() + timeout
+        while not all(os.path.exists(s) for s in self.sockets):
+            self.check_daemons("while starting")
+            if time.monotonic() > deadline:
+                raise JobError(f"daemon sockets did not appear within {timeout:.0f} s")
+            time.sleep(0.05)
+
     # ---- trainers -----------------------------------------------------------------------------
     def wait_all(self, procs, timeout):
         """Waits until every process in procs exited 0; raises JobError naming the first failure

@@ -142,12 +142,7 @@ def start_daemons(args, job, link, flags, timeout=60.0):
                 "--ucx-tls", "tcp", "--ucx-net-devices", link.dev(node)] + flags
         job.daemons.append(job.spawn(f"sparsecard node {node}", link.argv(node, argv), env=env,
                                      log_name=f"sparsecard-{node}"))
-    deadline = time.monotonic() + timeout
-    while not all(os.path.exists(s) for s in job.sockets):
-        job.check_daemons("while starting")
-        if time.monotonic() > deadline:
-            raise JobError(f"daemon sockets did not appear within {timeout:.0f} s")
-        time.sleep(0.05)
+    job.wait_for_sockets(timeout)
 
 
 def trainer_env(args, job, link, node, port):

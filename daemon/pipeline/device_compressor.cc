@@ -408,26 +408,33 @@ Status DeviceCompressor::write_residual(std::span<const float> values) {
   return cu::synchronize(stream_);
 }
 
+Status DeviceCompressor::release_untouched(std::span<const DeviceBuffer> buffers) {
+  Status first;
+  for (const DeviceBuffer& b : buffers) {
+    if (b.done_event == nullptr || b.device < 0) continue;
+    Status s = cu::set_device(b.device);
+    if (s.ok()) s = cu::event_record(b.done_event, nullptr);
+    if (first.ok() && !s.ok()) first = std::move(s);
+  }
+  return first;
+}
+
 Status DeviceCompressor::end(std::span<const DeviceBuffer> outputs, bool ok) {
+  grad_ = nullptr;
+  queued_.clear();
+  uploaded_ = 0;
+  if (device_ < 0) return release_untouched(outputs);  // nothing of this step ran on a GPU
   Status first;
   auto keep = [&](Status s) {
     if (first.ok() && !s.ok()) first = std::move(s);
   };
-  if (device_ >= 0) {
-    keep(cu::set_device(device_));
-    if (ok) {
-      for (const DeviceBuffer& b : outputs) keep(cu::copy_async(b.data, out_, n_ * sizeof(float), stream_));
-    }
-    keep(cu::event_record(step_event_, stream_));
+  keep(cu::set_device(device_));
+  if (ok) {
+    for (const DeviceBuffer& b : outputs) keep(cu::copy_async(b.data, out_, n_ * sizeof(float), stream_));
   }
+  keep(cu::event_record(step_event_, stream_));
   for (const DeviceBuffer& b : outputs) {
     if (b.done_event == nullptr) continue;
-    if (device_ < 0) {
-      // Nothing of this step ran on a GPU: the event only has to be recorded.
-      keep(cu::set_device(b.device));
-      keep(cu::event_record(b.done_event, nullptr));
-      continue;
-    }
     cu::Stream s = stream_for(b.device);
     if (s == nullptr) {
       keep(internal_error("no stream on GPU " + std::to_string(b.device)));
@@ -440,11 +447,8 @@ Status DeviceCompressor::end(std::span<const DeviceBuffer> outputs, bool ok) {
     keep(cu::event_record(b.done_event, s));
     if (s != stream_) keep(cu::set_device(device_));
   }
-  if (device_ >= 0) keep(cu::synchronize(stream_));
+  keep(cu::synchronize(stream_));
   for (auto& o : other_streams_) keep(cu::synchronize(o.stream));
-  grad_ = nullptr;
-  queued_.clear();
-  uploaded_ = 0;
   return first;
 }
 

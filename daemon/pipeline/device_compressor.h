@@ -107,6 +107,9 @@ class DeviceCompressor {
   // and uploads them when the device memory is allocated.
   Status read_residual(std::vector<float>* out);
   Status write_residual(std::span<const float> values);
+  // Records every done event of a step that nothing of ours touched on a GPU (no compressor
+  // state, or none allocated yet): a record on each device's legacy stream releases the buffers.
+  static Status release_untouched(std::span<const DeviceBuffer> buffers);
   // Ends the step (see the header comment): `ok` writes the output into every trainer's buffer.
   // Records every done event whatever happens; returns the first CUDA error.
   Status end(std::span<const DeviceBuffer> outputs, bool ok);

@@ -75,15 +75,10 @@ struct Pipeline::TensorState {
 
 namespace {
 
-// Records every done event of a device step that never reached a DeviceCompressor: nothing of
-// ours touched the buffers, so a record on the legacy stream of each device releases them.
+// A device step that never reached a DeviceCompressor still owes its trainers their done events.
 void release_device_buffers(std::span<const DeviceBuffer> buffers) {
-  for (const DeviceBuffer& b : buffers) {
-    if (b.done_event == nullptr || b.device < 0) continue;
-    Status s = kernels::cuda::set_device(b.device);
-    if (s.ok()) s = kernels::cuda::event_record(b.done_event, nullptr);
-    if (!s.ok()) SC_LOG_ERROR("releasing a trainer's device buffer: {}", s.to_string());
-  }
+  Status s = DeviceCompressor::release_untouched(buffers);
+  if (!s.ok()) SC_LOG_ERROR("releasing a trainer's device buffer: {}", s.to_string());
 }
 
 double seconds_since(const Clock& clock, Clock::time_point t0) {
