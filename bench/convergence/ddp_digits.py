@@ -109,7 +109,8 @@ def trainer(args):
             import sparsecar.torch
             hook_state = sparsecar.torch.register(model, socket=args.socket, optimizer=opt,
                                                   on_error=args.on_error, timeout=args.step_timeout,
-                                                  tensors=args.hook_tensors, announce=None)
+                                                  tensors=args.hook_tensors, announce=None,
+                                                  agreement=args.agreement)
         else:
             raise SystemExit(f"unknown method {method}")
 
@@ -260,7 +261,7 @@ def _run_trainers(args, job, world, L, job_index):
 
 def _forward(args):
     keys = ["methods", "steps", "batch", "lr", "momentum", "hidden", "seed", "powersgd_rank",
-            "local_clients", "on_error", "step_timeout", "eval_every", "hook_tensors"]
+            "local_clients", "on_error", "step_timeout", "eval_every", "hook_tensors", "agreement"]
     out = []
     for k in keys:
         out += ["--" + k.replace("_", "-"), str(getattr(args, k))]
@@ -339,6 +340,8 @@ def parse(argv):
                    help="the hook's tensors: one flat tensor per DDP bucket (default, the layout of the DDP "
                         "numbers in docs/convergence.md) or one per parameter")
     p.add_argument("--on-error", default="raise", help="the hook's on_error (raise: a benchmark must not fall back silently)")
+    p.add_argument("--agreement", default="auto", choices=("auto", "device", "gloo"),
+                   help="the hook's agreement= (gloo: a gloo side group, as a NCCL job gets by default)")
     p.add_argument("--step-timeout", type=float, default=60.0, help="hook wait per bucket (s)")
     p.add_argument("--daemon-step-timeout", type=float, default=20.0)
     p.add_argument("--timeout", type=float, default=600.0, help="whole job (s)")

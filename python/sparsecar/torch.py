@@ -52,11 +52,17 @@ How it works (torch 1.13 .. 2.x; only public, long-lived hook APIs are used):
   are used; if not, every rank all-reduces the original gradients of that whole iteration (they
   are still in the buckets) and every rank falls back from the next iteration on. So the
   parameters stay identical on every rank, whatever failed where.
-* **Agreement on any backend.** The agreement all-reduces (one int32) run on the device of the
-  model's parameters / the bucket, so they go through whatever backend DDP's group uses for its
-  gradients: under a plain ``init_process_group("nccl")`` that is a CUDA tensor through NCCL (a
-  CPU tensor would fail there with "No backend type associated with device type cpu"). Futures
-  of CUDA buckets are created with ``devices=`` so torch syncs the streams.
+* **Agreement on any backend, without a GPU sync.** The agreement all-reduces (one int32) need
+  a backend that takes the tensor: with ``agreement="auto"`` (the default) a job whose default
+  group is NCCL gets a gloo side group (``dist.new_group(backend="gloo")``, created by register()
+  on every rank, over the same rendezvous) and agrees with a CPU tensor through it, so the
+  completion thread never waits for a GPU stream (an NCCL all-reduce plus ``.item()`` would wait
+  for everything queued on the GPU before it). ``agreement="device"`` (and "auto" with a
+  ``process_group=`` subgroup, or when gloo is missing) all-reduces on the device of the
+  model's parameters / the bucket through DDP's own group: under NCCL a CUDA tensor (a CPU
+  tensor would fail there with "No backend type associated with device type cpu").
+  ``summary()["agreement"]`` says which. Futures of CUDA buckets are created with ``devices=``
+  so torch syncs the streams.
 * **Node values are not process values.** torchrun's RANK / WORLD_SIZE / LOCAL_RANK are per
   process; a sparsecar daemon serves a node. The node rank and node count the hook shows come
   from ``SPARSECAR_NODE_RANK`` / ``SPARSECAR_NNODES`` (else ``NODE_RANK`` / ``NNODES``), the
@@ -140,7 +146,7 @@ class SparsecarHook:
     def __init__(self, socket=None, *, optimizer=None, lr=None, dense_iterations=2,
                  on_error="fallback", timeout=60.0, connect_timeout=10.0, process_group=None,
                  prefix=None, tensors="buckets", param_names=None, device=None, announce="rank0",
-                 device_path="auto"):
+                 device_path="auto", agreement="auto"):
         if on_error not in ("fallback", "raise"):
             raise ValueError('on_error must be "fallback" or "raise"')
         if tensors not in ("parameters", "buckets"):
@@ -149,7 +155,11 @@ class SparsecarHook:
             raise ValueError('announce must be "rank0", "all" or None')
         if device_path not in ("auto", "off", "require"):
             raise ValueError('device_path must be "auto", "off" or "require"')
+        if agreement not in ("auto", "device", "gloo"):
+            raise ValueError('agreement must be "auto", "device" or "gloo"')
         self.device_path = device_path
+        self.agreement = agreement   # resolved by _connect(): "device" or "gloo"
+        self._agree_group = None     # the gloo side group when agreement resolves to "gloo"
         self.socket = socket or os.environ.get("SPARSECAR_SOCKET", sparsecar.DEFAULT_SOCKET)
         self.optimizer = optimizer
         self.lr = lr
@@ -213,7 +223,8 @@ class SparsecarHook:
         """What the hook did so far, as a dict:
 
         mode, path ("device": GPU buckets handed over by CUDA IPC and compressed on the GPU;
-        "host": staged through shared memory; None before registering), iterations (every DDP iteration hooked, restored ones included), sparse_iterations,
+        "host": staged through shared memory; None before registering), agreement ("gloo": the
+        side group, "device": DDP's group), iterations (every DDP iteration hooked, restored ones included), sparse_iterations,
         dense_buckets (warm-up and fallback), tensors (registered), bytes_sent / dense_bytes (the
         daemon's report for this node: wire bytes vs. what a dense ring all-reduce would have
         sent), ratio (dense_bytes / bytes_sent; None before any sparse step), density (selected /
@@ -227,6 +238,7 @@ class SparsecarHook:
         out = {
             "mode": self.mode,
             "path": self.path,
+            "agreement": self.agreement,
             "iterations": self.iteration,
             "sparse_iterations": st["sparse_iterations"],
             "dense_buckets": st["dense_buckets"],
@@ -341,6 +353,7 @@ class SparsecarHook:
     # ---- setup -------------------------------------------------------------------------------
     def _connect(self):
         """Connects (all ranks agree whether everyone could). Called by register()."""
+        self._setup_agreement()
         ok = True
         try:
             self._client = sparsecar.Client(self.socket, timeout=self.connect_timeout)
@@ -352,9 +365,32 @@ class SparsecarHook:
                 self._note_failure("another rank could not connect to its sparsecar daemon")
             self._give_up()
 
+    def _setup_agreement(self):
+        """Resolves `agreement` (see "Agreement on any backend" in the module doc). Collective
+        when it creates the gloo side group: every rank runs register() in the same order."""
+        want = self.agreement
+        if want == "auto":
+            backend = str(dist.get_backend(self.process_group)).lower()
+            if self.process_group is not None or "gloo" in backend or not dist.is_gloo_available():
+                want = "device"  # gloo already takes CPU tensors; a subgroup cannot make one here
+            else:
+                want = "gloo"
+        if want == "gloo":
+            if self.process_group is not None:
+                ranks = dist.get_process_group_ranks(self.process_group)
+                self._agree_group = dist.new_group(ranks=ranks, backend="gloo")
+            else:
+                self._agree_group = dist.new_group(backend="gloo")
+        self.agreement = want
+
     def _all_ranks_ok(self, ok, device):
-        """MIN all-reduce of one flag on `device`: the device DDP's gradients live on, which the
-        group's backend serves (NCCL refuses CPU tensors, gloo takes both)."""
+        """MIN all-reduce of one flag: on the CPU through the gloo side group, or on `device` (the
+        device DDP's gradients live on, which the group's backend serves: NCCL refuses CPU
+        tensors, gloo takes both)."""
+        if self._agree_group is not None:
+            flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._agree_group)
+            return bool(flag.item())
         with _on_device(device):
             flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
             dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.process_group)
@@ -774,7 +810,8 @@ def _on_device(device):
 
 def register(ddp_model, socket=None, *, optimizer=None, lr=None, dense_iterations=2,
              on_error="fallback", timeout=60.0, connect_timeout=10.0, process_group=None,
-             prefix=None, tensors="buckets", announce="rank0", device_path="auto"):
+             prefix=None, tensors="buckets", announce="rank0", device_path="auto",
+             agreement="auto"):
     """Installs the sparsecar communication hook on `ddp_model` and returns its state.
 
     socket: the local daemon's Unix socket (default $SPARSECAR_SOCKET or
@@ -792,6 +829,10 @@ def register(ddp_model, socket=None, *, optimizer=None, lr=None, dense_iteration
         that the daemon maps by CUDA IPC and compresses on its GPU; when the daemon cannot — built
         without CUDA, no GPU — one warning and the buckets are staged through host memory), "off"
         (always host staging), "require" (no fallback to host staging: registering fails).
+    agreement: how the ranks agree that every rank got every bucket: "auto" (default: a gloo side
+        group when DDP's group is the default NCCL one, so no GPU stream is waited on; else
+        DDP's group), "device" (DDP's group, a tensor on the bucket's device), "gloo" (a gloo side
+        group; with process_group= every rank of the default group must call register()).
     timeout: seconds to wait for one bucket. Call this on every rank, like DDP itself (it runs
     one small all-reduce so that every rank agrees the daemon is reachable).
     """
@@ -802,7 +843,8 @@ def register(ddp_model, socket=None, *, optimizer=None, lr=None, dense_iteration
     state = SparsecarHook(socket, optimizer=optimizer, lr=lr, dense_iterations=dense_iterations,
                           on_error=on_error, timeout=timeout, connect_timeout=connect_timeout,
                           process_group=process_group, prefix=prefix, tensors=tensors,
-                          param_names=names, device=device, announce=announce, device_path=device_path)
+                          param_names=names, device=device, announce=announce, device_path=device_path,
+                          agreement=agreement)
     state._connect()
     ddp_model.register_comm_hook(state, _hook_entry)
     return state

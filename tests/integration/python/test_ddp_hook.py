@@ -128,11 +128,13 @@ def test_twenty_ddp_jobs_on_the_same_daemons_all_succeed_identically(sparsecard,
 def test_a_failure_seen_by_one_rank_makes_every_rank_fall_back_together(sparsecard, tmp_path):
     """Lost data messages (the daemons' test-only fault switch) fail a step on one node while its
     peer may complete it. The ranks agree at the end of the iteration: all of them all-reduce that
-    iteration and fall back, and their parameters stay bit-identical."""
+    iteration and fall back, and their parameters stay bit-identical. The agreement goes through
+    the gloo side group (what a NCCL job gets by default), across processes."""
     s = _ddp_digits(sparsecard, tmp_path,
                     ["--methods", "sparsecar", "--nodes", "2", "--local-clients", "1", "--steps", "12",
                      "--compression", "on", "--density", "0.05", "--on-error", "fallback",
-                     "--daemon-step-timeout", "1", "--step-timeout", "20", "--timeout", "240"],
+                     "--daemon-step-timeout", "1", "--step-timeout", "20", "--timeout", "240",
+                     "--agreement", "gloo"],
                     env_extra={"SPARSECAR_TEST_FAULTS": "drop=0.3,seed=3,kinds=1"})
     sc = s["methods"]["sparsecar"]
     assert sc["hook_mode"] == "fallback", sc
@@ -302,3 +304,33 @@ def test_agreement_runs_on_the_models_device(group, tmp_path, monkeypatch):
     with pytest.warns(RuntimeWarning):
         hook = sparsecar.torch.register(model, socket=str(tmp_path / "none.sock"), connect_timeout=0.1)
     assert hook.device == next(model.parameters()).device and seen == [hook.device]
+
+
+def test_agreement_on_a_nccl_job_uses_a_gloo_side_group_without_a_gpu_sync(group, tmp_path, monkeypatch):
+    """agreement="auto" under a NCCL default group creates a gloo side group and agrees with a CPU
+    tensor through it (no CUDA stream is waited on); DDP's own group is not used for it."""
+    calls = []
+    real = dist.all_reduce
+
+    def spy(t, *a, **k):
+        calls.append((t.device.type, k.get("group")))
+        return real(t, *a, **k)
+    monkeypatch.setattr(dist, "all_reduce", spy)
+    real_backend = dist.get_backend
+    monkeypatch.setattr(dist, "get_backend", lambda g=None: "nccl" if g is None else real_backend(g))
+    model, _ = make_models()
+    with pytest.warns(RuntimeWarning):
+        hook = sparsecar.torch.register(model, socket=str(tmp_path / "none.sock"), connect_timeout=0.1)
+    assert hook.agreement == "gloo" and hook.summary()["agreement"] == "gloo"
+    assert hook._agree_group is not None
+    assert calls == [("cpu", hook._agree_group)]
+    assert real_backend(hook._agree_group) == "gloo"
+
+
+def test_agreement_choices(group, tmp_path):
+    model, _ = make_models()
+    with pytest.raises(ValueError, match="agreement"):
+        sparsecar.torch.register(model, socket=str(tmp_path / "none.sock"), agreement="nccl")
+    with pytest.warns(RuntimeWarning):  # a gloo job agrees through its own group
+        hook = sparsecar.torch.register(model, socket=str(tmp_path / "none.sock"), connect_timeout=0.1)
+    assert hook.agreement == "device" and hook._agree_group is None
