@@ -20,10 +20,14 @@ Parts (--part):
         step (the hook's summary), the bytes the two tbf qdiscs sent during the run, the
         transport NCCL reported, and per rate the ratio of every method's median to dense's and
         to PowerSGD's from the same run.
-  tta   Fashion-MNIST, fmnist_cnn, 2 nodes at --tta-rate: dense, powersgd, sparsecar (static
-        top-k at --tta-density) and sparsecar_bandwidth (--controller bandwidth, the trainer
-        reports its compute time): test accuracy over training wall time (evaluation kept out
-        of the clock), time to dense's final accuracy, final accuracy.
+  tta   Fashion-MNIST, --tta-model (fmnist_cnn, or the wider fmnist_resnet whose all-reduce
+        dominates its step at 1 Gbit/s), 2 nodes at --tta-rate: dense, powersgd, sparsecar
+        (static top-k at --tta-density) and sparsecar_bandwidth (--controller bandwidth, the
+        trainer reports its compute time): test accuracy over training wall time (evaluation
+        kept out of the clock), time to dense's final accuracy, final accuracy, and the accuracy
+        each method had after as many steps as dense ran. Dense runs --tta-epochs; the
+        compressed methods may run longer (--tta-epochs-compressed): their steps are cheaper,
+        and the target is a time.
 Each run is its own pair of processes (and daemons); a run over --run-timeout is killed, a
 failed run is reported with its log's tail and the matrix goes on (exit status 1 at the end).
 Runs that would start after --total-budget-s are skipped, so one call ends in time. The results
@@ -55,6 +59,8 @@ sys.path.insert(0, os.path.join(ROOT, "bench", "convergence"))
 from capped import decisions  # noqa: E402
 from capped_net import CappedLink, rate_bits  # noqa: E402
 from localjob import JobError, LocalJob, tail  # noqa: E402
+
+FMNIST_MODELS = ("fmnist_cnn", "fmnist_resnet")  # the tta part's models (ddp_trainer.py)
 
 TRAINER = os.path.join(HERE, "ddp_trainer.py")
 COORD_PORT = 29400   # inside our own namespaces: nothing else listens there
@@ -269,7 +275,7 @@ def run_one(args, link, model, method, trainer_args, run_dir, timeout):
             job.sockets = [os.path.join(sock_dir, f"node-{n}.sock") for n in range(2)]
             try:
                 if method.startswith("sparsecar"):
-                    density = args.tta_density if model == "fmnist_cnn" else args.density
+                    density = args.tta_density if model in FMNIST_MODELS else args.density
                     flags = daemon_flags(args, method, density)
                     entry["daemon_flags"] = flags
                     start_daemons(args, job, link, flags)
@@ -287,6 +293,8 @@ def run_one(args, link, model, method, trainer_args, run_dir, timeout):
                         argv += ["--socket", job.sockets[node]]
                         if args.device_path:
                             argv += ["--device-path", args.device_path]
+                        if args.agreement:
+                            argv += ["--agreement", args.agreement]
                     if method == "sparsecar_bandwidth":
                         argv += ["--report-compute-time"]
                     procs.append(job.spawn(f"trainer rank {node}", link.argv(node, argv),
@@ -360,10 +368,10 @@ def add_ratios(runs):
     """Per (model, rate): every method's median step time over dense's and over PowerSGD's."""
     base = {}
     for e in runs:
-        if e.get("step_ms") and e["method"] in ("dense", "powersgd") and e["model"] != "fmnist_cnn":
+        if e.get("step_ms") and e["method"] in ("dense", "powersgd") and e["model"] not in FMNIST_MODELS:
             base[(e["model"], e["rate"], e["method"])] = e["step_ms"]["median"]
     for e in runs:
-        if not e.get("step_ms") or e["model"] == "fmnist_cnn":
+        if not e.get("step_ms") or e["model"] in FMNIST_MODELS:
             continue
         for ref in ("dense", "powersgd"):
             b = base.get((e["model"], e["rate"], ref))
@@ -375,7 +383,7 @@ def fmt(v, spec):
 
 
 def print_step_table(runs, device_name):
-    rows = [e for e in runs if e["model"] != "fmnist_cnn"]
+    rows = [e for e in runs if e["model"] not in FMNIST_MODELS]
     if not rows:
         return
     print(f"\nstep time ({device_name}); median over timed steps, p10-p90; ratios against dense and PowerSGD "
@@ -404,15 +412,20 @@ def time_to(curve, target):
 
 
 def tta_summary(runs):
-    rows = [e for e in runs if e["model"] == "fmnist_cnn" and e["status"] == "ok"]
+    rows = [e for e in runs if e["model"] in FMNIST_MODELS and e["status"] == "ok"]
     dense = next((e for e in rows if e["method"] == "dense"), None)
     if dense is None:
         return None
     target = dense["final_accuracy"]
-    out = {"target_accuracy": target, "rate": dense["rate"], "methods": {}}
+    dense_steps = dense.get("steps")
+    out = {"target_accuracy": target, "rate": dense["rate"], "model": dense["model"],
+           "dense_steps": dense_steps, "methods": {}}
     for e in rows:
         t, steps = time_to(e.get("curve", []), target)
+        at = [acc for n, _, acc in e.get("curve", []) if dense_steps is not None and n <= dense_steps]
         out["methods"][e["method"]] = {
+            "steps": e.get("steps"), "epochs": e.get("epochs"),
+            "accuracy_at_dense_steps": at[-1] if at else None,
             "time_to_target_s": t, "steps_to_target": steps, "final_accuracy": e["final_accuracy"],
             "final_accuracy_minus_dense_pp": 100 * (e["final_accuracy"] - target),
             "train_seconds": e["train_seconds"], "median_step_ms": (e.get("step_ms") or {}).get("median"),
@@ -426,13 +439,16 @@ def tta_summary(runs):
 def print_tta(t):
     if not t:
         return
-    print(f"\ntime to accuracy, Fashion-MNIST fmnist_cnn, {t['rate']}: target = dense's final test accuracy "
-          f"{100 * t['target_accuracy']:.2f}%")
-    print(f"{'method':<20} {'t->target s':>11} {'x dense':>8} {'steps':>6} {'final':>8} {'train s':>8} {'step ms':>8}")
+    print(f"\ntime to accuracy, Fashion-MNIST {t.get('model', 'fmnist_cnn')}, {t['rate']}: target = dense's final "
+          f"test accuracy {100 * t['target_accuracy']:.2f}% (after {t.get('dense_steps')} steps)")
+    print(f"{'method':<20} {'t->target s':>11} {'x dense':>8} {'steps':>6} {'epochs':>6} {'final':>8} "
+          f"{'@dense steps':>12} {'train s':>8} {'step ms':>8}")
     for m, e in t["methods"].items():
+        at = e.get("accuracy_at_dense_steps")
         print(f"{m:<20} {fmt(e['time_to_target_s'], '11.1f'):>11} {fmt(e['time_to_target_over_dense'], '8.3f'):>8} "
-              f"{fmt(e['steps_to_target'], '6d'):>6} {100 * e['final_accuracy']:>7.2f}% {e['train_seconds']:>8.1f} "
-              f"{fmt(e['median_step_ms'], '8.2f'):>8}")
+              f"{fmt(e['steps_to_target'], '6d'):>6} {fmt(e.get('epochs'), '6.1f'):>6} "
+              f"{100 * e['final_accuracy']:>7.2f}% {fmt(100 * at if at is not None else None, '11.2f'):>11}% "
+              f"{e['train_seconds']:>8.1f} {fmt(e['median_step_ms'], '8.2f'):>8}")
 
 
 # ---- main ---------------------------------------------------------------------------------------
@@ -450,7 +466,15 @@ def parse(argv):
     g.add_argument("--tta-rate", default="1gbit")
     g.add_argument("--tta-methods", default=",".join(TTA_METHODS), help="tta part; dense first (its final "
                    "accuracy is the target)")
-    g.add_argument("--tta-epochs", type=float, default=3.0)
+    g.add_argument("--tta-model", choices=FMNIST_MODELS, default="fmnist_cnn",
+                   help="tta part's model (ddp_trainer.py says what each is)")
+    g.add_argument("--tta-epochs", type=float, default=3.0, help="tta part: dense's epochs (and the others' "
+                   "unless --tta-epochs-compressed)")
+    g.add_argument("--tta-epochs-compressed", type=float, default=None,
+                   help="tta part: epochs of powersgd and sparsecar (default --tta-epochs)")
+    g.add_argument("--tta-dense-iterations", type=int, default=0,
+                   help="tta part: the sparsecar hook's dense warm-up iterations (0: the hook's default, 2)")
+    g.add_argument("--tta-run-timeout", type=float, default=300.0, help="seconds one tta run may take")
     g.add_argument("--eval-every", type=int, default=50, help="tta: steps between test evaluations")
     g.add_argument("--eval-limit", type=int, default=0, help="tta: test on the first N test images only "
                    "(0 = all 10k; smoke tests on CPU)")
@@ -482,6 +506,8 @@ def parse(argv):
     d.add_argument("--tta-density", type=float, default=0.01, help="tta part: --density (static; the bandwidth "
                    "controller's starting point)")
     d.add_argument("--selector", default="topk")
+    d.add_argument("--agreement", choices=("auto", "device", "gloo"),
+                   help="the hook's agreement= (auto: a gloo side group under NCCL; device: NCCL itself)")
     d.add_argument("--device-path", choices=("auto", "off", "require"), help="the hook's device_path= (auto: GPU "
                    "buffers by CUDA IPC when the daemon takes them, else host staging; off: host staging; require: "
                    "fail without); default: the hook's own")
@@ -580,14 +606,19 @@ def preflight(args):
     return errors
 
 
-def trainer_args(args, model):
+def trainer_args(args, model, method):
     a = ["--warmup", str(args.warmup), "--powersgd-rank", str(args.powersgd_rank), "--dtype", args.dtype]
     if args.backend:
         a += ["--backend", args.backend]
     if args.threads:
         a += ["--threads", str(args.threads)]
-    if model == "fmnist_cnn":
-        return a + ["--batch", str(args.tta_batch), "--epochs", repr(args.tta_epochs),
+    if model in FMNIST_MODELS:
+        epochs = args.tta_epochs
+        if method != "dense" and args.tta_epochs_compressed is not None:
+            epochs = args.tta_epochs_compressed
+        if method.startswith("sparsecar") and args.tta_dense_iterations:
+            a += ["--dense-iterations", str(args.tta_dense_iterations)]
+        return a + ["--batch", str(args.tta_batch), "--epochs", repr(epochs),
                     "--eval-every", str(args.eval_every), "--data-dir", args.data_dir,
                     "--eval-limit", str(args.eval_limit)]
     if args.batch:
@@ -630,7 +661,7 @@ def main(argv):
     if "step" in args.parts:
         plan += [(r, m, meth) for r in args.rate_list for m in args.model_list for meth in args.method_list]
     if "tta" in args.parts:
-        plan += [(args.tta_rate, "fmnist_cnn", meth) for meth in args.tta_list]
+        plan += [(args.tta_rate, args.tta_model, meth) for meth in args.tta_list]
     failed = 0
     by_rate = []
     for rate, model, method in plan:  # group by rate, keeping the order: one link per rate
@@ -680,8 +711,8 @@ def main(argv):
 
 def run_and_report(args, link, model, method):
     run_dir = os.path.join(os.path.abspath(args.out_dir), f"{link.rate}-{model}-{method}")
-    timeout = 300.0 if model == "fmnist_cnn" else args.run_timeout
-    e = run_one(args, link, model, method, trainer_args(args, model), run_dir, timeout)
+    timeout = args.tta_run_timeout if model in FMNIST_MODELS else args.run_timeout
+    e = run_one(args, link, model, method, trainer_args(args, model, method), run_dir, timeout)
     s = e.get("step_ms") or {}
     extra = (f", final accuracy {100 * e['final_accuracy']:.2f}% in {e['train_seconds']:.1f} s"
              if "final_accuracy" in e else "")

@@ -5,7 +5,7 @@ prints one JSON line of what it measured (also written to --out).
     RANK=0 WORLD_SIZE=2 MASTER_ADDR=10.77.0.1 MASTER_PORT=29500 \
       python3 bench/gpu/ddp_trainer.py --model mlp50 --method powersgd --device cuda
 
-Models (synthetic input unless fmnist_cnn; only step time matters for them):
+Models (synthetic input unless fmnist_*; only step time matters for them):
   mlp50       3 x Linear(4096, 4096) + ReLU + Linear(4096, 10): 50,384,906 parameters, batch 256
   resnet18    torchvision's ResNet-18 (1000 classes, 11.7 M parameters), batch 64 of 3 x S x S
               (--image-size, default 224); skipped with a message when torchvision is missing
@@ -13,6 +13,9 @@ Models (synthetic input unless fmnist_cnn; only step time matters for them):
               (the CPU integration test)
   fmnist_cnn  a small ResNet-style CNN (308,074 parameters) on Fashion-MNIST (real data, --data-dir):
               time to accuracy, batch 128
+  fmnist_resnet  a wider one (64/128/256 channels, 4 residual blocks, 2,407,114 parameters) on
+              Fashion-MNIST: the same time-to-accuracy run on a model whose all-reduce, not its
+              compute, dominates a step at 1 Gbit/s
 Methods: dense (DDP's own all-reduce), powersgd (torch's PowerSGD hook, rank --powersgd-rank,
 compressed from iteration --powersgd-start on), sparsecar (sparsecar.torch.register with the
 daemon at --socket).
@@ -32,7 +35,7 @@ per step". That holds on the hook's device path; hook_path is the summary's "pat
 (GPU buffers by CUDA IPC), "host" (CUDA buckets staged through host memory: then 2 x the bucket
 bytes cross PCIe as well), null from a hook too old to say.
 
-Time to accuracy (fmnist_cnn): --epochs over each rank's shard of the 60k training images,
+Time to accuracy (fmnist_cnn, fmnist_resnet): --epochs over each rank's shard of the 60k training images,
 test accuracy on the 10k test images every --eval-every steps and at the end; evaluation (and
 the barrier after it) is kept out of the training clock. curve = [[steps, train_s, accuracy]].
 
@@ -54,9 +57,10 @@ import statistics
 import sys
 import time
 
-MODELS = ("mlp50", "resnet18", "tiny", "fmnist_cnn")
+MODELS = ("mlp50", "resnet18", "tiny", "fmnist_cnn", "fmnist_resnet")
+FMNIST_MODELS = ("fmnist_cnn", "fmnist_resnet")  # real data, time to accuracy
 METHODS = ("dense", "powersgd", "sparsecar")
-DEFAULT_BATCH = {"mlp50": 256, "resnet18": 64, "tiny": 32, "fmnist_cnn": 128}
+DEFAULT_BATCH = {"mlp50": 256, "resnet18": 64, "tiny": 32, "fmnist_cnn": 128, "fmnist_resnet": 128}
 SKIPPED = 3  # exit status: this configuration cannot run here (e.g. no torchvision)
 T_START = time.perf_counter()  # start_up_s: interpreter start to the first step (imports, CUDA, NCCL)
 
@@ -87,13 +91,17 @@ def parse(argv):
     p.add_argument("--device-path", choices=("auto", "off", "require"), help="sparsecar: the hook's device_path= "
                    "(CUDA buckets as GPU buffers by CUDA IPC, or staged through host memory); default: the hook's")
     p.add_argument("--hook-timeout", type=float, default=60.0, help="sparsecar: seconds per bucket")
+    p.add_argument("--agreement", choices=("auto", "device", "gloo"),
+                   help="sparsecar: the hook's agreement= (default: the hook's, auto)")
+    p.add_argument("--dense-iterations", type=int, default=0,
+                   help="sparsecar: the hook's dense_iterations= (plain all-reduce warm-up; 0: the hook's default)")
     p.add_argument("--report-compute-time", action="store_true", help="sparsecar: report the compute time "
                    "per step (measured before training, no exchange) as metric compute_time: the "
                    "bandwidth controller's budget")
-    p.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist", help="fmnist_cnn: the IDX .gz files")
-    p.add_argument("--epochs", type=float, default=3.0, help="fmnist_cnn: passes over the training set")
-    p.add_argument("--eval-every", type=int, default=50, help="fmnist_cnn: steps between evaluations")
-    p.add_argument("--eval-limit", type=int, default=0, help="fmnist_cnn: evaluate on the first N test images "
+    p.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist", help="fmnist_*: the IDX .gz files")
+    p.add_argument("--epochs", type=float, default=3.0, help="fmnist_*: passes over the training set")
+    p.add_argument("--eval-every", type=int, default=50, help="fmnist_*: steps between evaluations")
+    p.add_argument("--eval-limit", type=int, default=0, help="fmnist_*: evaluate on the first N test images "
                    "only (0 = all 10k; for smoke tests on CPU)")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
                    help="parameters and activations (step-time models): DDP's buckets then have this type")
@@ -105,7 +113,7 @@ def parse(argv):
     args.batch = args.batch or DEFAULT_BATCH[args.model]
     if args.method == "sparsecar" and not args.socket:
         p.error("--method sparsecar needs --socket")
-    if args.warmup < 3 and args.model != "fmnist_cnn":
+    if args.warmup < 3 and args.model not in FMNIST_MODELS:
         p.error("--warmup must be >= 3 (sparsecar's hook is dense for 2 iterations; PowerSGD from 2)")
     return args
 
@@ -124,13 +132,16 @@ def build_model(name, torch, image_size):
         import torchvision  # the caller turns ImportError into a skip
         return torchvision.models.resnet18(num_classes=1000)
     if name == "fmnist_cnn":
-        return _fmnist_cnn(torch)
+        return _fmnist_cnn(torch, (32, 64, 128), extra_last=False)
+    if name == "fmnist_resnet":
+        return _fmnist_cnn(torch, (64, 128, 256), extra_last=True)
     raise ValueError(name)
 
 
-def _fmnist_cnn(torch):
-    """Stem conv, three stages of one residual block each (32, 64, 128 channels; stride 2 between
-    stages), global average pool, linear head: 308,074 parameters."""
+def _fmnist_cnn(torch, widths, extra_last):
+    """Stem conv, three stages of one residual block each (`widths` channels; stride 2 between
+    stages; `extra_last`: a second block in the last stage), global average pool, linear head:
+    308,074 parameters for (32, 64, 128), 2,407,114 for (64, 128, 256) with the extra block."""
     nn = torch.nn
 
     class Block(nn.Module):
@@ -149,9 +160,10 @@ def _fmnist_cnn(torch):
             y = self.b2(self.c2(y))
             return torch.relu(y + (x if self.short is None else self.short(x)))
 
-    return nn.Sequential(nn.Conv2d(1, 32, 3, 1, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU(),
-                         Block(32, 32, 1), Block(32, 64, 2), Block(64, 128, 2),
-                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10))
+    a, b, c = widths
+    blocks = [Block(a, a, 1), Block(a, b, 2), Block(b, c, 2)] + ([Block(c, c, 1)] if extra_last else [])
+    return nn.Sequential(nn.Conv2d(1, a, 3, 1, 1, bias=False), nn.BatchNorm2d(a), nn.ReLU(), *blocks,
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c, 10))
 
 
 def synthetic_batch(name, torch, batch, image_size, device, seed):
@@ -247,15 +259,15 @@ def main(argv):
     torch.manual_seed(args.seed)  # the same initial parameters on every rank (DDP broadcasts them too)
     model = build_model(args.model, torch, args.image_size).to(device)
     dtype = getattr(torch, args.dtype)
-    if args.model != "fmnist_cnn":
+    if args.model not in FMNIST_MODELS:
         model = model.to(dtype)
-    result["dtype"] = args.dtype if args.model != "fmnist_cnn" else "float32"
+    result["dtype"] = args.dtype if args.model not in FMNIST_MODELS else "float32"
     params = sum(p.numel() for p in model.parameters())
     result.update(params=params, batch=args.batch, warmup=args.warmup,
                   dense_ring_bytes_per_step=int(2 * (args.world - 1) / args.world * 4 * params))
     ddp = DDP(model, device_ids=[args.gpu] if args.device == "cuda" else None)
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9,
-                          weight_decay=5e-4 if args.model == "fmnist_cnn" else 0.0)
+                          weight_decay=5e-4 if args.model in FMNIST_MODELS else 0.0)
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     loss_fn = torch.nn.functional.cross_entropy
 
@@ -267,7 +279,7 @@ def main(argv):
         return float(t.item())
 
     # Compute time without any exchange (no_sync: DDP skips the all-reduce); also warms cuDNN up.
-    if args.model == "fmnist_cnn":
+    if args.model in FMNIST_MODELS:
         x0 = torch.randn(args.batch, 1, 28, 28, device=device)
         y0 = torch.randint(0, 10, (args.batch,), device=device)
     else:
@@ -301,6 +313,11 @@ def main(argv):
     elif args.method == "sparsecar":
         import sparsecar.torch
         extra_kw = {"device_path": args.device_path} if args.device_path else {}  # older hooks lack it
+        if args.agreement:
+            extra_kw["agreement"] = args.agreement
+        if args.dense_iterations:
+            extra_kw["dense_iterations"] = args.dense_iterations
+            result["dense_iterations"] = args.dense_iterations
         hook = sparsecar.torch.register(ddp, socket=args.socket, optimizer=opt, timeout=args.hook_timeout,
                                         announce="rank0", **extra_kw)
 
@@ -310,7 +327,7 @@ def main(argv):
                 hook.report_metric("compute_time", compute_s)
             hook.report_metric("loss", float(loss))
 
-    if args.model == "fmnist_cnn":
+    if args.model in FMNIST_MODELS:
         extra = train_fmnist(args, torch, dist, ddp, opt, device, sync, report)
     else:
         extra = time_steps(args, torch, dist, ddp, opt, device, sync, report, x0, y0, flag_max)
@@ -321,6 +338,7 @@ def main(argv):
         extra["hook"] = {k: s.get(k) for k in ("mode", "iterations", "sparse_iterations", "bytes_sent",
                                                 "dense_bytes", "ratio", "density", "mean_exchange_s", "failure")}
         extra["hook_path"] = s.get("path")  # "device" (CUDA IPC) or "host" (staged); absent in older hooks
+        extra["hook_agreement"] = s.get("agreement")  # "gloo" (side group) or "device"; absent in older hooks
         if s.get("sparse_iterations"):
             extra["payload_bytes_per_step"] = s["bytes_sent"] / s["sparse_iterations"]
         hook.close()

@@ -47,3 +47,25 @@ def test_time_to_dense_final_accuracy():
     assert abs(t["methods"]["sparsecar"]["time_to_target_over_dense"] - 0.2) < 1e-12
     assert t["methods"]["powersgd"]["time_to_target_s"] is None  # never reached 0.90
     assert abs(t["methods"]["powersgd"]["final_accuracy_minus_dense_pp"] + 1.0) < 1e-9
+
+
+def test_compressed_methods_may_run_longer_and_are_also_read_at_dense_steps():
+    def run(method, curve, model="fmnist_resnet"):
+        return {"model": model, "rate": "1gbit", "method": method, "status": "ok", "curve": curve,
+                "steps": curve[-1][0], "final_accuracy": curve[-1][2], "train_seconds": curve[-1][1],
+                "step_ms": {"median": 1.0}}
+    runs = [run("dense", [[50, 10.0, 0.80], [100, 20.0, 0.90]]),
+            run("sparsecar", [[50, 1.0, 0.78], [100, 2.0, 0.88], [150, 3.0, 0.91], [200, 4.0, 0.92]])]
+    t = ddp_capped.tta_summary(runs)
+    assert t["model"] == "fmnist_resnet" and t["dense_steps"] == 100
+    sc = t["methods"]["sparsecar"]
+    assert sc["accuracy_at_dense_steps"] == 0.88  # the last evaluation at or before dense's 100 steps
+    assert sc["time_to_target_s"] == 3.0 and sc["steps_to_target"] == 150
+    assert abs(sc["time_to_target_over_dense"] - 0.15) < 1e-12
+    args = ddp_capped.parse(["--part", "tta", "--tta-model", "fmnist_resnet", "--tta-epochs", "2",
+                             "--tta-epochs-compressed", "5", "--tta-dense-iterations", "50"])
+    dense_argv = ddp_capped.trainer_args(args, "fmnist_resnet", "dense")
+    sc_argv = ddp_capped.trainer_args(args, "fmnist_resnet", "sparsecar")
+    assert dense_argv[dense_argv.index("--epochs") + 1] == "2.0" and "--dense-iterations" not in dense_argv
+    assert sc_argv[sc_argv.index("--epochs") + 1] == "5.0"
+    assert sc_argv[sc_argv.index("--dense-iterations") + 1] == "50"
