@@ -3,16 +3,24 @@
 torch's PowerSGD hook and sparsecar in the same run (issue 13's evidence). Needs root for the
 capped rates.
 
-Two GPUs (or two CPU processes with --device cpu) are two nodes. For a rate such as 1gbit, each
-node's trainer (and, for sparsecar, its sparsecard) runs in its own network namespace; the two
-are joined by one veth pair shaped by `tc tbf` on both ends (bench/convergence/capped_net.py).
-NCCL is forced onto that veth (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1
-NCCL_SOCKET_IFNAME=<veth>; gloo: GLOO_SOCKET_IFNAME=<veth>), the daemons use UCX tcp on it.
+Two "nodes" of one machine, each with --local-ranks N trainer processes (default 1: two GPUs, or
+two CPU processes with --device cpu; N = 2: 2 nodes x 2 GPUs on a 4-GPU host). For a rate such as
+1gbit, each node's trainers (and, for sparsecar, its sparsecard) run in the node's own network
+namespace; the two are joined by one veth pair shaped by `tc tbf` on both ends
+(bench/convergence/capped_net.py). NCCL is forced onto that veth in every process
+(NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=<veth>; gloo:
+GLOO_SOCKET_IFNAME=<veth>): between the nodes it crosses the cap, between the local ranks of one
+node it stays inside the namespace (uncapped). The daemons use UCX tcp on the veth.
 Rate "none" means no namespaces and no NCCL restrictions: plain NCCL as it comes (NVLink between
-two GPUs of one host), the "at most 2x plain DDP" baseline; its daemons use UCX tcp on loopback.
-Trainer of node r (bench/gpu/ddp_trainer.py): GPU r of --gpus; under a cap it sees only that GPU
-(CUDA_VISIBLE_DEVICES), uncapped it sees all of them, as under a plain torchrun on one host, so that
-NCCL may take its P2P (NVLink) path; each run records the transport NCCL logged.
+GPUs of one host), the "at most 2x plain DDP" baseline; its daemons use UCX tcp on loopback.
+Processes: torch.distributed's world is 2 x N, global RANK = node * N + local, LOCAL_RANK = local;
+every trainer of node r gets SPARSECAR_NODE_RANK=r SPARSECAR_NNODES=2 (the hook's node values),
+and node r's sparsecard runs with --local-clients N (it averages over its N trainers).
+GPUs: --gpus lists 2 x N indices, node r taking the r-th N of them (default 0..2N-1; N = 2:
+node 0 gets 0,1, node 1 gets 2,3). Under a cap, node r's trainers (bench/gpu/ddp_trainer.py) and
+daemon see only node r's GPUs (CUDA_VISIBLE_DEVICES) and local rank l uses the l-th of them;
+uncapped, every trainer sees all GPUs, as under a plain torchrun on one host, so that NCCL may
+take its P2P (NVLink) path; each run records the transport NCCL logged (rank 0's log).
 
 Parts (--part):
   step  for every rate, model (--models) and method (--methods): median / p10 / p90 step time
@@ -21,20 +29,25 @@ Parts (--part):
         transport NCCL reported, and per rate the ratio of every method's median to dense's and
         to PowerSGD's from the same run.
   tta   Fashion-MNIST, --tta-model (fmnist_cnn, or the wider fmnist_resnet whose all-reduce
-        dominates its step at 1 Gbit/s), 2 nodes at --tta-rate: dense, powersgd, sparsecar
-        (static top-k at --tta-density) and sparsecar_bandwidth (--controller bandwidth, the
-        trainer reports its compute time): test accuracy over training wall time (evaluation
-        kept out of the clock), time to dense's final accuracy, final accuracy, and the accuracy
+        dominates its step at 1 Gbit/s), 2 nodes (x --local-ranks) at --tta-rate: dense,
+        powersgd, sparsecar (static top-k at --tta-density) and sparsecar_bandwidth
+        (--controller bandwidth, the trainer reports its compute time): test accuracy over
+        training wall time (evaluation kept out of the clock), time to dense's final accuracy, final accuracy, and the accuracy
         each method had after as many steps as dense ran. Dense runs --tta-epochs; the
         compressed methods may run longer (--tta-epochs-compressed): their steps are cheaper,
         and the target is a time.
-Each run is its own pair of processes (and daemons); a run over --run-timeout is killed, a
-failed run is reported with its log's tail and the matrix goes on (exit status 1 at the end).
+Each run is its own set of 2 x N trainer processes (and daemons); a run over --run-timeout is
+killed, a failed run is reported with its log's tail and the matrix goes on (exit status 1 at the
+end). Every run checks that all 2 x N ranks end with identical parameters (a SHA-256 of each
+rank's parameters, gathered over the ranks); a difference fails the run. Each run entry holds
+every rank's JSON ("ranks"), local_ranks, world, and for sparsecar the local clients each daemon
+expected and saw connect (daemon_local_clients, from its log).
 Runs that would start after --total-budget-s are skipped, so one call ends in time. The results
 JSON is rewritten after every run.
 
   bench/gpu/ddp-run .gpu-bundle OUT [--quick]     # on the GPU machine: builds build-gpu-py/, then
   ddp_capped.py --bin .gpu-bundle/bin --lib .gpu-bundle/lib --pythonpath build-gpu-py --out-dir OUT
+  bench/gpu/ddp-run .gpu-bundle OUT --local-ranks 2   # 4 GPUs: 2 nodes x 2 GPUs (--gpus 0,1,2,3)
   ddp_capped.py --device cpu --build-dir build --models tiny --rates 100mbit --part step --out-dir OUT
 """
 
@@ -134,16 +147,32 @@ def daemon_flags(args, method, density):
     return flags + args.daemon_arg
 
 
+NODES = 2  # one veth pair joins two namespaces (CappedLink)
+
+
+def node_gpus(args, node):
+    """The --gpus entries of node `node`: the node-th run of --local-ranks of them."""
+    n = args.local_ranks
+    return args.gpus[node * n:(node + 1) * n]
+
+
+def processes(args):
+    """(global rank, node, local rank) of every trainer: rank = node * local_ranks + local."""
+    return [(node * args.local_ranks + local, node, local)
+            for node in range(NODES) for local in range(args.local_ranks)]
+
+
 def start_daemons(args, job, link, flags, timeout=60.0):
     port = COORD_PORT if link.capped else free_port()
-    for node in range(2):
+    for node in range(NODES):
         env = dict(job.daemon_env(), UCX_TLS="tcp", UCX_NET_DEVICES=link.dev(node))
         if args.device == "cuda":
-            # A node's daemon sees its node's GPU only (it finds a trainer's buffers by device UUID).
-            env["CUDA_VISIBLE_DEVICES"] = args.gpus[node]
-        argv = [args.sparsecard, "--rank", str(node), "--world-size", "2",
+            # A node's daemon sees its node's GPUs only (it finds a trainer's buffers by device UUID;
+            # with several, it sums on the first one's GPU and peer-copies the others).
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(node_gpus(args, node))
+        argv = [args.sparsecard, "--rank", str(node), "--world-size", str(NODES),
                 "--coordinator", f"{link.addr(0)}:{port}", "--socket", job.sockets[node],
-                "--local-clients", "1", "--metrics-listen", "off",
+                "--local-clients", str(args.local_ranks), "--metrics-listen", "off",
                 "--control", f"ipc://{os.path.dirname(job.sockets[node])}/control-{node}.sock", "--log-level", "info",
                 "--ucx-tls", "tcp", "--ucx-net-devices", link.dev(node)] + flags
         job.daemons.append(job.spawn(f"sparsecard node {node}", link.argv(node, argv), env=env,
@@ -151,18 +180,21 @@ def start_daemons(args, job, link, flags, timeout=60.0):
     job.wait_for_sockets(timeout)
 
 
-def trainer_env(args, job, link, node, port):
+def trainer_env(args, job, link, node, local, port):
     env = job.daemon_env()  # the launcher variables of an outer job removed
     for k in NCCL_VETH + ("GLOO_SOCKET_IFNAME",):
         env.pop(k, None)
-    env.update({"RANK": str(node), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-                "MASTER_ADDR": link.addr(0), "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": link.dev(node),
-                "SPARSECAR_NODE_RANK": str(node), "SPARSECAR_NNODES": "2", "PYTHONUNBUFFERED": "1",
+    n = args.local_ranks
+    env.update({"RANK": str(node * n + local), "WORLD_SIZE": str(NODES * n), "LOCAL_RANK": str(local),
+                "LOCAL_WORLD_SIZE": str(n), "MASTER_ADDR": link.addr(0), "MASTER_PORT": str(port),
+                "GLOO_SOCKET_IFNAME": link.dev(node),
+                # the hook's node values (its daemon serves the node, not the process)
+                "SPARSECAR_NODE_RANK": str(node), "SPARSECAR_NNODES": str(NODES), "PYTHONUNBUFFERED": "1",
                 "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET",
                 "PYTHONPATH": os.pathsep.join(p for p in (args.pythonpath, env.get("PYTHONPATH")) if p)})
     if args.device == "cuda" and link.capped:
-        # Each node sees only its own GPU: NCCL cannot find a P2P path to the other one at all.
-        env["CUDA_VISIBLE_DEVICES"] = args.gpus[node]
+        # Each node sees only its own GPUs: NCCL cannot find a P2P path to the other node's at all.
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(node_gpus(args, node))
     if link.capped:
         env.update(NCCL_P2P_DISABLE="1", NCCL_SHM_DISABLE="1", NCCL_IB_DISABLE="1",
                    NCCL_SOCKET_IFNAME=link.dev(node))
@@ -195,13 +227,16 @@ def trainer_python(args):
     return path
 
 
-def gpu_index(args, link, node):
-    """The trainer's --gpu: 0 under a capped link (CUDA_VISIBLE_DEVICES holds node r's GPU only);
-    uncapped, every GPU stays visible and node r uses --gpus[r], as plain DDP on one host does, so
-    that NCCL may open its P2P (NVLink) path between the two processes."""
-    if args.device != "cuda" or link.capped:
+def gpu_index(args, link, node, local):
+    """The trainer's --gpu: under a capped link CUDA_VISIBLE_DEVICES holds node r's GPUs only and
+    local rank l takes the l-th (0 with one local rank); uncapped, every GPU stays visible and
+    global rank g uses --gpus[g], as plain DDP on one host does, so that NCCL may open its P2P
+    (NVLink) path between the processes."""
+    if args.device != "cuda":
         return "0"
-    return args.gpus[node]
+    if link.capped:
+        return str(local)
+    return args.gpus[node * args.local_ranks + local]
 
 
 def nccl_transport(log_path):
@@ -227,10 +262,32 @@ def _written(path):
         return False
 
 
-def wait_pair(job, procs, outs, timeout, exit_grace=15.0):
-    """Waits for both trainers; returns (status, message). A failed or skipped rank stops the
-    other at once (it would wait in a collective until NCCL's own timeout). Ranks that wrote their
-    results but do not exit within exit_grace seconds are stopped, and the run counts."""
+def daemon_local_clients(log_path):
+    """{"expected": N, "connected": most seen at once} from a sparsecard log ("... (2 local
+    clients)", "... connected (uid 0, 2 of 2 local clients)"); None without such lines."""
+    expected = connected = None
+    try:
+        with open(log_path, errors="replace") as f:
+            for line in f:
+                m = re.search(r"connected \(.*?\b(\d+) of (\d+) local clients\)", line)
+                if m:
+                    connected = max(connected or 0, int(m.group(1)))
+                    expected = int(m.group(2))
+                    continue
+                m = re.search(r"listening on .*\((\d+) local clients\)", line)
+                if m:
+                    expected = int(m.group(1))
+    except OSError:
+        return None
+    if expected is None and connected is None:
+        return None
+    return {"expected": expected, "connected": connected or 0}
+
+
+def wait_trainers(job, procs, outs, timeout, exit_grace=15.0):
+    """Waits for every trainer; returns (status, message). A failed or skipped rank stops the
+    others at once (they would wait in a collective until NCCL's own timeout). Ranks that wrote
+    their results but do not exit within exit_grace seconds are stopped, and the run counts."""
     deadline = time.monotonic() + timeout
     written_at = None
     while True:
@@ -262,17 +319,19 @@ def wait_pair(job, procs, outs, timeout, exit_grace=15.0):
 
 
 def run_one(args, link, model, method, trainer_args, run_dir, timeout):
-    """One pair of trainers (+ daemons for sparsecar*): returns the run's entry."""
+    """One set of 2 x --local-ranks trainers (+ daemons for sparsecar*): returns the run's entry."""
     os.makedirs(run_dir, exist_ok=True)
-    entry = {"model": model, "method": method, "rate": link.rate, "log_dir": run_dir}
+    entry = {"model": model, "method": method, "rate": link.rate, "local_ranks": args.local_ranks,
+             "world": NODES * args.local_ranks, "log_dir": run_dir}
     sent0 = link.sent_bytes()
     t0 = time.monotonic()
     port = MASTER_PORT if link.capped else free_port()
     # Unix socket paths must stay under 108 bytes: sockets in a short directory of /tmp, logs in run_dir.
     sock_dir = tempfile.mkdtemp(prefix="scddp-")
     try:
-        with LocalJob(args.sparsecard, nodes=2, local_clients=1, workdir=run_dir, keep=True) as job:
-            job.sockets = [os.path.join(sock_dir, f"node-{n}.sock") for n in range(2)]
+        with LocalJob(args.sparsecard, nodes=NODES, local_clients=args.local_ranks, workdir=run_dir,
+                      keep=True) as job:
+            job.sockets = [os.path.join(sock_dir, f"node-{n}.sock") for n in range(NODES)]
             try:
                 if method.startswith("sparsecar"):
                     density = args.tta_density if model in FMNIST_MODELS else args.density
@@ -280,15 +339,15 @@ def run_one(args, link, model, method, trainer_args, run_dir, timeout):
                     entry["daemon_flags"] = flags
                     start_daemons(args, job, link, flags)
                 procs, outs = [], []
-                for node in range(2):
-                    out = os.path.join(run_dir, f"trainer-{node}.json")
+                for rank, node, local in processes(args):
+                    out = os.path.join(run_dir, f"trainer-{rank}.json")
                     if os.path.exists(out):
                         os.remove(out)  # an earlier run's results must never pass for this one's
                     outs.append(out)
                     trainer_method = "sparsecar" if method.startswith("sparsecar") else method
                     argv = trainer_prefix(args) + [
                         args.python, TRAINER, "--model", model, "--method", trainer_method, "--device", args.device,
-                        "--out", out, "--gpu", gpu_index(args, link, node)] + trainer_args
+                        "--out", out, "--gpu", gpu_index(args, link, node, local)] + trainer_args
                     if method.startswith("sparsecar"):
                         argv += ["--socket", job.sockets[node]]
                         if args.device_path:
@@ -297,9 +356,10 @@ def run_one(args, link, model, method, trainer_args, run_dir, timeout):
                             argv += ["--agreement", args.agreement]
                     if method == "sparsecar_bandwidth":
                         argv += ["--report-compute-time"]
-                    procs.append(job.spawn(f"trainer rank {node}", link.argv(node, argv),
-                                           env=trainer_env(args, job, link, node, port), log_name=f"trainer-{node}"))
-                status, message = wait_pair(job, procs, outs, timeout)
+                    procs.append(job.spawn(f"trainer rank {rank}", link.argv(node, argv),
+                                           env=trainer_env(args, job, link, node, local, port),
+                                           log_name=f"trainer-{rank}"))
+                status, message = wait_trainers(job, procs, outs, timeout)
             except JobError as e:
                 status, message = "failed", str(e)
             entry["status"] = status
@@ -308,6 +368,9 @@ def run_one(args, link, model, method, trainer_args, run_dir, timeout):
             entry["nccl_transport"] = nccl_transport(os.path.join(run_dir, "trainer-0.log"))
             if method == "sparsecar_bandwidth":
                 entry["controller_decisions"] = decisions(os.path.join(run_dir, "sparsecard-0.log"))
+            if method.startswith("sparsecar"):
+                entry["daemon_local_clients"] = [daemon_local_clients(os.path.join(run_dir, f"sparsecard-{n}.log"))
+                                                 for n in range(NODES)]
             killed = job.stop_all()
             if killed:
                 entry["killed"] = killed
@@ -338,9 +401,15 @@ def run_one(args, link, model, method, trainer_args, run_dir, timeout):
         hook = r0.get("hook")
         if hook and hook.get("mode") != "sparse":
             entry["warning"] = f"sparsecar hook ended in mode {hook.get('mode')}: {hook.get('failure')}"
-        if any(r.get("params_identical") is False for r in ranks):
+        # Every rank gathered every rank's SHA-256; check here too that all of them reported the same.
+        shas = {r.get("params_sha256") for r in ranks}
+        entry["params_checked_ranks"] = len(ranks)
+        entry["params_identical"] = (len(ranks) == entry["world"] and len(shas) == 1 and None not in shas
+                                     and all(r.get("params_identical") is True for r in ranks))
+        if not entry["params_identical"]:
             entry["status"] = "failed"
-            entry["message"] = "the ranks ended with different parameters (params_sha256 differs)"
+            entry["message"] = (f"the {len(ranks)} ranks (of {entry['world']}) did not end with identical "
+                                f"parameters (params_sha256: {sorted(str(x) for x in shas)})")
     return entry
 
 
@@ -382,11 +451,19 @@ def fmt(v, spec):
     return format(v, spec) if isinstance(v, (int, float)) else "-"
 
 
-def print_step_table(runs, device_name):
+def topology_text(t):
+    if not t:
+        return ""
+    plural = "s" if t["local_ranks"] > 1 else ""
+    return f"{t['nodes']} nodes x {t['local_ranks']} local rank{plural} = world {t['world']}"
+
+
+def print_step_table(runs, device_name, topology=None):
     rows = [e for e in runs if e["model"] not in FMNIST_MODELS]
     if not rows:
         return
-    print(f"\nstep time ({device_name}); median over timed steps, p10-p90; ratios against dense and PowerSGD "
+    where = "; ".join(x for x in (device_name, topology_text(topology)) if x)
+    print(f"\nstep time ({where}); median over timed steps, p10-p90; ratios against dense and PowerSGD "
           f"of the same rate and run")
     print(f"{'model':<9} {'rate':<7} {'method':<20} {'median ms':>10} {'p10-p90 ms':>16} {'x dense':>8} "
           f"{'x psgd':>7} {'payload MB/step':>15} {'link MB/step':>12} {'nccl via':<14} status")
@@ -420,6 +497,8 @@ def tta_summary(runs):
     dense_steps = dense.get("steps")
     out = {"target_accuracy": target, "rate": dense["rate"], "model": dense["model"],
            "dense_steps": dense_steps, "methods": {}}
+    if "world" in dense:
+        out.update(local_ranks=dense.get("local_ranks"), world=dense["world"])
     for e in rows:
         t, steps = time_to(e.get("curve", []), target)
         at = [acc for n, _, acc in e.get("curve", []) if dense_steps is not None and n <= dense_steps]
@@ -439,8 +518,9 @@ def tta_summary(runs):
 def print_tta(t):
     if not t:
         return
-    print(f"\ntime to accuracy, Fashion-MNIST {t.get('model', 'fmnist_cnn')}, {t['rate']}: target = dense's final "
-          f"test accuracy {100 * t['target_accuracy']:.2f}% (after {t.get('dense_steps')} steps)")
+    world = f", {topology_text(dict(t, nodes=NODES))}" if t.get("world") else ""
+    print(f"\ntime to accuracy, Fashion-MNIST {t.get('model', 'fmnist_cnn')}, {t['rate']}{world}: target = "
+          f"dense's final test accuracy {100 * t['target_accuracy']:.2f}% (after {t.get('dense_steps')} steps)")
     print(f"{'method':<20} {'t->target s':>11} {'x dense':>8} {'steps':>6} {'epochs':>6} {'final':>8} "
           f"{'@dense steps':>12} {'train s':>8} {'step ms':>8}")
     for m, e in t["methods"].items():
@@ -482,7 +562,11 @@ def parse(argv):
     g.add_argument("--quick", action="store_true", help="fewer steps: --budget-s 1.5 --min-steps 3 --warmup 3 "
                    "--tta-epochs 1 (unless given)")
     t = p.add_argument_group("trainers")
-    t.add_argument("--gpus", default="0,1", help="GPU of node 0 and node 1")
+    t.add_argument("--local-ranks", type=int, default=1, metavar="N",
+                   help="trainer processes (GPUs) per node: the world is 2 x N processes, each node's "
+                   "sparsecard gets --local-clients N (default 1)")
+    t.add_argument("--gpus", default=None, help="2 x N GPU indices, node 0's N first (default 0,...,2N-1; "
+                   "e.g. N = 2: 0,1,2,3 = node 0 on 0,1 and node 1 on 2,3)")
     t.add_argument("--python", default=sys.executable, help="interpreter with torch for the trainers")
     t.add_argument("--pythonpath", help="directory holding the sparsecar package (default <build-dir>/python)")
     t.add_argument("--backend", help="ddp_trainer.py --backend (default nccl on cuda, gloo on cpu)")
@@ -550,9 +634,16 @@ def parse(argv):
             p.error(f"unknown method {m} (known: {', '.join(TTA_METHODS)})")
     if "tta" in args.parts and args.tta_list[:1] != ["dense"]:
         p.error("--tta-methods must start with dense (its final accuracy is the target)")
-    args.gpus = args.gpus.split(",")
-    if len(args.gpus) != 2:
-        p.error("--gpus takes two indices")
+    if args.local_ranks < 1:
+        p.error("--local-ranks must be >= 1")
+    if args.gpus is None:
+        args.gpus = ",".join(str(i) for i in range(NODES * args.local_ranks))
+    args.gpus = [g.strip() for g in args.gpus.split(",") if g.strip()]
+    if len(args.gpus) != NODES * args.local_ranks:
+        p.error(f"--gpus takes {NODES * args.local_ranks} indices ({NODES} nodes x --local-ranks "
+                f"{args.local_ranks}), got {len(args.gpus)}")
+    if len(set(args.gpus)) != len(args.gpus):
+        p.error("--gpus lists a GPU twice (one trainer per GPU)")
     if args.bin:
         args.sparsecard = os.path.join(args.bin, "sparsecard")
         lib = os.path.join(os.path.dirname(os.path.abspath(args.bin)), "lib")
@@ -586,17 +677,18 @@ def preflight(args):
     # One interpreter start (importing torch takes seconds): torch, the GPUs, the sparsecar package.
     probe = subprocess.run(
         [args.python, "-c", "import sys, torch\n"
-         "if sys.argv[1] == 'cuda' and torch.cuda.device_count() < 2: sys.exit(4)\n"
+         "if sys.argv[1] == 'cuda' and torch.cuda.device_count() < int(sys.argv[3]): sys.exit(4)\n"
          "if sys.argv[2] == '1':\n"
          "    try:\n        import sparsecar.torch\n"
          "    except Exception as e:\n        print(repr(e), file=sys.stderr); sys.exit(5)\n",
-         args.device, "1" if uses_sparsecar else "0"],
+         args.device, "1" if uses_sparsecar else "0", str(len(args.gpus))],
         capture_output=True, text=True,
         env=dict(os.environ, LD_LIBRARY_PATH=args.orig_ld_library_path,
                  PYTHONPATH=os.pathsep.join(p for p in (args.pythonpath, os.environ.get("PYTHONPATH")) if p)))
     last = probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else ""
     if probe.returncode == 4:
-        errors.append("--device cuda needs 2 GPUs visible to torch")
+        errors.append(f"--device cuda needs {len(args.gpus)} GPUs visible to torch (2 nodes x --local-ranks "
+                      f"{args.local_ranks})")
     elif probe.returncode == 5:
         errors.append(f"{args.python} cannot import sparsecar.torch (--pythonpath {args.pythonpath}): {last}")
     elif probe.returncode != 0:
@@ -646,9 +738,14 @@ def main(argv):
         return 2
     os.makedirs(args.out_dir, exist_ok=True)
     t_start = time.monotonic()
+    topology = {"nodes": NODES, "local_ranks": args.local_ranks, "world": NODES * args.local_ranks,
+                "gpus": [node_gpus(args, n) for n in range(NODES)] if args.device == "cuda" else None}
     results = {"machine": machine(), "config": {k: v for k, v in vars(args).items() if k not in ("parts",)},
-               "links": {}, "runs": []}
-    device_name = "cpu" if args.device == "cpu" else ", ".join(results["machine"].get("gpus", [])[:2]) or "cuda"
+               "topology": topology, "links": {}, "runs": []}
+    used = [g for g in results["machine"].get("gpus", []) if g.split(",")[0].strip() in args.gpus]
+    device_name = "cpu" if args.device == "cpu" else ", ".join(used or results["machine"].get("gpus", [])[:2]) or "cuda"
+    print(f"{topology_text(topology)} processes" + (f"; GPUs per node {topology['gpus']}" if topology["gpus"] else ""),
+          flush=True)
 
     def save():
         add_ratios(results["runs"])
@@ -702,7 +799,7 @@ def main(argv):
                                             "message": f"link {rate}: {err}"})
                     failed += 1
     save()
-    print_step_table(results["runs"], device_name)
+    print_step_table(results["runs"], device_name, topology)
     print_tta(results["time_to_accuracy"])
     print(f"\nwrote {os.path.abspath(args.out)} ({results['wall_seconds']:.0f} s); logs under "
           f"{os.path.abspath(args.out_dir)}")
@@ -716,7 +813,11 @@ def run_and_report(args, link, model, method):
     s = e.get("step_ms") or {}
     extra = (f", final accuracy {100 * e['final_accuracy']:.2f}% in {e['train_seconds']:.1f} s"
              if "final_accuracy" in e else "")
-    same = {True: ", parameters identical on every rank", False: ", PARAMETERS DIFFER"}.get(e.get("params_identical"), "")
+    same = {True: f", parameters identical on all {e.get('params_checked_ranks')} ranks",
+            False: ", PARAMETERS DIFFER"}.get(e.get("params_identical"), "")
+    clients = e.get("daemon_local_clients")
+    if clients and all(clients):
+        same += ", daemons' local clients " + "/".join(f"{c['connected']} of {c['expected']}" for c in clients)
     print(f"  {model} {method}: {e['status']}, median {fmt(s.get('median'), '.2f')} ms "
           f"({e['run_seconds']:.0f} s){extra}{same}", flush=True)
     if e["status"] in ("failed", "timeout"):

@@ -45,8 +45,10 @@ completion threads in a different order on each rank; one bucket (tiny) runs. NC
 order.
 
 Runs under Debian's /usr/bin/python3 with torch 1.13 (CPU, gloo) and Python 3.12 with torch
-2.11 (CUDA, NCCL). Rank and world from --rank/--world or RANK/WORLD_SIZE; rendezvous through
-MASTER_ADDR/MASTER_PORT.
+2.11 (CUDA, NCCL). Rank and world from --rank/--world or RANK/WORLD_SIZE (global: with several
+local ranks per node, ddp_capped.py sets RANK = node x local ranks + local); rendezvous through
+MASTER_ADDR/MASTER_PORT. The JSON records local_rank and node (LOCAL_RANK, SPARSECAR_NODE_RANK);
+fmnist_cnn shards the training set over all world ranks.
 """
 
 import argparse
@@ -70,8 +72,8 @@ def parse(argv):
     p.add_argument("--model", choices=MODELS, required=True)
     p.add_argument("--method", choices=METHODS, required=True)
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    p.add_argument("--gpu", type=int, default=0, help="CUDA device index (the orchestrator sets "
-                   "CUDA_VISIBLE_DEVICES to one GPU, so 0)")
+    p.add_argument("--gpu", type=int, default=0, help="CUDA device index (under a cap the orchestrator "
+                   "sets CUDA_VISIBLE_DEVICES to the node's GPUs, so the local rank)")
     p.add_argument("--backend", help="process group backend (default: nccl on cuda, gloo on cpu; e.g. "
                    "'cpu:gloo,cuda:nccl')")
     p.add_argument("--rank", type=int, default=None)
@@ -214,6 +216,11 @@ def stats_ms(seconds):
             "mean": sum(s) / len(s), "n": len(s)}
 
 
+def _env_int(name):
+    value = os.environ.get(name)
+    return int(value) if value not in (None, "") else None
+
+
 def main(argv):
     args = parse(argv)
     import torch
@@ -222,7 +229,8 @@ def main(argv):
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    result = {"rank": args.rank, "world": args.world, "model": args.model, "method": args.method,
+    result = {"rank": args.rank, "world": args.world, "local_rank": _env_int("LOCAL_RANK"),
+              "node": _env_int("SPARSECAR_NODE_RANK"), "model": args.model, "method": args.method,
               "device": args.device, "torch": torch.__version__,
               "ld_library_path": os.environ.get("LD_LIBRARY_PATH")}
 

@@ -1,7 +1,10 @@
 """The GPU DDP harness's arithmetic (bench/gpu/): percentiles of step times, ratios against dense
-and PowerSGD of the same model and rate, time to dense's final accuracy. No processes, no root."""
+and PowerSGD of the same model and rate, time to dense's final accuracy; the process layout of
+--local-ranks (ranks, GPUs, the daemons' --local-clients) without a GPU. No processes, no root."""
 import os
 import sys
+
+import pytest
 
 from conftest import ROOT
 
@@ -69,3 +72,92 @@ def test_compressed_methods_may_run_longer_and_are_also_read_at_dense_steps():
     assert dense_argv[dense_argv.index("--epochs") + 1] == "2.0" and "--dense-iterations" not in dense_argv
     assert sc_argv[sc_argv.index("--epochs") + 1] == "5.0"
     assert sc_argv[sc_argv.index("--dense-iterations") + 1] == "50"
+
+
+class _Link:
+    def __init__(self, capped):
+        self.capped = capped
+        self.rate = "1gbit" if capped else "none"
+
+    def addr(self, node):
+        return f"10.9.0.{node + 1}"
+
+    def dev(self, node):
+        return f"veth{node}"
+
+    def argv(self, node, argv):
+        return ["netns", str(node)] + list(argv)
+
+
+class _Job:
+    sockets = ["/tmp/n0.sock", "/tmp/n1.sock"]
+
+    def __init__(self):
+        self.daemons = []
+
+    def daemon_env(self):
+        return {"PATH": "/usr/bin"}
+
+    def spawn(self, name, argv, env=None, log_name=None):
+        return (name, argv, env)
+
+    def wait_for_sockets(self, timeout):
+        pass
+
+
+def _flag(argv, name):
+    return argv[argv.index(name) + 1]
+
+
+def test_local_ranks_layout_on_gpus():
+    args = ddp_capped.parse(["--local-ranks", "2"])
+    assert args.gpus == ["0", "1", "2", "3"]
+    assert ddp_capped.node_gpus(args, 0) == ["0", "1"] and ddp_capped.node_gpus(args, 1) == ["2", "3"]
+    assert ddp_capped.processes(args) == [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
+    capped, uncapped = _Link(True), _Link(False)
+    env = ddp_capped.trainer_env(args, _Job(), capped, 1, 1, 29500)
+    assert {k: env[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SPARSECAR_NODE_RANK",
+                                "SPARSECAR_NNODES", "CUDA_VISIBLE_DEVICES", "NCCL_SOCKET_IFNAME", "MASTER_ADDR")} == {
+        "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "SPARSECAR_NODE_RANK": "1",
+        "SPARSECAR_NNODES": "2", "CUDA_VISIBLE_DEVICES": "2,3", "NCCL_SOCKET_IFNAME": "veth1",
+        "MASTER_ADDR": "10.9.0.1"}
+    assert ddp_capped.gpu_index(args, capped, 1, 1) == "1"  # the 2nd of the node's visible GPUs
+    env = ddp_capped.trainer_env(args, _Job(), uncapped, 1, 0, 29500)
+    assert env["RANK"] == "2" and "CUDA_VISIBLE_DEVICES" not in env and "NCCL_SOCKET_IFNAME" not in env
+    assert ddp_capped.gpu_index(args, uncapped, 1, 0) == "2"  # every GPU visible: --gpus[rank]
+    job = _Job()
+    ddp_capped.start_daemons(args, job, capped, [])
+    assert [_flag(argv, "--local-clients") for _, argv, _ in job.daemons] == ["2", "2"]
+    assert [env["CUDA_VISIBLE_DEVICES"] for _, _, env in job.daemons] == ["0,1", "2,3"]
+    # --gpus in another order: node 0 takes the first two
+    args = ddp_capped.parse(["--local-ranks", "2", "--gpus", "3,2,1,0"])
+    assert ddp_capped.trainer_env(args, _Job(), capped, 0, 0, 1)["CUDA_VISIBLE_DEVICES"] == "3,2"
+
+
+def test_one_local_rank_is_the_old_layout():
+    args = ddp_capped.parse([])
+    assert args.local_ranks == 1 and args.gpus == ["0", "1"]
+    capped = _Link(True)
+    env = ddp_capped.trainer_env(args, _Job(), capped, 1, 0, 29500)
+    assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["CUDA_VISIBLE_DEVICES"]) == ("1", "2", "0", "1")
+    assert ddp_capped.gpu_index(args, capped, 1, 0) == "0"
+    assert ddp_capped.gpu_index(args, _Link(False), 1, 0) == "1"
+
+
+def test_gpus_must_match_the_local_ranks(capsys):
+    for argv in (["--local-ranks", "2", "--gpus", "0,1"], ["--gpus", "0,0"], ["--local-ranks", "0"]):
+        with pytest.raises(SystemExit):
+            ddp_capped.parse(argv)
+    capsys.readouterr()
+
+
+def test_daemon_local_clients_from_its_log(tmp_path):
+    log = tmp_path / "sparsecard-0.log"
+    log.write_text("... session_server.cc:187 session server listening on /tmp/x/node-0.sock (2 local clients)\n"
+                   "... client 1 (pid 7) connected (uid 0, 1 of 2 local clients)\n"
+                   "... client 2 (pid 8) connected (uid 0, 2 of 2 local clients)\n"
+                   "... client 1 (pid 7) disconnected: closed the connection\n")
+    assert ddp_capped.daemon_local_clients(str(log)) == {"expected": 2, "connected": 2}
+    log.write_text("... session server listening on /tmp/x/node-0.sock (2 local clients)\n")
+    assert ddp_capped.daemon_local_clients(str(log)) == {"expected": 2, "connected": 0}
+    assert ddp_capped.daemon_local_clients(str(tmp_path / "missing.log")) is None
