@@ -17,10 +17,11 @@ Processes: torch.distributed's world is 2 x N, global RANK = node * N + local, L
 every trainer of node r gets SPARSECAR_NODE_RANK=r SPARSECAR_NNODES=2 (the hook's node values),
 and node r's sparsecard runs with --local-clients N (it averages over its N trainers).
 GPUs: --gpus lists 2 x N indices, node r taking the r-th N of them (default 0..2N-1; N = 2:
-node 0 gets 0,1, node 1 gets 2,3). Under a cap, node r's trainers (bench/gpu/ddp_trainer.py) and
-daemon see only node r's GPUs (CUDA_VISIBLE_DEVICES) and local rank l uses the l-th of them;
-uncapped, every trainer sees all GPUs, as under a plain torchrun on one host, so that NCCL may
-take its P2P (NVLink) path; each run records the transport NCCL logged (rank 0's log).
+node 0 gets 0,1, node 1 gets 2,3). Under a cap, each trainer (bench/gpu/ddp_trainer.py) sees only
+its own GPU (CUDA_VISIBLE_DEVICES, as with one rank per node) and node r's daemon sees node r's
+GPUs (it opens each trainer's buffers on its GPU by device UUID); uncapped, every trainer sees all
+GPUs, as under a plain torchrun on one host, so that NCCL may take its P2P (NVLink) path; each run
+records the transport NCCL logged (rank 0's log).
 
 Parts (--part):
   step  for every rate, model (--models) and method (--methods): median / p10 / p90 step time
@@ -193,8 +194,9 @@ def trainer_env(args, job, link, node, local, port):
                 "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET",
                 "PYTHONPATH": os.pathsep.join(p for p in (args.pythonpath, env.get("PYTHONPATH")) if p)})
     if args.device == "cuda" and link.capped:
-        # Each node sees only its own GPUs: NCCL cannot find a P2P path to the other node's at all.
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(node_gpus(args, node))
+        # Each trainer sees only its own GPU: NCCL cannot find a P2P (NVLink) path to any other GPU,
+        # neither the other node's nor a local rank's (its daemon sees all GPUs of the node).
+        env["CUDA_VISIBLE_DEVICES"] = args.gpus[node * n + local]
     if link.capped:
         env.update(NCCL_P2P_DISABLE="1", NCCL_SHM_DISABLE="1", NCCL_IB_DISABLE="1",
                    NCCL_SOCKET_IFNAME=link.dev(node))
@@ -228,14 +230,11 @@ def trainer_python(args):
 
 
 def gpu_index(args, link, node, local):
-    """The trainer's --gpu: under a capped link CUDA_VISIBLE_DEVICES holds node r's GPUs only and
-    local rank l takes the l-th (0 with one local rank); uncapped, every GPU stays visible and
-    global rank g uses --gpus[g], as plain DDP on one host does, so that NCCL may open its P2P
-    (NVLink) path between the processes."""
-    if args.device != "cuda":
+    """The trainer's --gpu: 0 under a capped link (CUDA_VISIBLE_DEVICES holds the trainer's own GPU,
+    --gpus[rank], only); uncapped, every GPU stays visible and global rank g uses --gpus[g], as
+    plain DDP on one host does, so that NCCL may open its P2P (NVLink) path between the processes."""
+    if args.device != "cuda" or link.capped:
         return "0"
-    if link.capped:
-        return str(local)
     return args.gpus[node * args.local_ranks + local]
 
 

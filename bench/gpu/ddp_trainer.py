@@ -73,7 +73,7 @@ def parse(argv):
     p.add_argument("--method", choices=METHODS, required=True)
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--gpu", type=int, default=0, help="CUDA device index (under a cap the orchestrator "
-                   "sets CUDA_VISIBLE_DEVICES to the node's GPUs, so the local rank)")
+                   "sets CUDA_VISIBLE_DEVICES to one GPU, so 0)")
     p.add_argument("--backend", help="process group backend (default: nccl on cuda, gloo on cpu; e.g. "
                    "'cpu:gloo,cuda:nccl')")
     p.add_argument("--rank", type=int, default=None)

@@ -119,9 +119,9 @@ def test_local_ranks_layout_on_gpus():
     assert {k: env[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SPARSECAR_NODE_RANK",
                                 "SPARSECAR_NNODES", "CUDA_VISIBLE_DEVICES", "NCCL_SOCKET_IFNAME", "MASTER_ADDR")} == {
         "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "SPARSECAR_NODE_RANK": "1",
-        "SPARSECAR_NNODES": "2", "CUDA_VISIBLE_DEVICES": "2,3", "NCCL_SOCKET_IFNAME": "veth1",
+        "SPARSECAR_NNODES": "2", "CUDA_VISIBLE_DEVICES": "3", "NCCL_SOCKET_IFNAME": "veth1",
         "MASTER_ADDR": "10.9.0.1"}
-    assert ddp_capped.gpu_index(args, capped, 1, 1) == "1"  # the 2nd of the node's visible GPUs
+    assert ddp_capped.gpu_index(args, capped, 1, 1) == "0"  # its only visible GPU
     env = ddp_capped.trainer_env(args, _Job(), uncapped, 1, 0, 29500)
     assert env["RANK"] == "2" and "CUDA_VISIBLE_DEVICES" not in env and "NCCL_SOCKET_IFNAME" not in env
     assert ddp_capped.gpu_index(args, uncapped, 1, 0) == "2"  # every GPU visible: --gpus[rank]
@@ -131,7 +131,10 @@ def test_local_ranks_layout_on_gpus():
     assert [env["CUDA_VISIBLE_DEVICES"] for _, _, env in job.daemons] == ["0,1", "2,3"]
     # --gpus in another order: node 0 takes the first two
     args = ddp_capped.parse(["--local-ranks", "2", "--gpus", "3,2,1,0"])
-    assert ddp_capped.trainer_env(args, _Job(), capped, 0, 0, 1)["CUDA_VISIBLE_DEVICES"] == "3,2"
+    assert ddp_capped.trainer_env(args, _Job(), capped, 0, 1, 1)["CUDA_VISIBLE_DEVICES"] == "2"
+    job = _Job()
+    ddp_capped.start_daemons(args, job, capped, [])
+    assert [env["CUDA_VISIBLE_DEVICES"] for _, _, env in job.daemons] == ["3,2", "1,0"]
 
 
 def test_one_local_rank_is_the_old_layout():
