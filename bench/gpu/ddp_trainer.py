@@ -48,7 +48,7 @@ Runs under Debian's /usr/bin/python3 with torch 1.13 (CPU, gloo) and Python 3.12
 2.11 (CUDA, NCCL). Rank and world from --rank/--world or RANK/WORLD_SIZE (global: with several
 local ranks per node, ddp_capped.py sets RANK = node x local ranks + local); rendezvous through
 MASTER_ADDR/MASTER_PORT. The JSON records local_rank and node (LOCAL_RANK, SPARSECAR_NODE_RANK);
-fmnist_cnn shards the training set over all world ranks.
+the Fashion-MNIST models shard the training set over all world ranks.
 """
 
 import argparse
