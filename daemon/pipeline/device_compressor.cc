@@ -72,7 +72,10 @@ DeviceCompressor::~DeviceCompressor() {
     cu::host_free_pinned(p);
   }
   cu::event_destroy(step_event_);
-  for (auto& o : other_streams_) cu::stream_destroy(o.stream);
+  for (auto& o : other_streams_) {
+    cu::event_destroy(o.bridge);
+    cu::stream_destroy(o.stream);
+  }
   cu::stream_destroy(stream_);
 }
 
@@ -130,17 +133,20 @@ policies::Plan DeviceCompressor::device_plan(const policies::Plan& plan, std::st
   return p;
 }
 
-cu::Stream DeviceCompressor::stream_for(int device) {
-  if (device == device_) return stream_;
+DeviceCompressor::OtherStream* DeviceCompressor::other(int device) {
   for (auto& o : other_streams_) {
-    if (o.device == device) return o.stream;
+    if (o.device == device) return &o;
   }
   if (!cu::set_device(device).ok()) return nullptr;
   auto s = cu::stream_create();
+  auto e = s.ok() ? cu::event_create() : Expected<void*>(s.status());
   cu::set_device(device_).ignore();
-  if (!s.ok()) return nullptr;
-  other_streams_.push_back(OtherStream{device, *s});
-  return *s;
+  if (!e.ok()) {
+    if (s.ok()) cu::stream_destroy(*s);
+    return nullptr;
+  }
+  other_streams_.push_back(OtherStream{device, *s, *e});
+  return &other_streams_.back();
 }
 
 Status DeviceCompressor::allocate(int device) {
@@ -207,7 +213,9 @@ Status DeviceCompressor::begin(std::span<const DeviceBuffer> inputs) {
   SC_RETURN_IF_ERROR(cu::set_device(device_));
   queued_.clear();
   uploaded_ = 0;
-  for (const DeviceBuffer& b : inputs) SC_RETURN_IF_ERROR(cu::stream_wait_event(stream_, b.ready_event));
+  for (const DeviceBuffer& b : inputs) {
+    if (b.device == device_) SC_RETURN_IF_ERROR(cu::stream_wait_event(stream_, b.ready_event));
+  }
   const bool local = std::all_of(inputs.begin(), inputs.end(), [&](const DeviceBuffer& b) { return b.device == device_; });
   if (inputs.size() == 1 && local) {
     grad_ = inputs[0].data;
@@ -231,8 +239,17 @@ Status DeviceCompressor::begin(std::span<const DeviceBuffer> inputs) {
       src.push_back(b.data);
       continue;
     }
+    // On the trainer's GPU: wait for `ready`, copy the buffer here, then stream_ waits for that.
     float* at = stage_ + staged++ * n_;
-    SC_RETURN_IF_ERROR(cu::copy_async(at, b.data, n_ * sizeof(float), stream_));
+    OtherStream* o = other(b.device);
+    if (o == nullptr) return internal_error("no stream on GPU " + std::to_string(b.device));
+    SC_RETURN_IF_ERROR(cu::set_device(b.device));
+    Status s = cu::stream_wait_event(o->stream, b.ready_event);
+    if (s.ok()) s = cu::copy_async(at, b.data, n_ * sizeof(float), o->stream);
+    if (s.ok()) s = cu::event_record(o->bridge, o->stream);
+    SC_RETURN_IF_ERROR(cu::set_device(device_));
+    SC_RETURN_IF_ERROR(s);
+    SC_RETURN_IF_ERROR(cu::stream_wait_event(stream_, o->bridge));
     src.push_back(at);
   }
   SC_RETURN_IF_ERROR(cu::local_sum(sum_, src, n_, stream_));
@@ -429,23 +446,25 @@ Status DeviceCompressor::end(std::span<const DeviceBuffer> outputs, bool ok) {
     if (first.ok() && !s.ok()) first = std::move(s);
   };
   keep(cu::set_device(device_));
-  if (ok) {
-    for (const DeviceBuffer& b : outputs) keep(cu::copy_async(b.data, out_, n_ * sizeof(float), stream_));
+  for (const DeviceBuffer& b : outputs) {
+    if (b.device != device_) continue;
+    if (ok) keep(cu::copy_async(b.data, out_, n_ * sizeof(float), stream_));
+    if (b.done_event != nullptr) keep(cu::event_record(b.done_event, stream_));
   }
   keep(cu::event_record(step_event_, stream_));
+  // Other GPUs' buffers: written and released on a stream of their own GPU, after stream_'s work.
   for (const DeviceBuffer& b : outputs) {
-    if (b.done_event == nullptr) continue;
-    cu::Stream s = stream_for(b.device);
-    if (s == nullptr) {
+    if (b.device == device_) continue;
+    OtherStream* o = other(b.device);
+    if (o == nullptr) {
       keep(internal_error("no stream on GPU " + std::to_string(b.device)));
       continue;
     }
-    if (s != stream_) {
-      keep(cu::set_device(b.device));
-      keep(cu::stream_wait_event(s, step_event_));
-    }
-    keep(cu::event_record(b.done_event, s));
-    if (s != stream_) keep(cu::set_device(device_));
+    keep(cu::set_device(b.device));
+    keep(cu::stream_wait_event(o->stream, step_event_));
+    if (ok) keep(cu::copy_async(b.data, out_, n_ * sizeof(float), o->stream));
+    if (b.done_event != nullptr) keep(cu::event_record(b.done_event, o->stream));
+    keep(cu::set_device(device_));
   }
   keep(cu::synchronize(stream_));
   for (auto& o : other_streams_) keep(cu::synchronize(o.stream));

@@ -122,7 +122,6 @@ class DeviceCompressor {
   };
   Status allocate(int device);
   Status ensure_dense_host();
-  kernels::cuda::Stream stream_for(int device);
 
   const uint32_t id_;
   const TensorSpec spec_;
@@ -136,8 +135,14 @@ class DeviceCompressor {
   struct OtherStream {
     int device;
     kernels::cuda::Stream stream;
+    void* bridge;  // an event of `device`: its stream's work on a trainer's buffer, for stream_ to wait on
   };
-  std::vector<OtherStream> other_streams_;  // other trainers' GPUs: done events are recorded there
+  // Other trainers' GPUs. Everything that touches a trainer's buffer or events (the wait on
+  // `ready`, the peer copies in and out, the record of `done`) runs on a stream of that trainer's
+  // GPU: an interprocess event opened here crashed the driver (cuStreamWaitEvent, 2 x 2 H100)
+  // when a stream of another GPU waited on it.
+  std::vector<OtherStream> other_streams_;
+  OtherStream* other(int device);  // created on first use; null when CUDA refuses
   void* step_event_ = nullptr;              // marks the end of the step's work on stream_
   // Device memory.
   float* residual_ = nullptr;
