@@ -3,6 +3,10 @@
 // process that uses the real DeviceRuntime; the StepSink here waits on the trainer's `ready`
 // event, checks the gradient, writes a known pattern into the trainer's buffer, records `done`
 // and answers. The trainer checks the pattern after its stream waited on `done`.
+// Two trainer processes on two GPUs (needs 2 GPUs): the real DeviceCompressor sums their buffers
+// (the second one's peer-copied), keeps everything (density 1) and writes the mean back into both;
+// each trainer checks it. Interprocess events of another GPU must be waited on a stream of their
+// own GPU: a stream of the other GPU waiting on them crashed the driver on 2 x 2 H100.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -14,12 +18,14 @@
 #include <chrono>
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "daemon/device/device_runtime.h"
+#include "daemon/pipeline/device_compressor.h"
 #include "daemon/session/session_server.h"
 #include "sparsecar/kernels/cuda.h"
 #include "tests/unit/session/session_test_util.h"
@@ -103,6 +109,138 @@ class GpuSink : public StepSink {
   std::map<uint32_t, uint64_t> counts_;  // guarded by mu_
   StepResultSink* sink_ = nullptr;
 };
+
+// The pipeline's device path for one node of one: begin (sum), compress (density 1: everything),
+// the own payload, finish (mean over the trainers), commit, end (written back, done recorded).
+class CompressorSink : public StepSink {
+ public:
+  void attach(StepResultSink* sink) { sink_ = sink; }
+  Status register_tensor(uint32_t tensor_id, const TensorSpec& spec) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    compressors_.try_emplace(tensor_id, std::make_unique<DeviceCompressor>(tensor_id, spec, 1));
+    return Status::Ok();
+  }
+  void submit(const StepJob& job) override {
+    StepResult r;
+    r.tensor_id = job.tensor_id;
+    r.step = job.step;
+    r.generation = job.generation;
+    r.status = run(job);
+    if (!r.status.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      error_ = r.status.to_string();
+    }
+    sink_->complete(r);
+  }
+  void report_metric(const std::string&, double, uint64_t) override {}
+  void reset() override {}
+
+  std::atomic<size_t> trainers_in_step{0};
+  std::string error_text() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return error_;
+  }
+
+ private:
+  Status run(const StepJob& job) {
+    std::lock_guard<std::mutex> lock(mu_);
+    DeviceCompressor& d = *compressors_.at(job.tensor_id);
+    trainers_in_step = job.device.size();
+    policies::Plan plan;
+    plan.dense = false;
+    plan.selector = kernels::Selector::kTopk;
+    plan.params.density = 1.0;
+    plan.format = kernels::Format::kCoo;
+    plan = DeviceCompressor::device_plan(plan);
+    Status s = d.begin(job.device);
+    if (s.ok()) {
+      Expected<DeviceCompressor::Encoded> e = d.compress(plan);
+      if (!e.ok()) {
+        s = e.status();
+      } else {
+        GatheredPayload g;
+        g.format = e->format;
+        g.value_type = e->value_type;
+        g.nnz = e->nnz;
+        g.payload = e->payload;
+        g.from = "own selection";
+        s = d.add_payload(g);
+        if (s.ok()) s = d.finish_sparse(static_cast<uint32_t>(job.device.size()));
+        if (s.ok()) {
+          d.commit();
+        } else {
+          d.rollback();
+        }
+      }
+    }
+    const Status ended = d.end(job.device, s.ok());
+    return s.ok() ? ended : s;
+  }
+
+  std::mutex mu_;
+  std::map<uint32_t, std::unique_ptr<DeviceCompressor>> compressors_;  // guarded by mu_
+  std::string error_;                                                  // guarded by mu_
+  StepResultSink* sink_ = nullptr;
+};
+
+// Runs one trainer per entry of `runs` (its arguments) at once; success when all exited 0 within 60 s.
+::testing::AssertionResult spawn_all_and_wait(const std::vector<std::vector<std::string>>& runs) {
+  const std::string trainer = trainer_path();
+  std::vector<pid_t> pids;
+  for (const auto& args : runs) {
+    std::vector<char*> argv{const_cast<char*>(trainer.c_str())};
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    pid_t pid = 0;
+    if (::posix_spawn(&pid, trainer.c_str(), nullptr, nullptr, argv.data(), environ) != 0) {
+      return ::testing::AssertionFailure() << "cannot start " << trainer;
+    }
+    pids.push_back(pid);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  std::string failures;
+  for (pid_t pid : pids) {
+    int status = 0;
+    while (::waitpid(pid, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, &status, 0);
+        failures += " a trainer did not finish within 60 s;";
+        break;
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+      failures += " trainer status " + std::to_string(status) + " (its stderr says why);";
+    }
+  }
+  if (!failures.empty()) return ::testing::AssertionFailure() << failures;
+  return ::testing::AssertionSuccess();
+}
+
+TEST(DeviceIpc, TwoTrainerProcessesOnTwoGpusGetTheirMeanFromTheDeviceCompressor) {
+  if (kernels::cuda::device_count() < 2) {
+    GTEST_SKIP() << "needs 2 CUDA GPUs (" << kernels::cuda::device_count() << " here)";
+  }
+  testing::TempSocket sock;
+  auto runtime = make_device_runtime();
+  ASSERT_TRUE(runtime->available().ok()) << runtime->available().to_string();
+  CompressorSink sink;
+  SessionServerOptions options;
+  options.socket_path = sock.path();
+  options.local_clients = 2;
+  auto server = SessionServer::start(options, &sink, steady_clock(), runtime.get());
+  ASSERT_TRUE(server.ok()) << server.status().to_string();
+  sink.attach(server->get());
+  EXPECT_TRUE(spawn_all_and_wait({{sock.path(), "4099", "0", "0"}, {sock.path(), "4099", "1", "1"}}));
+  EXPECT_EQ(sink.trainers_in_step.load(), 2u);
+  EXPECT_EQ(sink.error_text(), "");
+  EXPECT_TRUE(testing::wait_until([&] { return (*server)->connected_clients() == 0; }));
+  const SessionStats s = (*server)->stats();
+  EXPECT_EQ(s.registrations, 2u);
+  EXPECT_EQ(s.steps_completed, 1u);
+  (*server)->stop();
+}
 
 TEST(DeviceIpc, TrainerBufferIsReadAndWrittenByTheDaemonProcess) {
   if (kernels::cuda::device_count() == 0) {

@@ -2,7 +2,9 @@
 // (at an offset, with guard values before it), registers it with the daemon by CUDA IPC
 // (register_device_tensor), records `ready`, submits, waits, makes its stream wait on `done` and
 // checks that the daemon's pattern is in the buffer and the guards are untouched.
-//   device_ipc_trainer SOCKET COUNT     exit 0: checked; else a line on stderr says what failed
+//   device_ipc_trainer SOCKET COUNT              exit 0: checked; else a line on stderr says what failed
+//   device_ipc_trainer SOCKET COUNT GPU K        trainer K (0 or 1) of two on GPU GPU: its gradient
+//                                                is (K + 1) * 2 * i, the result must be their mean, 3 * i
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -26,10 +28,10 @@ constexpr size_t kGuard = 64;  // floats before the tensor: offset 256 bytes int
     }                                                                                       \
   } while (0)
 
-int run(const std::string& socket, size_t count) {
-  CHECK_CUDA(cudaSetDevice(0));
+int run(const std::string& socket, size_t count, int gpu, int k) {
+  CHECK_CUDA(cudaSetDevice(gpu));
   cudaDeviceProp prop{};
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, gpu));
   float* base = nullptr;
   CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&base), (kGuard + count) * sizeof(float)));
   cudaStream_t stream = nullptr;
@@ -60,9 +62,10 @@ int run(const std::string& socket, size_t count) {
     std::fprintf(stderr, "trainer: register_device_tensor: %s\n", t.status().to_string().c_str());
     return 3;
   }
-  // Guards -1, the gradient 2 * i, written on the trainer's stream, then `ready`.
+  // Guards -1, the gradient (k + 1) * 2 * i, written on the trainer's stream, then `ready`.
+  const float scale = k < 0 ? 1.0f : static_cast<float>(k + 1);
   std::vector<float> host(kGuard + count, -1.0f);
-  for (size_t i = 0; i < count; ++i) host[kGuard + i] = 2.0f * static_cast<float>(i);
+  for (size_t i = 0; i < count; ++i) host[kGuard + i] = scale * 2.0f * static_cast<float>(i);
   CHECK_CUDA(cudaMemcpyAsync(base, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
   CHECK_CUDA(cudaEventRecord(ready, stream));
   if (auto st = (*client)->submit(**t, 1); !st.ok()) {
@@ -86,7 +89,8 @@ int run(const std::string& socket, size_t count) {
     }
   }
   for (size_t i = 0; i < count; ++i) {
-    const float want = 0.5f * static_cast<float>(i) + 1.0f;  // the test's pattern
+    // The test's pattern, or the two trainers' mean (exact: small integers).
+    const float want = k < 0 ? 0.5f * static_cast<float>(i) + 1.0f : 3.0f * static_cast<float>(i);
     if (out[kGuard + i] != want) {
       std::fprintf(stderr, "trainer: element %zu is %g, not %g\n", i, static_cast<double>(out[kGuard + i]),
                    static_cast<double>(want));
@@ -104,9 +108,11 @@ int run(const std::string& socket, size_t count) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    std::fprintf(stderr, "usage: device_ipc_trainer SOCKET COUNT\n");
+  if (argc != 3 && argc != 5) {
+    std::fprintf(stderr, "usage: device_ipc_trainer SOCKET COUNT [GPU K]\n");
     return 1;
   }
-  return run(argv[1], static_cast<size_t>(std::strtoull(argv[2], nullptr, 10)));
+  const size_t count = static_cast<size_t>(std::strtoull(argv[2], nullptr, 10));
+  if (argc == 3) return run(argv[1], count, 0, -1);
+  return run(argv[1], count, std::atoi(argv[3]), std::atoi(argv[4]));
 }
