@@ -387,7 +387,7 @@ def run_one(args, link, model, method, trainer_args, run_dir, timeout):
         entry["ranks"] = ranks
         r0 = ranks[0]
         for k in ("params", "batch", "device_name", "backend", "torch", "compute_ms", "start_up_s", "step_ms",
-                  "steps_timed", "dense_ring_bytes_per_step", "payload_bytes_per_step", "hook", "hook_path", "powersgd",
+                  "steps_timed", "dense_ring_bytes_per_step", "payload_bytes_per_step", "hook", "hook_path", "hook_agreement", "powersgd",
                   "final_accuracy", "train_seconds", "eval_seconds", "curve", "steps", "epochs", "test_images",
                   "dtype", "params_identical"):
             if k in r0:
