@@ -146,6 +146,17 @@ DeviceCompressor::OtherStream* DeviceCompressor::other(int device) {
     return nullptr;
   }
   other_streams_.push_back(OtherStream{device, *s, *e});
+  // The copies between the two GPUs go peer to peer where the pair can (NVLink); without it the
+  // driver stages them through host memory (2 x 2 H200: 19 ms a step for mlp50 instead of ~7).
+  auto there = cu::enable_peer_access(device, device_);
+  auto here = cu::enable_peer_access(device_, device);
+  if (there.ok() && here.ok() && *there && *here) {
+    SC_LOG_INFO("tensor {} '{}': GPU {} <-> GPU {} peer to peer", id_, spec_.name, device_, device);
+  } else {
+    SC_LOG_WARN("tensor {} '{}': GPU {} <-> GPU {} not peer to peer ({}): copies go through host memory", id_,
+                spec_.name, device_, device,
+                !there.ok() ? there.status().to_string() : !here.ok() ? here.status().to_string() : "not supported");
+  }
   return &other_streams_.back();
 }
 

@@ -25,6 +25,7 @@ Status synchronize(Stream) { return unavailable_here("cuda::synchronize"); }
 Expected<Stream> stream_create() { return unavailable_here("cuda::stream_create"); }
 void stream_destroy(Stream) {}
 Status set_device(int) { return unavailable_here("cuda::set_device"); }
+Expected<bool> enable_peer_access(int, int) { return unavailable_here("cuda::enable_peer_access"); }
 Expected<void*> host_alloc_pinned(size_t) { return unavailable_here("cuda::host_alloc_pinned"); }
 void host_free_pinned(void*) {}
 Status stream_wait_event(Stream, void*) { return unavailable_here("cuda::stream_wait_event"); }

@@ -64,6 +64,25 @@ void stream_destroy(Stream stream) {
 
 Status set_device(int device) { return cuda_status("cudaSetDevice", cudaSetDevice(device)); }
 
+Expected<bool> enable_peer_access(int device, int peer) {
+  if (device == peer) return true;
+  int can = 0;
+  SC_RETURN_IF_ERROR(cuda_status("cudaDeviceCanAccessPeer", cudaDeviceCanAccessPeer(&can, device, peer)));
+  if (can == 0) return false;
+  int current = 0;
+  SC_RETURN_IF_ERROR(cuda_status("cudaGetDevice", cudaGetDevice(&current)));
+  SC_RETURN_IF_ERROR(cuda_status("cudaSetDevice", cudaSetDevice(device)));
+  cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
+  if (e == cudaErrorPeerAccessAlreadyEnabled) {
+    cudaGetLastError();  // not sticky, but leave nothing behind for the next call's check
+    e = cudaSuccess;
+  }
+  const cudaError_t back = cudaSetDevice(current);
+  SC_RETURN_IF_ERROR(cuda_status("cudaDeviceEnablePeerAccess", e));
+  SC_RETURN_IF_ERROR(cuda_status("cudaSetDevice", back));
+  return true;
+}
+
 Expected<void*> host_alloc_pinned(size_t bytes) {
   void* ptr = nullptr;
   SC_RETURN_IF_ERROR(cuda_status("cudaHostAlloc", cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable)));

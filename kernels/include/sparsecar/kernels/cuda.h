@@ -64,6 +64,11 @@ Expected<Stream> stream_create();
 void stream_destroy(Stream stream);
 // The calling thread's current device (cudaSetDevice).
 Status set_device(int device);
+// Lets kernels and copies on `device` reach `peer`'s memory directly (NVLink / PCIe P2P):
+// cudaDeviceEnablePeerAccess from `device`. true once on (already on counts), false when the pair
+// cannot (copies between them are then staged through host memory by the driver). Leaves the
+// current device as it found it.
+Expected<bool> enable_peer_access(int device, int peer);
 // Page-locked host memory (cudaHostAlloc), for copies that overlap and run at full PCIe speed.
 Expected<void*> host_alloc_pinned(size_t bytes);
 void host_free_pinned(void* ptr);  // null is fine
