@@ -94,6 +94,16 @@ void print_status(const json& r) {
     std::printf("traffic this job: %s\n", line(t.value("job", json::object())).c_str());
     std::printf("since start: %s\n", line(t.value("since_start", json::object())).c_str());
   }
+  if (r.contains("controllers")) {  // rank 0 only
+    const json& k = r["controllers"];
+    std::printf("controllers %s: %s steps observed, %s proposals%s\n", text(k["active"]).c_str(),
+                text(k["steps_observed"]).c_str(), text(k["proposals"]).c_str(),
+                k.value("failed", false) ? (", FAILED: " + text(k["failure"])).c_str() : "");
+    if (!k["accuracy_signal"].is_null()) {
+      std::printf("accuracy signal: %s; compression error %s (bound %s)\n", text(k["accuracy_signal"]).c_str(),
+                  text(k["compression_error"]).c_str(), text(k["compression_error_bound"]).c_str());
+    }
+  }
   if (r.value("job_open", false)) {
     std::printf("WARNING: the job is open (no job_secret_file): any host that reaches the coordinator port can join\n");
   }

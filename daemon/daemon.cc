@@ -189,6 +189,7 @@ Expected<std::unique_ptr<Daemon>> Daemon::start(const Config& config) {
   dp.pipeline = parts->pipeline.get();
   dp.sessions = parts->sessions.get();
   dp.clock = &clock;
+  dp.controllers = parts->controllers.get();
   parts->backend = std::make_unique<control::DaemonBackend>(dp);
   parts->metrics->set_scrape_hook([backend = parts->backend.get()] { backend->refresh_metrics(); });
   const std::string endpoint = resolved_control_endpoint(config);

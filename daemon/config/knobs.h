@@ -121,6 +121,9 @@ struct Config {
   double accuracy_tighten = 0.9;
   uint64_t accuracy_hold_steps = 5;
   double accuracy_alpha = 0.3;
+  double accuracy_error_bound = 0;
+  double accuracy_error_margin = 1.5;
+  uint64_t accuracy_calibrate_steps = 10;
   double budget_total_elements = 0;
   uint64_t budget_steps = 0;
   uint64_t budget_settle_steps = 3;

@@ -6,6 +6,7 @@
 
 #include "daemon/collective/mailbox.h"
 #include "daemon/metrics/metrics.h"
+#include "daemon/pipeline/controller_runner.h"
 #include "daemon/pipeline/pipeline.h"
 #include "daemon/pipeline/settings.h"
 #include "daemon/session/session_server.h"
@@ -32,6 +33,22 @@ json traffic(const ProgressTotals& t) {
               {"dense_bytes", t.dense_bytes},
               {"bytes_saved", t.bytes_saved()},
               {"compression_ratio", t.bytes_sent == 0 ? json(nullptr) : json(t.ratio())}};
+}
+// Rank 0's controllers: what runs, what they saw and decided, what the accuracy controller acts on.
+json controllers_json(const ControllerRunner::Snapshot& s) {
+  const policies::ControlStatus& c = s.status;
+  auto known = [](double v) { return v > 0 ? json(v) : json(nullptr); };
+  return json{{"active", s.active},
+              {"steps_observed", s.steps_observed},
+              {"steps_dropped", s.steps_dropped},
+              {"proposals", c.proposals},
+              {"last_reason", c.last_reason},
+              {"failed", c.failed},
+              {"failure", c.failure},
+              {"goodput_Bps", known(c.goodput_Bps)},
+              {"accuracy_signal", c.accuracy_signal.empty() ? json(nullptr) : json(c.accuracy_signal)},
+              {"compression_error", known(c.compression_error)},
+              {"compression_error_bound", known(c.compression_error_bound)}};
 }
 }  // namespace
 
@@ -90,6 +107,7 @@ json DaemonBackend::status() {
            {"total_trainers", snap.total_trainers},
            {"queued", snap.queued},
            {"draining", snap.draining}};
+  if (p_.controllers != nullptr) out["controllers"] = controllers_json(p_.controllers->snapshot());
   if (p_.metrics) {
     auto ports = p_.metrics->listening_ports();
     if (!ports.empty()) out["metrics_port"] = ports[0];

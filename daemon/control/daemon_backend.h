@@ -18,6 +18,7 @@
 namespace sparsecar {
 class Mailbox;
 class Metrics;
+class ControllerRunner;
 class Pipeline;
 class SessionServer;
 class Transport;
@@ -33,6 +34,7 @@ struct DaemonParts {
   DecisionBoard* decisions = nullptr;
   Pipeline* pipeline = nullptr;
   SessionServer* sessions = nullptr;
+  const ControllerRunner* controllers = nullptr;  // rank 0 only
   const Clock* clock = &steady_clock();  // the one the parts above read time through
 };
 

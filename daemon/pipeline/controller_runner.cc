@@ -99,6 +99,7 @@ void ControllerRunner::poll() {
     policies::ControllerSettings settings = controller_settings_from_config(in_force);
     policies::ControlKnobs base = control_knobs_from_config(base_);
     auto proposal = loop_.update(settings, job, base, control_knobs_from_config(in_force));
+    log_accuracy_signal_locked();
     if (!proposal) continue;
     KnobChanges changes = knob_changes(in_force, proposal->knobs);
     if (changes.empty()) continue;
@@ -114,6 +115,19 @@ void ControllerRunner::poll() {
       listener_(from == std::string::npos ? std::string("controllers") : why.substr(from, to - from),
                 d.ok() ? "applied" : "refused");
     }
+  }
+}
+
+// The accuracy controller's signal, logged when it changes: a WARN when it has none (it then
+// holds the density), so a job that reports no metric hears it once instead of a silent no-op.
+void ControllerRunner::log_accuracy_signal_locked() {
+  const std::string& signal = loop_.status().accuracy_signal;
+  if (signal == logged_signal_) return;
+  logged_signal_ = signal;
+  if (signal.rfind("none", 0) == 0) {
+    SC_LOG_WARN("accuracy controller has no usable signal ({}); it holds the density", signal);
+  } else if (!signal.empty()) {
+    SC_LOG_INFO("accuracy controller acts on the {}", signal);
   }
 }
 

@@ -58,6 +58,7 @@ class ControllerRunner {
 
  private:
   void refresh_base_locked();
+  void log_accuracy_signal_locked();
 
   DecisionBoard* const board_;
   const Clock& clock_;
@@ -66,6 +67,7 @@ class ControllerRunner {
 
   mutable std::mutex mu_;
   std::map<uint64_t, std::vector<policies::NodeObservation>> pending_;  // guarded by mu_
+  std::string logged_signal_;  // guarded by mu_: the accuracy signal last logged
   Config base_;                       // guarded by mu_
   uint32_t base_epoch_ = 0;           // guarded by mu_: decisions up to here are in base_
   bool has_last_step_ = false;        // guarded by mu_

@@ -334,3 +334,30 @@ def test_agreement_choices(group, tmp_path):
     with pytest.warns(RuntimeWarning):  # a gloo job agrees through its own group
         hook = sparsecar.torch.register(model, socket=str(tmp_path / "none.sock"), connect_timeout=0.1)
     assert hook.agreement == "device" and hook._agree_group is None
+
+
+def test_status_says_what_the_accuracy_controller_acts_on(group, make_job):
+    """A DDP job that reports no metric: the accuracy controller acts on the compression error
+    ||e|| / ||g|| (which every step's observation carries), calibrates its bound, and rank 0's
+    `sparsecarctl status` says so — in JSON and in its text."""
+    job = make_job(nodes=1, daemon_args=["--density", "0.05", "--controller", "accuracy",
+                                         "--accuracy-calibrate-steps", "3"])
+    model, ref = make_models()
+    hook = sparsecar.torch.register(model, socket=job.sockets[0], lr=0.1, timeout=20, on_error="raise",
+                                    announce=None)
+    run_steps(model, ref, 0, 12)
+    assert hook.mode == "sparse", hook.failure
+    deadline = time.monotonic() + 10
+    while True:  # observations reach the controllers a little after the steps
+        c = _status(job)["controllers"]
+        if c["steps_observed"] >= 8 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert c["active"] == "accuracy" and c["steps_observed"] >= 8, c
+    assert c["accuracy_signal"] == "compression error", c
+    assert c["compression_error"] > 0 and c["compression_error_bound"] > 0, c
+    ctl = os.environ["SPARSECARCTL"]
+    r = subprocess.run([ctl, "--endpoint", f"ipc://{job.dir}/control-0.sock", "status"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and "accuracy signal: compression error" in r.stdout, r.stdout + r.stderr
+    hook.close()

@@ -273,6 +273,104 @@ TEST(AccuracyControllerTest, TargetFromTheDenseWarmupTrend) {
   EXPECT_GT(job.latest().density, base.density) << "a degrading loss backs compression off";
 }
 
+// A plant for the compression error: with error feedback at density d the residual holds about
+// `c / sqrt(d)` times the step's gradient (more compression, more owed), c set by the regime.
+JobObservation error_step(uint64_t step, const ControlKnobs& k, double c) {
+  JobObservation o;
+  o.step = step;
+  o.grad_norm2 = 4.0;  // ||g|| = 2
+  const double rho = c / std::sqrt(k.density);
+  o.residual_norm2 = rho * rho * o.grad_norm2;
+  return o;
+}
+
+TEST(AccuracyControllerTest, CompressionErrorIsKeptUnderItsCalibratedBoundWithoutAMetric) {
+  ControlKnobs base;
+  base.density = 0.01;
+  ControllerSettings s = with(bit(ControllerKind::kAccuracy));
+  s.density_max = 0.5;
+  FakeJob job(s, base);
+  const double c0 = 0.5;  // rho = 5 at the base density
+  for (uint64_t step = 0; step < 300; ++step) {
+    const double c = step < 100 ? c0 : 2 * c0;  // the regime doubles the error at step 100
+    job.feed(error_step(step, job.at(step), c));
+    if (step == 99) {
+      EXPECT_EQ(job.at(step).density, base.density) << "on budget, and no metric: it never tightens";
+    }
+  }
+  const ControlStatus& st = job.loop.status();
+  EXPECT_EQ(st.accuracy_signal, "compression error");
+  // Calibrated over the first calibrate_steps at the base density: 1.5 x 5.
+  EXPECT_NEAR(st.compression_error_bound, s.accuracy.error_margin * c0 / std::sqrt(base.density), 1e-9);
+  // Back under the bound: rho = 2 c0 / sqrt(d) <= 7.5 needs d >= (1 / 7.5)^2 = 0.0178; backing off
+  // doubles the density per move, so it lands on 0.02 (0.04 would be one move too many).
+  EXPECT_NEAR(job.latest().density, 0.02, 1e-12);
+  EXPECT_LE(st.compression_error, st.compression_error_bound);
+  for (const auto& [eff, k] : job.decisions) EXPECT_GE(k.density, base.density);
+}
+
+TEST(AccuracyControllerTest, TightensWhileTheMetricKeepsPaceAndBacksOffWhenItFallsBehind) {
+  ControlKnobs base;
+  base.density = 0.01;
+  ControllerSettings s = with(bit(ControllerKind::kAccuracy));
+  s.accuracy.error_bound = 100;  // the error never binds here: the metric decides
+  FakeJob job(s, base);
+  double before = 0, peak_after = 0;
+  for (uint64_t step = 0; step < 260; ++step) {
+    JobObservation o = error_step(step, job.at(step), 0.5);
+    o.has_loss = true;
+    // On its trend until step 200; then 20 % worse than that trend.
+    o.loss = (0.2 + 1.0 / (1.0 + 0.05 * static_cast<double>(step))) * (step < 200 ? 1.0 : 1.2);
+    job.feed(o);
+    if (step == 199) before = job.latest().density;
+    if (step >= 200 && step < 230) peak_after = std::max(peak_after, job.latest().density);
+  }
+  EXPECT_EQ(job.loop.status().accuracy_signal, "compression error");
+  EXPECT_LT(before, base.density) << "on track: tightened";
+  // Behind its trend (the last 20 reports' mean over the 20 before by more than the tolerance)
+  // within 30 steps: at least two back-offs (one per hold period) while the window straddles it.
+  EXPECT_GE(peak_after, before * s.accuracy.backoff * s.accuracy.backoff * 0.99);
+}
+
+TEST(AccuracyControllerTest, WithoutAnySignalItHoldsAndSaysWhy) {
+  ControlKnobs base;
+  base.density = 0.01;
+  FakeJob job(with(bit(ControllerKind::kAccuracy)), base);
+  for (uint64_t step = 0; step < 50; ++step) {
+    JobObservation o;
+    o.step = step;  // no gradient norms, no metric, no warm-up fit
+    EXPECT_FALSE(job.feed(o));
+  }
+  EXPECT_EQ(job.loop.status().accuracy_signal.rfind("none: ", 0), 0u) << job.loop.status().accuracy_signal;
+  EXPECT_EQ(job.latest().density, base.density);
+}
+
+TEST(AccuracyControllerTest, MovesOnlyWhatTheSelectorReads) {
+  // Top-k reads the density: lambda stays (v1 moved it too: decisions that did nothing).
+  ControlKnobs topk;
+  topk.density = 0.01;
+  topk.threshold = 0.05;
+  ControllerSettings s = with(bit(ControllerKind::kAccuracy));
+  s.accuracy.error_bound = 1.0;  // rho = 5: always over, it backs off
+  FakeJob a(s, topk);
+  for (uint64_t step = 0; step < 40; ++step) a.feed(error_step(step, a.at(step), 0.5));
+  EXPECT_GT(a.latest().density, topk.density);
+  for (const auto& [eff, k] : a.decisions) EXPECT_EQ(k.threshold, topk.threshold);
+  // The hard threshold reads lambda: backing off divides it; the density knob stays.
+  ControlKnobs thr = topk;
+  thr.selector = kernels::Selector::kThreshold;
+  FakeJob b(s, thr);
+  for (uint64_t step = 0; step < 40; ++step) {
+    JobObservation o;
+    o.step = step;
+    o.grad_norm2 = 1.0;
+    o.residual_norm2 = 25.0;  // rho = 5 whatever lambda: over the bound of 1
+    b.feed(o);
+  }
+  EXPECT_LT(b.latest().threshold, thr.threshold);
+  for (const auto& [eff, k] : b.decisions) EXPECT_EQ(k.density, thr.density);
+}
+
 TEST(BudgetControllerTest, LandsWithin5PercentOfTheRunBudgetAndExportsTotalError) {
   // Plant: with error feedback the steady-state volume of a hard threshold is ~ C / lambda.
   const double C = 2e4;  // per node: nnz = C / lambda

@@ -104,7 +104,10 @@ struct AccuracySettings {
   double backoff = 2.0;        // density multiplier when behind
   double tighten = 0.9;        // density multiplier when on track (gap < tolerance / 2)
   uint64_t hold_steps = 5;     // steps between two moves (lets the last one show)
-  double alpha = 0.3;          // EMA weight of a new relative gap to the target
+  double alpha = 0.3;          // EMA weight of a new relative gap / compression error / metric
+  double error_bound = 0;      // compression error ||e|| / ||g|| kept below this; 0: calibrated
+  double error_margin = 1.5;   // calibrated bound = this x the mean over the first calibrate_steps
+  uint64_t calibrate_steps = 10;
   bool operator==(const AccuracySettings&) const = default;
 };
 struct BudgetSettings {
@@ -149,6 +152,9 @@ struct ControlStatus {
   double predicted_exchange_s = 0;  // for the knobs proposed/in force
   double accuracy_gap = 0;          // relative, smoothed
   double accuracy_target = 0;
+  std::string accuracy_signal;      // what the accuracy controller acts on; "none: <why>" when nothing
+  double compression_error = 0;     // smoothed ||e|| / ||g|| (accuracy's "compression error" signal)
+  double compression_error_bound = 0;  // in force (0 while calibrating)
   double budget_used_elements = 0;
   double total_error = 0;           // Σ_t ||e_t||^2 since the loop started (hard-threshold paper)
 };
