@@ -62,11 +62,12 @@ DeviceCompressor::~DeviceCompressor() {
   }
   for (void* p : {static_cast<void*>(residual_), static_cast<void*>(out_), static_cast<void*>(sum_),
                   static_cast<void*>(index_), static_cast<void*>(value_), static_cast<void*>(counters_),
+                  static_cast<void*>(norms_),
                   static_cast<void*>(payload_), static_cast<void*>(upload_), static_cast<void*>(verdicts_),
                   static_cast<void*>(stage_), select_ws_, encode_ws_, decode_ws_}) {
     cu::device_free(p);
   }
-  for (void* p : {static_cast<void*>(host_counters_), static_cast<void*>(host_payload_),
+  for (void* p : {static_cast<void*>(host_counters_), static_cast<void*>(host_norms_), static_cast<void*>(host_payload_),
                   static_cast<void*>(host_upload_), static_cast<void*>(host_verdicts_),
                   static_cast<void*>(host_dense_)}) {
     cu::host_free_pinned(p);
@@ -178,6 +179,7 @@ Status DeviceCompressor::allocate(int device) {
   SC_RETURN_IF_ERROR(alloc_device(&index_, capacity_ * sizeof(uint32_t)));
   SC_RETURN_IF_ERROR(alloc_device(&value_, capacity_ * sizeof(float)));
   SC_RETURN_IF_ERROR(alloc_device(&counters_, 4 * sizeof(uint64_t)));
+  SC_RETURN_IF_ERROR(alloc_device(&norms_, 2 * sizeof(double)));
   SC_RETURN_IF_ERROR(alloc_device(&payload_, payload_bound_));
   if (world_ > 1) SC_RETURN_IF_ERROR(alloc_device(&upload_, payload_bound_ * (world_ - 1)));
   SC_RETURN_IF_ERROR(alloc_device(&verdicts_, world_ * sizeof(cu::DecodeStatus)));
@@ -191,6 +193,7 @@ Status DeviceCompressor::allocate(int device) {
   decode_ws_bytes_ = cu::decode_workspace_bytes(n_, payload_bound_, world_);
   SC_RETURN_IF_ERROR(alloc_device(&decode_ws_, decode_ws_bytes_));
   SC_RETURN_IF_ERROR(alloc_pinned(&host_counters_, 4 * sizeof(uint64_t)));
+  SC_RETURN_IF_ERROR(alloc_pinned(&host_norms_, 2 * sizeof(double)));
   SC_RETURN_IF_ERROR(alloc_pinned(&host_payload_, payload_bound_));
   if (world_ > 1) SC_RETURN_IF_ERROR(alloc_pinned(&host_upload_, payload_bound_ * (world_ - 1)));
   SC_RETURN_IF_ERROR(alloc_pinned(&host_verdicts_, world_ * sizeof(cu::DecodeStatus)));
@@ -224,6 +227,7 @@ Status DeviceCompressor::begin(std::span<const DeviceBuffer> inputs) {
   SC_RETURN_IF_ERROR(cu::set_device(device_));
   queued_.clear();
   uploaded_ = 0;
+  last_grad_norm2_ = last_residual_norm2_ = -1;
   for (const DeviceBuffer& b : inputs) {
     if (b.device == device_) SC_RETURN_IF_ERROR(cu::stream_wait_event(stream_, b.ready_event));
   }
@@ -289,6 +293,7 @@ Expected<DeviceCompressor::Encoded> DeviceCompressor::compress(const policies::P
   a.ws = cu::Workspace{select_ws_, select_ws_bytes_};
   a.stream = stream_;
   a.shape = spec_.shape;
+  if (measure_) SC_RETURN_IF_ERROR(cu::norm2(grad_, n_, norms_, stream_));  // before select adds it to the residual
   SC_RETURN_IF_ERROR(select(a));
   // From here the gradient is in the residual and the selection out of it: rollback() gives it back.
   pending_ = Pending::kSparse;
@@ -299,11 +304,13 @@ Expected<DeviceCompressor::Encoded> DeviceCompressor::compress(const policies::P
   Status s = cu::encode(ep, n_, a.out, cu::DevicePayloadOut{payload_, payload_bound_, counters_ + 1, counters_ + 2},
                         cu::Workspace{encode_ws_, encode_ws_bytes_}, stream_);
   if (s.ok()) s = cu::copy_async(host_counters_, counters_, 3 * sizeof(uint64_t), stream_);
+  if (s.ok() && measure_) s = cu::copy_async(host_norms_, norms_, sizeof(double), stream_);
   if (s.ok()) s = cu::synchronize(stream_);
   if (!s.ok()) {
     rollback();
     return s;
   }
+  if (measure_) last_grad_norm2_ = host_norms_[0];
   const uint64_t count = std::min<uint64_t>(host_counters_[0], capacity_);
   const uint64_t bytes = host_counters_[1];
   const uint64_t nnz = host_counters_[2];
@@ -378,9 +385,14 @@ Expected<std::span<float>> DeviceCompressor::dense_input(const policies::Plan& p
   }
   // work = residual + sum (a float64 sum of two floats rounds like the float addition).
   const float* pair[2] = {residual_, grad_};
+  if (measure_) {
+    SC_RETURN_IF_ERROR(cu::norm2(grad_, n_, norms_, stream_));
+    SC_RETURN_IF_ERROR(cu::copy_async(host_norms_, norms_, sizeof(double), stream_));
+  }
   SC_RETURN_IF_ERROR(cu::local_sum(out_, pair, n_, stream_));
   SC_RETURN_IF_ERROR(cu::copy_async(host_dense_, out_, n_ * sizeof(float), stream_));
   SC_RETURN_IF_ERROR(cu::synchronize(stream_));
+  if (measure_) last_grad_norm2_ = host_norms_[0];
   pending_ = Pending::kDense;
   return std::span<float>(host_dense_, n_);
 }
@@ -477,8 +489,15 @@ Status DeviceCompressor::end(std::span<const DeviceBuffer> outputs, bool ok) {
     if (b.done_event != nullptr) keep(cu::event_record(b.done_event, o->stream));
     keep(cu::set_device(device_));
   }
+  // After the trainers are released: the residual the step leaves, for the controllers.
+  const bool measured = ok && measure_ && first.ok();
+  if (measured) {
+    keep(cu::norm2(residual_, n_, norms_ + 1, stream_));
+    keep(cu::copy_async(host_norms_ + 1, norms_ + 1, sizeof(double), stream_));
+  }
   keep(cu::synchronize(stream_));
   for (auto& o : other_streams_) keep(cu::synchronize(o.stream));
+  last_residual_norm2_ = measured && first.ok() ? host_norms_[1] : -1;
   return first;
 }
 

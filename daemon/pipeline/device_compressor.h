@@ -110,6 +110,12 @@ class DeviceCompressor {
   // Records every done event of a step that nothing of ours touched on a GPU (no compressor
   // state, or none allocated yet): a record on each device's legacy stream releases the buffers.
   static Status release_untouched(std::span<const DeviceBuffer> buffers);
+  // Measures ||sum||^2 (in compress() / dense_input()) and, after a successful step, ||residual||^2
+  // (in end()) on the GPU, for the controllers (the host path's NodeObservation norms): two passes
+  // over the tensor, so only while a controller listens. Read after end(); -1 when not measured.
+  void measure_norms(bool on) { measure_ = on; }
+  double last_grad_norm2() const { return last_grad_norm2_; }
+  double last_residual_norm2() const { return last_residual_norm2_; }
   // Ends the step (see the header comment): `ok` writes the output into every trainer's buffer.
   // Records every done event whatever happens; returns the first CUDA error.
   Status end(std::span<const DeviceBuffer> outputs, bool ok);
@@ -131,6 +137,9 @@ class DeviceCompressor {
   const size_t capacity_;
   size_t payload_bound_ = 0;  // bytes of one encoded payload at most (every format, fp32)
   int device_ = -1;           // where this tensor's state lives (the first trainer's GPU)
+  bool measure_ = false;
+  double last_grad_norm2_ = -1;
+  double last_residual_norm2_ = -1;
   kernels::cuda::Stream stream_ = nullptr;
   struct OtherStream {
     int device;
@@ -153,6 +162,7 @@ class DeviceCompressor {
   uint32_t* index_ = nullptr;
   float* value_ = nullptr;
   uint64_t* counters_ = nullptr;  // [0] selection count, [1] payload bytes, [2] payload nnz
+  double* norms_ = nullptr;       // [0] ||sum||^2, [1] ||residual||^2 (measure_norms)
   std::byte* payload_ = nullptr;
   std::byte* upload_ = nullptr;   // peers' payloads, world - 1 slots of payload_bound_
   kernels::cuda::DecodeStatus* verdicts_ = nullptr;  // world entries
@@ -164,6 +174,7 @@ class DeviceCompressor {
   size_t decode_ws_bytes_ = 0;
   // Pinned host memory.
   uint64_t* host_counters_ = nullptr;
+  double* host_norms_ = nullptr;
   std::byte* host_payload_ = nullptr;
   std::byte* host_upload_ = nullptr;
   kernels::cuda::DecodeStatus* host_verdicts_ = nullptr;

@@ -177,8 +177,8 @@ void ObservationCollector::on_tensor_step(const TensorStepRecord& r, const Decis
   o.link_bytes += r.link_bytes;
   o.link_s += r.link_s;
   if (measure) {
-    o.grad_norm2 += norm2(r.local_sum);
-    o.residual_norm2 += norm2(r.residual);
+    o.grad_norm2 += r.grad_norm2 >= 0 ? r.grad_norm2 : norm2(r.local_sum);
+    o.residual_norm2 += r.residual_norm2 >= 0 ? r.residual_norm2 : norm2(r.residual);
   }
   policies::TensorStepObservation t;
   t.tensor_id = r.tensor_id;

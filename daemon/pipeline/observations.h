@@ -49,6 +49,9 @@ struct TensorStepRecord {
   double link_s = 0;
   std::span<const float> local_sum;
   std::span<const float> residual;  // after commit/rollback
+  // Device tensors: their squared norms measured on the GPU (the spans are empty); < 0: from the spans.
+  double grad_norm2 = -1;
+  double residual_norm2 = -1;
 };
 
 // The pipeline's view of whoever watches its steps (tests record plans through it).

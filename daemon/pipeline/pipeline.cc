@@ -499,6 +499,7 @@ Status Pipeline::run_device_step(TensorState& t, const StepJob& job, const Decis
                                      ", run under " + std::to_string(decision.epoch)));
   }
   Status s;
+  d.measure_norms(controllers_listen(decision));
   if (!ahead) s = d.begin(job.device);
   if (!s.ok()) return fail_early(std::move(s));
   if (plan.dense) {
@@ -551,9 +552,20 @@ Status Pipeline::run_device_step(TensorState& t, const StepJob& job, const Decis
   SC_RETURN_IF_ERROR(d.end(job.device, true).with_context("writing the average into the trainers' buffers"));
   SC_LOG_DEBUG("tensor {} step {} on the GPU: written back in {:.3f} ms; {:.3f} ms in all", id, job.step,
                seconds_since(clock_, end_started) * 1e3, seconds_since(clock_, times.encode_started) * 1e3);
-  observe_step(t, job, decision, plan, true, *result, stats, times, {}, {});
+  observe_step(t, job, decision, plan, true, *result, stats, times, {}, {}, d.last_grad_norm2(),
+               d.last_residual_norm2());
   finish_step(t, plan, *result, stats);
   return Status::Ok();
+}
+
+bool Pipeline::controllers_listen(const Decision& decision) {
+  if (!decision.config) return false;
+  if (decision.config != listen_config_) {
+    listen_config_ = decision.config;
+    auto active = policies::parse_controllers(decision.config->controller);
+    listen_ = active.ok() && (*active & policies::job_level_controllers()) != 0;
+  }
+  return listen_;
 }
 
 void Pipeline::prepare_next_device_step(uint32_t current) {
@@ -580,6 +592,7 @@ void Pipeline::prepare_next_device_step(uint32_t current) {
   p.generation = next.generation;
   p.epoch = decision.epoch;
   p.plan = plan;
+  t.device->measure_norms(controllers_listen(decision));
   Status begun = t.device->begin(next.device);
   if (!begun.ok()) return;  // nothing happened: the step runs (and reports) it again in turn
   Expected<DeviceCompressor::Encoded> e = t.device->compress(plan);
@@ -629,7 +642,8 @@ void Pipeline::count_messages(const policies::Plan& plan, kernels::Format sent, 
 
 void Pipeline::observe_step(TensorState& t, const StepJob& job, const Decision& decision, const policies::Plan& plan,
                             bool ok, const StepResult& result, const ExchangeStats& stats, const StepTimes& times,
-                            std::span<const float> local_sum, std::span<const float> residual) {
+                            std::span<const float> local_sum, std::span<const float> residual,
+                            double grad_norm2, double residual_norm2) {
   if (!observer_) return;
   TensorStepRecord rec;
   rec.tensor_id = t.id;
@@ -647,6 +661,8 @@ void Pipeline::observe_step(TensorState& t, const StepJob& job, const Decision& 
   rec.link_s = stats.link_seconds;
   rec.local_sum = local_sum;
   rec.residual = residual;
+  rec.grad_norm2 = grad_norm2;
+  rec.residual_norm2 = residual_norm2;
   observer_->on_tensor_step(rec, decision);
 }
 
@@ -678,8 +694,10 @@ void Pipeline::record_step_metrics(TensorState& t, const policies::Plan& plan, c
   const uint64_t n = t.spec.count;
   const TensorGroup group = tensor_group(n);
   // Dense steps empty the residual; sparse ones leave the unsent part (one read pass). A device
-  // residual is not read back per step (0 here; checkpoints copy it).
-  const double norm2 = sparse && t.host ? t.host->residual_norm2() : 0.0;
+  // residual is measured on the GPU only while a controller listens (else 0 here).
+  const double norm2 = !sparse ? 0.0
+                       : t.host ? t.host->residual_norm2()
+                                : std::max(0.0, t.device ? t.device->last_residual_norm2() : 0.0);
   std::string desc = policies::describe(plan);
   double density = 0, group_norm2 = 0;
   {

@@ -214,7 +214,10 @@ class Pipeline final : public StepSink {
   void count_messages(const policies::Plan& plan, kernels::Format sent, const ExchangeStats& stats);
   void observe_step(TensorState& t, const StepJob& job, const Decision& decision, const policies::Plan& plan, bool ok,
                     const StepResult& result, const ExchangeStats& stats, const StepTimes& times,
-                    std::span<const float> local_sum, std::span<const float> residual);
+                    std::span<const float> local_sum, std::span<const float> residual,
+                    double grad_norm2 = -1, double residual_norm2 = -1);
+  // Whether a job-level controller runs under `decision` (it needs the norms measured).
+  bool controllers_listen(const Decision& decision);
   // A successful step's metrics.
   void finish_step(TensorState& t, const policies::Plan& plan, const StepResult& result, const ExchangeStats& stats);
   Status agree_on_job(Clock::time_point deadline);
@@ -261,6 +264,8 @@ class Pipeline final : public StepSink {
   std::vector<std::shared_ptr<TensorState>> tensors_;
   PooledThreshold pooled_;  // the hybrid selector's global lambda (structured_select.h)
   std::shared_ptr<const Config> plan_config_;  // the decision config plan_settings_ came from
+  std::shared_ptr<const Config> listen_config_;  // controllers_listen() parsed this one
+  bool listen_ = false;
   policies::PlanSettings plan_settings_;       // options.settings until a decision config arrives
   OverridesCache overrides_cache_;             // tensor_overrides parsed once per distinct text
   bool agreed_ = false;

@@ -1,5 +1,5 @@
-// cuda.h's element-wise helpers of the daemon's device path: the node's local sum and giving a
-// selection back to its residual. Grid-stride passes; validation on the host first.
+// cuda.h's element-wise helpers of the daemon's device path: the node's local sum, giving a
+// selection back to its residual, and the squared norm the controllers measure. Grid-stride passes; validation on the host first.
 #include <cuda_runtime.h>
 
 #include <string>
@@ -41,7 +41,33 @@ __global__ void scatter_add_kernel(const uint32_t* __restrict__ index, const flo
   }
 }
 
+// Σ x² in float64: each block reduces its grid-stride share in shared memory, then one atomic add.
+__global__ void norm2_kernel(const float* __restrict__ x, size_t n, double* __restrict__ out) {
+  __shared__ double part[kThreads];
+  double s = 0.0;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const double v = static_cast<double>(x[i]);
+    s += v * v;
+  }
+  part[threadIdx.x] = s;
+  __syncthreads();
+  for (unsigned w = kThreads / 2; w > 0; w >>= 1) {
+    if (threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) atomicAdd(out, part[0]);
+}
+
 }  // namespace
+
+Status norm2(const float* x, size_t n, double* out, Stream stream) {
+  if (out == nullptr || (n > 0 && x == nullptr)) return invalid_argument("cuda::norm2: null buffer");
+  SC_RETURN_IF_ERROR(cuda_status("cudaMemsetAsync", cudaMemsetAsync(out, 0, sizeof(double), stream)));
+  if (n == 0) return Status::Ok();
+  norm2_kernel<<<detail::stride_blocks(n, kThreads), kThreads, 0, stream>>>(x, n, out);
+  return cuda_status("norm2_kernel", cudaGetLastError());
+}
 
 Status local_sum(float* dst, std::span<const float* const> src, size_t n, Stream stream) {
   if (src.empty() || src.size() > kMaxSumInputs) {

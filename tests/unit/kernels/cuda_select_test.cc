@@ -190,6 +190,25 @@ TEST(CudaSelect, DeviceIsNamed) {
   EXPECT_NE(d.find("SMs"), std::string::npos) << d;
 }
 
+TEST(CudaElementwise, Norm2EqualsTheFloat64SumOfSquares) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(7);
+  for (size_t n : {size_t{0}, size_t{1}, size_t{4095}, size_t{1} << 20, (size_t{1} << 22) + 3}) {
+    const std::vector<float> x = make_data(n, Data::kNormal, rng);
+    double want = 0;  // the plain reference, in order
+    for (float v : x) want += static_cast<double>(v) * static_cast<double>(v);
+    DeviceBuffer<float> dx(n);
+    DeviceBuffer<double> out(1);
+    if (n > 0) dx.upload(x);
+    out.poison();
+    ASSERT_TRUE(cu::norm2(dx.get(), n, out.get(), nullptr).ok());
+    const double got = out.download(1)[0];
+    // Only the order of the float64 additions differs (blocks add atomically).
+    EXPECT_NEAR(got, want, 1e-12 * std::max(want, 1.0)) << "n=" << n;
+  }
+  EXPECT_FALSE(cu::norm2(nullptr, 4, nullptr, nullptr).ok());
+}
+
 TEST(CudaSelect, EfThresholdEqualsCpu) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(1);
