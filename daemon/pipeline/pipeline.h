@@ -214,7 +214,8 @@ class Pipeline final : public StepSink {
   void count_messages(const policies::Plan& plan, kernels::Format sent, const ExchangeStats& stats);
   void observe_step(TensorState& t, const StepJob& job, const Decision& decision, const policies::Plan& plan, bool ok,
                     const StepResult& result, const ExchangeStats& stats, const StepTimes& times,
-                    std::span<const float> local_sum, std::span<const float> residual);
+                    std::span<const float> local_sum, std::span<const float> residual,
+                    std::span<const float> selected);
   // A successful step's metrics.
   void finish_step(TensorState& t, const policies::Plan& plan, const StepResult& result, const ExchangeStats& stats);
   Status agree_on_job(Clock::time_point deadline);
