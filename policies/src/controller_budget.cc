@@ -125,7 +125,7 @@ class BudgetController final : public Controller {
     // interpolating inside a bin (a pile of residuals just under lambda is anything but spread
     // evenly) cancels. Error feedback makes the next steps' distribution depend on this lambda,
     // so only part of the error is corrected at once.
-    const bool relative = o.threshold > 0 && at > 0 && std::isfinite(at);
+    const bool relative = calibrated_ && o.threshold > 0 && at > 0 && std::isfinite(at);
     const double level = relative ? std::log(o.threshold) + kLevelGain * std::log(q / at) : std::log(q);
     // The decision takes effect kDecisionLatency steps on, and the smoothing below lags
     // (1 - kSmooth) / kSmooth steps more: the gradient's trend over both.
@@ -135,6 +135,8 @@ class BudgetController final : public Controller {
       log_lambda_ = want;
       calibrated_ = true;
       calibrated_effective_ = o.step + kDecisionLatency;
+    } else if (o.step < calibrated_effective_) {
+      // Still the operator's lambda in force: nothing these steps show is about the calibrated one.
     } else {
       log_lambda_ = std::clamp(log_lambda_ + kSmooth * (want - log_lambda_), log_decided - log_max_move,
                                log_decided + log_max_move);
