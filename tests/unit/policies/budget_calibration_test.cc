@@ -254,6 +254,28 @@ TEST(BudgetCalibrationTest, FixedDensityTracksGradientsShrinking30xWithinAQuarte
               early / 100, late / 100);
 }
 
+TEST(BudgetCalibrationTest, AFixedLambdaOnTheSameTraceIsFrontLoaded) {
+  // The baseline the calibration removes: the static threshold at step 0's exact 0.5 % quantile.
+  ControllerSettings s = budget_settings();
+  s.active = 0;  // static
+  ControlKnobs probe;
+  probe.selector = kernels::Selector::kTopk;
+  probe.density = 0.005;
+  Node first(100000, 1);
+  first.step(0, probe, 1e-3);
+  ControlKnobs base;
+  base.selector = kernels::Selector::kThreshold;
+  base.threshold = first.exact_quantile(0.005);
+  FakeJob job(s, base);
+  const Trace tr = run(job, 200000, 300, 30.0, 0.005);
+  double early = 0, late = 0;
+  for (uint64_t t = 0; t < 100; ++t) early += tr.density[t];
+  for (uint64_t t = 200; t < 300; ++t) late += tr.density[t];
+  EXPECT_GT(early / late, 3.0) << early / 100 << " vs " << late / 100;
+  std::printf("[trace] fixed lambda %.3g: mean density steps 0-99 %.4g, 200-299 %.4g\n", base.threshold, early / 100,
+              late / 100);
+}
+
 TEST(BudgetCalibrationTest, RunBudgetIsMetAndTheStartUpSettlesIn15StepsFromAnyLambda) {
   // The volume budget of 0.5 % of the coordinates on average over 300 steps; the operator's
   // lambda 1e4x too high or too low. v1 needed ~50 steps of 2-76x moves here.
