@@ -549,6 +549,11 @@ const std::vector<KnobSpec>& knobs() {
        .env = "", .min = 0, .max = 1e15, .choices = "",
        .doc = "budget: length of the run in steps",
        .field = knob_field<&Config::budget_steps, in<&CS::budget, &Budget::steps>>},
+      {.name = "budget_total_bytes", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 0, .max = 1e18, .choices = "",
+       .doc = "budget: bytes each node may send over the whole run, headers included (instead of "
+              "budget_total_elements; 0 = off)",
+       .field = knob_field<&Config::budget_total_bytes, in<&CS::budget, &Budget::total_bytes>>},
       {.name = "budget_density", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 0, .max = 1.0, .choices = "",
        .doc = "budget: a fixed density every step instead of a run budget (hard threshold, lambda calibrated "

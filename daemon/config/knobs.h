@@ -123,6 +123,7 @@ struct Config {
   double accuracy_alpha = 0.3;
   double budget_total_elements = 0;
   uint64_t budget_steps = 0;
+  double budget_total_bytes = 0;
   double budget_density = 0;
   double budget_max_move = 2.0;
   uint64_t budget_settle_steps = 3;

@@ -1,7 +1,8 @@
 // The budget controller: the hard-threshold selector with lambda calibrated online so that every
 // step sends a target density, either fixed (`budget_density`) or what is left of a run's volume
 // budget spread over what is left of the run (`budget_total_elements` over `budget_steps`). Its
-// row: controllers.cc.
+// row: controllers.cc. A byte budget (`budget_total_bytes`) is spent as elements at the bytes a
+// kept element has measurably cost on the wire (an EMA of bytes_sent / nnz).
 //
 // v2 calibrates from the distribution, not by trial moves. Every node reports histograms of the
 // step's pre-selection magnitudes |residual + g| and of |g| alone (NodeObservation::
@@ -47,7 +48,10 @@ class BudgetController final : public Controller {
     const auto& s = ctx.settings;
     const auto& o = ctx.obs;
     const bool by_density = s.budget.density > 0;
-    if (!by_density && (s.budget.total_elements <= 0 || s.budget.steps == 0)) return Status::Ok();
+    const bool by_bytes = !by_density && s.budget.total_bytes > 0;
+    if (!by_density && ((s.budget.total_elements <= 0 && s.budget.total_bytes <= 0) || s.budget.steps == 0)) {
+      return Status::Ok();
+    }
     knobs->selector = kernels::Selector::kThreshold;
     if (!init_) {
       lambda_ = initial_ = knobs->threshold;
@@ -56,13 +60,27 @@ class BudgetController final : public Controller {
       last_change_ = o.step;
     }
     used_ += o.nnz;
+    used_bytes_ += static_cast<double>(o.bytes_sent);
     ctx.status->budget_used_elements = used_;
+    // A byte budget becomes elements at the bytes each kept element has cost on the wire lately
+    // (format, value type, the W - 1 copies of an all-gather and the headers, as measured).
+    if (o.nnz > 0 && o.bytes_sent > 0) {
+      const double per_element = static_cast<double>(o.bytes_sent) / o.nnz;
+      bytes_per_element_ = bytes_per_element_ > 0 ? 0.3 * per_element + 0.7 * bytes_per_element_ : per_element;
+    }
 
     // The density wanted from the next decided step on.
     const uint64_t done = o.step + 1;
     double target_rate = 0;  // elements per node and step
     if (by_density) {
       target_rate = s.budget.density * static_cast<double>(o.elements);
+    } else if (done < s.budget.steps && by_bytes) {
+      if (bytes_per_element_ <= 0) {
+        knobs->threshold = lambda_;  // nothing measured yet to convert bytes by
+        return Status::Ok();
+      }
+      target_rate = std::max(s.budget.total_bytes - used_bytes_, 0.0) / static_cast<double>(s.budget.steps - done) /
+                    bytes_per_element_;
     } else if (done < s.budget.steps) {
       target_rate = std::max(s.budget.total_elements - used_, 0.0) / static_cast<double>(s.budget.steps - done);
     } else {
@@ -194,6 +212,8 @@ class BudgetController final : public Controller {
   double lambda_ = 0;
   double initial_ = 0;
   double used_ = 0;
+  double used_bytes_ = 0;
+  double bytes_per_element_ = 0;  // EMA of bytes_sent / nnz (0: not measured yet)
   // v2 (histograms).
   bool calibrated_ = false;
   uint64_t calibrated_effective_ = 0;  // first step the first calibrated lambda is in force

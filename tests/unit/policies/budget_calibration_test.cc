@@ -39,6 +39,8 @@ struct FakeJob {
   std::vector<std::pair<uint64_t, ControlKnobs>> decisions;
 };
 
+constexpr uint64_t kPeers = 3, kHeaderBytes = 80;  // what a sent element costs on the wire: 8 bytes x 3
+
 // One node's gradient tensor under error feedback. Coordinate i's gradient at step t is
 // scale(t) * a_i * (m_i + z), a_i log-normal (coordinates differ by orders of magnitude), m_i a
 // per-coordinate drift, z fresh noise: a persistent signal plus noise, like a real gradient.
@@ -88,6 +90,7 @@ class Node {
         residual_[i] = e_[i];
       }
     }
+    o.bytes_sent = kPeers * (kHeaderBytes + 8 * o.nnz);  // COO fp32 to every peer
     return o;
   }
 
@@ -112,6 +115,7 @@ struct Trace {
   std::optional<double> first_lambda;
   double first_quantile = 0;        // exact quantile of step 0's magnitudes at the target density
   double sent = 0;                  // elements per node over the run
+  double bytes = 0;                 // the most any node sent, summed over the run
 };
 
 // `steps` steps of two nodes of n/2 elements each; gradients shrink `shrink`x over the run.
@@ -134,6 +138,7 @@ Trace run(FakeJob& job, size_t n, uint64_t steps, double shrink, double first_de
     tr.density.push_back(nnz / static_cast<double>(n));
     tr.lambda.push_back(k.selector == kernels::Selector::kThreshold ? k.threshold : 0);
     tr.sent += nnz / static_cast<double>(nodes.size());
+    tr.bytes += static_cast<double>(std::max(obs[0].bytes_sent, obs[1].bytes_sent));
     const size_t before = job.decisions.size();
     job.feed(merge_observations(obs, 2));
     if (job.decisions.size() > before && job.latest().selector == kernels::Selector::kThreshold) {
@@ -308,6 +313,38 @@ TEST(BudgetCalibrationTest, RunBudgetIsMetAndTheStartUpSettlesIn15StepsFromAnyLa
                 start, static_cast<unsigned long long>(*settled), std::exp(largest_move), tr.sent,
                 s.budget.total_elements, 100 * (tr.sent / s.budget.total_elements - 1));
   }
+}
+
+TEST(BudgetCalibrationTest, AByteBudgetIsSpentAtTheMeasuredBytesPerElement) {
+  // The bytes of 0.5 % of the coordinates every step, headers and all three copies included.
+  ControllerSettings s = budget_settings();
+  s.budget.steps = 300;
+  s.budget.total_bytes = 300.0 * kPeers * (kHeaderBytes + 8 * 500);
+  ControlKnobs base;
+  base.threshold = 1e-3;
+  FakeJob job(s, base);
+  const Trace tr = run(job, 200000, 300, 30.0, 0.005);
+  EXPECT_LT(off(tr.bytes, s.budget.total_bytes), 0.02) << tr.bytes << " of " << s.budget.total_bytes;
+  double worst = 0, largest_move = 0;
+  std::optional<uint64_t> settled;
+  for (uint64_t t = 0; t + kWindow <= 280; ++t) {
+    if (off(window(tr.density, t, kWindow), 0.005) < 0.25) {
+      if (!settled) settled = t;
+    } else {
+      settled.reset();
+    }
+    if (t >= 15) worst = std::max(worst, off(window(tr.density, t, kWindow), 0.005));
+  }
+  for (double m : tr.moves) largest_move = std::max(largest_move, m);
+  ASSERT_TRUE(settled.has_value());
+  // Not the 15 steps of the element budget on this trace: it settles at 17, while the bytes per
+  // element it converts by still move (top-k's start-up steps, then the headers' share).
+  EXPECT_LE(*settled, 20u);
+  EXPECT_LE(largest_move, std::log(2.0) + 1e-9);
+  std::printf("[trace] byte budget: sent %.4g of %.4g bytes (%+.2f %%), settled at step %llu, worst 4-step window "
+              "from step 15 %.3f, largest move %.3fx\n",
+              tr.bytes, s.budget.total_bytes, 100 * (tr.bytes / s.budget.total_bytes - 1),
+              static_cast<unsigned long long>(*settled), worst, std::exp(largest_move));
 }
 
 }  // namespace
