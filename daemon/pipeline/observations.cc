@@ -218,7 +218,7 @@ void ObservationCollector::on_tensor_step(const TensorStepRecord& r, const Decis
     o.grad_norm2 += norm2(r.local_sum);
     o.residual_norm2 += norm2(r.residual);
   }
-  if (policies::has(active, policies::ControllerKind::kBudget)) add_magnitudes(r);
+  if (policies::has(active, policies::ControllerKind::kBudget)) add_magnitudes(r, decision);
   policies::TensorStepObservation t;
   t.tensor_id = r.tensor_id;
   t.elements = r.elements;
@@ -245,7 +245,7 @@ void ObservationCollector::on_tensor_step(const TensorStepRecord& r, const Decis
   if (records_ >= expected_records_) finish(decision);
 }
 
-void ObservationCollector::add_magnitudes(const TensorStepRecord& r) {
+void ObservationCollector::add_magnitudes(const TensorStepRecord& r, const Decision& decision) {
   auto& o = *current_;
   if (!r.ok) {
     magnitudes_incomplete_ = true;
@@ -266,7 +266,11 @@ void ObservationCollector::add_magnitudes(const TensorStepRecord& r) {
   policies::magnitude_hist_add(o.magnitude_hist, r.selected);
   policies::magnitude_hist_add(o.gradient_hist, r.local_sum);
   o.magnitude_elements += r.elements;
-  if (r.plan.selector == kernels::Selector::kThreshold) o.threshold = std::max(o.threshold, r.plan.params.threshold);
+  // The `threshold` knob in force, not the tensor's own lambda (per-tensor scales divide it):
+  // the controller moves the knob.
+  if (r.plan.selector == kernels::Selector::kThreshold) {
+    o.threshold = decision.config ? decision.config->selector_params.threshold : r.plan.params.threshold;
+  }
 }
 
 void ObservationCollector::finish(const Decision& decision) {

@@ -89,7 +89,7 @@ class ObservationCollector final : public StepObserver {
  private:
   // The budget controller's histograms (policies::NodeObservation::magnitude_hist): this
   // record's magnitudes into the current step's.
-  void add_magnitudes(const TensorStepRecord& record);
+  void add_magnitudes(const TensorStepRecord& record, const Decision& decision);
   void finish(const Decision& decision);
   void send_to_rank0(const policies::NodeObservation& o);
 
