@@ -109,8 +109,6 @@ class BudgetController final : public Controller {
     const double elements = static_cast<double>(o.elements);
     const double covered = static_cast<double>(o.magnitude_elements);
     const double target = std::clamp(target_rate / elements, 0.0, 1.0);
-    // q: the lambda that would have sent the target at the observed step; at: the lambda in
-    // force there (the quantile of what it did send: no need to know which decision it was).
     // The realised density's systematic error is integrated in density space and applied
     // through the histogram (the density the quantile is taken at), so the histogram's local slope
     // turns it into the matching lambda change: tiny where residuals pile up under lambda.
@@ -119,6 +117,9 @@ class BudgetController final : public Controller {
       bias_ = std::clamp(bias_ + kBiasGain * std::clamp(std::log(realised / target), -0.5, 0.5), -kBiasLimit,
                          kBiasLimit);
     }
+    // q: the lambda that would have sent the (corrected) target at the observed step; at: where
+    // the histogram puts the lambda in force there (the quantile of what it did send); qg: the
+    // same quantile of the gradient alone.
     const double aim = std::clamp(target * std::exp(-bias_), 0.0, 1.0);
     const double q = magnitude_quantile(o.magnitude_hist, covered, aim);
     const double at = magnitude_quantile(o.magnitude_hist, covered, std::max(o.nnz, 0.5) / elements);
