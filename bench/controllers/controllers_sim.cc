@@ -163,6 +163,11 @@ class Simulation {
       std::fill(agg.begin(), agg.end(), 0.0f);
       uint64_t max_bytes = 0;
       double nnz_sum = 0, res2 = 0, grad2 = 0;
+      // The budget controller's histograms, as the daemon's ObservationCollector builds them:
+      // pre-selection |residual + g| (the residual after selection plus the selected values) and
+      // |g|, over every worker's sparse tensor.
+      std::vector<uint64_t> mag_hist(policies::kMagnitudeBins, 0), grad_hist(policies::kMagnitudeBins, 0);
+      uint64_t mag_elements = 0;
       for (uint32_t w = 0; w < W; ++w) {
         p_.gradient(model, w, step, rc.batch, g);
         for (float v : g) grad2 += double{v} * v;
@@ -185,6 +190,10 @@ class Simulation {
             kernels::clear_selected(r, std::span<const uint32_t>(index.data(), nnz));
           }
           for (size_t i = 0; i < nnz; ++i) agg[index[i]] += value[i];
+          policies::magnitude_hist_add(mag_hist, r);
+          policies::magnitude_hist_add(mag_hist, std::span<const float>(value.data(), nnz));
+          policies::magnitude_hist_add(grad_hist, g);
+          mag_elements += d;
           max_bytes = std::max<uint64_t>(
               max_bytes, uint64_t{W - 1} * (policies::kWireHeaderBytes +
                                             kernels::encoded_bytes(kernels::Format::kCoo, kernels::ValueType::kF32, d, nnz)));
@@ -233,6 +242,12 @@ class Simulation {
           o.loss_target = row.target;
         }
         o.tensors.push_back({0, d, static_cast<uint64_t>(row.nnz), -1});
+        if (!plan.dense) {
+          o.magnitude_hist = mag_hist;
+          o.gradient_hist = grad_hist;
+          o.magnitude_elements = mag_elements;
+          if (plan.selector == kernels::Selector::kThreshold) o.threshold = plan.params.threshold;
+        }
         auto proposal = loop.update(rc.settings, o, rc.base, decisions.back().second);
         if (proposal) decisions.push_back({step + 2, proposal->knobs});
       }
@@ -365,6 +380,35 @@ int main(int argc, char** argv) {
   double volume = 0;
   for (const auto& r : b_rows) volume += r.nnz;
   const double budget_fraction = std::fabs(volume - budget.settings.budget.total_elements) / budget.settings.budget.total_elements;
+  // Start-up: the largest lambda move after the first threshold decision (budget_max_move bounds
+  // it), and the first step from which every 4-step mean of nnz stays within 25 % of the rate the
+  // controller aims at (what is left of the budget over what is left of the run, after the two
+  // steps under the operator's lambda), up to 20 steps before the end.
+  double largest_move = 1;
+  std::optional<uint64_t> settled;
+  {
+    std::vector<double> rate(b_rows.size());
+    double sent = 0;
+    for (size_t t = 0; t < b_rows.size(); ++t) {
+      rate[t] = (budget.settings.budget.total_elements - sent) / static_cast<double>(b_rows.size() - t);
+      sent += b_rows[t].nnz;
+    }
+    for (size_t i = 1; i < b_rows.size(); ++i) {
+      if (i >= 3 && b_rows[i].threshold != b_rows[i - 1].threshold && b_rows[i - 1].threshold != budget.base.threshold) {
+        largest_move = std::max(largest_move, std::max(b_rows[i].threshold / b_rows[i - 1].threshold,
+                                                       b_rows[i - 1].threshold / b_rows[i].threshold));
+      }
+    }
+    for (size_t t = 0; t + 4 + 20 <= b_rows.size(); ++t) {
+      const double mean = (b_rows[t].nnz + b_rows[t + 1].nnz + b_rows[t + 2].nnz + b_rows[t + 3].nnz) / 4;
+      if (std::fabs(mean / rate[t] - 1) < 0.25) {
+        if (!settled) settled = t;
+      } else {
+        settled.reset();
+      }
+    }
+  }
+  const double settle_steps = settled ? static_cast<double>(*settled) : 1e9;
   // Top-k at the same average density, for the total error comparison (hard-threshold paper).
   RunConfig topk = budget;
   topk.base.selector = kernels::Selector::kTopk;
@@ -394,6 +438,8 @@ int main(int argc, char** argv) {
                 "  \"budget_volume_elements\": %.0f,\n"
                 "  \"budget_total_error_fraction\": %.5f,\n"
                 "  \"budget_final_lambda\": %.6g,\n"
+                "  \"budget_settle_step\": %.0f,\n"
+                "  \"budget_largest_lambda_move\": %.4f,\n"
                 "  \"budget_total_error\": %.6g,\n"
                 "  \"topk_same_volume_total_error\": %.6g,\n"
                 "  \"topk_same_volume_elements\": %.0f\n"
@@ -401,7 +447,7 @@ int main(int argc, char** argv) {
                 short_run ? "true" : "false", W, static_cast<unsigned long long>(drop), steps_to_budget, worst_after,
                 worst_before, bw_rows.back().cap, static_cast<unsigned long long>(push), gap_before, gap_after, gap_static,
                 acc_rows.back().density, budget.settings.budget.total_elements, volume, budget_fraction,
-                b_rows.back().threshold, b_rows.back().total_error, t_rows.back().total_error,
+                b_rows.back().threshold, settle_steps, largest_move, b_rows.back().total_error, t_rows.back().total_error,
                 [&] {
                   double v = 0;
                   for (const auto& r : t_rows) v += r.nnz;
@@ -423,6 +469,8 @@ int main(int argc, char** argv) {
     expect(gap_before > 0.05, "accuracy: the aggressive density opened a loss gap");
     expect(gap_after < gap_before / 3 && gap_after < 0.03, "accuracy: the controller recovered the gap");
     expect(budget_fraction <= 0.05, "budget: total volume within 5 % of the budget");
+    expect(settle_steps <= 15, "budget: the start-up settles within 15 steps");
+    expect(largest_move <= 2.0 + 1e-9, "budget: no lambda move beyond 2x");
     return bad == 0 ? 0 : 1;
   }
   return 0;

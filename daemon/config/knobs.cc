@@ -561,10 +561,24 @@ const std::vector<KnobSpec>& knobs() {
        .env = "", .min = 0, .max = 1e15, .choices = "",
        .doc = "budget: length of the run in steps",
        .field = knob_field<&Config::budget_steps, in<&CS::budget, &Budget::steps>>},
+      {.name = "budget_total_bytes", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 0, .max = 1e18, .choices = "",
+       .doc = "budget: bytes each node may send over the whole run, headers included (instead of "
+              "budget_total_elements; 0 = off)",
+       .field = knob_field<&Config::budget_total_bytes, in<&CS::budget, &Budget::total_bytes>>},
+      {.name = "budget_density", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 0, .max = 1.0, .choices = "",
+       .doc = "budget: a fixed density every step instead of a run budget (hard threshold, lambda calibrated "
+              "online from the gradient's magnitudes; 0 = off)",
+       .field = knob_field<&Config::budget_density, in<&CS::budget, &Budget::density>>},
+      {.name = "budget_max_move", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 1.01, .max = 100.0, .choices = "",
+       .doc = "budget: a lambda move is at most this factor (after the first, calibrated lambda)",
+       .field = knob_field<&Config::budget_max_move, in<&CS::budget, &Budget::max_move>>},
       {.name = "budget_settle_steps", .type = K::kUint, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 2, .max = 1e6, .choices = "",
-       .doc = "budget: steps between two lambda moves, so that the last move shows in the measured volume (at "
-              "least the decision latency, 2)",
+       .doc = "budget: without magnitude histograms (older peers), steps between two lambda moves, so that the "
+              "last move shows in the measured volume (at least the decision latency, 2)",
        .field = knob_field<&Config::budget_settle_steps, in<&CS::budget, &Budget::settle_steps>>},
       {.name = "step_timeout_ms", .type = K::kUint, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 10, .max = 3.6e6, .choices = "",

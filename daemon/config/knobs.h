@@ -126,6 +126,9 @@ struct Config {
   uint64_t accuracy_calibrate_steps = 10;
   double budget_total_elements = 0;
   uint64_t budget_steps = 0;
+  double budget_total_bytes = 0;
+  double budget_density = 0;
+  double budget_max_move = 2.0;
   uint64_t budget_settle_steps = 3;
 
   // Deadlines.

@@ -119,6 +119,7 @@ Expected<TensorCompressor::Encoded> TensorCompressor::compress(const policies::P
   SC_ASSIGN_OR_RETURN(const size_t nnz, accumulate_and_select(plan, local_sum, lr));
   pending_ = Pending::kSparse;
   pending_nnz_ = nnz;
+  selected_count_ = pending_scaled_ ? 0 : nnz;  // scaled values (x / p) are not the residual's
   pending_value_type_ = plan.value_type;
   const std::span<const uint32_t> index(index_.data(), nnz);
   const std::span<const float> value(value_.data(), nnz);

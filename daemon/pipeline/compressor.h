@@ -78,6 +78,10 @@ class TensorCompressor {
   void rollback();
 
   std::span<const float> residual() const { return residual_; }
+  // The values the last compress() selected (taken out of the residual), until the next
+  // compress(); after a commit with a narrower value type, as the receivers decoded them. Empty
+  // when the selector scaled them (random selectors send x / p).
+  std::span<const float> selected_values() const { return {value_.data(), selected_count_}; }
   // The structured selectors' state (pipeline thread; the pipeline sets the hybrid pool).
   StructuredSelection& structured() { return structured_; }
   // DGC's local velocity u (empty until error_feedback = momentum is first used).
@@ -110,6 +114,7 @@ class TensorCompressor {
   StructuredSelection structured_;  // structured selectors: group scratch, periodic mask
   Pending pending_ = Pending::kNone;
   size_t pending_nnz_ = 0;
+  size_t selected_count_ = 0;  // selected_values()
   kernels::ValueType pending_value_type_ = kernels::ValueType::kF32;
   std::span<const float> pending_sum_;  // dense: the local sum to give back on rollback
   LargeVector<float> velocity_;          // error_feedback = momentum: u (allocated on first use)

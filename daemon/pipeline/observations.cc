@@ -2,6 +2,7 @@
 
 #include <array>
 #include <bit>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -52,6 +53,21 @@ std::string format_observation(const policies::NodeObservation& o) {
   line("compute_s", o.compute_s);
   if (o.has_loss) line("loss", o.loss);
   if (o.has_loss_target) line("loss_target", o.loss_target);
+  if (o.magnitude_elements > 0 && o.magnitude_hist.size() == policies::kMagnitudeBins &&
+      o.gradient_hist.size() == policies::kMagnitudeBins) {
+    // Added in v2 of the budget controller; older parsers skip these keys (one value each).
+    line("magnitude_elements", static_cast<double>(o.magnitude_elements));
+    line("threshold", o.threshold);
+    auto bins = [&](const char* prefix, const std::vector<uint64_t>& hist) {
+      for (uint32_t b = 0; b < policies::kMagnitudeBins; ++b) {
+        if (hist[b] == 0) continue;
+        std::snprintf(buf, sizeof buf, "%s%u %llu\n", prefix, b, static_cast<unsigned long long>(hist[b]));
+        out += buf;
+      }
+    };
+    bins("mh", o.magnitude_hist);
+    bins("gh", o.gradient_hist);
+  }
   for (const auto& t : o.tensors) {
     std::snprintf(buf, sizeof buf, "tensor %u %llu %llu %.9g\n", t.tensor_id, static_cast<unsigned long long>(t.elements),
                   static_cast<unsigned long long>(t.nnz), t.repeat_fraction);
@@ -125,7 +141,28 @@ Expected<policies::NodeObservation> parse_observation(std::string_view text) {
     } else if (key == "loss_target") {
       o.loss_target = v;
       o.has_loss_target = true;
+    } else if (key == "magnitude_elements") {
+      SC_ASSIGN_OR_RETURN(o.magnitude_elements, count(kMaxCount));
+    } else if (key == "threshold") {
+      o.threshold = v;
+    } else if (key.size() > 2 && (key.starts_with("mh") || key.starts_with("gh"))) {
+      // "mh<bin> <count>": a bin of the magnitude (mh) or gradient (gh) histogram.
+      uint32_t bin = 0;
+      const auto [end, ec] = std::from_chars(key.data() + 2, key.data() + key.size(), bin);
+      if (ec != std::errc{} || end != key.data() + key.size() || bin >= policies::kMagnitudeBins) {
+        return data_loss("observation: bad histogram bin '" + key + "'");
+      }
+      auto& hist = key[0] == 'm' ? o.magnitude_hist : o.gradient_hist;
+      if (hist.empty()) hist.assign(policies::kMagnitudeBins, 0);
+      SC_ASSIGN_OR_RETURN(hist[bin], count(kMaxCount));
     }  // unknown keys: from a newer peer; ignored
+  }
+  if (o.magnitude_elements == 0) {
+    o.magnitude_hist.clear();  // bins without their population: unusable
+    o.gradient_hist.clear();
+  } else {
+    if (o.magnitude_hist.empty()) o.magnitude_hist.assign(policies::kMagnitudeBins, 0);
+    if (o.gradient_hist.empty()) o.gradient_hist.assign(policies::kMagnitudeBins, 0);
   }
   return o;
 }
@@ -164,6 +201,7 @@ void ObservationCollector::on_tensor_step(const TensorStepRecord& r, const Decis
     current_->rank = rank_;
     current_->step = r.step;
     records_ = 0;
+    magnitudes_incomplete_ = false;
   }
   expected_records_ = r.tensors_in_job;
   auto& o = *current_;
@@ -180,6 +218,7 @@ void ObservationCollector::on_tensor_step(const TensorStepRecord& r, const Decis
     o.grad_norm2 += r.grad_norm2 >= 0 ? r.grad_norm2 : norm2(r.local_sum);
     o.residual_norm2 += r.residual_norm2 >= 0 ? r.residual_norm2 : norm2(r.residual);
   }
+  if (policies::has(active, policies::ControllerKind::kBudget)) add_magnitudes(r, decision);
   policies::TensorStepObservation t;
   t.tensor_id = r.tensor_id;
   t.elements = r.elements;
@@ -206,11 +245,46 @@ void ObservationCollector::on_tensor_step(const TensorStepRecord& r, const Decis
   if (records_ >= expected_records_) finish(decision);
 }
 
+void ObservationCollector::add_magnitudes(const TensorStepRecord& r, const Decision& decision) {
+  auto& o = *current_;
+  if (!r.ok) {
+    magnitudes_incomplete_ = true;
+    return;
+  }
+  if (r.plan.dense) return;  // sent whole: no lambda applies to it
+  if (r.selected.size() != r.nnz || r.residual.size() != r.elements || r.local_sum.size() != r.elements) {
+    magnitudes_incomplete_ = true;  // e.g. the device path, or scaled (random) selections
+    return;
+  }
+  if (o.magnitude_hist.empty()) {
+    o.magnitude_hist.assign(policies::kMagnitudeBins, 0);
+    o.gradient_hist.assign(policies::kMagnitudeBins, 0);
+  }
+  // Pre-selection |residual + g|: what stayed (the residual after the commit) plus what left
+  // (the selected values); the selected coordinates' own residual (zero) lands in the lowest bins.
+  policies::magnitude_hist_add(o.magnitude_hist, r.residual);
+  policies::magnitude_hist_add(o.magnitude_hist, r.selected);
+  policies::magnitude_hist_add(o.gradient_hist, r.local_sum);
+  o.magnitude_elements += r.elements;
+  // The `threshold` knob in force, not the tensor's own lambda (per-tensor scales divide it):
+  // the controller moves the knob.
+  if (r.plan.selector == kernels::Selector::kThreshold) {
+    o.threshold = decision.config ? decision.config->selector_params.threshold : r.plan.params.threshold;
+  }
+}
+
 void ObservationCollector::finish(const Decision& decision) {
   if (!current_) return;
   policies::NodeObservation o = std::move(*current_);
   current_.reset();
   records_ = 0;
+  if (magnitudes_incomplete_) {
+    // A tensor of the step is missing from them: its quantiles would be another population's.
+    o.magnitude_hist.clear();
+    o.gradient_hist.clear();
+    o.magnitude_elements = 0;
+    o.threshold = 0;
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     const std::string metric = decision.config ? decision.config->controller_metric : "loss";

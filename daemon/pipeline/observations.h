@@ -8,7 +8,9 @@
 //
 // Measurements cost nothing unless a controller needs them: norms (two passes over the tensor)
 // only while a rank-0 controller is active in the decision in force, the selection repeat (one
-// more pass and a bitmap per tensor) only while `frequency` is.
+// more pass and a bitmap per tensor) only while `frequency` is, the magnitude histograms (two
+// more passes, over the residual and the local sum, plus the selected values) only while `budget`
+// is.
 //
 // Threads: on_tensor_step/on_reset on the pipeline thread; on_metric on the session thread
 // (guarded by a mutex). Messages go out through the Transport (any thread may send).
@@ -49,6 +51,10 @@ struct TensorStepRecord {
   double link_s = 0;
   std::span<const float> local_sum;
   std::span<const float> residual;  // after commit/rollback
+  // The values selected this step (sparse steps; empty when unknown): with the residual after the
+  // commit they are the step's pre-selection |residual + g| (the selected coordinates' residual
+  // is zero, or the small quantisation error of a narrower value type).
+  std::span<const float> selected;
   // Device tensors: their squared norms measured on the GPU (the spans are empty); < 0: from the spans.
   double grad_norm2 = -1;
   double residual_norm2 = -1;
@@ -84,6 +90,9 @@ class ObservationCollector final : public StepObserver {
   uint64_t finished() const { return finished_; }
 
  private:
+  // The budget controller's histograms (policies::NodeObservation::magnitude_hist): this
+  // record's magnitudes into the current step's.
+  void add_magnitudes(const TensorStepRecord& record, const Decision& decision);
   void finish(const Decision& decision);
   void send_to_rank0(const policies::NodeObservation& o);
 
@@ -96,6 +105,7 @@ class ObservationCollector final : public StepObserver {
   std::optional<policies::NodeObservation> current_;
   uint32_t records_ = 0;
   uint32_t expected_records_ = 0;
+  bool magnitudes_incomplete_ = false;  // a record of the current step could not be histogrammed
   std::map<uint32_t, std::vector<uint64_t>> last_selected_;  // tensor -> bitmap of last step's zeros
   uint64_t finished_ = 0;
   std::shared_ptr<const Config> active_config_;  // the decision config active_ was parsed from

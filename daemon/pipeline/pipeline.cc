@@ -442,11 +442,12 @@ Status Pipeline::run_step(TensorState& t, const StepJob& job, const Decision& de
   if (!s.ok()) {
     c.rollback();  // nothing lost
     broadcast_abort(ctx, id, job.step, s.message());
-    observe_step(t, job, decision, plan, false, *result, stats, times, job.local_sum, c.residual());
+    observe_step(t, job, decision, plan, false, *result, stats, times, job.local_sum, c.residual(), {});
     return s;
   }
   c.commit();
-  observe_step(t, job, decision, plan, true, *result, stats, times, job.local_sum, c.residual());
+  observe_step(t, job, decision, plan, true, *result, stats, times, job.local_sum, c.residual(),
+               plan.dense ? std::span<const float>{} : c.selected_values());
   const auto reduce_started = clock_.now();
   kernels::scale(job.result, 1.0f / static_cast<float>(total_trainers_));
   stats.reduce_seconds += seconds_since(clock_, reduce_started);
@@ -542,7 +543,7 @@ Status Pipeline::run_device_step(TensorState& t, const StepJob& job, const Decis
     broadcast_abort(ctx, id, job.step, s.message());
     Status ended = d.end(job.device, false);
     if (!ended.ok()) SC_LOG_ERROR("tensor '{}': releasing the trainers' buffers: {}", t.spec.name, ended.to_string());
-    observe_step(t, job, decision, plan, false, *result, stats, times, {}, {});
+    observe_step(t, job, decision, plan, false, *result, stats, times, {}, {}, {});
     return s;
   }
   d.commit();
@@ -552,7 +553,7 @@ Status Pipeline::run_device_step(TensorState& t, const StepJob& job, const Decis
   SC_RETURN_IF_ERROR(d.end(job.device, true).with_context("writing the average into the trainers' buffers"));
   SC_LOG_DEBUG("tensor {} step {} on the GPU: written back in {:.3f} ms; {:.3f} ms in all", id, job.step,
                seconds_since(clock_, end_started) * 1e3, seconds_since(clock_, times.encode_started) * 1e3);
-  observe_step(t, job, decision, plan, true, *result, stats, times, {}, {}, d.last_grad_norm2(),
+  observe_step(t, job, decision, plan, true, *result, stats, times, {}, {}, {}, d.last_grad_norm2(),
                d.last_residual_norm2());
   finish_step(t, plan, *result, stats);
   return Status::Ok();
@@ -643,7 +644,7 @@ void Pipeline::count_messages(const policies::Plan& plan, kernels::Format sent, 
 void Pipeline::observe_step(TensorState& t, const StepJob& job, const Decision& decision, const policies::Plan& plan,
                             bool ok, const StepResult& result, const ExchangeStats& stats, const StepTimes& times,
                             std::span<const float> local_sum, std::span<const float> residual,
-                            double grad_norm2, double residual_norm2) {
+                            std::span<const float> selected, double grad_norm2, double residual_norm2) {
   if (!observer_) return;
   TensorStepRecord rec;
   rec.tensor_id = t.id;
@@ -661,6 +662,7 @@ void Pipeline::observe_step(TensorState& t, const StepJob& job, const Decision& 
   rec.link_s = stats.link_seconds;
   rec.local_sum = local_sum;
   rec.residual = residual;
+  rec.selected = selected;
   rec.grad_norm2 = grad_norm2;
   rec.residual_norm2 = residual_norm2;
   observer_->on_tensor_step(rec, decision);

@@ -215,7 +215,7 @@ class Pipeline final : public StepSink {
   void observe_step(TensorState& t, const StepJob& job, const Decision& decision, const policies::Plan& plan, bool ok,
                     const StepResult& result, const ExchangeStats& stats, const StepTimes& times,
                     std::span<const float> local_sum, std::span<const float> residual,
-                    double grad_norm2 = -1, double residual_norm2 = -1);
+                    std::span<const float> selected, double grad_norm2 = -1, double residual_norm2 = -1);
   // Whether a job-level controller runs under `decision` (it needs the norms measured).
   bool controllers_listen(const Decision& decision);
   // A successful step's metrics.

@@ -1,5 +1,28 @@
-// The budget controller: the hard-threshold selector, lambda moved so that the volume sent over
-// the run tracks a total budget. Its row: controllers.cc.
+// The budget controller: the hard-threshold selector with lambda calibrated online so that every
+// step sends a target density, either fixed (`budget_density`) or what is left of a run's volume
+// budget spread over what is left of the run (`budget_total_elements` over `budget_steps`). Its
+// row: controllers.cc. A byte budget (`budget_total_bytes`) is spent as elements at the bytes a
+// kept element has measurably cost on the wire (an EMA of bytes_sent / nnz).
+//
+// v2 calibrates from the distribution, not by trial moves. Every node reports histograms of the
+// step's pre-selection magnitudes |residual + g| and of |g| alone (NodeObservation::
+// magnitude_hist, gradient_hist) and the lambda it ran under. With q the magnitude histogram's
+// quantile at the target density (the lambda that would have sent it at that step):
+//   - start-up: the first lambda is q itself (the operator's `threshold` is not a calibrated value
+//     and is usually orders of magnitude off); no trial moves;
+//   - then: lambda_in_force x (q / quantile at the realised density)^0.7 (a ratio within one
+//     histogram, so the bins' coarseness cancels), times the gradient's own trend (|g|'s quantile,
+//     an EMA of its per-step change; gradients shrink over training) over the decision latency;
+//     smoothed in log space (EMA weight 0.5); every move at most `budget_max_move` (2x) against the
+//     lambda decided last;
+//   - an integral of log(realised / target density) shifts the density the quantile is taken at
+//     (error feedback piles residuals up just under lambda, which one step's histogram
+//     under-predicts); applied through the histogram, its slope turns it into the matching lambda
+//     change, tiny where the pile is steep.
+// The gains were tuned on two plants (tests/unit/policies/budget_calibration_test.cc: noisy
+// gradients shrinking 30x; bench/controllers: logistic regression, strongly drifting gradients).
+// Without histograms (an older peer, or a step some tensor did not cover) it falls back to v1's
+// closed loop on the measured volume (Newton steps in log lambda), its moves bounded the same way.
 #include "controller_internal.h"
 
 #include <algorithm>
@@ -9,88 +32,204 @@
 namespace sparsecar::policies {
 namespace {
 
+constexpr uint64_t kDecisionLatency = 2;  // a proposal after step s takes effect at s + 2
+constexpr double kTrendWeight = 0.05;     // EMA weight of a new per-step change of the log quantile
+constexpr double kBiasGain = 0.8;         // integral gain on log(realised / target density)
+constexpr uint64_t kBiasDelay = 4;         // steps after the first calibrated lambda before it integrates
+constexpr double kLevelGain = 0.7;        // share of the observed step's lambda error corrected at once
+constexpr double kSmooth = 0.5;           // EMA weight of a new wanted log lambda
+constexpr double kBiasLimit = 2.08;       // |bias| <= log 8 (the density aimed at within 8x of the target)
+
 class BudgetController final : public Controller {
  public:
   ControllerKind kind() const override { return ControllerKind::kBudget; }
-  uint32_t version() const override { return 1; }
+  uint32_t version() const override { return 2; }
   Status update(const ControlContext& ctx, ControlKnobs* knobs) override {
     const auto& s = ctx.settings;
     const auto& o = ctx.obs;
-    if (s.budget.total_elements <= 0 || s.budget.steps == 0) return Status::Ok();
+    const bool by_density = s.budget.density > 0;
+    const bool by_bytes = !by_density && s.budget.total_bytes > 0;
+    if (!by_density && ((s.budget.total_elements <= 0 && s.budget.total_bytes <= 0) || s.budget.steps == 0)) {
+      return Status::Ok();
+    }
     knobs->selector = kernels::Selector::kThreshold;
     if (!init_) {
       lambda_ = initial_ = knobs->threshold;
       init_ = true;
-      // Taking over (selector -> threshold) is a change too: what was sent before says nothing
-      // about this lambda.
       changed_ = true;
       last_change_ = o.step;
     }
     used_ += o.nnz;
+    used_bytes_ += static_cast<double>(o.bytes_sent);
     ctx.status->budget_used_elements = used_;
-    // Rate of the lambda in force: an EMA of nnz (error feedback makes the first steps after a
-    // change a transient: a higher lambda sends little until the residual has grown).
-    // Observations of the two steps after a change still ran under the old lambda (decision latency).
-    if (!changed_ || o.step >= last_change_ + 2) {
-      rate_ = rate_n_ == 0 ? o.nnz : 0.4 * o.nnz + 0.6 * rate_;
-      ++rate_n_;
+    // A byte budget becomes elements at the bytes each kept element has cost on the wire lately
+    // (format, value type, the W - 1 copies of an all-gather and the headers, as measured).
+    if (o.nnz > 0 && o.bytes_sent > 0) {
+      const double per_element = static_cast<double>(o.bytes_sent) / o.nnz;
+      bytes_per_element_ = bytes_per_element_ > 0 ? 0.3 * per_element + 0.7 * bytes_per_element_ : per_element;
     }
+
+    // The density wanted from the next decided step on.
     const uint64_t done = o.step + 1;
-    const bool settling = changed_ && o.step < last_change_ + std::max<uint64_t>(s.budget.settle_steps, 2);
-    if (done < s.budget.steps && !settling && rate_n_ > 0) {
-      // What is left of the budget, spread over what is left of the run: cumulative volume
-      // tracks the budget because every overshoot or undershoot is paid back over the rest.
-      const double remaining = static_cast<double>(s.budget.steps - done);
-      const double target_rate = std::max(s.budget.total_elements - used_, 0.0) / remaining;
-      // Newton steps in log(lambda) on log(rate / wanted rate). The slope of log nnz against
-      // log lambda is measured from the last two lambdas (secant; it is about -1 for error
-      // feedback in steady state, steeper on a real gradient's tail) so a steep curve does not
-      // make the loop oscillate. Full steps until within 1.5x (calibration), then half steps of
-      // at most 10 %.
-      double log_ratio;
-      if (target_rate <= 0) {
-        log_ratio = 2.0;  // budget spent: send as little as possible
-      } else if (rate_ <= 0) {
-        log_ratio = -2.0;
-      } else {
-        log_ratio = std::clamp(std::log(rate_ / target_rate), -3.0, 3.0);
+    double target_rate = 0;  // elements per node and step
+    if (by_density) {
+      target_rate = s.budget.density * static_cast<double>(o.elements);
+    } else if (done < s.budget.steps && by_bytes) {
+      if (bytes_per_element_ <= 0) {
+        knobs->threshold = lambda_;  // nothing measured yet to convert bytes by
+        return Status::Ok();
       }
-      if (has_prev_ && rate_ > 0) {
-        const double dl = std::log(lambda_) - prev_log_lambda_;
-        if (std::fabs(dl) > 1e-3) {
-          const double measured = -(std::log(rate_) - prev_log_rate_) / dl;
-          if (std::isfinite(measured)) elasticity_ = std::clamp(0.5 * elasticity_ + 0.5 * measured, 0.5, 5.0);
-        }
-      }
-      if (!calibrated_ && std::fabs(log_ratio) < std::log(1.5)) calibrated_ = true;
-      double factor = std::exp((calibrated_ ? 0.5 : 1.0) * log_ratio / elasticity_);
-      if (calibrated_) factor = std::clamp(factor, 1.0 / 1.1, 1.1);
-      if (std::fabs(std::log(factor)) > std::log1p(s.controller_hysteresis / 4)) {
-        if (rate_ > 0) {
-          has_prev_ = true;
-          prev_log_lambda_ = std::log(lambda_);
-          prev_log_rate_ = std::log(rate_);
-        }
-        lambda_ = std::clamp(lambda_ * factor, initial_ * 1e-6, initial_ * 1e6);
-        changed_ = true;
-        last_change_ = o.step;
-        rate_n_ = 0;
-      }
+      target_rate = std::max(s.budget.total_bytes - used_bytes_, 0.0) / static_cast<double>(s.budget.steps - done) /
+                    bytes_per_element_;
+    } else if (done < s.budget.steps) {
+      target_rate = std::max(s.budget.total_elements - used_, 0.0) / static_cast<double>(s.budget.steps - done);
+    } else {
+      knobs->threshold = lambda_;  // the run is over: nothing left to steer
+      return Status::Ok();
+    }
+    const double max_move = std::max(s.budget.max_move, 1.0 + 1e-6);
+    const bool has_hist = o.magnitude_elements > 0 && o.magnitude_hist.size() == kMagnitudeBins &&
+                          o.gradient_hist.size() == kMagnitudeBins && o.elements > 0;
+    if (has_hist) {
+      // A move is measured against the lambda decided last (the loop proposes at most every
+      // controller_interval_steps, so several of this controller's steps may make one move).
+      const bool decided = ctx.in_force != nullptr && ctx.in_force->selector == kernels::Selector::kThreshold &&
+                           ctx.in_force->threshold > 0;
+      calibrate(o, target_rate, std::log(max_move), decided ? std::log(ctx.in_force->threshold) : log_lambda_);
+    } else {
+      feedback(s, o, target_rate, max_move);
     }
     knobs->threshold = lambda_;
     return Status::Ok();
   }
 
  private:
+  // v2: lambda from the step's magnitude distributions.
+  void calibrate(const JobObservation& o, double target_rate, double log_max_move, double log_decided) {
+    const double elements = static_cast<double>(o.elements);
+    const double covered = static_cast<double>(o.magnitude_elements);
+    const double target = std::clamp(target_rate / elements, 0.0, 1.0);
+    // The realised density's systematic error is integrated in density space and applied
+    // through the histogram (the density the quantile is taken at), so the histogram's local slope
+    // turns it into the matching lambda change: tiny where residuals pile up under lambda.
+    if (calibrated_ && o.step >= calibrated_effective_ + kBiasDelay && target > 0) {
+      const double realised = std::max(o.nnz, 0.5) / elements;
+      bias_ = std::clamp(bias_ + kBiasGain * std::clamp(std::log(realised / target), -0.5, 0.5), -kBiasLimit,
+                         kBiasLimit);
+    }
+    // q: the lambda that would have sent the (corrected) target at the observed step; at: where
+    // the histogram puts the lambda in force there (the quantile of what it did send); qg: the
+    // same quantile of the gradient alone.
+    const double aim = std::clamp(target * std::exp(-bias_), 0.0, 1.0);
+    const double q = magnitude_quantile(o.magnitude_hist, covered, aim);
+    const double at = magnitude_quantile(o.magnitude_hist, covered, std::max(o.nnz, 0.5) / elements);
+    const double qg = magnitude_quantile(o.gradient_hist, covered, target);
+    if (!(q > 0) || !std::isfinite(q)) return;  // nothing to size lambda by (an empty step)
+    // The gradient's own scale (independent of lambda, unlike q): its trend is extrapolated over
+    // the decision latency.
+    if (qg > 0 && std::isfinite(qg)) {
+      const double lg = std::log(qg);
+      if (has_q_ && o.step > last_q_step_) {
+        const double per_step = (lg - last_lg_) / static_cast<double>(o.step - last_q_step_);
+        trend_ = has_trend_ ? kTrendWeight * per_step + (1 - kTrendWeight) * trend_ : 0;
+        trend_ = std::clamp(trend_, -log_max_move, log_max_move);
+        has_trend_ = true;
+      }
+      has_q_ = true;
+      last_lg_ = lg;
+      last_q_step_ = o.step;
+    }
+    // Where lambda should have been at the observed step, relative to the lambda in force there
+    // when the nodes say which it was: q and `at` then share the histogram's bins, so the error of
+    // interpolating inside a bin (a pile of residuals just under lambda is anything but spread
+    // evenly) cancels. Error feedback makes the next steps' distribution depend on this lambda,
+    // so only part of the error is corrected at once.
+    const bool relative = calibrated_ && o.threshold > 0 && at > 0 && std::isfinite(at);
+    const double level = relative ? std::log(o.threshold) + kLevelGain * std::log(q / at) : std::log(q);
+    // The decision takes effect kDecisionLatency steps on, and the smoothing below lags
+    // (1 - kSmooth) / kSmooth steps more: the gradient's trend over both.
+    const double horizon = static_cast<double>(kDecisionLatency) + (1 - kSmooth) / kSmooth;
+    const double want = level + horizon * trend_;
+    if (!calibrated_) {
+      log_lambda_ = want;
+      calibrated_ = true;
+      calibrated_effective_ = o.step + kDecisionLatency;
+    } else if (o.step < calibrated_effective_) {
+      // Still the operator's lambda in force: nothing these steps show is about the calibrated one.
+    } else {
+      log_lambda_ = std::clamp(log_lambda_ + kSmooth * (want - log_lambda_), log_decided - log_max_move,
+                               log_decided + log_max_move);
+    }
+    lambda_ = std::exp(log_lambda_);
+  }
+
+  // v1's closed loop on the volume (no histograms): Newton steps in log(lambda) on
+  // log(rate / wanted rate), the slope measured from the last two lambdas (secant), one move per
+  // settle_steps, each at most max_move (full steps until within 1.5x, then half steps of at most
+  // 10 %).
+  void feedback(const ControllerSettings& s, const JobObservation& o, double target_rate, double max_move) {
+    // Rate of the lambda in force: an EMA of nnz (error feedback makes the first steps after a
+    // change a transient). Observations of the two steps after a change still ran under the old
+    // lambda (decision latency).
+    if (!changed_ || o.step >= last_change_ + kDecisionLatency) {
+      rate_ = rate_n_ == 0 ? o.nnz : 0.4 * o.nnz + 0.6 * rate_;
+      ++rate_n_;
+    }
+    const bool settling =
+        changed_ && o.step < last_change_ + std::max<uint64_t>(s.budget.settle_steps, kDecisionLatency);
+    if (settling || rate_n_ == 0) return;
+    double log_ratio;
+    if (target_rate <= 0) {
+      log_ratio = 2.0;  // budget spent: send as little as possible
+    } else if (rate_ <= 0) {
+      log_ratio = -2.0;
+    } else {
+      log_ratio = std::clamp(std::log(rate_ / target_rate), -3.0, 3.0);
+    }
+    if (has_prev_ && rate_ > 0) {
+      const double dl = std::log(lambda_) - prev_log_lambda_;
+      if (std::fabs(dl) > 1e-3) {
+        const double measured = -(std::log(rate_) - prev_log_rate_) / dl;
+        if (std::isfinite(measured)) elasticity_ = std::clamp(0.5 * elasticity_ + 0.5 * measured, 0.5, 5.0);
+      }
+    }
+    if (!settled_ && std::fabs(log_ratio) < std::log(1.5)) settled_ = true;
+    double factor = std::exp((settled_ ? 0.5 : 1.0) * log_ratio / elasticity_);
+    factor = settled_ ? std::clamp(factor, 1.0 / 1.1, 1.1) : std::clamp(factor, 1.0 / max_move, max_move);
+    if (std::fabs(std::log(factor)) > std::log1p(s.controller_hysteresis / 4)) {
+      if (rate_ > 0) {
+        has_prev_ = true;
+        prev_log_lambda_ = std::log(lambda_);
+        prev_log_rate_ = std::log(rate_);
+      }
+      lambda_ = std::clamp(lambda_ * factor, initial_ * 1e-6, initial_ * 1e6);
+      changed_ = true;
+      last_change_ = o.step;
+      rate_n_ = 0;
+    }
+  }
+
   bool init_ = false;
-  bool calibrated_ = false;
-  bool changed_ = false;
   double lambda_ = 0;
   double initial_ = 0;
+  double used_ = 0;
+  double used_bytes_ = 0;
+  double bytes_per_element_ = 0;  // EMA of bytes_sent / nnz (0: not measured yet)
+  // v2 (histograms).
+  bool calibrated_ = false;
+  uint64_t calibrated_effective_ = 0;  // first step the first calibrated lambda is in force
+  double log_lambda_ = 0;
+  bool has_q_ = false, has_trend_ = false;
+  double last_lg_ = 0;
+  uint64_t last_q_step_ = 0;
+  double trend_ = 0;  // per-step change of the log quantile
+  double bias_ = 0;   // log correction from the realised density
+  // v1 fallback (no histograms).
+  bool settled_ = false;
+  bool changed_ = false;
   double elasticity_ = 1.0;  // -d log nnz / d log lambda
   bool has_prev_ = false;
   double prev_log_lambda_ = 0, prev_log_rate_ = 0;
-  double used_ = 0;
   double rate_ = 0;
   uint64_t rate_n_ = 0;
   uint64_t last_change_ = 0;

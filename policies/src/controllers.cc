@@ -25,6 +25,11 @@ std::string fmt(const char* f, double a, double b = 0, double c = 0) {
   return buf;
 }
 
+// Lambda's hysteresis: a twentieth of the density's. A hard threshold's volume is steep in lambda
+// (error feedback piles residuals up just under it, and a lower lambda flushes them at once), so
+// lambda must move in small, frequent steps rather than rare jumps.
+double threshold_hysteresis(const ControllerSettings& s) { return s.controller_hysteresis / 20; }
+
 bool valid(const ControlKnobs& k) {
   auto ok = [](double v, double lo, double hi) { return std::isfinite(v) && v >= lo && v <= hi; };
   if (!ok(k.density, 1e-6, 1.0) || !ok(k.threshold, 1e-30, 1e30) || !ok(k.density_cap, 1e-6, 1.0)) return false;
@@ -146,7 +151,7 @@ std::optional<ControlLoop::Proposal> ControlLoop::update(const ControllerSetting
   ControlKnobs k = base;
   k.density_cap = 1.0;
   k.tensor_scale.clear();
-  ControlContext ctx{settings, obs, base, goodput_.estimate(), &status_};
+  ControlContext ctx{settings, obs, base, goodput_.estimate(), &status_, &in_force};
   std::string names;
   for (const ControllerInfo& row : controller_registry()) {
     if (!row.job_level) continue;
@@ -174,7 +179,7 @@ std::optional<ControlLoop::Proposal> ControlLoop::update(const ControllerSetting
                           k.tensor_scale != in_force.tensor_scale || k.format != in_force.format;
   const bool numeric = rel_diff(k.density, in_force.density) > settings.controller_hysteresis ||
                        rel_diff(k.density_cap, in_force.density_cap) > settings.controller_hysteresis ||
-                       rel_diff(k.threshold, in_force.threshold) > settings.controller_hysteresis / 4;
+                       rel_diff(k.threshold, in_force.threshold) > threshold_hysteresis(settings);
   if (!structural && !numeric) return std::nullopt;
   if (proposed_ && obs.step < last_proposal_step_ + settings.controller_interval_steps) return std::nullopt;
   // Values that did not move past the hysteresis keep their value in force (no creeping).
@@ -182,7 +187,7 @@ std::optional<ControlLoop::Proposal> ControlLoop::update(const ControllerSetting
   if (rel_diff(k.density_cap, in_force.density_cap) <= settings.controller_hysteresis) {
     k.density_cap = in_force.density_cap;
   }
-  if (rel_diff(k.threshold, in_force.threshold) <= settings.controller_hysteresis / 4) k.threshold = in_force.threshold;
+  if (rel_diff(k.threshold, in_force.threshold) <= threshold_hysteresis(settings)) k.threshold = in_force.threshold;
   if (k == in_force) return std::nullopt;
   proposed_ = true;
   last_proposal_step_ = obs.step;

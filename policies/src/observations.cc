@@ -1,11 +1,44 @@
 #include "sparsecar/policies/observations.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <map>
 
 namespace sparsecar::policies {
+
+uint32_t magnitude_bin(float v) { return (std::bit_cast<uint32_t>(v) & 0x7fffffffu) >> kMagnitudeBinShift; }
+
+double magnitude_bin_lower(uint32_t bin) {
+  if (bin == 0) return 0.0;
+  return static_cast<double>(std::bit_cast<float>(bin << kMagnitudeBinShift));
+}
+
+void magnitude_hist_add(std::span<uint64_t> hist, std::span<const float> x) {
+  for (float v : x) ++hist[magnitude_bin(v)];
+}
+
+double magnitude_quantile(std::span<const uint64_t> hist, double elements, double density) {
+  if (hist.size() != kMagnitudeBins || !(elements > 0) || !(density >= 0)) return 0;
+  const double wanted = density * elements;
+  // inf and NaN (the bins from +inf's up) pass every finite lambda: counted first, never returned.
+  const uint32_t inf_bin = magnitude_bin(std::numeric_limits<float>::infinity());
+  double above = 0;
+  for (uint32_t b = inf_bin; b < kMagnitudeBins; ++b) above += static_cast<double>(hist[b]);
+  for (uint32_t b = inf_bin; b-- > 1;) {
+    const double c = static_cast<double>(hist[b]);
+    if (c == 0) continue;
+    if (above + c >= wanted) {
+      const double lo = magnitude_bin_lower(b);
+      const double hi = b + 1 < inf_bin ? magnitude_bin_lower(b + 1) : std::numeric_limits<float>::max();
+      const double f = std::clamp((wanted - above) / c, 0.0, 1.0);  // share of the bin above lambda
+      return hi * std::pow(lo / hi, f);
+    }
+    above += c;
+  }
+  return 0;
+}
 
 JobObservation merge_observations(std::span<const NodeObservation> nodes, uint32_t world_size) {
   JobObservation j;
@@ -21,6 +54,19 @@ JobObservation merge_observations(std::span<const NodeObservation> nodes, uint32
   std::map<uint32_t, TensorStepObservation> tensors;
   std::map<uint32_t, int> repeats;
   for (const auto& n : nodes) {
+    if (n.magnitude_hist.size() == kMagnitudeBins && n.gradient_hist.size() == kMagnitudeBins &&
+        n.magnitude_elements > 0) {
+      if (j.magnitude_hist.empty()) {
+        j.magnitude_hist.assign(kMagnitudeBins, 0);
+        j.gradient_hist.assign(kMagnitudeBins, 0);
+      }
+      for (uint32_t b = 0; b < kMagnitudeBins; ++b) {
+        j.magnitude_hist[b] += n.magnitude_hist[b];
+        j.gradient_hist[b] += n.gradient_hist[b];
+      }
+      j.magnitude_elements += n.magnitude_elements;
+      j.threshold = std::max(j.threshold, n.threshold);
+    }
     j.nnz += static_cast<double>(n.nnz) / static_cast<double>(nodes.size());
     j.bytes_sent = std::max(j.bytes_sent, n.bytes_sent);
     j.exchange_s = std::max(j.exchange_s, n.exchange_s);

@@ -146,6 +146,19 @@ void observations() {
   }
   write("observation", "tensors_loss", sparsecar::format_observation(o));
   write("observation", "unknown_key", sparsecar::format_observation(o) + "future_key 1\n");
+  // The budget controller's histograms (mh<bin> / gh<bin> lines).
+  using sparsecar::policies::kMagnitudeBins;
+  using sparsecar::policies::magnitude_bin;
+  o.magnitude_elements = 10000;
+  o.threshold = 0.0125;
+  o.magnitude_hist.assign(kMagnitudeBins, 0);
+  o.gradient_hist.assign(kMagnitudeBins, 0);
+  o.magnitude_hist[magnitude_bin(0.0f)] = 9900;
+  o.magnitude_hist[magnitude_bin(0.003f)] = 60;
+  o.magnitude_hist[magnitude_bin(0.02f)] = 40;
+  o.gradient_hist[magnitude_bin(0.001f)] = 9000;
+  o.gradient_hist[magnitude_bin(0.01f)] = 1000;
+  write("observation", "magnitudes", sparsecar::format_observation(o));
 }
 
 void knob_changes() {

@@ -6,6 +6,7 @@
 
 #include <thread>
 
+#include <atomic>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -81,12 +82,23 @@ struct Job {
       if (r == 0) n->runner = std::make_unique<ControllerRunner>(c, n->board.get());
       n->collector = std::make_unique<ObservationCollector>(r, 0, net.transport(r), n->runner.get());
       n->recorder = std::make_unique<Recorder>(n->collector.get());
-      n->mailbox->set_control_handler([b = n->board.get(), runner = n->runner.get()](
+      n->mailbox->set_control_handler([b = n->board.get(), runner = n->runner.get(), this](
                                           uint32_t peer, const wire::WireHeader& h, std::span<const std::byte> p) {
         if (h.kind == static_cast<uint16_t>(wire::Kind::kObservation)) {
           auto o = parse_observation(std::string_view(reinterpret_cast<const char*>(p.data()), p.size()));
           ASSERT_TRUE(o.ok()) << o.status().to_string();
           ASSERT_NE(runner, nullptr) << "observations go to rank 0 only";
+          if (o->magnitude_elements > 0) {
+            // A peer's budget histograms: |g| once per covered element, |residual + g| once per
+            // element plus once per selected value.
+            uint64_t magnitudes = 0, gradients = 0;
+            for (uint64_t count : o->magnitude_hist) magnitudes += count;
+            for (uint64_t count : o->gradient_hist) gradients += count;
+            EXPECT_EQ(gradients, o->magnitude_elements);
+            EXPECT_GE(magnitudes, o->magnitude_elements);
+            EXPECT_LE(magnitudes, o->magnitude_elements + o->nnz);
+            ++histogram_observations;
+          }
           o->rank = peer;
           runner->add(*o);
           return;
@@ -133,6 +145,7 @@ struct Job {
       }
     }
   }
+  std::atomic<int> histogram_observations{0};  // peers' observations with budget histograms
   // Members die in reverse order: `net` stops delivering before any node's mailbox is freed.
   std::vector<std::unique_ptr<Node>> nodes;
   FakeNetwork net;
@@ -159,6 +172,7 @@ TEST(ControllersAgreementTest, PolicyChangesEveryFewStepsEveryNodeUsesTheSamePla
     job.step(s);
     if (HasFatalFailure()) return;
   }
+  EXPECT_GT(job.histogram_observations.load(), 0) << "while budget was active, peers sent their histograms";
   // Same (epoch, plan) for every (tensor, step) on every node.
   std::set<std::string> distinct;
   for (uint32_t t = 0; t < kTensors.size(); ++t) {

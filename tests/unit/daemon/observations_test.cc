@@ -6,6 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include <sstream>
+#include <string>
+#include <vector>
+
 namespace sparsecar {
 namespace {
 
@@ -57,6 +61,58 @@ TEST(ObservationText, OutOfRangeValuesAreRefusedNotCast) {
   ASSERT_TRUE(o.ok()) << o.status().to_string();
   EXPECT_EQ(o->rank, 4294967295u);
   EXPECT_EQ(o->step, uint64_t{1} << 53);
+}
+
+TEST(ObservationText, MagnitudeHistogramsRoundTripAsKeysOlderPeersSkip) {
+  policies::NodeObservation o;
+  o.elements = 6;
+  o.nnz = 2;
+  o.magnitude_hist.assign(policies::kMagnitudeBins, 0);
+  o.gradient_hist.assign(policies::kMagnitudeBins, 0);
+  const std::vector<float> e = {0.0f, 1e-3f, -2.5f, 3e4f, 7.0f, -7.0f};
+  const std::vector<float> g = {1e-9f, 0.5f};
+  policies::magnitude_hist_add(o.magnitude_hist, e);
+  policies::magnitude_hist_add(o.gradient_hist, g);
+  o.magnitude_elements = 6;
+  o.threshold = 2.0;
+  const std::string text = format_observation(o);
+  auto back = parse_observation(text);
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->magnitude_hist, o.magnitude_hist);
+  EXPECT_EQ(back->gradient_hist, o.gradient_hist);
+  EXPECT_EQ(back->magnitude_elements, 6u);
+  EXPECT_DOUBLE_EQ(back->threshold, 2.0);
+  // Only nonzero bins travel, each as one "key value" line: a parser that predates them reads
+  // them as unknown keys and skips them.
+  size_t bin_lines = 0;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("mh", 0) != 0 && line.rfind("gh", 0) != 0) continue;
+    ++bin_lines;
+    std::istringstream words(line);
+    std::string key, value, extra;
+    EXPECT_TRUE(words >> key >> value) << line;
+    EXPECT_FALSE(words >> extra) << line;
+  }
+  EXPECT_EQ(bin_lines, 5u + 2u) << text;  // 7.0 and -7.0 share a bin
+  // Without histograms nothing is added.
+  policies::NodeObservation plain;
+  EXPECT_EQ(format_observation(plain).find("mh"), std::string::npos);
+  auto none = parse_observation(format_observation(plain));
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->magnitude_hist.empty());
+}
+
+TEST(ObservationText, BadHistogramBinsAreRefused) {
+  for (const char* text : {"mh2048 1\n", "mhx 1\n", "mh5 -1\n", "gh-1 3\n", "gh3x 1\n", "mh1 1e300\n",
+                           "threshold -1\n"}) {
+    auto o = parse_observation(text);
+    EXPECT_FALSE(o.ok()) << "accepted: " << text;
+  }
+  // Bins without the elements they cover are dropped, not guessed at.
+  auto o = parse_observation("mh5 3\ngh5 1\n");
+  ASSERT_TRUE(o.ok());
+  EXPECT_TRUE(o->magnitude_hist.empty());
 }
 
 }  // namespace

@@ -397,6 +397,12 @@ TEST(BudgetControllerTest, LandsWithin5PercentOfTheRunBudgetAndExportsTotalError
   EXPECT_LT(std::fabs(sent - s.budget.total_elements) / s.budget.total_elements, 0.05) << sent;
   EXPECT_NEAR(job.loop.status().total_error, error, 1e-6 * error);
   EXPECT_NEAR(job.loop.status().budget_used_elements, sent, 1e-6 * sent);
+  // Without histograms (v1's loop) every move is bounded too: at most budget_max_move (2x).
+  for (size_t i = 1; i < job.decisions.size(); ++i) {
+    const double r = job.decisions[i].second.threshold / job.decisions[i - 1].second.threshold;
+    EXPECT_LE(r, 2.0 + 1e-9) << "decision " << i;
+    EXPECT_GE(r, 0.5 - 1e-9) << "decision " << i;
+  }
   // "Slowly" once calibrated: the last 300 steps change lambda by at most 20 % a time.
   for (size_t i = 1; i < job.decisions.size(); ++i) {
     if (job.decisions[i].first < 100) continue;

@@ -113,7 +113,12 @@ struct AccuracySettings {
 struct BudgetSettings {
   double total_elements = 0;   // elements each node may send over the run (0 = off)
   uint64_t steps = 0;          // length of the run in steps
-  uint64_t settle_steps = 3;   // steps between two lambda moves (>= the decision latency, 2)
+  double total_bytes = 0;      // instead of total_elements: bytes each node may send over the run
+                               // (the most any node sent, headers and every copy included)
+  double density = 0;          // > 0: a fixed density every step instead (the totals unused)
+  double max_move = 2.0;       // a lambda move is at most this factor (after the first calibration)
+  uint64_t settle_steps = 3;   // without magnitude histograms only: steps between two lambda moves
+                               // (>= the decision latency, 2)
   bool operator==(const BudgetSettings&) const = default;
 };
 
@@ -166,6 +171,7 @@ struct ControlContext {
   const ControlKnobs& base;  // the operator's knobs
   double goodput_Bps = 0;    // smoothed link estimate (0 unknown)
   ControlStatus* status = nullptr;
+  const ControlKnobs* in_force = nullptr;  // the newest decided knobs (a move's reference); may be null
 };
 
 class Controller {

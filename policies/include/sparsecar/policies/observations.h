@@ -12,6 +12,29 @@
 
 namespace sparsecar::policies {
 
+// ---- the magnitude histogram ---------------------------------------------------------------------
+// What the budget controller calibrates lambda from: a histogram of a step's pre-selection
+// magnitudes |e_i| = |residual_i + g_i| (what the hard threshold compares with lambda). A bin is
+// the top bits of |x|'s IEEE pattern: 8 exponent bits and 3 mantissa bits, so 8 bins per octave
+// (< 12.5 % relative width) over the whole float range, zeros in bin 0, inf/NaN in the top bins.
+// Nodes add their thresholded tensors' magnitudes up; rank 0 sums the nodes' histograms.
+inline constexpr uint32_t kMagnitudeBins = 2048;
+inline constexpr uint32_t kMagnitudeBinShift = 20;  // (bits & 0x7fffffff) >> 20
+// The bin of |v|.
+uint32_t magnitude_bin(float v);
+// The smallest magnitude of `bin` (its lower edge; bin 0: 0).
+double magnitude_bin_lower(uint32_t bin);
+// hist[magnitude_bin(x_i)] += 1 for every i (hist.size() == kMagnitudeBins; checked by the caller).
+void magnitude_hist_add(std::span<uint64_t> hist, std::span<const float> x);
+// The lambda at which about `density` x `elements` of the histogram's values have |x| >= lambda:
+// the running count from the top bin down reaches the wanted count inside a bin, and lambda is
+// interpolated geometrically between that bin's edges (values are taken as spread evenly in log
+// magnitude within a bin). `elements` is the population the density refers to (it may exceed the
+// histogram's total, e.g. when selected values were counted but the rest was not). Returns 0 when
+// the histogram is empty or the wanted count is not reached above bin 0 (lambda 0 keeps
+// everything), +inf never: a wanted count below one element gives the top nonzero bin's upper edge.
+double magnitude_quantile(std::span<const uint64_t> hist, double elements, double density);
+
 struct TensorStepObservation {
   uint32_t tensor_id = 0;
   uint64_t elements = 0;
@@ -43,6 +66,13 @@ struct NodeObservation {
   double loss_target = 0;       // trainer-reported "<metric>_target", if has_loss_target
   bool has_loss_target = false;
   std::vector<TensorStepObservation> tensors;
+  // Pre-selection magnitudes of this step's thresholded tensors (kMagnitudeBins counts; empty:
+  // not measured, i.e. no budget controller active or a tensor of the step was not covered) and
+  // how many elements they cover. Measured only while the budget controller is active.
+  std::vector<uint64_t> magnitude_hist;
+  std::vector<uint64_t> gradient_hist;  // the same elements' |g| (this step's gradient alone)
+  uint64_t magnitude_elements = 0;
+  double threshold = 0;  // lambda those tensors were selected with (hard threshold); 0: none
 };
 
 // One step of the whole job (merge_observations of every node's NodeObservation).
@@ -66,6 +96,12 @@ struct JobObservation {
   double loss_target = 0;
   bool has_loss_target = false;
   std::vector<TensorStepObservation> tensors;  // per tensor: nnz and repeat averaged over nodes
+  // Σ over the nodes that measured one of their magnitude histograms, and the elements those
+  // cover (empty / 0: none did). Quantiles of it are the job's (magnitude_quantile).
+  std::vector<uint64_t> magnitude_hist;
+  std::vector<uint64_t> gradient_hist;
+  uint64_t magnitude_elements = 0;
+  double threshold = 0;  // the lambda the measured nodes' step ran under (the largest); 0: none
 };
 
 JobObservation merge_observations(std::span<const NodeObservation> nodes, uint32_t world_size);
