@@ -15,29 +15,12 @@
 
 #include "sparsecar/policies/controllers.h"
 #include "sparsecar/policies/observations.h"
+#include "tests/unit/policies/fake_job.h"
 
 namespace sparsecar::policies {
 namespace {
 
-// Rank 0's view: the decisions so far, each effective two steps after its observation.
-struct FakeJob {
-  FakeJob(ControllerSettings s, ControlKnobs b) : settings(s), base(b) { decisions.push_back({0, b}); }
-  ControlKnobs at(uint64_t step) const {
-    ControlKnobs k = decisions.front().second;
-    for (const auto& [eff, d] : decisions) {
-      if (eff <= step) k = d;
-    }
-    return k;
-  }
-  const ControlKnobs& latest() const { return decisions.back().second; }
-  void feed(const JobObservation& o) {
-    if (auto p = loop.update(settings, o, base, latest())) decisions.push_back({o.step + 2, p->knobs});
-  }
-  ControllerSettings settings;
-  ControlKnobs base;
-  ControlLoop loop;
-  std::vector<std::pair<uint64_t, ControlKnobs>> decisions;
-};
+using testing::FakeJob;
 
 constexpr uint64_t kPeers = 3, kHeaderBytes = 80;  // what a sent element costs on the wire: 8 bytes x 3
 

@@ -10,38 +10,12 @@
 #include <vector>
 
 #include "sparsecar/policies/controllers.h"
+#include "tests/unit/policies/fake_job.h"
 
 namespace sparsecar::policies {
 namespace {
 
-// A job seen from rank 0: the decisions made so far, each effective two steps after it was made.
-struct FakeJob {
-  FakeJob(ControllerSettings s, ControlKnobs b) : settings(s), base(b) { decisions.push_back({0, b}); }
-
-  ControlKnobs at(uint64_t step) const {
-    ControlKnobs k = decisions.front().second;
-    for (const auto& [eff, d] : decisions) {
-      if (eff <= step) k = d;
-    }
-    return k;
-  }
-  const ControlKnobs& latest() const { return decisions.back().second; }
-
-  std::optional<ControlLoop::Proposal> feed(const JobObservation& o) {
-    auto p = loop.update(settings, o, base, latest());
-    if (p) {
-      decisions.push_back({o.step + 2, p->knobs});
-      proposal_steps.push_back(o.step);
-    }
-    return p;
-  }
-
-  ControllerSettings settings;
-  ControlKnobs base;
-  ControlLoop loop;
-  std::vector<std::pair<uint64_t, ControlKnobs>> decisions;
-  std::vector<uint64_t> proposal_steps;
-};
+using testing::FakeJob;
 
 std::vector<TensorStepObservation> model(std::initializer_list<uint64_t> sizes) {
   std::vector<TensorStepObservation> t;
