@@ -51,16 +51,10 @@ std::string trainer_path() {
   return SPARSECAR_DEVICE_IPC_TRAINER;
 }
 
-// The pipeline's part, done by hand: wait on ready, check, write the pattern, record done.
-class GpuSink : public StepSink {
+// A sink that answers every job at once with what run() says.
+class AnsweringSink : public StepSink {
  public:
   void attach(StepResultSink* sink) { sink_ = sink; }
-  Status register_tensor(uint32_t tensor_id, const TensorSpec& spec) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    counts_[tensor_id] = spec.count;
-    on_device = spec.on_device;
-    return Status::Ok();
-  }
   void submit(const StepJob& job) override {
     StepResult r;
     r.tensor_id = job.tensor_id;
@@ -72,12 +66,29 @@ class GpuSink : public StepSink {
   void report_metric(const std::string&, double, uint64_t) override {}
   void reset() override {}
 
+ protected:
+  virtual Status run(const StepJob& job) = 0;
+
+ private:
+  StepResultSink* sink_ = nullptr;
+};
+
+// The pipeline's part, done by hand: wait on ready, check, write the pattern, record done.
+class GpuSink : public AnsweringSink {
+ public:
+  Status register_tensor(uint32_t tensor_id, const TensorSpec& spec) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    counts_[tensor_id] = spec.count;
+    on_device = spec.on_device;
+    return Status::Ok();
+  }
+
   std::atomic<bool> on_device{false};
   std::atomic<bool> saw_gradient{false};
   std::string error;  // guarded by mu_
 
  private:
-  Status run(const StepJob& job) {
+  Status run(const StepJob& job) override {
     std::lock_guard<std::mutex> lock(mu_);
     const size_t count = counts_[job.tensor_id];
     for (const DeviceBuffer& b : job.device) {
@@ -107,33 +118,17 @@ class GpuSink : public StepSink {
 
   std::mutex mu_;
   std::map<uint32_t, uint64_t> counts_;  // guarded by mu_
-  StepResultSink* sink_ = nullptr;
 };
 
 // The pipeline's device path for one node of one: begin (sum), compress (density 1: everything),
 // the own payload, finish (mean over the trainers), commit, end (written back, done recorded).
-class CompressorSink : public StepSink {
+class CompressorSink : public AnsweringSink {
  public:
-  void attach(StepResultSink* sink) { sink_ = sink; }
   Status register_tensor(uint32_t tensor_id, const TensorSpec& spec) override {
     std::lock_guard<std::mutex> lock(mu_);
     compressors_.try_emplace(tensor_id, std::make_unique<DeviceCompressor>(tensor_id, spec, 1));
     return Status::Ok();
   }
-  void submit(const StepJob& job) override {
-    StepResult r;
-    r.tensor_id = job.tensor_id;
-    r.step = job.step;
-    r.generation = job.generation;
-    r.status = run(job);
-    if (!r.status.ok()) {
-      std::lock_guard<std::mutex> lock(mu_);
-      error_ = r.status.to_string();
-    }
-    sink_->complete(r);
-  }
-  void report_metric(const std::string&, double, uint64_t) override {}
-  void reset() override {}
 
   std::atomic<size_t> trainers_in_step{0};
   std::string error_text() {
@@ -142,9 +137,13 @@ class CompressorSink : public StepSink {
   }
 
  private:
-  Status run(const StepJob& job) {
+  Status run(const StepJob& job) override {
     std::lock_guard<std::mutex> lock(mu_);
-    DeviceCompressor& d = *compressors_.at(job.tensor_id);
+    Status s = step(*compressors_.at(job.tensor_id), job);
+    if (!s.ok()) error_ = s.to_string();
+    return s;
+  }
+  Status step(DeviceCompressor& d, const StepJob& job) {
     trainers_in_step = job.device.size();
     policies::Plan plan;
     plan.dense = false;
@@ -180,7 +179,6 @@ class CompressorSink : public StepSink {
   std::mutex mu_;
   std::map<uint32_t, std::unique_ptr<DeviceCompressor>> compressors_;  // guarded by mu_
   std::string error_;                                                  // guarded by mu_
-  StepResultSink* sink_ = nullptr;
 };
 
 // Runs one trainer per entry of `runs` (its arguments) at once; success when all exited 0 within 60 s.
