@@ -213,7 +213,7 @@ def run(args):
     world = nodes * L
     daemon_args = ["--compression", args.compression, "--selector", args.selector,
                    "--density", repr(args.density), "--threshold", repr(args.threshold),
-                   "--step-timeout-ms", str(int(args.daemon_step_timeout * 1000))]
+                   "--step-timeout-ms", str(int(args.daemon_step_timeout * 1000))] + args.daemon_arg
     with LocalJob(args.sparsecard, nodes=nodes, local_clients=L, daemon_args=daemon_args,
                   keep=args.keep_logs) as job:
         if "sparsecar" in args.methods.split(","):
@@ -344,6 +344,8 @@ def parse(argv):
                    help="the hook's agreement= (gloo: a gloo side group, as a NCCL job gets by default)")
     p.add_argument("--step-timeout", type=float, default=60.0, help="hook wait per bucket (s)")
     p.add_argument("--daemon-step-timeout", type=float, default=20.0)
+    p.add_argument("--daemon-arg", action="append", default=[],
+                   help="one more sparsecard argument (repeatable), e.g. --daemon-arg=--controller --daemon-arg=schedule")
     p.add_argument("--timeout", type=float, default=600.0, help="whole job (s)")
     p.add_argument("--keep-logs", action="store_true")
     p.add_argument("--jobs", type=int, default=1,
