@@ -116,12 +116,7 @@ class LocalJob:
                     "--control", f"ipc://{self.dir}/control-{r}.sock",
                     "--log-level", "warn"] + self.daemon_args
             self.daemons.append(self.spawn(f"sparsecard node {r}", argv, env=env, log_name=f"sparsecard-{r}"))
-        deadline = time.monotonic() + timeout
-        while not all(os.path.exists(s) for s in self.sockets):
-            self.check_daemons("while starting")
-            if time.monotonic() > deadline:
-                raise JobError(f"daemon sockets did not appear within {timeout:.0f} s")
-            time.sleep(0.05)
+        self.wait_for_sockets(timeout)
 
     def check_daemons(self, when="during the job"):
         for r, d in enumerate(self.daemons):

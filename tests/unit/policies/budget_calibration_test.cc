@@ -159,6 +159,20 @@ double window(const std::vector<double>& v, uint64_t t, uint64_t n) {
 // Relative error of x against the target.
 double off(double x, double target) { return std::fabs(x / target - 1); }
 
+// The first window start from which every kWindow-step mean up to `upto` stays within 25 % of
+// `target` (none: never for good).
+std::optional<uint64_t> settled_at(const std::vector<double>& density, double target, uint64_t upto) {
+  std::optional<uint64_t> settled;
+  for (uint64_t t = 0; t + kWindow <= upto; ++t) {
+    if (off(window(density, t, kWindow), target) < 0.25) {
+      if (!settled) settled = t;
+    } else {
+      settled.reset();
+    }
+  }
+  return settled;
+}
+
 TEST(MagnitudeHistogramTest, QuantileMatchesASortedReferenceWithinABin) {
   std::mt19937_64 rng(7);
   std::lognormal_distribution<double> lognormal(-5, 2);
@@ -275,16 +289,9 @@ TEST(BudgetCalibrationTest, RunBudgetIsMetAndTheStartUpSettlesIn15StepsFromAnyLa
     base.threshold = start;
     FakeJob job(s, base);
     const Trace tr = run(job, 200000, 300, 30.0, 0.005);
-    std::optional<uint64_t> settled;
     // The last steps pay the run's rounding back (what is left over what few steps are left):
     // settling is judged up to step 280.
-    for (uint64_t t = 0; t + kWindow <= 280; ++t) {
-      if (off(window(tr.density, t, kWindow), 0.005) < 0.25) {
-        if (!settled) settled = t;
-      } else {
-        settled.reset();
-      }
-    }
+    const std::optional<uint64_t> settled = settled_at(tr.density, 0.005, 280);
     ASSERT_TRUE(settled.has_value()) << "start " << start;
     EXPECT_LE(*settled, 15u) << "start " << start;
     double largest_move = 0;
@@ -309,15 +316,8 @@ TEST(BudgetCalibrationTest, AByteBudgetIsSpentAtTheMeasuredBytesPerElement) {
   const Trace tr = run(job, 200000, 300, 30.0, 0.005);
   EXPECT_LT(off(tr.bytes, s.budget.total_bytes), 0.02) << tr.bytes << " of " << s.budget.total_bytes;
   double worst = 0, largest_move = 0;
-  std::optional<uint64_t> settled;
-  for (uint64_t t = 0; t + kWindow <= 280; ++t) {
-    if (off(window(tr.density, t, kWindow), 0.005) < 0.25) {
-      if (!settled) settled = t;
-    } else {
-      settled.reset();
-    }
-    if (t >= 15) worst = std::max(worst, off(window(tr.density, t, kWindow), 0.005));
-  }
+  const std::optional<uint64_t> settled = settled_at(tr.density, 0.005, 280);
+  for (uint64_t t = 15; t + kWindow <= 280; ++t) worst = std::max(worst, off(window(tr.density, t, kWindow), 0.005));
   for (double m : tr.moves) largest_move = std::max(largest_move, m);
   ASSERT_TRUE(settled.has_value());
   // Not the 15 steps of the element budget on this trace: it settles at 17, while the bytes per
