@@ -739,6 +739,12 @@ class SparsecarHook:
                 self._fail_step("another rank's sparsecar step failed in this iteration; every rank "
                                 "all-reduces it instead")
             self._step_failed = True
+        if all_ok:
+            # Counted before any future is fulfilled: the last set_result lets the trainer's
+            # backward return, and a summary() read right after must see this iteration.
+            self.stats["sparse_iterations"] += 1
+            if self._t_iteration is not None:
+                self.stats["exchange_ns"] += int((time.monotonic() - self._t_iteration) * 1e9)
         for kind, index, buf, fut, step, infos in pending:
             if all_ok:
                 flat = buf.view(-1)
@@ -769,10 +775,6 @@ class SparsecarHook:
                 fut.set_exception(RuntimeError(f"sparsecar DDP hook: bucket {index} step {step}: {self.failure}"))
             else:
                 fut.set_result(self._allreduce_now(buf))  # the original gradient: copy_out never ran
-        if all_ok:
-            self.stats["sparse_iterations"] += 1
-            if self._t_iteration is not None:
-                self.stats["exchange_ns"] += int((time.monotonic() - self._t_iteration) * 1e9)
 
 
 _BUCKET_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
