@@ -73,9 +73,29 @@ How it works (torch 1.13 .. 2.x; only public, long-lived hook APIs are used):
   the density and the mean step and exchange time. ``hook.stats`` has the raw counters:
   the daemon-reported wire bytes of this node (``sparsecar_bytes``), the dense-equivalent bytes
   it reports, and the elements that went through the dense path (warm-up and fallback).
+* **Momentum correction** (``momentum_correction=True``, DGC's, Lin et al. 2018). Error
+  feedback sends what it held back in bursts, and a trainer's SGD momentum then applies each
+  burst ~1/(1-m) times: a dense -> sparse switch cost up to 16 pp test accuracy on the digits job
+  (docs/convergence.md section 4). With the option the hook takes the momentum m out of the
+  ``optimizer=`` (a torch.optim.SGD, one m > 0 in every group, dampening 0, no nesterov: it sets
+  their momentum to 0, drops their momentum buffers and logs one line) and keeps a float32
+  velocity u per bucket on the bucket's device, per trainer (a node's local sum is linear in u).
+  Each bucket's gradient g is replaced by u = m*u + g before anything is sent: the hook's own
+  all-reduce (warm-up, fallback), host staging, or the device path's float32 buffer. A dense
+  step (every coordinate went out: the hook's all-reduce, or the daemon reporting nnz = numel)
+  makes the averaged u the update, which is SGD with momentum exactly. After a sparse step u is
+  zeroed where the returned average is nonzero (DGC's momentum factor masking: those
+  coordinates went out; the daemon's residual keeps the unsent rest of u), before the bucket's
+  future is fulfilled. With several nodes the average's support is the union of the nodes'
+  selections, so a node also restarts u where only a peer sent (the daemon does not return the
+  local selection). The daemon must run plain ``error_feedback = "residual"`` (its default), not
+  its own ``momentum``. Weight decay stays in the optimizer, outside the momentum. u is keyed by
+  parameter (DDP's bucket rebuild after the first iteration may reorder a bucket) and is in
+  ``state_dict()``.
 * **State.** ``hook.state_dict()`` / ``hook.load_state_dict()`` carry the step counter, the
-  registered layout and the counters across a restart (see :meth:`SparsecarHook.state_dict`);
-  the error-feedback residual lives in the daemon and is saved with ``sparsecarctl checkpoint``.
+  registered layout, the counters and the momentum-correction velocity across a restart (see
+  :meth:`SparsecarHook.state_dict`); the error-feedback residual lives in the daemon and is saved
+  with ``sparsecarctl checkpoint``.
 
 Rules: one sparsecar client per DDP rank (the daemon's --local-clients equals the local ranks),
 the daemon averages over all trainers of the job, so the job's trainers must be exactly the DDP
@@ -146,7 +166,7 @@ class SparsecarHook:
     def __init__(self, socket=None, *, optimizer=None, lr=None, dense_iterations=2,
                  on_error="fallback", timeout=60.0, connect_timeout=10.0, process_group=None,
                  prefix=None, tensors="buckets", param_names=None, device=None, announce="rank0",
-                 device_path="auto", agreement="auto"):
+                 device_path="auto", agreement="auto", momentum_correction=False):
         if on_error not in ("fallback", "raise"):
             raise ValueError('on_error must be "fallback" or "raise"')
         if tensors not in ("parameters", "buckets"):
@@ -157,6 +177,11 @@ class SparsecarHook:
             raise ValueError('device_path must be "auto", "off" or "require"')
         if agreement not in ("auto", "device", "gloo"):
             raise ValueError('agreement must be "auto", "device" or "gloo"')
+        # Validated before anything else, so a bad optimizer leaves it and the daemon untouched.
+        self.momentum = _sgd_momentum(optimizer) if momentum_correction else None
+        self._velocity = {}          # bucket index -> _Velocity (momentum correction)
+        self._param_velocity = {}    # id(parameter) -> its slice of a bucket's u
+        self._restored_velocity = {}  # parameter name -> u from load_state_dict, until first used
         self.device_path = device_path
         self.agreement = agreement   # resolved by _connect(): "device" or "gloo"
         self._agree_group = None     # the gloo side group when agreement resolves to "gloo"
@@ -230,7 +255,8 @@ class SparsecarHook:
         sent), ratio (dense_bytes / bytes_sent; None before any sparse step), density (selected /
         elements), mean_step_s (wall time from one sparse iteration's first bucket to the next
         one's: forward + backward + optimizer), mean_exchange_s (first bucket handed to the
-        daemon to the iteration's averages back). per_tensor=True adds "per_tensor": name ->
+        daemon to the iteration's averages back), momentum_correction (the SGD momentum the hook
+        applies, None without it). per_tensor=True adds "per_tensor": name ->
         {steps, elements, nnz, density, bytes_sent, dense_bytes}. On a node with several ranks
         each rank sees the whole node's bytes."""
         st = self.stats
@@ -252,6 +278,7 @@ class SparsecarHook:
             "mean_step_s": (st["step_ns"] / st["step_samples"] / 1e9) if st["step_samples"] else None,
             "mean_exchange_s": (st["exchange_ns"] / st["sparse_iterations"] / 1e9) if st["sparse_iterations"] else None,
             "failure": self.failure,
+            "momentum_correction": self.momentum,
         }
         if per_tensor:
             out["per_tensor"] = {
@@ -288,7 +315,11 @@ class SparsecarHook:
         and before the first sparse step (format and rules: daemon/pipeline/CHECKPOINT.md).
         Without that the residual restarts at zero: nothing breaks, the unsent remainder is lost.
         Neither is the mode: a restored hook registers its tensors with the daemon again, after
-        the dense iterations DDP needs to rebuild its buckets in the new process."""
+        the dense iterations DDP needs to rebuild its buckets in the new process.
+
+        With momentum_correction, "momentum" holds m and this trainer's velocity u per parameter
+        name (float32 CPU tensors: torch.save-able, not JSON), so a restore keeps it whatever
+        buckets DDP builds in the new process; every rank saves and restores its own."""
         layout = None
         if self._slices:
             layout = [[index, [[sl.name, sl.numel, list(sl.shape) if sl.shape is not None else None]
@@ -303,7 +334,18 @@ class SparsecarHook:
             "failure": self.failure,
             "stats": dict(self.stats),
             "per_tensor": {k: list(v) for k, v in self._per_tensor.items()},
+            "momentum": self._momentum_state(),
         }
+
+    def _momentum_state(self):
+        if self.momentum is None:
+            return None
+        velocity = {name: u.detach().to("cpu", copy=True) for name, u in self._restored_velocity.items()}
+        for pid, u in self._param_velocity.items():
+            name = self._names.get(pid)
+            if name is not None:
+                velocity[name] = u.detach().to("cpu", copy=True)
+        return {"m": self.momentum, "velocity": velocity}
 
     def load_state_dict(self, state):
         """Restores state_dict()'s values; call it after register() and before the first
@@ -322,6 +364,13 @@ class SparsecarHook:
         self.iteration = int(state["iteration"])
         self.stats = collections.Counter({k: int(v) for k, v in state.get("stats", {}).items()})
         self._per_tensor = {k: [int(x) for x in v] for k, v in state.get("per_tensor", {}).items()}
+        momentum = state.get("momentum")
+        if momentum is not None:
+            if self.momentum is None:
+                raise ValueError("the state was saved with momentum_correction=True (it holds the SGD momentum's "
+                                 "velocity); register this hook with momentum_correction=True too")
+            self._restored_velocity = {name: u.detach().to(torch.float32).reshape(-1)
+                                       for name, u in momentum["velocity"].items()}
         layout = state.get("layout")
         if layout is not None:
             self._restored_layout = {int(index): self._layout_key_from_saved(entries)
@@ -364,6 +413,10 @@ class SparsecarHook:
             if ok:
                 self._note_failure("another rank could not connect to its sparsecar daemon")
             self._give_up()
+        # Only once register() cannot fail any more (on_error="raise" raised above): from here on
+        # the hook applies the momentum on every path, the fallback's all-reduce included.
+        if self.momentum is not None:
+            _move_momentum_out_of(self.optimizer, self.momentum)
 
     def _setup_agreement(self):
         """Resolves `agreement` (see "Agreement on any backend" in the module doc). Collective
@@ -597,6 +650,8 @@ class SparsecarHook:
                 self._t_prev_iteration = self._t_iteration = now
         if last:
             self._in_iteration = False
+        if self.momentum is not None:
+            self._apply_momentum(bucket, buf)
         if self.mode == "warmup":
             self._layout[index] = self._layout_key(bucket, buf)
             fut = self._allreduce_async(buf)
@@ -645,6 +700,64 @@ class SparsecarHook:
         if last:
             self.iteration += 1
         return fut
+
+    # ---- momentum correction ---------------------------------------------------------------------
+    def _apply_momentum(self, bucket, buf):
+        """u = m*u + g, and the bucket holds u from here on: every path after this (the hook's
+        all-reduce, host staging, the device path's float32 buffer, the all-reduce of a failed
+        iteration) sends u in place of g."""
+        u = self._bucket_velocity(bucket, buf)
+        flat = buf.view(-1)
+        u.mul_(self.momentum).add_(flat)
+        flat.copy_(u)  # a half bucket sends u rounded to its dtype; u itself stays float32
+
+    def _bucket_velocity(self, bucket, buf):
+        """The bucket's u (float32, on the bucket's device). Kept per parameter: when a bucket's
+        parameters change (DDP rebuilds its buckets after the first iteration, and may reorder
+        them) its u is gathered again from each parameter's previous slice, or from a restored
+        state_dict(), else starts at zero."""
+        index = bucket.index()
+        params = list(bucket.parameters())
+        key = tuple((id(p), p.numel()) for p in params)
+        if sum(n for _, n in key) != buf.numel():
+            key = None  # not laid out as its parameters back to back (cannot happen with dense grads)
+        v = self._velocity.get(index)
+        if v is not None and v.key == key and v.u.numel() == buf.numel() and v.u.device == buf.device:
+            return v.u
+        u = torch.zeros(buf.numel(), dtype=torch.float32, device=buf.device)
+        if key is not None:
+            offset = 0
+            for p in params:
+                n = p.numel()
+                old = self._param_velocity.get(id(p))
+                if old is None:
+                    old = self._restored_velocity.pop(self._names.get(id(p)), None)
+                if old is not None and old.numel() == n:
+                    u[offset:offset + n].copy_(old.reshape(-1))
+                self._param_velocity[id(p)] = u[offset:offset + n]
+                offset += n
+        elif v is not None and v.u.numel() == buf.numel():
+            u.copy_(v.u)
+        self._velocity[index] = _Velocity(key, u)
+        return u
+
+    def _mask_velocity(self, index, sl, info, average):
+        """DGC's momentum factor masking after a sparse step: u = 0 where the returned average
+        (float32: the daemon's slot or device buffer) is nonzero. A dense step masks nothing.
+
+        Sparse or dense is told per slice by the daemon's report, not by the hook's mode: in mode
+        "sparse" the daemon still runs dense plans (the schedule controller's warm-up, the
+        bandwidth controller choosing the ring, compression off), and reports nnz = numel for
+        them; a sparse plan reports what it selected. A selection of every coordinate sent the
+        whole residual too, so it is a dense step as well: averaged u is the update, as in SGD
+        with momentum."""
+        if self.momentum is None or info.nnz >= sl.numel:
+            return
+        u = self._velocity[index].u[sl.offset:sl.offset + sl.numel]
+        went_out = average.reshape(-1) != 0
+        if went_out.device != u.device:
+            went_out = went_out.to(u.device)  # host staging of a GPU bucket
+        u.masked_fill_(went_out, 0)
 
     def _end_warmup_iteration(self, device):
         self.iteration += 1
@@ -721,13 +834,15 @@ class SparsecarHook:
                         f.set_exception(RuntimeError(f"sparsecar DDP hook: {e}"))
                 pending = []
 
-    def _copy_out_on_device(self, sl, flat, device):
+    def _copy_out_on_device(self, sl, flat, device, index, info):
         """The daemon's average into the bucket, on the sync stream, after the daemon's done
-        event (cast back for half buckets); the host does not wait."""
+        event (cast back for half buckets), and u masked on the same stream (the future records
+        its event there after this); the host does not wait."""
         stream = self._sync_stream
         with torch.cuda.device(device), torch.cuda.stream(stream):
             stream.wait_event(sl.done)
             flat[sl.offset:sl.offset + sl.numel].copy_(sl.stage)
+            self._mask_velocity(index, sl, info, sl.stage)
 
     def _finish_iteration(self, pending):
         """Every rank learns whether every rank got every bucket of this iteration, then all use
@@ -749,10 +864,13 @@ class SparsecarHook:
             if all_ok:
                 flat = buf.view(-1)
                 for sl, info in zip(self._slices[index], infos):
+                    # u is masked here, before the future below is fulfilled: the next
+                    # iteration's u = m*u + g (trainer thread) comes after DDP waited for it.
                     if self.path == "device":
-                        self._copy_out_on_device(sl, flat, buf.device)
+                        self._copy_out_on_device(sl, flat, buf.device, index, info)
                     else:
                         sparsecar.copy_out(sl.tensor.array(), flat[sl.offset:sl.offset + sl.numel])
+                        self._mask_velocity(index, sl, info, torch.from_numpy(sl.tensor.array()))
                     self.stats["sparsecar_bytes"] += info.bytes_sent
                     self.stats["sparsecar_dense_equivalent_bytes"] += info.dense_bytes
                     self.stats["sparsecar_nnz"] += info.nnz
@@ -795,6 +913,54 @@ def _same_buckets(a, b):
     return True
 
 
+class _Velocity:
+    """Momentum correction's u of one bucket: `u` (flat float32, the bucket's layout) and `key`,
+    the (id, numel) of the parameters it was laid out for (None: not per parameter)."""
+    __slots__ = ("key", "u")
+
+    def __init__(self, key, u):
+        self.key, self.u = key, u
+
+
+def _sgd_momentum(optimizer):
+    """The momentum m that momentum_correction takes from `optimizer`; ValueError saying what is
+    wrong unless it is a torch.optim.SGD whose groups all have one m > 0, dampening 0 and no
+    nesterov. Changes nothing."""
+    what = "momentum_correction=True"
+    if optimizer is None:
+        raise ValueError(f"{what} needs optimizer=, the torch.optim.SGD whose momentum the hook takes over")
+    if not isinstance(optimizer, torch.optim.SGD):
+        raise ValueError(f"{what} needs a torch.optim.SGD optimizer (its momentum moves into the hook), "
+                         f"got {type(optimizer).__name__}")
+    momenta = sorted({float(g.get("momentum", 0.0)) for g in optimizer.param_groups})
+    if len(momenta) != 1:
+        raise ValueError(f"{what} needs one momentum in every param group of the SGD optimizer, got {momenta}")
+    m = momenta[0]
+    if not m > 0:
+        raise ValueError(f"{what} needs SGD momentum > 0 (the optimizer has momentum {m}: nothing to correct)")
+    if m >= 1:
+        raise ValueError(f"{what} needs SGD momentum < 1, got {m}")
+    for i, g in enumerate(optimizer.param_groups):
+        if float(g.get("dampening", 0.0)) != 0.0:
+            raise ValueError(f"{what} needs SGD dampening 0 (param group {i} has dampening {g['dampening']})")
+        if g.get("nesterov", False):
+            raise ValueError(f"{what} does not do Nesterov momentum (param group {i} has nesterov=True)")
+    return m
+
+
+def _move_momentum_out_of(optimizer, m):
+    """Sets the optimizer's momentum to 0 and drops its momentum buffers: the hook applies m."""
+    for g in optimizer.param_groups:
+        g["momentum"] = 0.0
+    dropped = 0
+    for st in optimizer.state.values():
+        if st.pop("momentum_buffer", None) is not None:
+            dropped += 1
+    log.info("sparsecar: momentum correction: the DDP hook applies SGD momentum %g per bucket before "
+             "compressing (DGC); the optimizer's momentum is set to 0%s", m,
+             f" and its {dropped} momentum buffers dropped" if dropped else "")
+
+
 def _future_for(buf):
     """A future DDP can wait on; for a CUDA bucket a CUDA-aware one (torch syncs the streams)."""
     if buf.is_cuda:
@@ -813,7 +979,7 @@ def _on_device(device):
 def register(ddp_model, socket=None, *, optimizer=None, lr=None, dense_iterations=2,
              on_error="fallback", timeout=60.0, connect_timeout=10.0, process_group=None,
              prefix=None, tensors="buckets", announce="rank0", device_path="auto",
-             agreement="auto"):
+             agreement="auto", momentum_correction=False):
     """Installs the sparsecar communication hook on `ddp_model` and returns its state.
 
     socket: the local daemon's Unix socket (default $SPARSECAR_SOCKET or
@@ -835,6 +1001,15 @@ def register(ddp_model, socket=None, *, optimizer=None, lr=None, dense_iteration
         group when DDP's group is the default NCCL one, so no GPU stream is waited on; else
         DDP's group), "device" (DDP's group, a tensor on the bucket's device), "gloo" (a gloo side
         group; with process_group= every rank of the default group must call register()).
+    momentum_correction: False (default) or True: the hook takes SGD momentum over from
+        `optimizer` (DGC's momentum correction; see "Momentum correction" in the module doc), so
+        that error feedback's delayed coordinates are not amplified by the trainer's momentum
+        (a dense -> sparse switch then stops costing accuracy). `optimizer` must be a
+        torch.optim.SGD whose param groups all have the same momentum m > 0, dampening 0 and
+        nesterov False (else ValueError, before anything else happens); the hook sets their
+        momentum to 0, drops their momentum buffers and logs one line. On dense steps the update
+        is exactly SGD with momentum m; weight decay stays in the optimizer, outside the momentum.
+        The daemon must use its default error_feedback = "residual".
     timeout: seconds to wait for one bucket. Call this on every rank, like DDP itself (it runs
     one small all-reduce so that every rank agrees the daemon is reachable).
     """
@@ -846,7 +1021,7 @@ def register(ddp_model, socket=None, *, optimizer=None, lr=None, dense_iteration
                           on_error=on_error, timeout=timeout, connect_timeout=connect_timeout,
                           process_group=process_group, prefix=prefix, tensors=tensors,
                           param_names=names, device=device, announce=announce, device_path=device_path,
-                          agreement=agreement)
+                          agreement=agreement, momentum_correction=momentum_correction)
     state._connect()
     ddp_model.register_comm_hook(state, _hook_entry)
     return state
