@@ -110,7 +110,8 @@ def trainer(args):
             hook_state = sparsecar.torch.register(model, socket=args.socket, optimizer=opt,
                                                   on_error=args.on_error, timeout=args.step_timeout,
                                                   tensors=args.hook_tensors, announce=None,
-                                                  agreement=args.agreement)
+                                                  agreement=args.agreement,
+                                                  momentum_correction=args.momentum_correction)
         else:
             raise SystemExit(f"unknown method {method}")
 
@@ -267,6 +268,8 @@ def _forward(args):
         out += ["--" + k.replace("_", "-"), str(getattr(args, k))]
     if args.report_compute_time:
         out.append("--report-compute-time")
+    if args.momentum_correction:
+        out.append("--momentum-correction")
     return out
 
 
@@ -339,6 +342,9 @@ def parse(argv):
     p.add_argument("--hook-tensors", default="buckets", choices=("parameters", "buckets"),
                    help="the hook's tensors: one flat tensor per DDP bucket (default, the layout of the DDP "
                         "numbers in docs/convergence.md) or one per parameter")
+    p.add_argument("--momentum-correction", action="store_true",
+                   help="the hook's momentum_correction=True: it takes --momentum over from the trainer's SGD "
+                        "(sparsecar method only)")
     p.add_argument("--on-error", default="raise", help="the hook's on_error (raise: a benchmark must not fall back silently)")
     p.add_argument("--agreement", default="auto", choices=("auto", "device", "gloo"),
                    help="the hook's agreement= (gloo: a gloo side group, as a NCCL job gets by default)")
