@@ -131,19 +131,21 @@ def test_dense_steps_are_sgd_with_momentum(group, make_job, monkeypatch):
     hook.close()
 
 
-def test_sparse_steps_mask_the_velocity_where_the_average_went_out(group, make_job, monkeypatch):
-    """Top-k at density 0.1 on one node: the daemon's average is top-k(residual + u) and u is
-    zeroed exactly there, m*u + g elsewhere. The reference replays the captured gradients: u and
-    the daemon's error feedback (residual += u; send top-k; residual -= sent) in float32, the same
-    operations the hook and the daemon do."""
+@pytest.mark.parametrize("tensors", ["buckets", "parameters"])
+def test_sparse_steps_mask_the_velocity_where_the_average_went_out(group, make_job, monkeypatch, tensors):
+    """Top-k at density 0.1 on one node: the daemon's average is top-k(residual + u) (per bucket,
+    or per parameter slice of it) and u is zeroed exactly there, m*u + g elsewhere. The reference
+    replays the captured gradients: u and the daemon's error feedback (residual += u; send top-k;
+    residual -= sent) in float32, the same operations the hook and the daemon do."""
     job = make_job(nodes=1, daemon_args=["--density", "0.1"])
     log = []
     capture_buckets(monkeypatch, log)
     model = DDP(make_net())
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=M)
     hook = sparsecar.torch.register(model, socket=job.sockets[0], optimizer=opt, timeout=20, on_error="raise",
-                                    announce=None, momentum_correction=True)
+                                    announce=None, momentum_correction=True, tensors=tensors)
     warmup, steps = 2, 7
+    sizes = {id(p): p.numel() for p in model.module.parameters()}
     u_ref, residual, checked = None, None, 0
     names = {id(p): n for n, p in model.module.named_parameters()}
     for step in range(steps):
@@ -163,12 +165,21 @@ def test_sparse_steps_mask_the_velocity_where_the_average_went_out(group, make_j
             if residual is None:
                 residual = torch.zeros_like(g)
             residual = residual + u_ref
-            k = sparsecar.kernels.topk_count(g.numel(), 0.1)
-            sent = torch.zeros_like(g)
-            top = residual.abs().topk(k).indices
-            sent[top] = residual[top]
-            residual[top] = 0
-            assert int((avg != 0).sum()) == k, step
+            if tensors == "buckets":
+                slices = [(0, g.numel())]
+            else:  # the parameters back to back in the bucket's order
+                offsets = [0]
+                for pid in rec["params"]:
+                    offsets.append(offsets[-1] + sizes[pid])
+                slices = list(zip(offsets[:-1], [sizes[pid] for pid in rec["params"]]))
+            sent, k_total = torch.zeros_like(g), 0
+            for offset, n in slices:
+                k = sparsecar.kernels.topk_count(n, 0.1)
+                top = offset + residual[offset:offset + n].abs().topk(k).indices
+                sent[top] = residual[top]
+                residual[top] = 0
+                k_total += k
+            assert int((avg != 0).sum()) == k_total < g.numel(), step
             torch.testing.assert_close(avg, sent, rtol=1e-6, atol=1e-7, msg=lambda m: f"step {step}: {m}")
             u_ref = torch.where(avg != 0, torch.zeros_like(u_ref), u_ref)
             checked += 1
