@@ -750,7 +750,9 @@ class SparsecarHook:
         bandwidth controller choosing the ring, compression off), and reports nnz = numel for
         them; a sparse plan reports what it selected. A selection of every coordinate sent the
         whole residual too, so it is a dense step as well: averaged u is the update, as in SGD
-        with momentum."""
+        with momentum. With several nodes the average is nonzero on the union of the nodes'
+        selections (the daemon does not return this node's own), so u also restarts where only
+        a peer sent; this node's residual still holds its part there."""
         if self.momentum is None or info.nnz >= sl.numel:
             return
         u = self._velocity[index].u[sl.offset:sl.offset + sl.numel]
