@@ -103,6 +103,7 @@ void print_status(const json& r) {
       std::printf("accuracy signal: %s; compression error %s (bound %s)\n", text(k["accuracy_signal"]).c_str(),
                   text(k["compression_error"]).c_str(), text(k["compression_error_bound"]).c_str());
     }
+    if (!k["step_model"].is_null()) std::printf("step model: %s\n", text(k["step_model"]).c_str());
   }
   if (r.value("job_open", false)) {
     std::printf("WARNING: the job is open (no job_secret_file): any host that reaches the coordinator port can join\n");

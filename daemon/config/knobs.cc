@@ -208,6 +208,7 @@ const std::vector<KnobSpec>& knobs() {
   using Bandwidth = policies::BandwidthSettings;
   using Accuracy = policies::AccuracySettings;
   using Budget = policies::BudgetSettings;
+  using StepS = policies::StepSettings;
   using CK = ControlKnobs;
   namespace R = policies;  // ranges and choices shared with the per-tensor overrides (compression_knobs.h)
   // Names and docs of the selectors: the selector registry.
@@ -580,6 +581,26 @@ const std::vector<KnobSpec>& knobs() {
        .doc = "budget: without magnitude histograms (older peers), steps between two lambda moves, so that the "
               "last move shows in the measured volume (at least the decision latency, 2)",
        .field = knob_field<&Config::budget_settle_steps, in<&CS::budget, &Budget::settle_steps>>},
+      {.name = "step_slack", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 0.0, .max = 10.0, .choices = "",
+       .doc = "step: take the densest plan whose predicted step time is within this fraction of the least",
+       .field = knob_field<&Config::step_slack, in<&CS::step, &StepS::slack>>},
+      {.name = "step_confirm_steps", .type = K::kUint, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 1, .max = 1e6, .choices = "",
+       .doc = "step: consecutive observations that must want the same change before it is made",
+       .field = knob_field<&Config::step_confirm_steps, in<&CS::step, &StepS::confirm_steps>>},
+      {.name = "step_hold_steps", .type = K::kUint, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 0, .max = 1e6, .choices = "",
+       .doc = "step: at least this many steps between two of its decisions",
+       .field = knob_field<&Config::step_hold_steps, in<&CS::step, &StepS::hold_steps>>},
+      {.name = "step_forget", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 0.01, .max = 1.0, .choices = "",
+       .doc = "step: weight the link fits keep of a step's samples at the next step (1 = never forget)",
+       .field = knob_field<&Config::step_forget, in<&CS::step, &StepS::forget>>},
+      {.name = "step_allow_dense", .type = K::kBool, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 0, .max = 0, .choices = "",
+       .doc = "step: the dense ring is a candidate plan",
+       .field = knob_field<&Config::step_allow_dense, in<&CS::step, &StepS::allow_dense>>},
       {.name = "step_timeout_ms", .type = K::kUint, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 10, .max = 3.6e6, .choices = "",
        .doc = "deadline for peers to deliver a step",

@@ -130,6 +130,11 @@ struct Config {
   double budget_density = 0;
   double budget_max_move = 2.0;
   uint64_t budget_settle_steps = 3;
+  double step_slack = 0.1;
+  uint64_t step_confirm_steps = 3;
+  uint64_t step_hold_steps = 10;
+  double step_forget = 0.8;
+  bool step_allow_dense = true;
 
   // Deadlines.
   uint32_t step_timeout_ms = 30000;   // a step whose peers do not answer in time fails

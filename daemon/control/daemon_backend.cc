@@ -48,7 +48,9 @@ json controllers_json(const ControllerRunner::Snapshot& s) {
               {"goodput_Bps", known(c.goodput_Bps)},
               {"accuracy_signal", c.accuracy_signal.empty() ? json(nullptr) : json(c.accuracy_signal)},
               {"compression_error", known(c.compression_error)},
-              {"compression_error_bound", known(c.compression_error_bound)}};
+              {"compression_error_bound", known(c.compression_error_bound)},
+              {"step_model", c.step_model.empty() ? json(nullptr) : json(c.step_model)},
+              {"predicted_step_s", known(c.predicted_step_s)}};
 }
 }  // namespace
 

@@ -19,6 +19,7 @@ namespace {
 
 constexpr size_t kMaxMetricNames = 64;
 constexpr size_t kMaxTensorLines = 1 << 20;
+constexpr size_t kMaxLinkSamples = 4096;  // per observation (a transport keeps 1024)
 
 // Controllers that run on rank 0 (and so need measurements): the registry's job-level rows.
 const policies::ControllerSet kRank0Controllers = policies::job_level_controllers();
@@ -46,6 +47,8 @@ std::string format_observation(const policies::NodeObservation& o) {
   line("dense_bytes", static_cast<double>(o.dense_bytes));
   line("exchange_s", o.exchange_s);
   line("encode_s", o.encode_s);
+  line("decode_s", o.decode_s);
+  line("reduce_s", o.reduce_s);
   line("link_bytes", static_cast<double>(o.link_bytes));
   line("link_s", o.link_s);
   line("grad_norm2", o.grad_norm2);
@@ -67,6 +70,10 @@ std::string format_observation(const policies::NodeObservation& o) {
     };
     bins("mh", o.magnitude_hist);
     bins("gh", o.gradient_hist);
+  }
+  for (const auto& l : o.link_samples) {
+    std::snprintf(buf, sizeof buf, "lk %u %llu %.9g\n", l.peer, static_cast<unsigned long long>(l.bytes), l.seconds);
+    out += buf;
   }
   for (const auto& t : o.tensors) {
     std::snprintf(buf, sizeof buf, "tensor %u %llu %llu %.9g\n", t.tensor_id, static_cast<unsigned long long>(t.elements),
@@ -97,6 +104,17 @@ Expected<policies::NodeObservation> parse_observation(std::string_view text) {
       o.tensors.push_back(t);
       continue;
     }
+    if (key == "lk") {  // a link sample: sender rank, bytes, seconds
+      int64_t peer = 0, bytes = 0;
+      double seconds = 0;
+      if (!(is >> peer >> bytes >> seconds) || o.link_samples.size() >= kMaxLinkSamples || peer < 0 ||
+          peer > INT32_MAX || bytes <= 0 || !std::isfinite(seconds) || !(seconds > 0) || seconds > 3600) {
+        return data_loss("observation: bad link sample line");
+      }
+      o.link_samples.push_back({.peer = static_cast<uint32_t>(peer), .bytes = static_cast<uint64_t>(bytes),
+                                .seconds = seconds});
+      continue;
+    }
     double v = 0;
     if (!(is >> v) || !std::isfinite(v)) return data_loss("observation: bad value for '" + key + "'");
     // Counts and times come from a peer: a negative or out-of-range value (a cast of it would be
@@ -125,6 +143,10 @@ Expected<policies::NodeObservation> parse_observation(std::string_view text) {
       o.exchange_s = v;
     } else if (key == "encode_s") {
       o.encode_s = v;
+    } else if (key == "decode_s") {
+      o.decode_s = v;
+    } else if (key == "reduce_s") {
+      o.reduce_s = v;
     } else if (key == "link_bytes") {
       SC_ASSIGN_OR_RETURN(o.link_bytes, count(kMaxCount));
     } else if (key == "link_s") {
@@ -190,6 +212,8 @@ void ObservationCollector::on_tensor_step(const TensorStepRecord& r, const Decis
     auto parsed = decision.config ? policies::parse_controllers(decision.config->controller)
                                   : Expected<policies::ControllerSet>(policies::ControllerSet{0});
     active_ = parsed.ok() ? *parsed : 0;
+    // The step controller prices messages of every size: receivers time them all.
+    if (transport_ != nullptr) transport_->set_timed_sends(policies::has(active_, policies::ControllerKind::kStep));
   }
   const policies::ControllerSet active = active_;
   // Counters always (rank 0 needs them to notice a controller was switched off and revert it);
@@ -212,6 +236,8 @@ void ObservationCollector::on_tensor_step(const TensorStepRecord& r, const Decis
   o.dense_bytes += r.dense_bytes;
   o.exchange_s += r.exchange_s;
   o.encode_s += r.encode_s;
+  o.decode_s += r.decode_s;
+  o.reduce_s += r.reduce_s;
   o.link_bytes += r.link_bytes;
   o.link_s += r.link_s;
   if (measure) {
@@ -302,6 +328,16 @@ void ObservationCollector::finish(const Decision& decision) {
       o.compute_s = ms->second / 1e3;
     } else if (auto st = metrics_.find("step_time_ms"); st != metrics_.end()) {
       o.compute_s = st->second / 1e3;
+    }
+  }
+  if (transport_ != nullptr) {
+    // Taken every step (so none is stale when a controller starts listening), sent while one is.
+    std::vector<ReceiveSample> samples = transport_->drain_receive_samples();
+    if (policies::has(active_, policies::ControllerKind::kStep)) {
+      for (const ReceiveSample& r : samples) {
+        if (o.link_samples.size() >= kMaxLinkSamples) break;
+        o.link_samples.push_back({.peer = r.peer, .bytes = r.bytes, .seconds = r.seconds});
+      }
     }
   }
   ++finished_;

@@ -47,6 +47,8 @@ struct TensorStepRecord {
   uint64_t dense_bytes = 0;
   double exchange_s = 0;
   double encode_s = 0;
+  double decode_s = 0;  // ExchangeStats::decode_seconds / reduce_seconds
+  double reduce_s = 0;
   uint64_t link_bytes = 0;  // ExchangeStats::link_bytes / link_seconds: goodput from completions
   double link_s = 0;
   std::span<const float> local_sum;
@@ -72,8 +74,8 @@ class StepObserver {
   virtual void on_reset() = 0;
 };
 
-// NodeObservation <-> the kObservation payload ("key value" lines, then "tensor id elements nnz
-// repeat" lines). parse rejects unknown shapes with kDataLoss.
+// NodeObservation <-> the kObservation payload ("key value" lines, "lk peer bytes seconds" lines
+// (link samples), then "tensor id elements nnz repeat" lines). parse rejects unknown shapes with kDataLoss.
 std::string format_observation(const policies::NodeObservation& o);
 Expected<policies::NodeObservation> parse_observation(std::string_view text);
 

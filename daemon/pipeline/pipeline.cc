@@ -658,6 +658,8 @@ void Pipeline::observe_step(TensorState& t, const StepJob& job, const Decision& 
   rec.dense_bytes = result.dense_bytes;
   rec.encode_s = std::chrono::duration<double>(times.exchange_started - times.encode_started).count();
   rec.exchange_s = std::chrono::duration<double>(times.exchange_ended - times.exchange_started).count();
+  rec.decode_s = stats.decode_seconds;
+  rec.reduce_s = stats.reduce_seconds;
   rec.link_bytes = stats.link_bytes;
   rec.link_s = stats.link_seconds;
   rec.local_sum = local_sum;

@@ -13,6 +13,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "sparsecar/common/status.h"
 
@@ -25,6 +26,18 @@ namespace sparsecar {
 // in fragments, the socket's buffer paces them at the link's rate). Used for the controllers' link
 // goodput (ExchangeStats::link_*) and the per-peer bandwidth metric alike.
 inline constexpr uint64_t kLinkSampleMinBytes = 64 * 1024;
+
+// One busy period of the link from `peer`, timed by this receiver: from the arrival of a
+// rendezvous announcement until the last byte of every message announced meanwhile from that peer
+// arrived (overlapping messages count once; their bytes, headers included, add up). The step
+// controller fits t = alpha + beta * bytes per link from these (policies/link_model.h).
+struct ReceiveSample {
+  uint32_t peer = 0;
+  uint64_t bytes = 0;
+  double seconds = 0;
+};
+// A transport keeps at most this many undrained samples (the oldest go).
+inline constexpr size_t kMaxReceiveSamples = 1024;
 
 // Receives what arrives from peers. Called on the transport's progress thread.
 class MessageSink {
@@ -66,6 +79,11 @@ class Transport {
 
   // Stops the progress thread, fails queued sends, closes endpoints. Idempotent.
   virtual void stop() = 0;
+  // Receiver-side link timing: the samples since the last call (any thread). Default: none.
+  virtual std::vector<ReceiveSample> drain_receive_samples() { return {}; }
+  // On: every send with a payload goes rendezvous, so that receivers can time messages of any
+  // size (one round trip more per message); off (the default): the transport's own choice.
+  virtual void set_timed_sends(bool /*on*/) {}
 };
 
 }  // namespace sparsecar

@@ -9,10 +9,12 @@
 #include <array>
 #include <atomic>
 #include <bitset>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <future>
 #include <mutex>
 #include <thread>
@@ -217,6 +219,7 @@ class UcxTransport::Impl {
     Buffer buffer;
     size_t length = 0;
     bool orphaned = false;
+    bool timed = false;  // counted in busy_[peer] (link_busy_begin) until it ends
   };
 
   struct Peer {
@@ -304,6 +307,7 @@ class UcxTransport::Impl {
     }
 
     peers_ = std::vector<Peer>(options_.world_size);
+    busy_.assign(options_.world_size, LinkBusy{});
     for (uint32_t r = 0; r < options_.world_size; ++r) {
       Peer& p = peers_[r];
       p.impl = this;
@@ -664,6 +668,9 @@ class UcxTransport::Impl {
     if (op->req.am_id == kRejoinAmId) {  // its receiver reads the body in the handler: never rendezvous
       param.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
       param.flags = UCP_AM_SEND_FLAG_EAGER;
+    } else if (op->req.am_id == kAmId && op->req.payload_len > 0 && timed_sends_.load(std::memory_order_relaxed)) {
+      param.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;  // receivers time every message (set_timed_sends)
+      param.flags = UCP_AM_SEND_FLAG_RNDV;
     }
     param.cb.send = &Impl::on_send_done;
     param.user_data = op;
@@ -1087,6 +1094,7 @@ class UcxTransport::Impl {
     // Rendezvous: fetch the payload into a (pooled) buffer, then deliver.
     RecvOp* op = self->acquire_recv();
     op->peer = sender;
+    self->link_busy_begin(op);
     op->header_len = user_header.size();
     std::memcpy(op->header.data(), user_header.data(), user_header.size());
     op->length = length;
@@ -1103,6 +1111,7 @@ class UcxTransport::Impl {
       SC_LOG_ERROR("transport: ucp_am_recv_data_nbx ({}, {} bytes): {}", self->peers_[sender].name, length,
                    ucs_status_string(UCS_PTR_STATUS(r)));
       self->dropped_++;
+      self->link_busy_end(op, false);
       self->release_recv(op);
     }
     return UCS_OK;
@@ -1117,13 +1126,54 @@ class UcxTransport::Impl {
       SC_LOG_ERROR("transport: receiving {} bytes from {}: {}", op->length, self->peers_[op->peer].name,
                    ucs_status_string(status));
       self->dropped_++;
+      self->link_busy_end(op, false);
       self->release_recv(op);
       return;
     }
     self->deliver(op);
   }
 
+  // ---- receiver-side link timing (progress thread; samples_ under samples_mu_) ----------------
+  // A busy period of the link from a peer opens when a rendezvous announcement arrives while none
+  // of that peer's receives is in flight, and closes when the last one in flight ends.
+  void link_busy_begin(RecvOp* op) {
+    if (op->peer >= busy_.size()) return;
+    const auto now = std::chrono::steady_clock::now();
+    LinkBusy& b = busy_[op->peer];
+    if (b.in_flight > 0 && now - b.start > std::chrono::seconds(30)) b = LinkBusy{};  // one never ended
+    if (b.in_flight++ == 0) {
+      b.start = now;
+      b.bytes = 0;
+    }
+    op->timed = true;
+  }
+
+  void link_busy_end(RecvOp* op, bool ok) {
+    if (!op->timed || op->peer >= busy_.size()) return;
+    op->timed = false;
+    LinkBusy& b = busy_[op->peer];
+    if (b.in_flight == 0) return;
+    if (ok) b.bytes += op->length + op->header_len;
+    if (--b.in_flight > 0 || b.bytes == 0) return;
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - b.start).count();
+    if (!(seconds > 0)) return;
+    std::lock_guard<std::mutex> lock(samples_mu_);
+    if (samples_.size() >= kMaxReceiveSamples) samples_.pop_front();
+    samples_.push_back({.peer = op->peer, .bytes = b.bytes, .seconds = seconds});
+  }
+
+ public:
+  std::vector<ReceiveSample> drain_receive_samples() {
+    std::lock_guard<std::mutex> lock(samples_mu_);
+    std::vector<ReceiveSample> out(samples_.begin(), samples_.end());
+    samples_.clear();
+    return out;
+  }
+  void set_timed_sends(bool on) { timed_sends_.store(on, std::memory_order_relaxed); }
+
+ private:
   void deliver(RecvOp* op) {
+    link_busy_end(op, true);
     if (!stop_requested_.load(std::memory_order_acquire)) {
       sink_->on_message(op->peer, std::span<const std::byte>(op->header.data(), op->header_len),
                         std::span<const std::byte>(op->buffer.data.get(), op->length));
@@ -1256,6 +1306,16 @@ class UcxTransport::Impl {
   std::thread progress_thread_;
   std::atomic<std::thread::id> progress_thread_id_{};
   std::atomic<bool> stop_requested_{false};
+  // Receiver-side link timing (link_busy_begin/end).
+  struct LinkBusy {
+    uint32_t in_flight = 0;
+    std::chrono::steady_clock::time_point start{};
+    uint64_t bytes = 0;
+  };
+  std::vector<LinkBusy> busy_;  // per peer rank; progress thread
+  std::mutex samples_mu_;
+  std::deque<ReceiveSample> samples_;  // guarded by samples_mu_
+  std::atomic<bool> timed_sends_{false};
   std::atomic<bool> sleeping_{false};
   std::mutex stop_mu_;
 
@@ -1315,6 +1375,8 @@ Status UcxTransport::send(uint32_t peer, std::span<const std::byte> header, std:
   return impl_->send(peer, header, payload, std::move(done));
 }
 void UcxTransport::stop() { impl_->stop(); }
+std::vector<ReceiveSample> UcxTransport::drain_receive_samples() { return impl_->drain_receive_samples(); }
+void UcxTransport::set_timed_sends(bool on) { impl_->set_timed_sends(on); }
 UcxTransportStats UcxTransport::stats() const { return impl_->stats(); }
 const auth::Nonce& UcxTransport::formation_id() const { return impl_->formation_id(); }
 uint64_t UcxTransport::incarnation() const {

@@ -134,6 +134,8 @@ class UcxTransport final : public Transport {
   Status send(uint32_t peer, std::span<const std::byte> header, std::span<const std::byte> payload,
               SendCallback done) override;
   void stop() override;
+  std::vector<ReceiveSample> drain_receive_samples() override;
+  void set_timed_sends(bool on) override;
 
   UcxTransportStats stats() const;
   // The random id rank 0 drew for this formation of the job (the same on every rank), and its

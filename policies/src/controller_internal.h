@@ -23,6 +23,7 @@ std::unique_ptr<Controller> make_budget_controller();
 std::unique_ptr<Controller> make_frequency_controller();
 std::unique_ptr<Controller> make_bandwidth_controller();
 std::unique_ptr<Controller> make_cost_controller();
+std::unique_ptr<Controller> make_step_controller();
 
 // `d` within the controllers' bounds [density_min, density_max] (density_max wins if they cross).
 inline double clamp_density(double d, const ControllerSettings& s) {

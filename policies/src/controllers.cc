@@ -95,6 +95,11 @@ constexpr ControllerInfo kRows[] = {
     {.kind = ControllerKind::kBandwidth, .name = "bandwidth",
      .doc = "density cap or dense ring so that the exchange fits the time budget", .job_level = true,
      .make = make_bandwidth_controller, .knobs = "bandwidth_* exchange_budget_* goodput_*"},
+    {.kind = ControllerKind::kStep, .name = "step",
+     .doc = "dense ring or the densest plan (>= the density asked for) within step_slack of the least "
+            "step time, priced from receiver-timed link fits and measured compute costs",
+     .job_level = true, .make = make_step_controller,
+     .knobs = "step_slack step_confirm_steps step_hold_steps step_forget step_allow_dense"},
     {.kind = ControllerKind::kCost, .name = "cost", .doc = "collective and format from the cost model",
      .job_level = true, .make = make_cost_controller, .knobs = ""},
 };

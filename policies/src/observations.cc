@@ -71,6 +71,13 @@ JobObservation merge_observations(std::span<const NodeObservation> nodes, uint32
     j.bytes_sent = std::max(j.bytes_sent, n.bytes_sent);
     j.exchange_s = std::max(j.exchange_s, n.exchange_s);
     j.encode_s = std::max(j.encode_s, n.encode_s);
+    j.decode_s = std::max(j.decode_s, n.decode_s);
+    j.reduce_s = std::max(j.reduce_s, n.reduce_s);
+    for (const LinkSample& l : n.link_samples) {
+      if (l.peer != n.rank && l.peer < world_size && l.seconds > 0 && std::isfinite(l.seconds) && l.bytes > 0) {
+        j.link_samples.push_back({.from = l.peer, .to = n.rank, .bytes = l.bytes, .seconds = l.seconds});
+      }
+    }
     if (n.compute_s >= 0) j.compute_s = std::max(j.compute_s, n.compute_s);
     j.grad_norm2 += n.grad_norm2;
     j.residual_norm2 += n.residual_norm2;

@@ -103,6 +103,45 @@ TEST(ObservationText, MagnitudeHistogramsRoundTripAsKeysOlderPeersSkip) {
   EXPECT_TRUE(none->magnitude_hist.empty());
 }
 
+TEST(ObservationText, StepCostsAndLinkSamplesRoundTrip) {
+  policies::NodeObservation o;
+  o.rank = 1;
+  o.decode_s = 0.003;
+  o.reduce_s = 0.0005;
+  o.link_samples.push_back({.peer = 0, .bytes = 4096, .seconds = 1.25e-4});
+  o.link_samples.push_back({.peer = 2, .bytes = 2'400'080, .seconds = 0.0192});
+  auto back = parse_observation(format_observation(o));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_DOUBLE_EQ(back->decode_s, 0.003);
+  EXPECT_DOUBLE_EQ(back->reduce_s, 0.0005);
+  ASSERT_EQ(back->link_samples.size(), 2u);
+  EXPECT_EQ(back->link_samples[1].peer, 2u);
+  EXPECT_EQ(back->link_samples[1].bytes, 2'400'080u);
+  EXPECT_NEAR(back->link_samples[1].seconds, 0.0192, 1e-12);
+  // rank 0 merges them as links peer -> rank; its own rank and ranks beyond the job are dropped.
+  policies::NodeObservation self = *back;
+  self.link_samples.push_back({.peer = 1, .bytes = 10, .seconds = 1.0});
+  self.link_samples.push_back({.peer = 9, .bytes = 10, .seconds = 1.0});
+  policies::NodeObservation other;
+  other.rank = 0;
+  other.link_samples.push_back({.peer = 1, .bytes = 100, .seconds = 0.5});
+  const auto j = policies::merge_observations(std::vector<policies::NodeObservation>{self, other}, 3);
+  ASSERT_EQ(j.link_samples.size(), 3u);
+  EXPECT_EQ(j.link_samples[0].from, 0u);
+  EXPECT_EQ(j.link_samples[0].to, 1u);
+  EXPECT_EQ(j.link_samples[2].from, 1u);
+  EXPECT_EQ(j.link_samples[2].to, 0u);
+  EXPECT_DOUBLE_EQ(j.decode_s, 0.003);
+}
+
+TEST(ObservationText, BadLinkSamplesAreRefused) {
+  for (const char* text : {"lk -1 5 0.1\n", "lk 1 0 0.1\n", "lk 1 5 -0.1\n", "lk 1 5 nan\n", "lk 1 5\n",
+                           "lk 1 5 1e9\n", "lk 4294967296 5 0.1\n", "lk 1 -5 0.1\n", "decode_s -1\n"}) {
+    auto o = parse_observation(text);
+    EXPECT_FALSE(o.ok()) << "accepted: " << text;
+  }
+}
+
 TEST(ObservationText, BadHistogramBinsAreRefused) {
   for (const char* text : {"mh2048 1\n", "mhx 1\n", "mh5 -1\n", "gh-1 3\n", "gh3x 1\n", "mh1 1e300\n",
                            "threshold -1\n"}) {

@@ -15,8 +15,9 @@
 // Composition: the active controllers run in a fixed order, each refining what the previous one
 // proposed, starting from the operator's knobs (`base`):
 //   accuracy (density multiplier) -> gradnorm (temporary boost / relax) -> budget (lambda)
-//   -> frequency (per-tensor scales) -> bandwidth (density cap, dense-vs-sparse) -> cost
-//   (collective and format for the final density)
+//   -> frequency (per-tensor scales) -> bandwidth (density cap, dense-vs-sparse) -> step
+//   (dense ring or a density at or above the one asked for, by step time) -> cost (collective
+//   and format for the final density)
 // The ControlLoop then rate-limits (min steps between proposals) and applies hysteresis
 // (relative change needed) against the knobs in force.
 //
@@ -99,6 +100,14 @@ struct BandwidthSettings {
   double lower_max = 16.0;                // and lowers it at most this factor
   bool operator==(const BandwidthSettings&) const = default;
 };
+struct StepSettings {
+  double slack = 0.1;          // take the densest plan whose step time is within this of the least
+  uint64_t confirm_steps = 3;  // consecutive observations that want the same change before it is made
+  uint64_t hold_steps = 10;    // at least this many steps between two of its decisions
+  double forget = 0.8;         // the link fits' weight of a step's samples at the next step
+  bool allow_dense = true;     // the dense ring is a candidate
+  bool operator==(const StepSettings&) const = default;
+};
 struct AccuracySettings {
   double tolerance = 0.02;     // relative loss gap that triggers a back-off
   double backoff = 2.0;        // density multiplier when behind
@@ -142,6 +151,7 @@ struct ControllerSettings {
   BandwidthSettings bandwidth;
   AccuracySettings accuracy;
   BudgetSettings budget;
+  StepSettings step;
   bool operator==(const ControllerSettings&) const = default;
 };
 
@@ -162,6 +172,8 @@ struct ControlStatus {
   double compression_error_bound = 0;  // in force (0 while calibrating)
   double budget_used_elements = 0;
   double total_error = 0;           // Σ_t ||e_t||^2 since the loop started (hard-threshold paper)
+  std::string step_model;           // the step controller's fits and prices ("" while it is off)
+  double predicted_step_s = 0;      // its price of the plan in force (trainer compute included)
 };
 
 // Shared per-step context for the controllers.

@@ -35,6 +35,24 @@ void magnitude_hist_add(std::span<uint64_t> hist, std::span<const float> x);
 // everything), +inf never: a wanted count below one element gives the top nonzero bin's upper edge.
 double magnitude_quantile(std::span<const uint64_t> hist, double elements, double density);
 
+// One busy period of the link from `peer` into this node, timed by the receiver: from the first
+// rendezvous announcement of a message from `peer` until the last byte of every message announced
+// meanwhile arrived (overlapping messages count once, their bytes add up). Messages of any size
+// give one while the step controller is active (it makes every data send rendezvous); otherwise
+// only the messages UCX sends rendezvous anyway (large ones).
+struct LinkSample {
+  uint32_t peer = 0;  // the sender
+  uint64_t bytes = 0;
+  double seconds = 0;
+};
+// The same merged on rank 0: the link from -> to.
+struct LinkPairSample {
+  uint32_t from = 0;
+  uint32_t to = 0;
+  uint64_t bytes = 0;
+  double seconds = 0;
+};
+
 struct TensorStepObservation {
   uint32_t tensor_id = 0;
   uint64_t elements = 0;
@@ -51,7 +69,10 @@ struct NodeObservation {
   uint64_t bytes_sent = 0;      // Σ bytes this node sent for the step, headers included
   uint64_t dense_bytes = 0;     // what a dense ring would have sent
   double exchange_s = 0;        // Σ wall time of the collectives (send to last receive)
-  double encode_s = 0;          // Σ time in EF + select + encode
+  double encode_s = 0;          // Σ time in EF + select + encode (dense ring: EF + copy)
+  double decode_s = 0;          // Σ decoding peers' selections (ring: copying gathered chunks)
+  double reduce_s = 0;          // Σ reducing ring chunks
+  std::vector<LinkSample> link_samples;  // receiver-side timing, since this node's last observation
   // The link, from the transport's own send completions (daemon/collective/collective.h,
   // ExchangeStats::link_*): bytes of the sends large enough to cross the link before they
   // complete, and the time at least one of them was in flight. Unlike exchange_s it excludes
@@ -88,6 +109,9 @@ struct JobObservation {
   double wall_goodput_Bps = 0;  // min over nodes of bytes_sent / exchange_s: a lower bound of the
                                 // link's goodput (wall time includes waiting for peers); 0 unknown
   double encode_s = 0;          // the slowest node's encode time
+  double decode_s = 0;          // the slowest node's decode time
+  double reduce_s = 0;          // the slowest node's ring reduce time
+  std::vector<LinkPairSample> link_samples;  // every node's receiver-side samples
   double compute_s = -1;        // the slowest trainer's compute time; < 0 unknown
   double grad_norm2 = 0;        // Σ over nodes
   double residual_norm2 = 0;    // Σ over nodes: this step's ||e_t||^2

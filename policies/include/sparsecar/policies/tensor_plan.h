@@ -43,8 +43,9 @@ enum class ControllerKind : uint32_t {
   kAccuracy = 6,   // rank 0: closed loop on the reported loss against a target trajectory
   kBudget = 7,     // rank 0: hard threshold, lambda adapted so the run's volume tracks a budget
   kCost = 8,       // rank 0: format and collective from the cost model (exact encoded sizes)
+  kStep = 9,       // rank 0: the plan (dense ring, or a density >= the quality floor) of least step time
 };
-inline constexpr uint32_t kControllerKindCount = 9;
+inline constexpr uint32_t kControllerKindCount = 10;
 using ControllerSet = uint32_t;
 inline constexpr ControllerSet bit(ControllerKind k) { return ControllerSet{1} << static_cast<uint32_t>(k); }
 inline constexpr bool has(ControllerSet set, ControllerKind k) { return (set & bit(k)) != 0; }

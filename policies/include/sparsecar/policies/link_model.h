@@ -1,0 +1,53 @@
+// The link between two nodes as the step controller prices it: t(bytes) = alpha + beta * bytes,
+// fitted online from receiver-side samples (observations.h, LinkSample: one busy period of the
+// link, its bytes and its duration), for messages of any size.
+//
+// Least squares over the samples with exponential forgetting (each step's batch of samples
+// weighs `forget` times less at the next step). A step change of the link (a tbf rate change,
+// another job starting) shows as `confirm` consecutive batches whose measured time is off the
+// prediction by more than 2x on the same side: the fit then restarts from those batches alone.
+// When the sizes seen do not spread enough to separate alpha from beta (or the slope comes out
+// non-positive), beta is the bytes-weighted mean time per byte and alpha 0: exact at the sizes
+// seen, conservative for larger ones.
+//
+// Pure: no clock; fed the same batches it gives the same fit. Thread-safety: none.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
+
+namespace sparsecar::policies {
+
+class LinkFit {
+ public:
+  struct Sample {
+    uint64_t bytes = 0;
+    double seconds = 0;
+  };
+  // One step's samples of this link (an empty batch changes nothing). forget in (0, 1].
+  void add_step(std::span<const Sample> batch, double forget = 0.8, uint64_t confirm = 2);
+
+  bool known() const { return known_; }
+  double alpha() const { return alpha_; }  // seconds per message
+  double beta() const { return beta_; }    // seconds per byte
+  double predict(uint64_t bytes) const { return alpha_ + beta_ * static_cast<double>(bytes); }
+  uint64_t changes() const { return changes_; }  // step changes detected so far
+  uint64_t samples() const { return samples_; }  // samples used since the last restart
+
+ private:
+  void accumulate(std::span<const Sample> batch, double weight_of_old);
+  void refit();
+
+  bool known_ = false;
+  double alpha_ = 0, beta_ = 0;
+  // Weighted sums: count, Σb, Σt, Σb², Σbt.
+  double w_ = 0, sb_ = 0, st_ = 0, sbb_ = 0, sbt_ = 0;
+  uint64_t samples_ = 0;
+  uint64_t changes_ = 0;
+  int outlier_side_ = 0;
+  std::vector<std::vector<Sample>> outliers_;  // consecutive batches off the fit on one side
+};
+
+}  // namespace sparsecar::policies

@@ -1,0 +1,331 @@
+// The link fit (link_model.h) and the step controller, driven by a simulated job: links with a
+// known alpha and beta (changing in the rate profiles of issue 14: down, up, oscillating), known
+// per-element compute costs and a known trainer time, with seeded noise. The controller sees only
+// what the daemon would measure (receiver-timed messages, encode/decode/reduce times); the tests
+// judge its plans by the plant's TRUE prices, computed here by a plain loop over the same
+// candidate grid. A decision made after step s is in force from s + 2, as in the daemon.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "sparsecar/policies/controllers.h"
+#include "sparsecar/policies/link_model.h"
+#include "tests/unit/policies/fake_job.h"
+
+namespace sparsecar::policies {
+namespace {
+
+using testing::FakeJob;
+
+// ---- LinkFit ---------------------------------------------------------------------------------
+
+TEST(LinkFit, RecoversAlphaAndBetaFromMessagesOfSeveralSizes) {
+  const double alpha = 2e-4, beta = 1.0 / 12.5e6;  // 0.2 ms, 100 Mbit/s
+  LinkFit fit;
+  for (int step = 0; step < 5; ++step) {
+    std::vector<LinkFit::Sample> batch;
+    for (uint64_t b : {1'000ull, 40'000ull, 700'000ull}) batch.push_back({b, alpha + beta * static_cast<double>(b)});
+    fit.add_step(batch);
+  }
+  ASSERT_TRUE(fit.known());
+  EXPECT_NEAR(fit.alpha(), alpha, alpha * 1e-6);
+  EXPECT_NEAR(fit.beta(), beta, beta * 1e-9);
+  EXPECT_EQ(fit.changes(), 0u);
+}
+
+TEST(LinkFit, NoisySamplesGiveAFitWithinTenPercent) {
+  const double alpha = 1e-4, beta = 1.0 / 125e6;  // 1 Gbit/s
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<double> noise(-0.2, 0.2);  // ±20 % per sample, log-uniform
+  std::uniform_int_distribution<uint64_t> size(500, 2'000'000);
+  LinkFit fit;
+  for (int step = 0; step < 200; ++step) {
+    std::vector<LinkFit::Sample> batch;
+    for (int i = 0; i < 3; ++i) {
+      const uint64_t b = size(rng);
+      batch.push_back({b, (alpha + beta * static_cast<double>(b)) * std::exp(noise(rng))});
+    }
+    fit.add_step(batch);
+  }
+  EXPECT_NEAR(fit.beta(), beta, 0.1 * beta);
+  EXPECT_NEAR(fit.predict(1'000'000), alpha + beta * 1e6, 0.1 * (alpha + beta * 1e6));
+  EXPECT_EQ(fit.changes(), 0u) << "±20 % noise is not a rate change";
+}
+
+TEST(LinkFit, OneSizeGivesTheMeanTimePerByteAndNoIntercept) {
+  LinkFit fit;
+  fit.add_step(std::vector<LinkFit::Sample>{{10'000, 0.002}, {10'000, 0.004}});
+  ASSERT_TRUE(fit.known());
+  EXPECT_EQ(fit.alpha(), 0.0);
+  EXPECT_DOUBLE_EQ(fit.beta(), 0.006 / 20'000);
+}
+
+TEST(LinkFit, ARateChangeRestartsTheFitAfterTwoStepsAndOneOutlierDoesNot) {
+  const double beta_fast = 1.0 / 125e6, beta_slow = 1.0 / 6.25e6;  // 1 Gbit/s -> 50 Mbit/s
+  auto batch = [](double beta) {
+    return std::vector<LinkFit::Sample>{{20'000, 1e-4 + beta * 2e4}, {900'000, 1e-4 + beta * 9e5}};
+  };
+  LinkFit fit;
+  for (int i = 0; i < 20; ++i) fit.add_step(batch(beta_fast));
+  fit.add_step(batch(beta_slow));  // one step off by 20x: noise until it persists
+  EXPECT_NEAR(fit.beta(), beta_fast, beta_fast * 1e-6);
+  fit.add_step(batch(beta_fast));  // back: the outlier is forgotten
+  fit.add_step(batch(beta_slow));
+  EXPECT_EQ(fit.changes(), 0u);
+  fit.add_step(batch(beta_slow));  // the second in a row: a change
+  EXPECT_EQ(fit.changes(), 1u);
+  EXPECT_NEAR(fit.beta(), beta_slow, beta_slow * 1e-6);
+  EXPECT_NEAR(fit.alpha(), 1e-4, 1e-10);
+}
+
+TEST(LinkFit, IgnoresEmptyAndInvalidSamples) {
+  LinkFit fit;
+  fit.add_step(std::vector<LinkFit::Sample>{});
+  fit.add_step(std::vector<LinkFit::Sample>{{0, 0.1}, {100, 0}, {100, -1}, {100, std::nan("")}});
+  EXPECT_FALSE(fit.known());
+  fit.add_step(std::vector<LinkFit::Sample>{{100, 1e-3}, {0, 5.0}});
+  EXPECT_TRUE(fit.known());
+  EXPECT_DOUBLE_EQ(fit.beta(), 1e-5);
+}
+
+// ---- the simulated job -------------------------------------------------------------------------
+
+struct Plant {
+  uint32_t world = 2;
+  std::vector<uint64_t> tensors;
+  double alpha = 1e-4;             // seconds per message
+  double encode = 8e-9;            // seconds per element (EF + select + encode)
+  double decode = 4e-9;            // seconds per received entry
+  double ring = 1.5e-9;            // seconds per element of a dense ring step
+  double compute = 0.01;           // the trainer's time per step
+  double noise = 0.0;              // log-uniform ± on every measured time
+  uint64_t seed = 1;
+  std::mt19937_64 rng{1};
+
+  double jitter() {
+    if (noise <= 0) return 1.0;
+    return std::exp(std::uniform_real_distribution<double>(-noise, noise)(rng));
+  }
+  static uint64_t sparse_message(uint64_t n, double d) { return sparse_allgather_bytes_as(n, k_of(n, d), 2, kernels::Format::kCoo); }
+  uint64_t ring_chunk(uint64_t n) const { return kWireHeaderBytes + 4 * ((n + world - 1) / world); }
+  static uint64_t k_of(uint64_t n, double d) {
+    const double k = std::round(d * static_cast<double>(n));
+    return std::clamp<uint64_t>(k < 1 ? 1 : static_cast<uint64_t>(k), 1, n);
+  }
+
+  // The true time a plan adds to a step at link `beta` (the controller's model, with the truth).
+  double true_price(bool dense, double d, double beta) const {
+    double t = compute;
+    for (uint64_t n : tensors) {
+      if (dense) {
+        t += ring * static_cast<double>(n) + 2.0 * (world - 1) * (alpha + beta * static_cast<double>(ring_chunk(n)));
+      } else {
+        t += encode * static_cast<double>(n) + alpha + beta * static_cast<double>(sparse_message(n, d)) +
+             decode * static_cast<double>(world - 1) * static_cast<double>(k_of(n, d));
+      }
+    }
+    return t;
+  }
+
+  // What the daemons would report for a step run with `k` at link `beta`.
+  JobObservation step(uint64_t s, const ControlKnobs& k, double beta) {
+    JobObservation o;
+    o.step = s;
+    o.world_size = world;
+    o.nodes = world;
+    o.compute_s = compute * jitter();
+    const double d = std::min(k.density, k.density_cap);
+    for (uint32_t id = 0; id < tensors.size(); ++id) {
+      const uint64_t n = tensors[id];
+      const uint64_t kept = k.compression ? k_of(n, d) : n;
+      o.tensors.push_back({id, n, kept, -1});
+      o.elements += n;
+      o.nnz += static_cast<double>(kept);
+      for (uint32_t from = 0; from < world; ++from) {
+        for (uint32_t to = 0; to < world; ++to) {
+          if (from == to) continue;
+          if (k.compression) {
+            const uint64_t b = sparse_message(n, d);
+            o.link_samples.push_back({from, to, b, (alpha + beta * static_cast<double>(b)) * jitter()});
+          } else {
+            const uint64_t b = ring_chunk(n);
+            for (uint32_t phase = 0; phase < 2 * (world - 1); ++phase) {
+              o.link_samples.push_back({from, to, b, (alpha + beta * static_cast<double>(b)) * jitter()});
+            }
+          }
+        }
+      }
+      if (k.compression) {
+        o.encode_s += encode * static_cast<double>(n) * jitter();
+        o.decode_s += decode * static_cast<double>(world - 1) * static_cast<double>(kept) * jitter();
+      } else {
+        o.encode_s += ring * static_cast<double>(n) / 2 * jitter();
+        o.reduce_s += ring * static_cast<double>(n) / 2 * jitter();
+      }
+    }
+    return o;
+  }
+};
+
+constexpr double kRate1G = 1.0 / 125e6, kRate500M = 1.0 / 62.5e6, kRate50M = 1.0 / 6.25e6;
+
+ControllerSettings step_settings(uint32_t world) {
+  ControllerSettings s;
+  s.active = bit(ControllerKind::kStep);
+  s.world_size = world;
+  s.density_min = 1e-4;
+  return s;
+}
+
+// The candidates the controller may choose from (its documented grid) with their true prices.
+struct Truth {
+  double cheapest = 0;
+  double price_of(const Plant& p, const ControlKnobs& k, double beta) const {
+    return p.true_price(!k.compression, std::min(k.density, k.density_cap), beta);
+  }
+};
+Truth truth(const Plant& p, double floor, double beta) {
+  Truth t;
+  t.cheapest = p.true_price(true, 1.0, beta);
+  for (double d = floor; d <= 0.5 * (1 + 1e-9); d *= 2) t.cheapest = std::min(t.cheapest, p.true_price(false, d, beta));
+  return t;
+}
+
+struct ProfileRun {
+  std::vector<uint64_t> decisions;  // steps of the proposals
+  std::vector<double> excess;       // per step: true price of the plan in force / cheapest true price
+  std::vector<ControlKnobs> in_force;
+};
+
+// Runs `steps` steps with beta(step) from `profile`.
+template <class Profile>
+ProfileRun run_profile(Plant& plant, double floor, uint64_t steps, Profile profile) {
+  ControlKnobs base;
+  base.density = floor;
+  FakeJob job(step_settings(plant.world), base);
+  ProfileRun r;
+  for (uint64_t s = 0; s < steps; ++s) {
+    const double beta = profile(s);
+    const ControlKnobs k = job.at(s);
+    r.in_force.push_back(k);
+    r.excess.push_back(truth(plant, floor, beta).price_of(plant, k, beta) / truth(plant, floor, beta).cheapest);
+    job.feed(plant.step(s, k, beta));
+  }
+  r.decisions = job.proposal_steps;
+  return r;
+}
+
+size_t decisions_in(const ProfileRun& r, uint64_t from, uint64_t to) {
+  return static_cast<size_t>(std::count_if(r.decisions.begin(), r.decisions.end(),
+                                           [&](uint64_t s) { return s >= from && s < to; }));
+}
+
+// The plan in force costs at most (1 + 3 x slack) of the truly cheapest over [from, to).
+void expect_near_cheapest(const ProfileRun& r, uint64_t from, uint64_t to, const char* what) {
+  for (uint64_t s = from; s < to; ++s) {
+    EXPECT_LE(r.excess[s], 1.3 + 1e-9) << what << ": step " << s << " runs a plan "
+                                       << r.excess[s] << "x the cheapest (compression "
+                                       << r.in_force[s].compression << ", density " << r.in_force[s].density << ")";
+  }
+}
+
+Plant big_model(double noise = 0.1) {
+  Plant p;
+  p.tensors = {1'048'576, 65'536, 16'384, 10'240};  // ≈ 1.1 M parameters (the digits MLP, hidden 1024)
+  p.noise = noise;
+  return p;
+}
+
+TEST(StepController, StepDownOneDecisionPerChangeAndNoneWhileSteady) {
+  Plant plant = big_model();
+  // 1 Gbit/s for 150 steps, then 50 Mbit/s.
+  const auto r = run_profile(plant, 0.005, 300, [](uint64_t s) { return s < 150 ? kRate1G : kRate50M; });
+  EXPECT_LE(decisions_in(r, 0, 40), 3u) << "start-up";
+  EXPECT_EQ(decisions_in(r, 40, 150), 0u) << "steady at 1 Gbit/s";
+  EXPECT_GE(decisions_in(r, 150, 190), 1u) << "the drop must be answered";
+  EXPECT_LE(decisions_in(r, 150, 190), 3u);
+  EXPECT_EQ(decisions_in(r, 190, 300), 0u) << "steady at 50 Mbit/s";
+  expect_near_cheapest(r, 40, 150, "1 Gbit/s");
+  expect_near_cheapest(r, 190, 300, "50 Mbit/s");
+  // At 50 Mbit/s the dense ring (2 x 2.3 MB) costs ~0.7 s: far from sparse.
+  EXPECT_TRUE(r.in_force[299].compression);
+  EXPECT_GE(r.in_force[299].density, 0.005) << "never below the density asked for";
+}
+
+TEST(StepController, StepUpIsFollowedTooAndTheDenseRingIsTakenWhenItIsCheapest) {
+  Plant plant = big_model();
+  plant.encode = 40e-9;  // a slow selection: at 10 Gbit/s the ring beats every sparse plan
+  const double rate10G = 1.0 / 1.25e9;
+  const auto r = run_profile(plant, 0.005, 300, [&](uint64_t s) { return s < 150 ? kRate50M : rate10G; });
+  EXPECT_LE(decisions_in(r, 0, 40), 3u);
+  EXPECT_EQ(decisions_in(r, 40, 150), 0u);
+  EXPECT_GE(decisions_in(r, 150, 190), 1u);
+  EXPECT_LE(decisions_in(r, 150, 190), 3u);
+  EXPECT_EQ(decisions_in(r, 190, 300), 0u);
+  expect_near_cheapest(r, 40, 150, "50 Mbit/s");
+  expect_near_cheapest(r, 190, 300, "10 Gbit/s");
+  EXPECT_FALSE(r.in_force[299].compression) << "ring " << plant.true_price(true, 1, rate10G) << " s vs sparse "
+                                            << plant.true_price(false, 0.005, rate10G) << " s";
+}
+
+TEST(StepController, OscillatingLinkAtMostThreeDecisionsPerChange) {
+  Plant plant = big_model();
+  // 500 Mbit/s and 50 Mbit/s alternating every 80 steps.
+  const auto beta = [](uint64_t s) { return (s / 80) % 2 == 0 ? kRate500M : kRate50M; };
+  const auto r = run_profile(plant, 0.002, 480, beta);
+  for (uint64_t change = 80; change < 480; change += 80) {
+    EXPECT_LE(decisions_in(r, change, change + 40), 3u) << "after the change at " << change;
+    EXPECT_EQ(decisions_in(r, change + 40, change + 80), 0u) << "steady after the change at " << change;
+    expect_near_cheapest(r, change + 40, change + 80, "after settling");
+  }
+}
+
+TEST(StepController, NoisyStationaryLinkMakesNoDecisionAfterTheFirst) {
+  Plant plant = big_model(/*noise=*/0.3);  // every measured time ±30 %
+  const auto r = run_profile(plant, 0.005, 600, [](uint64_t) { return kRate500M; });
+  EXPECT_LE(r.decisions.size(), 1u);
+  expect_near_cheapest(r, 40, 600, "noisy 500 Mbit/s");
+}
+
+TEST(StepController, SmallModelWithSmallMessagesStillDecides) {
+  Plant plant;
+  plant.tensors = {65'536, 16'384, 2'560, 256, 10};  // ≈ 85 k parameters: sparse messages of a few KB
+  plant.compute = 0.003;
+  plant.noise = 0.1;
+  const auto r = run_profile(plant, 0.005, 300, [](uint64_t s) { return s < 150 ? kRate1G : kRate50M; });
+  EXPECT_LE(r.decisions.size(), 6u);
+  expect_near_cheapest(r, 40, 150, "1 Gbit/s");
+  expect_near_cheapest(r, 190, 300, "50 Mbit/s");
+}
+
+TEST(StepController, HoldsAndSaysWhyWithoutLinkSamples) {
+  Plant plant = big_model(0);
+  ControlKnobs base;
+  base.density = 0.01;
+  FakeJob job(step_settings(2), base);
+  for (uint64_t s = 0; s < 30; ++s) {
+    JobObservation o = plant.step(s, job.at(s), kRate1G);
+    o.link_samples.clear();
+    EXPECT_FALSE(job.feed(o).has_value());
+  }
+  EXPECT_NE(job.loop.status().step_model.find("no link samples"), std::string::npos) << job.loop.status().step_model;
+}
+
+TEST(StepController, ReportsItsModelAndPrice) {
+  Plant plant = big_model(0);
+  ControlKnobs base;
+  base.density = 0.005;
+  FakeJob job(step_settings(2), base);
+  for (uint64_t s = 0; s < 50; ++s) job.feed(plant.step(s, job.at(s), kRate50M));
+  const ControlStatus& st = job.loop.status();
+  EXPECT_NE(st.step_model.find("6.25 MB/s"), std::string::npos) << st.step_model;
+  EXPECT_NEAR(st.predicted_step_s, plant.true_price(!job.latest().compression, job.latest().density, kRate50M),
+              1e-3 * st.predicted_step_s);
+}
+
+}  // namespace
+}  // namespace sparsecar::policies
