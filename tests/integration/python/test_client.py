@@ -1,6 +1,11 @@
 """sparsecar.Client against real daemons: round trips (NumPy and torch), zero-copy views,
 errors as exceptions with the daemon's message."""
+import json
+import os
+import re
+import subprocess
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -165,3 +170,54 @@ def test_ipc_mem_handle_formats():
         sparsecar._ipc_mem_handle(b"\x01x" + handle)
     with pytest.raises(ValueError, match="format"):
         sparsecar._ipc_mem_handle(handle[:40])
+
+
+def test_step_controller_times_small_messages_on_the_receivers_and_prices_the_step(make_job):
+    """--controller step: the nodes' data sends go rendezvous, the receivers time them (a sparse
+    message here is ~2 KB: without this it would go eagerly and give no sample), rank 0 fits the
+    link from the samples in the observations and says what it priced — in JSON and in text."""
+    ctl = os.environ.get("SPARSECARCTL")
+    if not ctl:
+        pytest.skip("SPARSECARCTL (path of the sparsecarctl binary) is not set")
+    job = make_job(nodes=2, daemon_args=["--controller", "step", "--density", "0.01"])
+    clients = [sparsecar.Client(s, timeout=20) for s in job.sockets]
+    tensors = [c.register("w", 20_000) for c in clients]
+    rng = np.random.default_rng(3)
+
+    def node(r, step):
+        g = rng.standard_normal(20_000).astype(np.float32) if r == 0 else np.ones(20_000, np.float32)
+        clients[r].allreduce(tensors[r], g, step=step, lr=0.1)
+        clients[r].report_metric("compute_time", 0.005, step)
+
+    def status():
+        r = subprocess.run([ctl, "--endpoint", f"ipc://{job.dir}/control-0.sock", "--json", "status"],
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stdout + r.stderr
+        s = json.loads(r.stdout)
+        return s.get("result", s)["controllers"]
+
+    step = 0
+    deadline = time.monotonic() + 60
+    while True:
+        step += 1
+        threads = [threading.Thread(target=node, args=(r, step)) for r in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        c = status()
+        if "(slowest of 2," in (c["step_model"] or "") and c["steps_observed"] >= 5:
+            break
+        assert time.monotonic() < deadline, c
+    assert c["active"] == "step", c
+    # Both directions fitted, at a plausible loopback rate; the trainer's 5 ms is in the price.
+    m = re.match(r"links: alpha ([0-9.e+-]+) ms, ([0-9.e+-]+) MB/s \(slowest of 2,", c["step_model"])
+    assert m, c["step_model"]
+    assert 0 <= float(m.group(1)) < 100 and float(m.group(2)) > 1, c["step_model"]
+    assert "trainer 5 ms" in c["step_model"], c["step_model"]
+    assert c["predicted_step_s"] > 0.005, c
+    r = subprocess.run([ctl, "--endpoint", f"ipc://{job.dir}/control-0.sock", "status"],
+                       capture_output=True, text=True, timeout=30)
+    assert "step model: links: alpha" in r.stdout, r.stdout
+    for cl in clients:
+        cl.close()

@@ -568,25 +568,26 @@ TEST(ControllerRegistryTest, EveryKindOnceAndTheChainInItsDocumentedOrder) {
     }
   }
   EXPECT_EQ(kinds.size(), kControllerKindCount);
-  EXPECT_EQ(chain, (std::vector<std::string>{"accuracy", "gradnorm", "budget", "frequency", "bandwidth", "cost"}));
-  EXPECT_EQ(controller_choices(), "static|schedule|layerwise|gradnorm|frequency|bandwidth|accuracy|budget|cost");
+  EXPECT_EQ(chain,
+            (std::vector<std::string>{"accuracy", "gradnorm", "budget", "frequency", "bandwidth", "step", "cost"}));
+  EXPECT_EQ(controller_choices(), "static|schedule|layerwise|gradnorm|frequency|bandwidth|accuracy|budget|cost|step");
   auto bad = parse_controllers("bogus");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find(
-                "(known: static, schedule, layerwise, gradnorm, frequency, bandwidth, accuracy, budget, cost)"),
+                "(known: static, schedule, layerwise, gradnorm, frequency, bandwidth, accuracy, budget, cost, step)"),
             std::string::npos)
       << bad.status().message();
 }
 
 // The set rank 0 measures for (daemon/pipeline/observations.cc) is the rows that make a
-// controller, the six of the chain above, and none of the per-tensor ones.
+// controller, the seven of the chain above, and none of the per-tensor ones.
 TEST(ControllerRegistryTest, JobLevelSetIsTheKindsThatMakeAController) {
   ControllerSet made = 0;
   for (uint32_t i = 0; i < kControllerKindCount; ++i) {
     if (make_controller(static_cast<ControllerKind>(i)) != nullptr) made |= ControllerSet{1} << i;
   }
   EXPECT_EQ(job_level_controllers(), made);
-  EXPECT_EQ(job_level_controllers(), *parse_controllers("accuracy,gradnorm,budget,frequency,bandwidth,cost"));
+  EXPECT_EQ(job_level_controllers(), *parse_controllers("accuracy,gradnorm,budget,frequency,bandwidth,step,cost"));
 }
 
 }  // namespace
