@@ -12,6 +12,16 @@ sys.path.insert(0, BENCH)
 from localjob import LocalJob  # noqa: E402
 
 
+@pytest.fixture(scope="module")
+def group(tmp_path_factory):
+    """A one-rank gloo process group for the module's DDP tests (torch imported only here)."""
+    import torch.distributed as dist
+    store = tmp_path_factory.mktemp("pg") / "store"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
 @pytest.fixture
 def sparsecard():
     path = os.environ.get("SPARSECARD")

@@ -17,14 +17,6 @@ import sparsecar.torch  # noqa: E402
 from conftest import BENCH  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def group(tmp_path_factory):
-    store = tmp_path_factory.mktemp("pg") / "store"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def make_models():
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))

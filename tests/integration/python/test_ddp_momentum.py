@@ -5,21 +5,12 @@ state_dict() round trip. One rank in a 1-rank gloo group, real daemons (make_job
 import pytest
 
 torch = pytest.importorskip("torch")
-import torch.distributed as dist  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 import sparsecar  # noqa: E402
 import sparsecar.torch  # noqa: E402
 
 M, LR = 0.9, 0.1
-
-
-@pytest.fixture(scope="module")
-def group(tmp_path_factory):
-    store = tmp_path_factory.mktemp("pg") / "store"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 class Net(torch.nn.Module):
