@@ -17,6 +17,10 @@
 // Denser is never worse for the model, so among the plans within `step_slack` of the cheapest
 // the densest wins.
 //
+// Start-up probe: until some link has shown two message sizes (a one-bucket job sends one),
+// alpha and beta cannot be told apart, so the first decision runs 4x the density asked for (at
+// most kProbeSteps steps); the decision after it is not held back.
+//
 // No flip-flops: the plan in force is kept while its price stays within 3 x slack of the
 // cheapest; a move down (it is too slow) or up (a plan at least 4x denser, or the dense ring,
 // fits the slack) needs `step_confirm_steps` consecutive observations that want it, and
@@ -45,6 +49,7 @@ constexpr double kPriorEncodePerElement = 10e-9;
 constexpr double kPriorDecodePerEntry = 5e-9;
 constexpr double kPriorRingPerElement = 2e-9;
 constexpr double kCostSmoothing = 0.2;  // EMA weight of a new compute-cost sample (log domain)
+constexpr uint64_t kProbeSteps = 20;    // the start-up probe's longest run
 
 double smooth_log(double mean, double sample, double alpha) {
   if (!(mean > 0)) return sample;
@@ -91,6 +96,28 @@ class StepController final : public Controller {
       if (x.price <= cheapest * (1 + s.step.slack)) best = x;  // the densest within the slack
     }
 
+    // Start-up probe: while no link has shown two message sizes, alpha and beta cannot be told
+    // apart (a one-bucket job sends one size), so a plan 4x denser runs until one does (at most
+    // kProbeSteps steps); the decision after it is made without waiting for the hold.
+    if (!probed_ && !any_link_separated() && 4 * q <= top * (1 + 1e-9)) {
+      probed_ = probing_ = decided_ = true;
+      dense_ = false;
+      density_ = 4 * q;
+      last_decision_step_ = o.step;
+      ctx.status->step_model = "probing a second message size: density " + plan_name(true, false, density_).substr(8);
+      knobs->density = density_;
+      return Status::Ok();
+    }
+    if (probing_) {
+      if (!any_link_separated() && o.step < last_decision_step_ + kProbeSteps) {
+        ctx.status->step_model = "probing a second message size: density " + plan_name(true, false, density_).substr(8);
+        knobs->density = std::max(density_, q);
+        return Status::Ok();
+      }
+      probing_ = false;
+      probe_ended_ = true;
+    }
+
     // The plan in force: this controller's last decision, else what the chain asked for.
     if (decided_ && !dense_) density_ = std::max(density_, q);  // the floor moved up under it
     const bool in_dense = decided_ ? dense_ : false;
@@ -105,7 +132,7 @@ class StepController final : public Controller {
       want_ = want;
       wanted_ = want != 0 ? 1 : 0;
     }
-    const bool may = !decided_ || o.step >= last_decision_step_ + s.step.hold_steps;
+    const bool may = !decided_ || probe_ended_ || o.step >= last_decision_step_ + s.step.hold_steps;
     if (want_ != 0 && wanted_ >= std::max<uint64_t>(s.step.confirm_steps, 1) && may) {
       decided_ = true;
       dense_ = best.dense;
@@ -113,6 +140,7 @@ class StepController final : public Controller {
       last_decision_step_ = o.step;
       want_ = 0;
       wanted_ = 0;
+      probe_ended_ = false;
     }
     const double now_price = !decided_ ? in_price : dense_ ? price_dense(w) : price_sparse(density_, w, knobs->format);
     describe(ctx, now_price, cheapest, best);
@@ -128,6 +156,13 @@ class StepController final : public Controller {
     std::map<std::pair<uint32_t, uint32_t>, std::vector<LinkFit::Sample>> batches;
     for (const LinkPairSample& l : o.link_samples) batches[{l.from, l.to}].push_back({l.bytes, l.seconds});
     for (auto& [pair, batch] : batches) links_[pair].add_step(batch, forget, 2);
+  }
+
+  bool any_link_separated() const {
+    for (const auto& [pair, fit] : links_) {
+      if (fit.separated()) return true;
+    }
+    return false;
   }
 
   bool any_link_known() const {
@@ -233,6 +268,7 @@ class StepController final : public Controller {
   double encode_ = 0, decode_ = 0, ring_ = 0;  // seconds per element / entry; 0: not measured
   double compute_s_ = 0;
   bool decided_ = false;
+  bool probed_ = false, probing_ = false, probe_ended_ = false;
   bool dense_ = false;
   double density_ = 0;
   int want_ = 0;

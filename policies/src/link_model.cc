@@ -12,6 +12,8 @@ void LinkFit::accumulate(std::span<const Sample> batch, double weight_of_old) {
   sbt_ *= weight_of_old;
   for (const Sample& s : batch) {
     const double b = static_cast<double>(s.bytes);
+    min_bytes_ = samples_ == 0 ? s.bytes : std::min(min_bytes_, s.bytes);
+    max_bytes_ = samples_ == 0 ? s.bytes : std::max(max_bytes_, s.bytes);
     w_ += 1;
     sb_ += b;
     st_ += s.seconds;
@@ -26,14 +28,20 @@ void LinkFit::refit() {
   const double mean_b = sb_ / w_;
   const double var_b = sbb_ / w_ - mean_b * mean_b;
   double beta = 0, alpha = 0;
+  bool fitted = false;
   // Sizes spread by at least 20 % (standard deviation over mean): the slope means something.
-  if (w_ >= 2 && var_b > 0.04 * mean_b * mean_b) {
+  if (samples_ >= 2 && var_b > 0.04 * mean_b * mean_b) {
     beta = (w_ * sbt_ - sb_ * st_) / (w_ * sbb_ - sb_ * sb_);
     alpha = (st_ - beta * sb_) / w_;
+    fitted = beta > 0 && std::isfinite(beta) && alpha >= 0 && std::isfinite(alpha);
   }
-  if (!(beta > 0) || !std::isfinite(beta) || !(alpha >= 0) || !std::isfinite(alpha)) {
-    alpha = 0;
-    beta = st_ / sb_;  // the bytes-weighted mean time per byte
+  if (fitted) {
+    separated_ = true;
+    separated_alpha_ = alpha;
+  } else {
+    // The latency of the last separating fit, at most 99 % of the mean time (beta stays > 0).
+    alpha = separated_ ? std::min(separated_alpha_, 0.99 * st_ / w_) : 0.0;
+    beta = (st_ - alpha * w_) / sb_;  // the rest of the mean time, per byte
   }
   alpha_ = alpha;
   beta_ = beta;
@@ -49,12 +57,15 @@ void LinkFit::add_step(std::span<const Sample> batch, double forget, uint64_t co
   if (valid.empty()) return;
   if (!(forget > 0) || forget > 1) forget = 1;
   if (known_) {
+    // Judged only on sizes like those fitted: a new size says something new about alpha and beta
+    // (that is how a one-size fit learns them), not about a change of the link.
     double measured = 0, predicted = 0;
     for (const Sample& s : valid) {
+      if (s.bytes * 2 < min_bytes_ || s.bytes > 2 * max_bytes_) continue;
       measured += s.seconds;
       predicted += predict(s.bytes);
     }
-    const int side = measured > 2 * predicted ? 1 : measured < predicted / 2 ? -1 : 0;
+    const int side = !(predicted > 0) ? 0 : measured > 2 * predicted ? 1 : measured < predicted / 2 ? -1 : 0;
     if (side != 0) {
       if (side != outlier_side_) outliers_.clear();
       outlier_side_ = side;

@@ -23,6 +23,8 @@ using testing::FakeJob;
 
 // ---- LinkFit ---------------------------------------------------------------------------------
 
+constexpr double kRate = 1.0 / 125e6;  // 1 Gbit/s, seconds per byte
+
 TEST(LinkFit, RecoversAlphaAndBetaFromMessagesOfSeveralSizes) {
   const double alpha = 2e-4, beta = 1.0 / 12.5e6;  // 0.2 ms, 100 Mbit/s
   LinkFit fit;
@@ -80,6 +82,25 @@ TEST(LinkFit, ARateChangeRestartsTheFitAfterTwoStepsAndOneOutlierDoesNot) {
   EXPECT_EQ(fit.changes(), 1u);
   EXPECT_NEAR(fit.beta(), beta_slow, beta_slow * 1e-6);
   EXPECT_NEAR(fit.alpha(), 1e-4, 1e-10);
+}
+
+TEST(LinkFit, AfterOneSeparatingFitOneSizeKeepsItsLatencyAndARateChangeMovesOnlyBeta) {
+  const double alpha = 1e-3;  // a slow host: 1 ms per message
+  auto at = [&](double beta, uint64_t b) { return LinkFit::Sample{b, alpha + beta * static_cast<double>(b)}; };
+  LinkFit fit;
+  fit.add_step(std::vector<LinkFit::Sample>{at(kRate, 8'000)});
+  EXPECT_FALSE(fit.separated());
+  EXPECT_EQ(fit.alpha(), 0.0) << "one size: nothing to separate with";
+  fit.add_step(std::vector<LinkFit::Sample>{at(kRate, 32'000)});  // a second size
+  ASSERT_TRUE(fit.separated());
+  EXPECT_NEAR(fit.alpha(), alpha, 1e-9);
+  for (int i = 0; i < 60; ++i) fit.add_step(std::vector<LinkFit::Sample>{at(kRate, 8'000)});  // the old sizes forgotten
+  EXPECT_NEAR(fit.alpha(), alpha, 1e-9);
+  EXPECT_NEAR(fit.beta(), kRate, kRate * 1e-6);
+  for (int i = 0; i < 3; ++i) fit.add_step(std::vector<LinkFit::Sample>{at(20 * kRate, 8'000)});
+  EXPECT_EQ(fit.changes(), 1u);
+  EXPECT_NEAR(fit.alpha(), alpha, 1e-9);
+  EXPECT_NEAR(fit.beta(), 20 * kRate, kRate * 1e-6);
 }
 
 TEST(LinkFit, IgnoresEmptyAndInvalidSamples) {
@@ -300,6 +321,21 @@ TEST(StepController, SmallModelWithSmallMessagesStillDecides) {
   EXPECT_LE(r.decisions.size(), 6u);
   expect_near_cheapest(r, 40, 150, "1 Gbit/s");
   expect_near_cheapest(r, 190, 300, "50 Mbit/s");
+}
+
+TEST(StepController, OneMessageSizeIsProbedOnceThenTheLatencyIsNotChargedPerByte) {
+  // One bucket (one message size per step) on a slow host: 2 ms per message. Without the probe
+  // the fit would charge those 2 ms per ~9 KB as time per byte and price every denser plan too high.
+  Plant plant;
+  plant.tensors = {1'100'000};
+  plant.alpha = 2e-3;
+  plant.noise = 0.1;
+  const auto r = run_profile(plant, 0.001, 200, [](uint64_t) { return kRate1G; });
+  ASSERT_GE(r.in_force.size(), 5u);
+  EXPECT_NEAR(r.in_force[4].density, 0.004, 1e-12) << "the probe: 4x the density asked for";
+  EXPECT_LE(r.decisions.size(), 3u) << "probe + its answer (+ one correction at most)";
+  expect_near_cheapest(r, 60, 200, "after the probe");
+  EXPECT_GT(r.in_force[199].density, 0.001) << "denser than asked: at 1 Gbit/s it is nearly free";
 }
 
 TEST(StepController, HoldsAndSaysWhyWithoutLinkSamples) {

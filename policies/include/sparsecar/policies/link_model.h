@@ -5,10 +5,13 @@
 // Least squares over the samples with exponential forgetting (each step's batch of samples
 // weighs `forget` times less at the next step). A step change of the link (a tbf rate change,
 // another job starting) shows as `confirm` consecutive batches whose measured time is off the
-// prediction by more than 2x on the same side: the fit then restarts from those batches alone.
+// prediction by more than 2x on the same side (judged on sizes within 2x of those fitted: a new
+// size teaches the fit, it is no change of the link): the fit then restarts from those batches.
 // When the sizes seen do not spread enough to separate alpha from beta (or the slope comes out
-// non-positive), beta is the bytes-weighted mean time per byte and alpha 0: exact at the sizes
-// seen, conservative for larger ones.
+// non-positive), alpha is the one of the last fit that could separate them (a rate change moves
+// beta, not the per-message latency), capped so that beta stays positive, and beta the rest of the
+// mean time per byte; with no such fit ever, alpha is 0 (exact at the sizes seen, conservative for
+// larger ones) and separated() says so, so that the step controller can probe a second size.
 //
 // Pure: no clock; fed the same batches it gives the same fit. Thread-safety: none.
 #pragma once
@@ -35,16 +38,21 @@ class LinkFit {
   double predict(uint64_t bytes) const { return alpha_ + beta_ * static_cast<double>(bytes); }
   uint64_t changes() const { return changes_; }  // step changes detected so far
   uint64_t samples() const { return samples_; }  // samples used since the last restart
+  // Some fit so far had sizes spread enough to separate alpha from beta.
+  bool separated() const { return separated_; }
 
  private:
   void accumulate(std::span<const Sample> batch, double weight_of_old);
   void refit();
 
   bool known_ = false;
+  bool separated_ = false;
   double alpha_ = 0, beta_ = 0;
+  double separated_alpha_ = 0;  // alpha of the last fit that separated it
   // Weighted sums: count, Σb, Σt, Σb², Σbt.
   double w_ = 0, sb_ = 0, st_ = 0, sbb_ = 0, sbt_ = 0;
   uint64_t samples_ = 0;
+  uint64_t min_bytes_ = 0, max_bytes_ = 0;  // sizes seen since the last restart
   uint64_t changes_ = 0;
   int outlier_side_ = 0;
   std::vector<std::vector<Sample>> outliers_;  // consecutive batches off the fit on one side
