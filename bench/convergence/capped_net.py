@@ -4,6 +4,7 @@ bench/convergence/capped.py; needs root).
     with CappedLink("100mbit") as link:
         link.exec_argv(0, ["sparsecard", ...])     # ["ip", "netns", "exec", <ns of node 0>, ...]
         link.addr[0], link.dev[0]                  # 10.77.0.1, the veth end inside node 0's ns
+        link.set_rate("50mbit")                    # both ends, while traffic flows
 
 Everything it creates carries this process's pid in its name; teardown deletes exactly the
 namespaces it created (which removes the veth pair with them) and nothing else. It runs on
@@ -96,6 +97,16 @@ class CappedLink:
             while self._created:
                 ns = self._created.pop()
                 _run(["ip", "netns", "del", ns], check=False)  # removes its veth end (and so the pair)
+
+    def set_rate(self, rate):
+        """Changes both ends' tbf to `rate` (burst and queue as at creation: tbf_params) while
+        traffic flows: `tc qdisc change` keeps the qdisc and its counters. Returns when both
+        ends run the new rate (node 0's end first, node 1's a few ms later)."""
+        tbf = tbf_params(rate)
+        for i, ns in enumerate(self.ns):
+            _run(["tc", "-n", ns, "qdisc", "change", "dev", self.dev[i], "root", "tbf", "rate", tbf["rate"],
+                  "burst", tbf["burst"], "latency", tbf["latency"]])
+        self.rate, self.tbf = rate, tbf
 
     def exec_argv(self, node, argv):
         return ["ip", "netns", "exec", self.ns[node]] + list(argv)
