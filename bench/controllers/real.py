@@ -308,7 +308,7 @@ def model_report(args, model, profiles_run, dense_ref):
             pr["checks"] = rm.adaptive_checks(pname if changing else "steady", tta,
                                               [s for s in pr["settings"] if s in STATIC], "adaptive",
                                               final_ref, a.get("final_accuracy"), a["gap_below_dense_pp"],
-                                              a["attributed"], a["saw_profile"])
+                                              a["attributed"], a["saw_profile"], a["status"] == "ok")
             if a["status"] != "ok":
                 pr["checks"].append(rm.check("adaptive_job_completed", False, a["status"]))
             if len(pr["settings"]) < len(SETTINGS):
@@ -395,7 +395,10 @@ def parse(argv):
                    help="per job (s, from spawning it): a slower job is stopped and reported as 'timeout' with its curve so far")
     p.add_argument("--out", default="bench-controllers-real.json")
     p.add_argument("--keep-logs", action="store_true")
+    p.add_argument("--reanalyse", metavar="JSON", help="recompute the metrics and checks of a report (no jobs)")
     args = p.parse_args(argv)
+    if args.reanalyse:
+        return args
     if not args.build_dir and not (args.sparsecard and args.pythonpath):
         p.error("--build-dir (or both --sparsecard and --pythonpath) is required")
     args.sparsecard = args.sparsecard or os.path.join(args.build_dir, "daemon", "sparsecard")
@@ -419,6 +422,8 @@ def _interrupt(signum, _frame):
 
 def main(argv):
     args = parse(argv)
+    if args.reanalyse:
+        return reanalyse(args)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, _interrupt)
     if os.geteuid() != 0:
@@ -485,12 +490,46 @@ def main(argv):
                 report.setdefault("dense_reference", {})[model] = {k: e.get(k) for k in
                                                                    ("status", "final_accuracy", "curve", "job_wall_s")}
             curves = [e["curve"] for _, e in dense_jobs] + ([ref[0]] if ref else [])
-            model_report(args, model, profiles_run, ref)
-            report["models"][model] = {"dense_curves_agree": dense_curves_agree(curves), "profiles": profiles_run}
-            for pname, pr in profiles_run.items():
-                print_profile(model, pname, pr)
+            report["models"][model] = {"dense_curves_agree": dense_curves_agree(curves), "profiles": profiles_run,
+                                       "dense_reference": dict(zip(("curve", "final_accuracy", "from"), ref))
+                                       if ref else None}
     report["config"]["wall_s"] = time.monotonic() - t_start
     report["config"]["loadavg_end"] = os.getloadavg()
+    return finish(args, report)
+
+
+def reanalyse(args):
+    """--reanalyse FILE: the metrics and checks again from a report's raw data (curves, step
+    times, rate changes, decisions), e.g. after a change to real_metrics.py; no jobs run."""
+    with open(args.reanalyse) as f:
+        report = json.load(f)
+    for model, m in report["models"].items():
+        ref = m.get("dense_reference")
+        if ref is None:  # reports written before the reference was stored
+            done = [(p, pr["settings"]["dense"]) for p, pr in m["profiles"].items()
+                    if pr["settings"].get("dense", {}).get("status") == "ok"]
+            if done:
+                ref = {"curve": done[0][1]["curve"], "final_accuracy": done[0][1]["final_accuracy"],
+                       "from": f"dense job of profile {done[0][0]}"}
+            elif report.get("dense_reference", {}).get(model, {}).get("status") == "ok":
+                r = report["dense_reference"][model]
+                ref = {"curve": r["curve"], "final_accuracy": r["final_accuracy"],
+                       "from": "reference dense job at 1gbit steady"}
+            m["dense_reference"] = ref
+        report["config"]["settle_steps"] = args.settle_steps
+        for pr in m["profiles"].values():
+            pr.pop("checks", None)
+    report["config"]["reanalysed_from"] = os.path.basename(args.reanalyse)
+    return finish(args, report)
+
+
+def finish(args, report):
+    """Metrics, table, checks and the JSON file of a report whose jobs have run."""
+    for model, m in report["models"].items():
+        ref = m["dense_reference"]
+        model_report(args, model, m["profiles"], (ref["curve"], ref["final_accuracy"], ref["from"]) if ref else None)
+        for pname, pr in m["profiles"].items():
+            print_profile(model, pname, pr)
     print("\nchecks (adaptive setting; issue 14):")
     for model, m in report["models"].items():
         if not m["dense_curves_agree"]:
@@ -503,7 +542,7 @@ def main(argv):
                 e.pop("attributed", None)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
-    print(f"\nwrote {os.path.abspath(args.out)} ({report['config']['wall_s']:.0f} s)")
+    print(f"\nwrote {os.path.abspath(args.out)} (jobs: {report['config']['wall_s']:.0f} s)")
     return 0
 
 

@@ -136,10 +136,14 @@ def check(name, ok, detail):
 
 
 def adaptive_checks(profile, tta, static_settings, adaptive, dense_final, adaptive_final, curve_gap_pp,
-                    phase_decisions, phases_seen=True):
+                    phase_decisions, phases_seen=True, completed=True):
     """Issue 14's checks for the adaptive setting on one (model, profile).
     tta: {setting: seconds or None}; phase_decisions: attribute_decisions' output for the adaptive
-    job (None if it has none: no log); phases_seen: every phase of the profile had >= 1 step."""
+    job (None if it has none: no log); phases_seen: the job ran steps in the profile's phases;
+    completed: it ran all its steps. A bound already broken fails; one that holds on what an
+    incomplete job showed is N/A, not PASS."""
+    partial = "" if completed and phases_seen else \
+        (" (the job did not complete)" if not completed else " (the job did not see every phase)")
     out = []
     best, t_best = best_static(tta, static_settings)
     t = tta.get(adaptive)
@@ -164,12 +168,11 @@ def adaptive_checks(profile, tta, static_settings, adaptive, dense_final, adapti
         per = [len(p["settle"]) for p in phase_decisions]
         steady = sum(len(p["steady"]) for p in phase_decisions)
         worst = max(per) if per else 0
-        note = "" if phases_seen else " (the job did not see every phase)"
-        out.append(check("decisions_le_3_per_change", worst <= MAX_DECISIONS_PER_CHANGE,
-                         "settle-window decisions per phase (start, change 1, ...): " + str(per) + note))
-        out.append(check("no_decisions_while_steady", steady == 0,
+        out.append(check("decisions_le_3_per_change", _bound(worst <= MAX_DECISIONS_PER_CHANGE, partial),
+                         "settle-window decisions per phase (start, change 1, ...): " + str(per) + partial))
+        out.append(check("no_decisions_while_steady", _bound(steady == 0, partial),
                          f"{steady} decisions outside the settle windows, at steps "
-                         f"{[s for p in phase_decisions for s in p['steady']][:12]}" + note))
+                         f"{[s for p in phase_decisions for s in p['steady']][:12]}" + partial))
     if dense_final is None or adaptive_final is None:
         out.append(check("final_accuracy_within_0.5pp_of_dense", None, "a final accuracy is missing (timeout?)"))
     else:
@@ -179,9 +182,15 @@ def adaptive_checks(profile, tta, static_settings, adaptive, dense_final, adapti
     if curve_gap_pp is None:
         out.append(check("never_5pp_below_dense_curve", None, "no common evaluation step"))
     else:
-        out.append(check("never_5pp_below_dense_curve", curve_gap_pp <= CURVE_GAP_PP + 1e-9,
-                         f"largest gap below the dense curve {curve_gap_pp:.2f} pp"))
+        out.append(check("never_5pp_below_dense_curve",
+                         _bound(curve_gap_pp <= CURVE_GAP_PP + 1e-9, "" if completed else partial),
+                         f"largest gap below the dense curve {curve_gap_pp:.2f} pp" + ("" if completed else partial)))
     return out
+
+
+def _bound(holds, partial):
+    """FAIL when broken; N/A when it held only on part of the job; else PASS."""
+    return False if not holds else (None if partial else True)
 
 
 def finite_or_none(x):

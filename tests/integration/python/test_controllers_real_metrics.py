@@ -103,3 +103,18 @@ def test_steady_profile_has_no_beat_check_and_never_reaching_fails():
     assert s["decisions_le_3_per_change"] == "N/A" and s["final_accuracy_within_0.5pp_of_dense"] == "N/A"
     assert rm.best_static(tta, static) == ("dense", 10.0)
     assert rm.best_static({"dense": None}, ["dense"]) == (None, None)
+
+
+def test_an_incomplete_job_fails_broken_bounds_and_is_not_applicable_otherwise():
+    static = ["dense", "topk2"]
+    tta = {"dense": 10.0, "topk2": 9.0, "adaptive": None}
+    quiet = rm.attribute_decisions([7], rm.phases([37], 37), 40)        # failed at step 37, 1 decision
+    c = _statuses(rm.adaptive_checks("down", tta, static, "adaptive", 0.97, None, 0.9, quiet,
+                                     phases_seen=False, completed=False))
+    assert c["decisions_le_3_per_change"] == "N/A" and c["no_decisions_while_steady"] == "N/A"
+    assert c["never_5pp_below_dense_curve"] == "N/A" and c["time_within_5pct_of_best_static"] == "FAIL"
+    busy = rm.attribute_decisions([1, 2, 3, 4, 50], rm.phases([60], 60), 40)
+    c = _statuses(rm.adaptive_checks("down", tta, static, "adaptive", 0.97, None, 6.0, busy,
+                                     phases_seen=False, completed=False))
+    assert c["decisions_le_3_per_change"] == "FAIL" and c["no_decisions_while_steady"] == "FAIL"
+    assert c["never_5pp_below_dense_curve"] == "FAIL"
