@@ -121,6 +121,8 @@ class ProfileRunner(threading.Thread):
             while not self.stop.is_set() and self.t0 is None:
                 self.t0 = _read_t0(self.path)
                 self.stop.wait(0.01)
+            if self.t0 is None:  # stopped before the first step
+                return
             for planned, rate in self.changes[1:]:
                 if self.stop.wait(max(0.0, self.t0 + planned - time.monotonic())):
                     return
