@@ -51,7 +51,7 @@ sys.path.insert(0, HERE)
 import capped  # noqa: E402  (start_daemons, qdisc_sent, the fixed ports)
 import ddp_digits  # noqa: E402
 import real_metrics as rm  # noqa: E402
-from capped_net import CappedLink  # noqa: E402
+from capped_net import CHANGING_MIN_BURST, CappedLink  # noqa: E402
 from localjob import JobError, LocalJob  # noqa: E402
 
 PY = "/usr/bin/python3"
@@ -442,7 +442,7 @@ def main(argv):
                          "settle_steps": args.settle_steps, "job_timeout_s": args.job_timeout,
                          "steady_rate": args.steady_rate, "short": args.short, "cpus": os.cpu_count()},
               "link_check_mbit": {}, "models": {}}
-    with CappedLink("1gbit") as link:
+    with CappedLink("1gbit", min_burst=CHANGING_MIN_BURST) as link:
         rates = sorted({"1gbit", "500mbit", "50mbit", args.steady_rate})
         for r in rates:  # the caps hold, and set_rate moves them
             link.set_rate(r)
