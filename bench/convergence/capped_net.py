@@ -4,6 +4,7 @@ bench/convergence/capped.py; needs root).
     with CappedLink("100mbit") as link:
         link.exec_argv(0, ["sparsecard", ...])     # ["ip", "netns", "exec", <ns of node 0>, ...]
         link.addr[0], link.dev[0]                  # 10.77.0.1, the veth end inside node 0's ns
+        link.set_rate("50mbit")                    # both ends, while traffic flows
 
 Everything it creates carries this process's pid in its name; teardown deletes exactly the
 namespaces it created (which removes the veth pair with them) and nothing else. It runs on
@@ -30,11 +31,19 @@ def rate_bits(rate):
     return float(m.group(1)) * {None: 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)]
 
 
-def tbf_params(rate):
-    """burst and latency for a tbf that holds `rate`: a burst of ~2 ms of traffic (>= 32 KiB so
-    that one TSO/GSO super-packet passes without being split into many) and a queue of ~20 ms."""
+# The burst floor of a link whose rate changes (CappedLink(min_burst=...), set_rate): tbf never
+# sends a queued packet larger than its burst, and packets queued under a faster rate's burst are
+# GSO super-packets of up to 64 KiB + headers; with 32 KiB after a change to 50mbit a TCP stream
+# stalled for good (measured: 2-47 packets of ~68 KB stuck in the backlog, nothing sent).
+CHANGING_MIN_BURST = 128 * 1024
+
+
+def tbf_params(rate, min_burst=32 * 1024):
+    """burst and latency for a tbf that holds `rate`: a burst of ~2 ms of traffic (>= min_burst,
+    32 KiB by default, so that one TSO/GSO super-packet passes without being split into many) and
+    a queue of ~20 ms."""
     bps = rate_bits(rate)
-    burst = max(32 * 1024, int(bps / 8 * 0.002))
+    burst = max(min_burst, int(bps / 8 * 0.002))
     return {"rate": rate, "burst": f"{burst}b", "latency": "20ms"}
 
 
@@ -46,12 +55,13 @@ def _run(argv, check=True):
 
 
 class CappedLink:
-    def __init__(self, rate, nodes=2, tag=None):
+    def __init__(self, rate, nodes=2, tag=None, min_burst=32 * 1024):
         if nodes != 2:
             raise ValueError("CappedLink joins exactly 2 namespaces (one veth pair)")
         tag = tag or str(os.getpid())
         self.rate = rate
-        self.tbf = tbf_params(rate)
+        self.min_burst = min_burst  # CHANGING_MIN_BURST for a link that will set_rate()
+        self.tbf = tbf_params(rate, min_burst)
         self.ns = [f"sccap-{tag}-a", f"sccap-{tag}-b"]
         self.dev = [f"scv{tag}a", f"scv{tag}b"]  # IFNAMSIZ: <= 15 characters
         if any(len(d) > 15 for d in self.dev):
@@ -96,6 +106,20 @@ class CappedLink:
             while self._created:
                 ns = self._created.pop()
                 _run(["ip", "netns", "del", ns], check=False)  # removes its veth end (and so the pair)
+
+    def set_rate(self, rate):
+        """Changes both ends' tbf to `rate` (burst and queue as at creation: tbf_params) while
+        traffic flows: `tc qdisc change` keeps the qdisc, its backlog and its counters. Returns
+        when both ends run the new rate (node 0's end first, node 1's a few ms later). Create the
+        link with min_burst=CHANGING_MIN_BURST: a packet queued under the old rate that is larger
+        than the new burst is never sent, and the link stalls."""
+        if self.min_burst < CHANGING_MIN_BURST:
+            raise ValueError("set_rate needs a link created with min_burst >= CHANGING_MIN_BURST")
+        tbf = tbf_params(rate, self.min_burst)
+        for i, ns in enumerate(self.ns):
+            _run(["tc", "-n", ns, "qdisc", "change", "dev", self.dev[i], "root", "tbf", "rate", tbf["rate"],
+                  "burst", tbf["burst"], "latency", tbf["latency"]])
+        self.rate, self.tbf = rate, tbf
 
     def exec_argv(self, node, argv):
         return ["ip", "netns", "exec", self.ns[node]] + list(argv)

@@ -129,6 +129,7 @@ def trainer(args):
         it = batches()
         dist.barrier()
         t0 = time.monotonic()
+        progress = _Progress(args.progress, t0) if args.progress and rank == 0 else None
         for step in range(args.steps):
             ts = time.monotonic()
             idx = next(it)
@@ -146,12 +147,18 @@ def trainer(args):
                 hook_state.report_metric("loss", loss.item())
             if step % 10 == 0 or step == args.steps - 1:
                 losses.append([step, float(loss.item())])
+            if progress is not None:
+                progress.step(step + 1)
             if args.eval_every and ((step + 1) % args.eval_every == 0 or step == args.steps - 1):
                 te = time.monotonic()
                 with torch.no_grad():
                     a = float((model.module(xt).argmax(1) == yt).float().mean())
                 curve.append([step + 1, te - t0 - eval_s, a])
                 eval_s += time.monotonic() - te
+                if progress is not None:
+                    progress.eval(curve[-1])
+        if progress is not None:
+            progress.close()
         dist.barrier()
         wall = time.monotonic() - t0 - eval_s
         if timing is not None:
@@ -187,6 +194,30 @@ def trainer(args):
         json.dump(results, f)
     dist.barrier()
     dist.destroy_process_group()
+
+
+class _Progress:
+    """--progress FILE (rank 0): one JSON line as training starts ({"t0": time.monotonic()}), one per
+    step ({"s": steps done, "t": wall seconds since t0, evaluations included}) and one per
+    evaluation ({"s", "train_s", "acc"}: the curve's point), flushed as written, so a launcher can
+    start a rate profile at the first step and still read the curve of a job it had to stop."""
+
+    def __init__(self, path, t0):
+        self._f = open(path, "w")
+        self._t0 = t0
+        self._f.write(json.dumps({"t0": t0}) + "\n")
+        self._f.flush()
+
+    def step(self, steps):
+        self._f.write(f'{{"s": {steps}, "t": {time.monotonic() - self._t0:.6f}}}\n')
+        self._f.flush()
+
+    def eval(self, point):
+        self._f.write(json.dumps({"s": point[0], "train_s": point[1], "acc": point[2]}) + "\n")
+        self._f.flush()
+
+    def close(self):
+        self._f.close()
 
 
 class _CountingDist:
@@ -360,6 +391,8 @@ def parse(argv):
                    help="test accuracy every N steps into a curve (evaluation time kept out of the clock)")
     p.add_argument("--report-compute-time", action="store_true",
                    help="report each step's compute time to the daemon (metric compute_time, seconds)")
+    p.add_argument("--progress", help="trainer rank 0: per-step wall times and the curve as JSON lines, "
+                   "written as training goes (bench/controllers/real.py reads them)")
     return p.parse_args(argv)
 
 

@@ -1,0 +1,197 @@
+"""The arithmetic of `scripts/bench controllers --real` (bench/controllers/real.py): time to
+accuracy, the gap to the dense curve, mapping rate changes (seconds) to training steps, decisions
+attributed to rate changes or to steady rates, and issue 14's checks. Pure functions of plain
+lists and dicts: no processes, no clock, no files; standard library only, so the unit test
+(tests/integration/python/test_controllers_real_metrics.py) runs in a fraction of a second.
+
+Conventions (docs/controllers.md, "Real jobs"):
+  curve        [[steps done, training seconds (evaluation excluded), test accuracy], ...]
+  step_end_s   rank 0's wall time (seconds since its first training step) at the end of each
+               step, index i = step i (0-based); evaluation pauses included (it is wall time)
+  change_s     [(seconds since the first training step, rate), ...] when each rate change took
+               effect on the link (after `tc qdisc change` returned)
+  decision     {"step": the step whose observation triggered it, ...} (rank 0's log)
+"""
+
+import bisect
+import math
+import re
+
+CHANGING_PROFILES = ("down", "up", "oscillating")
+
+# Issue 14's bounds.
+TTA_SLACK = 0.05          # adaptive within 5 % of the best static setting in hindsight
+MAX_DECISIONS_PER_CHANGE = 3
+FINAL_ACCURACY_PP = 0.5   # final accuracy at most 0.5 pp below dense
+CURVE_GAP_PP = 5.0        # never more than 5 pp below the dense curve at the same step
+
+
+def time_to_accuracy(curve, target):
+    """(training seconds, steps) at the first evaluation at or above target; (None, None) if
+    none is. The 1e-9 slack makes a run that ends exactly at the target count."""
+    for steps, secs, acc in curve:
+        if acc >= target - 1e-9:
+            return secs, steps
+    return None, None
+
+
+def gap_to_dense(dense_curve, curve):
+    """The largest (dense accuracy - this accuracy) over the evaluation steps both curves have,
+    in percentage points, and the step where it is; (None, None) without a common step.
+    Negative when the curve is above dense everywhere."""
+    dense = {steps: acc for steps, _, acc in dense_curve}
+    worst, at = None, None
+    for steps, _, acc in curve:
+        if steps in dense:
+            gap = 100.0 * (dense[steps] - acc)
+            if worst is None or gap > worst + 1e-12:
+                worst, at = gap, steps
+    return worst, at
+
+
+def steps_done_at(step_end_s, t):
+    """Steps finished by time t: the 0-based index of the step in progress at t (len when the job
+    had ended)."""
+    return bisect.bisect_right(step_end_s, t)
+
+
+def change_steps(step_end_s, change_s):
+    """Each rate change's step: the step in progress when the link changed."""
+    return [steps_done_at(step_end_s, t) for t, _ in change_s]
+
+
+def phases(change_at_steps, steps_total):
+    """Phase i = steps [start_i, end_i): phase 0 from step 0 (the job's start), phase i >= 1
+    from change i. A change after the job ended gives an empty phase (start = end = steps_total)."""
+    starts = [0] + [min(s, steps_total) for s in change_at_steps]
+    ends = starts[1:] + [steps_total]
+    return [(a, max(a, b)) for a, b in zip(starts, ends)]
+
+
+def attribute_decisions(decision_steps, phase_ranges, settle_steps):
+    """Splits decisions by phase and, inside a phase, into its settle window (the first
+    settle_steps steps of the phase: the reaction to the change that started it, or to the job's
+    start in phase 0) and its steady part (the rest). A decision at step s belongs to the last
+    phase starting at or before s. Returns one dict per phase."""
+    out = [{"start": a, "end": b, "settle_end": min(b, a + settle_steps), "settle": [], "steady": []}
+           for a, b in phase_ranges]
+    starts = [a for a, _ in phase_ranges]
+    for s in decision_steps:
+        i = bisect.bisect_right(starts, s) - 1
+        while i > 0 and phase_ranges[i][0] == phase_ranges[i][1]:  # empty phases own nothing
+            i -= 1
+        if i < 0:
+            i = 0
+        p = out[i]
+        (p["settle"] if s < p["settle_end"] else p["steady"]).append(s)
+    return out
+
+
+def phase_step_times(step_end_s, phase_ranges):
+    """Mean wall seconds per step in each phase (None for an empty phase)."""
+    out = []
+    for a, b in phase_ranges:
+        if b <= a or b > len(step_end_s):
+            out.append(None)
+            continue
+        t_start = step_end_s[a - 1] if a > 0 else 0.0
+        out.append((step_end_s[b - 1] - t_start) / (b - a))
+    return out
+
+
+_DECISION = re.compile(r"decision epoch (\d+) from step (\d+) \((.*)\): (.*)$")
+_AT_STEP = re.compile(r"^controller (\S+) at step (\d+): ?(.*)$")
+
+
+def parse_decisions(log_lines):
+    """Rank 0's 'decision epoch E from step S (controller NAMES at step s: what): knob=value'
+    lines (DecisionBoard, INFO). Only the controllers' decisions (not 'control: ...' ones from
+    sparsecarctl). Returns [{"epoch", "effective_step", "step", "controllers", "change", "knobs"}]."""
+    out = []
+    for line in log_lines:
+        m = _DECISION.search(line)
+        if not m:
+            continue
+        r = _AT_STEP.match(m.group(3))
+        if not r:
+            continue
+        out.append({"epoch": int(m.group(1)), "effective_step": int(m.group(2)), "controllers": r.group(1),
+                    "step": int(r.group(2)), "change": r.group(3)[:200], "knobs": m.group(4).strip()[:200]})
+    return out
+
+
+def best_static(tta, static_settings):
+    """(setting, seconds) of the static setting that reached the target first; (None, None) if
+    none did. tta: {setting: seconds or None}."""
+    reached = [(t, s) for s, t in tta.items() if s in static_settings and t is not None]
+    if not reached:
+        return None, None
+    t, s = min(reached)
+    return s, t
+
+
+def check(name, ok, detail):
+    """One check: ok is True, False, or None (not applicable / not measurable)."""
+    return {"check": name, "status": "N/A" if ok is None else ("PASS" if ok else "FAIL"), "detail": detail}
+
+
+def adaptive_checks(profile, tta, static_settings, adaptive, dense_final, adaptive_final, curve_gap_pp,
+                    phase_decisions, phases_seen=True, completed=True):
+    """Issue 14's checks for the adaptive setting on one (model, profile).
+    tta: {setting: seconds or None}; phase_decisions: attribute_decisions' output for the adaptive
+    job (None if it has none: no log); phases_seen: the job ran steps in the profile's phases;
+    completed: it ran all its steps. A bound already broken fails; one that holds on what an
+    incomplete job showed is N/A, not PASS."""
+    partial = "" if completed and phases_seen else \
+        (" (the job did not complete)" if not completed else " (the job did not see every phase)")
+    out = []
+    best, t_best = best_static(tta, static_settings)
+    t = tta.get(adaptive)
+    fmt = lambda x: "never" if x is None else f"{x:.2f} s"  # noqa: E731
+    if t_best is None:
+        out.append(check("time_within_5pct_of_best_static", None, "no static setting reached the target"))
+    else:
+        ok = t is not None and t <= (1.0 + TTA_SLACK) * t_best
+        out.append(check("time_within_5pct_of_best_static", ok,
+                         f"adaptive {fmt(t)} vs best static {best} {fmt(t_best)} (bound {fmt((1 + TTA_SLACK) * t_best)})"))
+    if profile in CHANGING_PROFILES:
+        if t_best is None:
+            out.append(check("time_beats_every_static", None, "no static setting reached the target"))
+        else:
+            slower = [s for s in static_settings if s in tta and tta[s] is not None and (t is None or tta[s] <= t)]
+            out.append(check("time_beats_every_static", t is not None and not slower,
+                             f"adaptive {fmt(t)}; static at or below it: {', '.join(slower) or 'none'}"))
+    if phase_decisions is None:
+        out.append(check("decisions_le_3_per_change", None, "no decision log"))
+        out.append(check("no_decisions_while_steady", None, "no decision log"))
+    else:
+        per = [len(p["settle"]) for p in phase_decisions]
+        steady = sum(len(p["steady"]) for p in phase_decisions)
+        worst = max(per) if per else 0
+        out.append(check("decisions_le_3_per_change", _bound(worst <= MAX_DECISIONS_PER_CHANGE, partial),
+                         "settle-window decisions per phase (start, change 1, ...): " + str(per) + partial))
+        out.append(check("no_decisions_while_steady", _bound(steady == 0, partial),
+                         f"{steady} decisions outside the settle windows, at steps "
+                         f"{[s for p in phase_decisions for s in p['steady']][:12]}" + partial))
+    if dense_final is None or adaptive_final is None:
+        out.append(check("final_accuracy_within_0.5pp_of_dense", None, "a final accuracy is missing (timeout?)"))
+    else:
+        d = 100.0 * (dense_final - adaptive_final)
+        out.append(check("final_accuracy_within_0.5pp_of_dense", d <= FINAL_ACCURACY_PP + 1e-9,
+                         f"adaptive {100 * adaptive_final:.2f} % vs dense {100 * dense_final:.2f} % ({-d:+.2f} pp)"))
+    if curve_gap_pp is None:
+        out.append(check("never_5pp_below_dense_curve", None, "no common evaluation step"))
+    else:
+        out.append(check("never_5pp_below_dense_curve",
+                         _bound(curve_gap_pp <= CURVE_GAP_PP + 1e-9, "" if completed else partial),
+                         f"largest gap below the dense curve {curve_gap_pp:.2f} pp" + ("" if completed else partial)))
+    return out
+
+
+def _bound(holds, partial):
+    """FAIL when broken; N/A when it held only on part of the job; else PASS."""
+    return False if not holds else (None if partial else True)
+
+
+def finite_or_none(x):
+    return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else x

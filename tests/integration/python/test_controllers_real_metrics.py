@@ -1,0 +1,120 @@
+"""The arithmetic of `scripts/bench controllers --real` (bench/controllers/real_metrics.py) on
+small hand-made curves, step times and decision logs: time to accuracy, the gap below the dense
+curve, rate changes mapped to steps, decisions attributed to a change's settle window or to a
+steady rate, and issue 14's checks. No processes, no root; well under a second."""
+import os
+import sys
+
+from conftest import ROOT
+
+sys.path.insert(0, os.path.join(ROOT, "bench", "controllers"))
+
+import real_metrics as rm  # noqa: E402
+
+DENSE = [[10, 1.0, 0.50], [20, 2.0, 0.80], [30, 3.0, 0.90], [40, 4.0, 0.95]]
+
+
+def test_time_to_accuracy_is_the_first_evaluation_at_or_above_the_target():
+    curve = [[10, 0.5, 0.60], [20, 1.1, 0.951], [30, 1.6, 0.94], [40, 2.2, 0.96]]
+    assert rm.time_to_accuracy(curve, 0.95) == (1.1, 20)
+    assert rm.time_to_accuracy(DENSE, 0.95) == (4.0, 40)        # dense reaches its own final value
+    assert rm.time_to_accuracy(curve, 0.97) == (None, None)
+    assert rm.time_to_accuracy([], 0.5) == (None, None)
+
+
+def test_gap_to_dense_is_the_largest_shortfall_at_shared_steps():
+    curve = [[10, 0.4, 0.52], [20, 0.8, 0.72], [30, 1.2, 0.89], [50, 2.0, 0.10]]  # step 50: no dense point
+    gap, at = rm.gap_to_dense(DENSE, curve)
+    assert abs(gap - 8.0) < 1e-9 and at == 20                  # 0.80 - 0.72
+    gap, at = rm.gap_to_dense(DENSE, [[10, 0.1, 0.60], [40, 0.4, 0.99]])
+    assert abs(gap - (-4.0)) < 1e-9 and at == 40               # above dense everywhere: negative
+    assert rm.gap_to_dense(DENSE, [[15, 0.1, 0.5]]) == (None, None)
+
+
+def test_rate_changes_map_to_the_step_in_progress():
+    step_end = [0.1, 0.2, 0.3, 0.5, 0.9, 1.3]                  # 6 steps; the 4th..6th slow
+    assert rm.steps_done_at(step_end, 0.05) == 0
+    assert rm.steps_done_at(step_end, 0.2) == 2                # a step ending exactly then counts as done
+    assert rm.steps_done_at(step_end, 0.6) == 4
+    assert rm.steps_done_at(step_end, 9.0) == 6                # after the job: len
+    assert rm.change_steps(step_end, [(0.25, "50mbit"), (2.0, "1gbit")]) == [2, 6]
+    assert rm.phases([2, 6], 6) == [(0, 2), (2, 6), (6, 6)]
+    times = rm.phase_step_times(step_end, [(0, 2), (2, 6), (6, 6)])
+    assert abs(times[0] - 0.1) < 1e-12 and abs(times[1] - 0.275) < 1e-12 and times[2] is None
+
+
+def test_decisions_split_into_settle_windows_and_steady_parts():
+    # 3 phases: [0, 100) start-up, [100, 250) after change 1, [250, 400) after change 2; window 40.
+    ranges = rm.phases([100, 250], 400)
+    got = rm.attribute_decisions([3, 10, 60, 101, 139, 140, 250, 255, 300, 399], ranges, 40)
+    assert [p["settle"] for p in got] == [[3, 10], [101, 139], [250, 255]]
+    assert [p["steady"] for p in got] == [[60], [140], [300, 399]]
+    assert [p["settle_end"] for p in got] == [40, 140, 290]
+    # A phase shorter than the window is all window; a change after the job ended owns nothing.
+    got = rm.attribute_decisions([5, 12, 30], rm.phases([10, 50], 35), 40)
+    assert [p["settle"] for p in got] == [[5], [12, 30], []] and [p["steady"] for p in got] == [[], [], []]
+
+
+def test_parse_decisions_reads_rank_0s_controller_lines_only():
+    log = [
+        "[info] decision epoch 1 from step 4 (controller bandwidth at step 2: density_cap 1 -> 0.004): density_cap=0.004",
+        "[info] decision epoch 2 from step 9 (control: set): density=0.01",
+        "[info] some other line",
+        "[info] decision epoch 3 from step 60 (controller budget at step 57: threshold 0.01 -> 0.02 (x2.0)): threshold=0.02",
+    ]
+    d = rm.parse_decisions(log)
+    assert [(x["epoch"], x["effective_step"], x["step"], x["controllers"]) for x in d] == \
+        [(1, 4, 2, "bandwidth"), (3, 60, 57, "budget")]
+    assert d[0]["knobs"] == "density_cap=0.004" and d[1]["change"].startswith("threshold 0.01 -> 0.02")
+
+
+def _statuses(checks):
+    return {c["check"]: c["status"] for c in checks}
+
+
+def test_checks_pass_and_fail_on_the_bounds():
+    static = ["dense", "topk0.5", "topk2"]
+    tta = {"dense": 10.0, "topk0.5": 8.0, "topk2": 9.0, "adaptive": 7.9}
+    settled = rm.attribute_decisions([2, 101, 103, 105], rm.phases([100], 300), 40)
+    c = _statuses(rm.adaptive_checks("down", tta, static, "adaptive", 0.97, 0.966, 4.9, settled))
+    assert c == {"time_within_5pct_of_best_static": "PASS", "time_beats_every_static": "PASS",
+                 "decisions_le_3_per_change": "PASS", "no_decisions_while_steady": "PASS",
+                 "final_accuracy_within_0.5pp_of_dense": "PASS", "never_5pp_below_dense_curve": "PASS"}
+    # 8.4 s is within 5 % of 8.0 s (8.4 <= 8.4) but does not beat it; 4 decisions after a change;
+    # one in a steady part; 0.6 pp below dense at the end; 5.1 pp below the curve once.
+    tta["adaptive"] = 8.4
+    busy = rm.attribute_decisions([101, 102, 103, 104, 200], rm.phases([100], 300), 40)
+    c = _statuses(rm.adaptive_checks("down", tta, static, "adaptive", 0.97, 0.964, 5.1, busy))
+    assert c == {"time_within_5pct_of_best_static": "PASS", "time_beats_every_static": "FAIL",
+                 "decisions_le_3_per_change": "FAIL", "no_decisions_while_steady": "FAIL",
+                 "final_accuracy_within_0.5pp_of_dense": "FAIL", "never_5pp_below_dense_curve": "FAIL"}
+    tta["adaptive"] = 8.41
+    assert _statuses(rm.adaptive_checks("down", tta, static, "adaptive", 0.97, 0.97, 0.0, busy))[
+        "time_within_5pct_of_best_static"] == "FAIL"
+
+
+def test_steady_profile_has_no_beat_check_and_never_reaching_fails():
+    static = ["dense", "topk0.5"]
+    tta = {"dense": 10.0, "topk0.5": None, "adaptive": None}
+    c = rm.adaptive_checks("steady", tta, static, "adaptive", 0.97, None, None, None)
+    s = _statuses(c)
+    assert "time_beats_every_static" not in s
+    assert s["time_within_5pct_of_best_static"] == "FAIL"           # adaptive never reached it
+    assert s["decisions_le_3_per_change"] == "N/A" and s["final_accuracy_within_0.5pp_of_dense"] == "N/A"
+    assert rm.best_static(tta, static) == ("dense", 10.0)
+    assert rm.best_static({"dense": None}, ["dense"]) == (None, None)
+
+
+def test_an_incomplete_job_fails_broken_bounds_and_is_not_applicable_otherwise():
+    static = ["dense", "topk2"]
+    tta = {"dense": 10.0, "topk2": 9.0, "adaptive": None}
+    quiet = rm.attribute_decisions([7], rm.phases([37], 37), 40)        # failed at step 37, 1 decision
+    c = _statuses(rm.adaptive_checks("down", tta, static, "adaptive", 0.97, None, 0.9, quiet,
+                                     phases_seen=False, completed=False))
+    assert c["decisions_le_3_per_change"] == "N/A" and c["no_decisions_while_steady"] == "N/A"
+    assert c["never_5pp_below_dense_curve"] == "N/A" and c["time_within_5pct_of_best_static"] == "FAIL"
+    busy = rm.attribute_decisions([1, 2, 3, 4, 50], rm.phases([60], 60), 40)
+    c = _statuses(rm.adaptive_checks("down", tta, static, "adaptive", 0.97, None, 6.0, busy,
+                                     phases_seen=False, completed=False))
+    assert c["decisions_le_3_per_change"] == "FAIL" and c["no_decisions_while_steady"] == "FAIL"
+    assert c["never_5pp_below_dense_curve"] == "FAIL"
