@@ -21,9 +21,10 @@
 // alpha and beta cannot be told apart, so the first decision runs 4x the density asked for (at
 // most kProbeSteps steps); the decision after it is not held back.
 //
-// No flip-flops: the plan in force is kept while its price stays within 3 x slack of the
-// cheapest; a move down (it is too slow) or up (a plan at least 4x denser, or the dense ring,
-// fits the slack) needs `step_confirm_steps` consecutive observations that want it, and
+// No flip-flops: a plan that proved too slow in force (and anything denser) is not chosen again
+// until a link changes rate (a shaper's burst makes small messages predict large ones badly); the
+// plan in force is kept while its price stays within 3 x slack of the cheapest; a move down (it
+// is too slow) or up (a plan at least 4x denser, or the dense ring, fits the slack) needs `step_confirm_steps` consecutive observations that want it, and
 // `step_hold_steps` steps since the last decision. A link rate change moves the fits at once
 // (LinkFit restarts after 2 steps off by 2x), so it gives one decision, or two when the first
 // plan's own samples correct the fit (e.g. the dense ring's large messages meet a rate that
@@ -86,8 +87,21 @@ class StepController final : public Controller {
     // Candidates, sparse ones ascending in density, then the ring.
     std::vector<Candidate> c;
     const double top = std::min(s.density_max, 0.5);
-    for (double d = q; d <= top * (1 + 1e-9) && c.size() < 24; d *= 2) c.push_back({false, d, price_sparse(d, w, knobs->format)});
-    if (s.step.allow_dense) c.push_back({true, 1.0, price_dense(w)});
+    // A ceiling set when a plan proved too slow in force keeps it (and anything denser) out until
+    // a link changes rate: the fits are linear, a shaper is not (its burst serves small messages
+    // faster than its rate), so what the small messages predict for a plan already tried loses
+    // against what it measured.
+    const uint64_t changes = total_link_changes();
+    if (o.step <= last_decision_step_ + 2 * s.step.hold_steps) {
+      ceiling_changes_ = changes;  // the fits settling on the new plan's sizes: not a rate change
+    } else if (changes > ceiling_changes_) {
+      ceiling_ = 2.0;
+    }
+    for (double d = q; d <= top * (1 + 1e-9) && c.size() < 24; d *= 2) {
+      if (d >= ceiling_ && !c.empty()) break;
+      c.push_back({false, d, price_sparse(d, w, knobs->format)});
+    }
+    if (s.step.allow_dense && ceiling_ > 1.0) c.push_back({true, 1.0, price_dense(w)});
     if (c.empty()) return hold(ctx, "no candidate plan");
     double cheapest = c.front().price;
     for (const Candidate& x : c) cheapest = std::min(cheapest, x.price);
@@ -134,6 +148,10 @@ class StepController final : public Controller {
     }
     const bool may = !decided_ || probe_ended_ || o.step >= last_decision_step_ + s.step.hold_steps;
     if (want_ != 0 && wanted_ >= std::max<uint64_t>(s.step.confirm_steps, 1) && may) {
+      if (want_ < 0) {
+        ceiling_ = in_dense ? 1.0 : in_density;  // proved too slow: not again before a rate change
+        ceiling_changes_ = changes;
+      }
       decided_ = true;
       dense_ = best.dense;
       density_ = best.dense ? in_density : best.density;
@@ -156,6 +174,12 @@ class StepController final : public Controller {
     std::map<std::pair<uint32_t, uint32_t>, std::vector<LinkFit::Sample>> batches;
     for (const LinkPairSample& l : o.link_samples) batches[{l.from, l.to}].push_back({l.bytes, l.seconds});
     for (auto& [pair, batch] : batches) links_[pair].add_step(batch, forget, 2);
+  }
+
+  uint64_t total_link_changes() const {
+    uint64_t n = 0;
+    for (const auto& [pair, fit] : links_) n += fit.changes();
+    return n;
   }
 
   bool any_link_separated() const {
@@ -273,6 +297,8 @@ class StepController final : public Controller {
   double density_ = 0;
   int want_ = 0;
   uint64_t wanted_ = 0;
+  double ceiling_ = 2.0;  // plans of this density or more (dense: 1) are out; > 1: none
+  uint64_t ceiling_changes_ = 0;
   uint64_t last_decision_step_ = 0;
 };
 

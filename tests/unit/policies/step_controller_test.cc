@@ -124,6 +124,8 @@ struct Plant {
   double ring = 1.5e-9;            // seconds per element of a dense ring step
   double compute = 0.01;           // the trainer's time per step
   double noise = 0.0;              // log-uniform ± on every measured time
+  uint64_t burst = 0;              // a shaper's burst: the first `burst` bytes go at `line` s/byte
+  double line = 0;
   uint64_t seed = 1;
   std::mt19937_64 rng{1};
 
@@ -138,14 +140,21 @@ struct Plant {
     return std::clamp<uint64_t>(k < 1 ? 1 : static_cast<uint64_t>(k), 1, n);
   }
 
+  // A message's time on the link (a token bucket: its burst at line rate, the rest at beta).
+  double link(double beta, uint64_t b) const {
+    if (burst == 0) return alpha + beta * static_cast<double>(b);
+    const uint64_t fast = std::min(b, burst);
+    return alpha + line * static_cast<double>(fast) + beta * static_cast<double>(b - fast);
+  }
+
   // The true time a plan adds to a step at link `beta` (the controller's model, with the truth).
   double true_price(bool dense, double d, double beta) const {
     double t = compute;
     for (uint64_t n : tensors) {
       if (dense) {
-        t += ring * static_cast<double>(n) + 2.0 * (world - 1) * (alpha + beta * static_cast<double>(ring_chunk(n)));
+        t += ring * static_cast<double>(n) + 2.0 * (world - 1) * link(beta, ring_chunk(n));
       } else {
-        t += encode * static_cast<double>(n) + alpha + beta * static_cast<double>(sparse_message(n, d)) +
+        t += encode * static_cast<double>(n) + link(beta, sparse_message(n, d)) +
              decode * static_cast<double>(world - 1) * static_cast<double>(k_of(n, d));
       }
     }
@@ -171,11 +180,11 @@ struct Plant {
           if (from == to) continue;
           if (k.compression) {
             const uint64_t b = sparse_message(n, d);
-            o.link_samples.push_back({from, to, b, (alpha + beta * static_cast<double>(b)) * jitter()});
+            o.link_samples.push_back({from, to, b, link(beta, b) * jitter()});
           } else {
             const uint64_t b = ring_chunk(n);
             for (uint32_t phase = 0; phase < 2 * (world - 1); ++phase) {
-              o.link_samples.push_back({from, to, b, (alpha + beta * static_cast<double>(b)) * jitter()});
+              o.link_samples.push_back({from, to, b, link(beta, b) * jitter()});
             }
           }
         }
@@ -336,6 +345,28 @@ TEST(StepController, OneMessageSizeIsProbedOnceThenTheLatencyIsNotChargedPerByte
   EXPECT_LE(r.decisions.size(), 3u) << "probe + its answer (+ one correction at most)";
   expect_near_cheapest(r, 60, 200, "after the probe");
   EXPECT_GT(r.in_force[199].density, 0.001) << "denser than asked: at 1 Gbit/s it is nearly free";
+}
+
+TEST(StepController, AShapersBurstDoesNotMakeItFlipBetweenTheRingAndSparse) {
+  // tbf at 200 Mbit/s with a 32 KiB burst at 10 Gbit/s: sparse messages (a few KB) cross at line
+  // rate, so a linear fit from them prices the ring's 170 KB chunks far too low. The real job did
+  // ring -> sparse -> ring ... every ~60 steps; once the ring proved too slow it must stay out.
+  Plant plant;
+  plant.tensors = {65'536, 16'384, 2'560, 256, 10};  // ≈ 85 k parameters
+  plant.compute = 0.02;
+  plant.noise = 0.1;
+  plant.burst = 32 * 1024;
+  plant.line = 1.0 / 1.25e9;
+  const double rate200M = 1.0 / 25e6;
+  const auto r = run_profile(plant, 0.001, 600, [&](uint64_t) { return rate200M; });
+  size_t ring_decisions = 0;
+  for (size_t s = 1; s < r.in_force.size(); ++s) {
+    if (r.in_force[s - 1].compression && !r.in_force[s].compression) ++ring_decisions;
+  }
+  EXPECT_LE(ring_decisions, 1u) << "tried once, proved too slow, not again at the same rate";
+  EXPECT_LE(r.decisions.size(), 4u);
+  EXPECT_EQ(decisions_in(r, 150, 600), 0u) << "steady: it must have settled";
+  expect_near_cheapest(r, 150, 600, "200 Mbit/s behind a burst");
 }
 
 TEST(StepController, HoldsAndSaysWhyWithoutLinkSamples) {
