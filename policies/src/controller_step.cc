@@ -22,11 +22,11 @@
 // most kProbeSteps steps); the decision after it is not held back.
 //
 // No flip-flops: a plan that proved too slow in force (and anything denser) is not chosen again
-// until a link changes rate (a shaper's burst makes small messages predict large ones badly); the
+// until a link gets faster (a shaper's burst makes small messages predict large ones badly); the
 // plan in force is kept while its price stays within 3 x slack of the cheapest; a move down (it
 // is too slow) or up (a plan at least 4x denser, or the dense ring, fits the slack) needs `step_confirm_steps` consecutive observations that want it, and
 // `step_hold_steps` steps since the last decision. A link rate change moves the fits at once
-// (LinkFit restarts after 2 steps off by 2x), so it gives one decision, or two when the first
+// (LinkFit restarts after 3 steps off by 2x), so it gives one decision, or two when the first
 // plan's own samples correct the fit (e.g. the dense ring's large messages meet a rate that
 // small messages, served from a shaper's burst, hid).
 #include "controller_internal.h"
@@ -51,6 +51,9 @@ constexpr double kPriorDecodePerEntry = 5e-9;
 constexpr double kPriorRingPerElement = 2e-9;
 constexpr double kCostSmoothing = 0.2;  // EMA weight of a new compute-cost sample (log domain)
 constexpr uint64_t kProbeSteps = 20;    // the start-up probe's longest run
+// Steps in a row off the link fit by 2x that make a rate change: 3, so that the scheduling noise
+// of a loaded host on small messages (two slow steps) restarts no fit.
+constexpr uint64_t kChangeConfirmSteps = 3;
 
 double smooth_log(double mean, double sample, double alpha) {
   if (!(mean > 0)) return sample;
@@ -88,7 +91,7 @@ class StepController final : public Controller {
     std::vector<Candidate> c;
     const double top = std::min(s.density_max, 0.5);
     // A ceiling set when a plan proved too slow in force keeps it (and anything denser) out until
-    // a link changes rate: the fits are linear, a shaper is not (its burst serves small messages
+    // a link gets faster: the fits are linear, a shaper is not (its burst serves small messages
     // faster than its rate), so what the small messages predict for a plan already tried loses
     // against what it measured.
     const uint64_t changes = total_link_changes();
@@ -149,7 +152,7 @@ class StepController final : public Controller {
     const bool may = !decided_ || probe_ended_ || o.step >= last_decision_step_ + s.step.hold_steps;
     if (want_ != 0 && wanted_ >= std::max<uint64_t>(s.step.confirm_steps, 1) && may) {
       if (want_ < 0) {
-        ceiling_ = in_dense ? 1.0 : in_density;  // proved too slow: not again before a rate change
+        ceiling_ = in_dense ? 1.0 : in_density;  // proved too slow: not again before a faster link
         ceiling_changes_ = changes;
       }
       decided_ = true;
@@ -173,12 +176,13 @@ class StepController final : public Controller {
   void feed_links(const JobObservation& o, double forget) {
     std::map<std::pair<uint32_t, uint32_t>, std::vector<LinkFit::Sample>> batches;
     for (const LinkPairSample& l : o.link_samples) batches[{l.from, l.to}].push_back({l.bytes, l.seconds});
-    for (auto& [pair, batch] : batches) links_[pair].add_step(batch, forget, 2);
+    for (auto& [pair, batch] : batches) links_[pair].add_step(batch, forget, kChangeConfirmSteps);
   }
 
+  // Rate changes after which a link got faster: what may make a plan that proved too slow cheap.
   uint64_t total_link_changes() const {
     uint64_t n = 0;
-    for (const auto& [pair, fit] : links_) n += fit.changes();
+    for (const auto& [pair, fit] : links_) n += fit.faster_changes();
     return n;
   }
 

@@ -75,6 +75,7 @@ void LinkFit::add_step(std::span<const Sample> batch, double forget, uint64_t co
       w_ = sb_ = st_ = sbb_ = sbt_ = 0;
       samples_ = 0;
       for (const auto& b : outliers_) accumulate(b, 1.0);
+      if (outlier_side_ < 0) ++faster_changes_;
       outliers_.clear();
       outlier_side_ = 0;
       ++changes_;

@@ -37,6 +37,7 @@ class LinkFit {
   double beta() const { return beta_; }    // seconds per byte
   double predict(uint64_t bytes) const { return alpha_ + beta_ * static_cast<double>(bytes); }
   uint64_t changes() const { return changes_; }  // step changes detected so far
+  uint64_t faster_changes() const { return faster_changes_; }  // of which the link got faster
   uint64_t samples() const { return samples_; }  // samples used since the last restart
   // Some fit so far had sizes spread enough to separate alpha from beta.
   bool separated() const { return separated_; }
@@ -54,6 +55,7 @@ class LinkFit {
   uint64_t samples_ = 0;
   uint64_t min_bytes_ = 0, max_bytes_ = 0;  // sizes seen since the last restart
   uint64_t changes_ = 0;
+  uint64_t faster_changes_ = 0;
   int outlier_side_ = 0;
   std::vector<std::vector<Sample>> outliers_;  // consecutive batches off the fit on one side
 };
