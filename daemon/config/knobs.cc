@@ -601,6 +601,11 @@ const std::vector<KnobSpec>& knobs() {
        .env = "", .min = 0, .max = 0, .choices = "",
        .doc = "step: the dense ring is a candidate plan",
        .field = knob_field<&Config::step_allow_dense, in<&CS::step, &StepS::allow_dense>>},
+      {.name = "step_dense_worth", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 1.0, .max = 100.0, .choices = "",
+       .doc = "step: a dense step does the work of this many sparse ones (error feedback delays what a sparse step "
+              "leaves out): sparse plans are priced at their step time x this; 1 prices step time alone",
+       .field = knob_field<&Config::step_dense_worth, in<&CS::step, &StepS::dense_worth>>},
       {.name = "step_timeout_ms", .type = K::kUint, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 10, .max = 3.6e6, .choices = "",
        .doc = "deadline for peers to deliver a step",

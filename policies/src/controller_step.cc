@@ -1,42 +1,51 @@
-// The step controller: prices every candidate plan as the time it adds to a step, from a
-// model of the whole step measured online, and keeps the densest plan that costs at most
-// `step_slack` more than the cheapest. Its row: controllers.cc.
+// The step controller: prices every candidate plan as the time a step takes under it and keeps
+// the densest plan within `step_slack` of the cheapest. Its row: controllers.cc.
 //
-// The model, all of it measured on the job's own steps:
-//   - the links: one LinkFit (link_model.h) per pair of nodes, t = alpha + beta * bytes, from
-//     the receivers' timing of every message (JobObservation::link_samples);
-//   - this job's compute costs per node (the slowest node's, smoothed): sparse steps cost
-//     encode (EF + select + encode) per element and decode per entry received; the dense ring
-//     costs EF + copy + reduce per element. Until a kind of step has run, a prior stands in
-//     (said in the status);
-//   - the trainer's compute time per step (`compute_time` metric), which every plan pays.
+// Prices, v2:
+//   - a plan that ran is priced by what its steps MEASURED (the trainer's compute + the slowest
+//     node's encode + exchange, smoothed): a record per plan, kept until the link changes rate;
+//   - a plan that has not run (or whose record a rate change voided) by the model: one LinkFit
+//     (link_model.h) per pair of nodes, t = alpha + beta * bytes, from the receivers' timing of
+//     every message (JobObservation::link_samples), and this job's compute costs per node (the
+//     slowest node's, smoothed: encode per element and decode per entry received for sparse steps,
+//     EF + copy + reduce per element for the ring; a prior until a kind of step has run), plus the
+//     model's error on the path's plans that ran (measured - predicted, smoothed, sparse and ring
+//     apart): what the model does not see, e.g. waiting for a peer, an overhead of the ring.
+// Records exist because a link is not linear: a shaper's burst (tbf) serves small messages at
+// line rate and large ones at its rate, so a fit made from the sparse messages prices the ring
+// far too low, and one made from the ring's chunks prices sparse plans too high. v1 priced every
+// plan by the fit and flipped between the ring and sparse on real jobs; a measured plan is now
+// what it measured, and a model that was wrong about it is wrong once.
+//
+// Quality: a sparse step does less for the model than a dense one (error feedback delays what
+// it leaves out: on the digits MLP top-k 0.1-0.5 % needed 2.4-3.2x the dense run's steps to the
+// same accuracy, docs/controllers.md), so a sparse plan's price is its step time x
+// `step_dense_worth` (the dense steps one is worth; 1 = step time alone). Among sparse plans,
+// denser is never worse for the model, hence the densest within the slack.
+//
 // Candidates: sparse at the density asked for (the quality floor: the operator's, or what the
 // accuracy controller made of it) and at 2x, 4x, ... that, up to density_max and 0.5; the dense
-// ring. Price = compute + Σ over tensors of (compute costs + link time of its messages): a
-// sparse all-gather sends one message per peer of the encoded selection, the ring 2(W-1) chunks.
-// Denser is never worse for the model, so among the plans within `step_slack` of the cheapest
-// the densest wins.
+// ring (`step_allow_dense`). With the ring allowed the first decision is the ring: the early steps
+// are those error feedback hurts most, and the ring's messages teach the link fits a large size.
+// Without it, a start-up probe (4x the density asked for, until some link has seen two message
+// sizes) separates alpha from beta for a one-bucket job.
 //
-// Start-up probe: until some link has shown two message sizes (a one-bucket job sends one),
-// alpha and beta cannot be told apart, so the first decision runs 4x the density asked for (at
-// most kProbeSteps steps); the decision after it is not held back.
-//
-// No flip-flops: a plan that proved too slow in force (and anything denser) is not chosen again
-// until a link gets faster (a shaper's burst makes small messages predict large ones badly); the
-// plan in force is kept while its price stays within 3 x slack of the cheapest; a move down (it
-// is too slow) or up (a plan at least 4x denser, or the dense ring, fits the slack) needs `step_confirm_steps` consecutive observations that want it, and
-// `step_hold_steps` steps since the last decision. A link rate change moves the fits at once
-// (LinkFit restarts after 3 steps off by 2x), so it gives one decision, or two when the first
-// plan's own samples correct the fit (e.g. the dense ring's large messages meet a rate that
-// small messages, served from a shaper's burst, hid).
+// No flip-flops: the plan in force is kept while its price stays within 3 x slack of the
+// cheapest; a move down (too slow) or up (a plan at least 4x denser, or the ring, within the
+// slack) needs `step_confirm_steps` consecutive observations that want it, and `step_hold_steps`
+// steps since the last decision (not after the start-up decision: its answer comes as soon as
+// it is measured). A rate change voids the records: seen as kChangeConfirmSteps steps in a row
+// whose measured time is 2x off the plan's record, or as a restart of a link fit (LinkFit: the
+// same, on message sizes it has seen). Limit: a change that none of the plan in force's own
+// messages shows (a shaper whose burst covers them) is not seen until some plan sends larger ones.
 #include "controller_internal.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "sparsecar/policies/link_model.h"
@@ -50,9 +59,11 @@ constexpr double kPriorEncodePerElement = 10e-9;
 constexpr double kPriorDecodePerEntry = 5e-9;
 constexpr double kPriorRingPerElement = 2e-9;
 constexpr double kCostSmoothing = 0.2;  // EMA weight of a new compute-cost sample (log domain)
+constexpr double kRecordSmoothing = 0.3;  // EMA weight of a plan's new measured step time (log)
+constexpr uint64_t kRecordTrusted = 3;  // measured steps before a record prices its plan
 constexpr uint64_t kProbeSteps = 20;    // the start-up probe's longest run
-// Steps in a row off the link fit by 2x that make a rate change: 3, so that the scheduling noise
-// of a loaded host on small messages (two slow steps) restarts no fit.
+// Steps in a row off a link fit or a record by 2x that make a rate change: 3, so that the
+// scheduling noise of a loaded host on small messages (two slow steps) voids nothing.
 constexpr uint64_t kChangeConfirmSteps = 3;
 
 double smooth_log(double mean, double sample, double alpha) {
@@ -60,22 +71,48 @@ double smooth_log(double mean, double sample, double alpha) {
   return std::exp(alpha * std::log(sample) + (1 - alpha) * std::log(mean));
 }
 
-struct Candidate {
+struct Plan {
   bool dense = false;
-  double density = 1.0;
-  double price = 0;  // seconds per step, compute included
+  double density = 1.0;  // sparse only
+  bool same(const Plan& o) const {
+    return dense == o.dense && (dense || std::fabs(std::log(density / o.density)) < 0.05);
+  }
+};
+
+struct Candidate {
+  Plan plan;
+  double seconds = 0;  // step time, measured or modelled
+  bool measured = false;
+  double price = 0;    // seconds x dense_worth for sparse plans
+};
+
+// What one plan's steps measured.
+struct Record {
+  Plan plan;
+  double seconds = 0;  // smoothed step time
+  uint64_t steps = 0;
+  int off_side = 0;    // consecutive steps 2x off: +1 slower, -1 faster
+  uint64_t off_steps = 0;
+  double off_sum_log = 0;
 };
 
 class StepController final : public Controller {
  public:
   ControllerKind kind() const override { return ControllerKind::kStep; }
-  uint32_t version() const override { return 1; }
+  uint32_t version() const override { return 2; }
 
   Status update(const ControlContext& ctx, ControlKnobs* knobs) override {
     const auto& s = ctx.settings;
     const auto& o = ctx.obs;
     const uint32_t w = s.world_size;
+    const uint64_t changes_before = link_changes();
     feed_links(o, s.step.forget);
+    // A link fit restarted: the link changed rate, and the records of the plans not in force are
+    // stale — unless a decision was made lately: then it is the fit meeting the new plan's sizes
+    // (a shaper's burst serves small messages faster than large ones), not a change of the link.
+    if (link_changes() != changes_before && (!decided_ || o.step > last_decision_step_ + 2 * s.step.hold_steps)) {
+      void_records_but(in_force_);
+    }
     observe_compute(o, w);
     if (o.compute_s > 0) compute_s_ = smooth_log(compute_s_, o.compute_s, kCostSmoothing);
     const double q = clamp_density(knobs->density, s);
@@ -84,28 +121,36 @@ class StepController final : public Controller {
     if (knobs->selector == kernels::Selector::kThreshold) {
       return hold(ctx, "the hard threshold's volume is the budget controller's: use top-k");
     }
-    if (!any_link_known()) return hold(ctx, "no link samples yet");
     tensors_.assign(o.tensors.begin(), o.tensors.end());
+    const double top = std::min(s.density_max, 0.5);
+    observe_step(o, q, top, knobs->format, w);
+
+    // Start-up: the ring first where it is allowed (the link fits learn a large size from it);
+    // else, once a link is known, a probe of a second size if none separated alpha from beta.
+    if (!decided_ && s.step.allow_dense) {
+      decide({true, 1.0}, o.step, /*answer_now=*/true);
+      apply(knobs);
+      ctx.status->step_model = "starts with the dense ring: the first steps are the ones compression hurts most";
+      return Status::Ok();
+    }
+    if (!any_link_known()) {
+      apply(knobs);
+      return hold(ctx, "no link samples yet");
+    }
+    if (!s.step.allow_dense && probe(o.step, q, top)) {
+      ctx.status->step_model = "probing a second message size: " + plan_name(in_force_);
+      knobs->density = in_force_.density;
+      return Status::Ok();
+    }
 
     // Candidates, sparse ones ascending in density, then the ring.
     std::vector<Candidate> c;
-    const double top = std::min(s.density_max, 0.5);
-    // A ceiling set when a plan proved too slow in force keeps it (and anything denser) out until
-    // a link gets faster: the fits are linear, a shaper is not (its burst serves small messages
-    // faster than its rate), so what the small messages predict for a plan already tried loses
-    // against what it measured.
-    const uint64_t changes = total_link_changes();
-    if (o.step <= last_decision_step_ + 2 * s.step.hold_steps) {
-      ceiling_changes_ = changes;  // the fits settling on the new plan's sizes: not a rate change
-    } else if (changes > ceiling_changes_) {
-      ceiling_ = 2.0;
+    for (double d = q; d <= top * (1 + 1e-9) && c.size() < 24; d *= 2) c.push_back(candidate({false, d}, w, knobs->format, s));
+    if (s.step.allow_dense) c.push_back(candidate({true, 1.0}, w, knobs->format, s));
+    if (c.empty()) {
+      apply(knobs);
+      return hold(ctx, "no candidate plan");
     }
-    for (double d = q; d <= top * (1 + 1e-9) && c.size() < 24; d *= 2) {
-      if (d >= ceiling_ && !c.empty()) break;
-      c.push_back({false, d, price_sparse(d, w, knobs->format)});
-    }
-    if (s.step.allow_dense && ceiling_ > 1.0) c.push_back({true, 1.0, price_dense(w)});
-    if (c.empty()) return hold(ctx, "no candidate plan");
     double cheapest = c.front().price;
     for (const Candidate& x : c) cheapest = std::min(cheapest, x.price);
     Candidate best = c.front();
@@ -113,35 +158,12 @@ class StepController final : public Controller {
       if (x.price <= cheapest * (1 + s.step.slack)) best = x;  // the densest within the slack
     }
 
-    // Start-up probe: while no link has shown two message sizes, alpha and beta cannot be told
-    // apart (a one-bucket job sends one size), so a plan 4x denser runs until one does (at most
-    // kProbeSteps steps); the decision after it is made without waiting for the hold.
-    if (!probed_ && !any_link_separated() && 4 * q <= top * (1 + 1e-9)) {
-      probed_ = probing_ = decided_ = true;
-      dense_ = false;
-      density_ = 4 * q;
-      last_decision_step_ = o.step;
-      ctx.status->step_model = "probing a second message size: density " + plan_name(true, false, density_).substr(8);
-      knobs->density = density_;
-      return Status::Ok();
-    }
-    if (probing_) {
-      if (!any_link_separated() && o.step < last_decision_step_ + kProbeSteps) {
-        ctx.status->step_model = "probing a second message size: density " + plan_name(true, false, density_).substr(8);
-        knobs->density = std::max(density_, q);
-        return Status::Ok();
-      }
-      probing_ = false;
-      probe_ended_ = true;
-    }
-
     // The plan in force: this controller's last decision, else what the chain asked for.
-    if (decided_ && !dense_) density_ = std::max(density_, q);  // the floor moved up under it
-    const bool in_dense = decided_ ? dense_ : false;
-    const double in_density = decided_ ? density_ : q;
-    const double in_price = in_dense ? price_dense(w) : price_sparse(in_density, w, knobs->format);
-    const bool too_slow = in_price > cheapest * (1 + 3 * s.step.slack);
-    const bool room = !in_dense && (best.dense || best.density >= 4 * in_density);
+    if (decided_ && !in_force_.dense) in_force_.density = std::max(in_force_.density, q);  // the floor moved up
+    const Plan now = decided_ ? in_force_ : Plan{false, q};
+    const Candidate in = candidate(now, w, knobs->format, s);
+    const bool too_slow = in.price > cheapest * (1 + 3 * s.step.slack);
+    const bool room = !now.dense && (best.plan.dense || best.plan.density >= 4 * now.density);
     const int want = too_slow ? -1 : room ? 1 : 0;
     if (want != 0 && want == want_) {
       ++wanted_;
@@ -149,62 +171,98 @@ class StepController final : public Controller {
       want_ = want;
       wanted_ = want != 0 ? 1 : 0;
     }
-    const bool may = !decided_ || probe_ended_ || o.step >= last_decision_step_ + s.step.hold_steps;
+    const bool may = !decided_ || answer_now_ || o.step >= last_decision_step_ + s.step.hold_steps;
+    Candidate chosen = in;
     if (want_ != 0 && wanted_ >= std::max<uint64_t>(s.step.confirm_steps, 1) && may) {
-      if (want_ < 0) {
-        ceiling_ = in_dense ? 1.0 : in_density;  // proved too slow: not again before a faster link
-        ceiling_changes_ = changes;
-      }
-      decided_ = true;
-      dense_ = best.dense;
-      density_ = best.dense ? in_density : best.density;
-      last_decision_step_ = o.step;
-      want_ = 0;
-      wanted_ = 0;
-      probe_ended_ = false;
+      decide(best.plan, o.step, /*answer_now=*/false);
+      chosen = best;
     }
-    const double now_price = !decided_ ? in_price : dense_ ? price_dense(w) : price_sparse(density_, w, knobs->format);
-    describe(ctx, now_price, cheapest, best);
-    if (decided_) {
-      knobs->compression = !dense_;
-      if (!dense_) knobs->density = density_;
-    }
+    describe(ctx, chosen, cheapest, best, s.step.dense_worth);
+    apply(knobs);
     return Status::Ok();
   }
 
  private:
-  void feed_links(const JobObservation& o, double forget) {
-    std::map<std::pair<uint32_t, uint32_t>, std::vector<LinkFit::Sample>> batches;
-    for (const LinkPairSample& l : o.link_samples) batches[{l.from, l.to}].push_back({l.bytes, l.seconds});
-    for (auto& [pair, batch] : batches) links_[pair].add_step(batch, forget, kChangeConfirmSteps);
+  struct Link {
+    uint32_t from = 0, to = 0;
+    LinkFit fit;
+  };
+
+  // This controller's plan, once it decided one, over what the chain asked for.
+  void apply(ControlKnobs* knobs) const {
+    if (!decided_) return;
+    knobs->compression = !in_force_.dense;
+    if (!in_force_.dense) knobs->density = in_force_.density;
   }
 
-  // Rate changes after which a link got faster: what may make a plan that proved too slow cheap.
-  uint64_t total_link_changes() const {
+  void decide(const Plan& p, uint64_t step, bool answer_now) {
+    decided_ = true;
+    in_force_ = p;
+    last_decision_step_ = step;
+    answer_now_ = answer_now;
+    want_ = 0;
+    wanted_ = 0;
+  }
+
+  // The start-up probe (ring not allowed): while no link has shown two message sizes, alpha and
+  // beta cannot be told apart (a one-bucket job sends one size), so a plan 4x denser runs until
+  // one does (at most kProbeSteps steps); the decision after it is made without the hold.
+  bool probe(uint64_t step, double q, double top) {
+    if (!probed_ && !any_link_separated() && 4 * q <= top * (1 + 1e-9)) {
+      probed_ = probing_ = true;
+      decide({false, 4 * q}, step, /*answer_now=*/false);
+      return true;
+    }
+    if (!probing_) return false;
+    if (!any_link_separated() && step < last_decision_step_ + kProbeSteps) {
+      in_force_.density = std::max(in_force_.density, q);
+      return true;
+    }
+    probing_ = false;
+    answer_now_ = true;
+    return false;
+  }
+
+  void feed_links(const JobObservation& o, double forget) {
+    std::vector<std::pair<size_t, LinkFit::Sample>> batch;  // (link index, sample)
+    for (const LinkPairSample& l : o.link_samples) batch.push_back({link_index(l.from, l.to), {l.bytes, l.seconds}});
+    std::vector<LinkFit::Sample> one;
+    for (size_t i = 0; i < links_.size(); ++i) {
+      one.clear();
+      for (const auto& [index, sample] : batch) {
+        if (index == i) one.push_back(sample);
+      }
+      if (!one.empty()) links_[i].fit.add_step(one, forget, kChangeConfirmSteps);
+    }
+  }
+
+  size_t link_index(uint32_t from, uint32_t to) {
+    for (size_t i = 0; i < links_.size(); ++i) {
+      if (links_[i].from == from && links_[i].to == to) return i;
+    }
+    links_.push_back({from, to, {}});
+    return links_.size() - 1;
+  }
+
+  uint64_t link_changes() const {
     uint64_t n = 0;
-    for (const auto& [pair, fit] : links_) n += fit.faster_changes();
+    for (const Link& l : links_) n += l.fit.changes();
     return n;
   }
 
   bool any_link_separated() const {
-    for (const auto& [pair, fit] : links_) {
-      if (fit.separated()) return true;
-    }
-    return false;
+    return std::any_of(links_.begin(), links_.end(), [](const Link& l) { return l.fit.separated(); });
   }
 
   bool any_link_known() const {
-    for (const auto& [pair, fit] : links_) {
-      if (fit.known()) return true;
-    }
-    return false;
+    return std::any_of(links_.begin(), links_.end(), [](const Link& l) { return l.fit.known(); });
   }
 
   // The slowest known link's time for a message of `bytes`.
   double link_time(uint64_t bytes) const {
     double t = 0;
-    for (const auto& [pair, fit] : links_) {
-      if (fit.known()) t = std::max(t, fit.predict(bytes));
+    for (const Link& l : links_) {
+      if (l.fit.known()) t = std::max(t, l.fit.predict(bytes));
     }
     return t;
   }
@@ -228,36 +286,136 @@ class StepController final : public Controller {
     }
   }
 
+  // The plan this step ran (from its selected counts: dense, or the candidate density whose top-k
+  // counts match), its measured time into that plan's record, and the model's error on it.
+  void observe_step(const JobObservation& o, double q, double top, kernels::Format format, uint32_t w) {
+    if (o.nodes < w || o.exchange_s <= 0) return;  // incomplete: not a whole step's time
+    Plan ran;
+    if (std::all_of(o.tensors.begin(), o.tensors.end(), [](const auto& t) { return t.nnz >= t.elements; })) {
+      ran = {true, 1.0};
+    } else {
+      bool found = false;
+      for (double d = q; d <= top * (1 + 1e-9) && !found; d *= 2) {
+        double nnz = 0;
+        for (const auto& t : o.tensors) nnz += static_cast<double>(topk_count(t.elements, d));
+        if (std::fabs(o.nnz - nnz) <= 0.02 * nnz + 0.5) {
+          ran = {false, d};
+          found = true;
+        }
+      }
+      if (!found) return;  // not a plan of this grid (another selector, the floor moving)
+    }
+    const double measured = compute() + o.encode_s + o.exchange_s;
+    Record& r = record_of(ran);
+    if (r.steps >= kRecordTrusted) {
+      const double ratio = measured / r.seconds;
+      const int side = ratio > 2 ? 1 : ratio < 0.5 ? -1 : 0;
+      if (side != 0 && side == r.off_side) {
+        ++r.off_steps;
+        r.off_sum_log += std::log(measured);
+      } else {
+        r.off_side = side;
+        r.off_steps = side != 0 ? 1 : 0;
+        r.off_sum_log = side != 0 ? std::log(measured) : 0;
+      }
+      if (r.off_steps >= kChangeConfirmSteps) {
+        // The plan in force runs 2x off its record, steps in a row: the link changed rate.
+        r.seconds = std::exp(r.off_sum_log / static_cast<double>(r.off_steps));
+        r.off_side = 0;
+        r.off_steps = 0;
+        void_records_but(ran);
+        return;
+      }
+      if (side != 0) return;  // an outlier until it persists
+    }
+    r.seconds = smooth_log(r.seconds, measured, r.steps == 0 ? 1.0 : kRecordSmoothing);
+    ++r.steps;
+    ModelError& e = ran.dense ? ring_error_ : sparse_error_;
+    const double miss = measured - model_seconds(ran, w, format);
+    e.seconds = e.steps == 0 ? miss : 0.7 * e.seconds + 0.3 * miss;
+    ++e.steps;
+  }
+
+  Record& record_of(const Plan& p) {
+    for (Record& r : records_) {
+      if (r.plan.same(p)) return r;
+    }
+    records_.push_back({p, 0, 0, 0, 0, 0});
+    return records_.back();
+  }
+
+  const Record* trusted_record(const Plan& p) const {
+    for (const Record& r : records_) {
+      if (r.plan.same(p) && r.steps >= kRecordTrusted) return &r;
+    }
+    return nullptr;
+  }
+
+  // The link changed: what the other plans measured is stale, and so is the model's error.
+  void void_records_but(const Plan& keep) {
+    std::erase_if(records_, [&](const Record& r) { return !r.plan.same(keep); });
+    sparse_error_ = ring_error_ = {};
+  }
+
   double encode_cost() const { return encode_ > 0 ? encode_ : kPriorEncodePerElement; }
   double decode_cost() const { return decode_ > 0 ? decode_ : kPriorDecodePerEntry; }
   double ring_cost() const { return ring_ > 0 ? ring_ : kPriorRingPerElement; }
   double compute() const { return compute_s_ > 0 ? compute_s_ : 0; }
 
-  double price_sparse(double density, uint32_t w, kernels::Format format) const {
+  // The model's step time for a plan (the trainer's compute included; the model's error not).
+  double model_seconds(const Plan& p, uint32_t w, kernels::Format format) const {
     double t = compute();
     for (const auto& x : tensors_) {
-      const uint64_t k = topk_count(x.elements, density);
-      const uint64_t message = sparse_allgather_bytes_as(x.elements, k, 2, format);  // one copy
-      t += encode_cost() * static_cast<double>(x.elements) + link_time(message) +
-           decode_cost() * static_cast<double>(w - 1) * static_cast<double>(k);
+      if (p.dense) {
+        const uint64_t chunk = kWireHeaderBytes + 4 * ((x.elements + w - 1) / w);
+        t += ring_cost() * static_cast<double>(x.elements) + 2.0 * (w - 1) * link_time(chunk);
+      } else {
+        const uint64_t k = topk_count(x.elements, p.density);
+        const uint64_t message = sparse_allgather_bytes_as(x.elements, k, 2, format);  // one copy
+        t += encode_cost() * static_cast<double>(x.elements) + link_time(message) +
+             decode_cost() * static_cast<double>(w - 1) * static_cast<double>(k);
+      }
     }
     return t;
   }
 
-  double price_dense(uint32_t w) const {
-    double t = compute();
-    for (const auto& x : tensors_) {
-      const uint64_t chunk = kWireHeaderBytes + 4 * ((x.elements + w - 1) / w);
-      t += ring_cost() * static_cast<double>(x.elements) + 2.0 * (w - 1) * link_time(chunk);
+  Candidate candidate(const Plan& p, uint32_t w, kernels::Format format, const ControllerSettings& s) const {
+    Candidate c{p, 0, false, 0};
+    if (const Record* r = trusted_record(p)) {
+      c.seconds = r->seconds;
+      c.measured = true;
+    } else {
+      const double m = model_seconds(p, w, format);
+      c.seconds = std::max(m + (p.dense ? ring_error_ : sparse_error_).seconds, 0.5 * m);
+      if (!p.dense) c.seconds = std::max(c.seconds, bound_from_records(p.density));
     }
-    return t;
+    c.price = c.seconds * (p.dense ? 1.0 : std::max(s.step.dense_worth, 1.0));
+    return c;
   }
 
-  static std::string plan_name(bool decided, bool dense, double density) {
-    if (!decided) return "as asked";
-    if (dense) return "dense ring";
+  // What the measured sparse plans say of an unmeasured density: a denser plan sends more and
+  // selects, encodes and decodes as much or more, so it is at least as slow as the nearest sparser
+  // plan measured, and between two measured plans at least the straight line between them (time
+  // is affine in bytes on a plain link and convex behind a shaper's burst, whose small messages
+  // cross at line rate; a linear fit made from those says larger ones are nearly free).
+  double bound_from_records(double density) const {
+    const Record* lo = nullptr;
+    const Record* hi = nullptr;
+    for (const Record& r : records_) {
+      if (r.plan.dense || r.steps < kRecordTrusted) continue;
+      if (r.plan.density < density && (lo == nullptr || r.plan.density > lo->plan.density)) lo = &r;
+      if (r.plan.density > density && (hi == nullptr || r.plan.density < hi->plan.density)) hi = &r;
+    }
+    if (lo == nullptr) return 0;
+    if (hi == nullptr) return lo->seconds;
+    const double f = (density - lo->plan.density) / (hi->plan.density - lo->plan.density);
+    return std::max(lo->seconds, lo->seconds + f * (hi->seconds - lo->seconds));
+  }
+
+  static std::string plan_name(const Plan& p) {
+    if (p.dense) return "dense ring";
     char buf[48];
-    std::snprintf(buf, sizeof buf, "density %.3g", density);
+    std::snprintf(buf, sizeof buf, "density %.3g", p.density);
     return buf;
   }
 
@@ -266,43 +424,58 @@ class StepController final : public Controller {
     return Status::Ok();
   }
 
-  void describe(const ControlContext& ctx, double now_price, double cheapest, const Candidate& best) const {
+  void describe(const ControlContext& ctx, const Candidate& now, double cheapest, const Candidate& best,
+                double dense_worth) const {
     double alpha = 0, beta = 0;
-    uint64_t changes = 0;
-    for (const auto& [pair, fit] : links_) {
-      if (!fit.known()) continue;
-      alpha = std::max(alpha, fit.alpha());
-      beta = std::max(beta, fit.beta());
-      changes += fit.changes();
+    for (const Link& l : links_) {
+      if (!l.fit.known()) continue;
+      alpha = std::max(alpha, l.fit.alpha());
+      beta = std::max(beta, l.fit.beta());
     }
-    char buf[512];
+    std::string measured;
+    for (const Record& r : records_) {
+      if (r.steps < kRecordTrusted) continue;
+      char buf[80];
+      std::snprintf(buf, sizeof buf, "%s%s %.3g ms", measured.empty() ? "" : ", ", plan_name(r.plan).c_str(),
+                    r.seconds * 1e3);
+      measured += buf;
+    }
+    char buf[640];
     std::snprintf(buf, sizeof buf,
                   "links: alpha %.3g ms, %.4g MB/s (slowest of %zu, %llu rate changes); per element: encode "
-                  "%.3g ns%s, ring %.3g ns%s; decode %.3g ns/entry%s; trainer %.3g ms; in force %s (%.3g ms/step); "
-                  "best %s (%.3g ms, cheapest %.3g ms)",
-                  alpha * 1e3, beta > 0 ? 1e-6 / beta : 0.0, links_.size(), static_cast<unsigned long long>(changes),
+                  "%.3g ns%s, ring %.3g ns%s; decode %.3g ns/entry%s; trainer %.3g ms; measured: %s; "
+                  "sparse steps worth 1/%.3g; in force %s (%.3g ms/step%s); best %s (%.3g ms%s, price %.3g ms, "
+                  "cheapest %.3g ms)",
+                  alpha * 1e3, beta > 0 ? 1e-6 / beta : 0.0, links_.size(), static_cast<unsigned long long>(link_changes()),
                   encode_cost() * 1e9, encode_ > 0 ? "" : " (prior)", ring_cost() * 1e9, ring_ > 0 ? "" : " (prior)",
                   decode_cost() * 1e9, decode_ > 0 ? "" : " (prior)", compute() * 1e3,
-                  plan_name(decided_, dense_, density_).c_str(), now_price * 1e3,
-                  plan_name(true, best.dense, best.density).c_str(),
-                  best.price * 1e3, cheapest * 1e3);
+                  measured.empty() ? "nothing yet" : measured.c_str(), std::max(dense_worth, 1.0),
+                  decided_ ? plan_name(now.plan).c_str() : "as asked", now.seconds * 1e3, now.measured ? "" : ", modelled",
+                  plan_name(best.plan).c_str(), best.seconds * 1e3, best.measured ? "" : ", modelled", best.price * 1e3,
+                  cheapest * 1e3);
     ctx.status->step_model = buf;
-    ctx.status->predicted_step_s = now_price;
-    ctx.status->predicted_exchange_s = std::max(0.0, now_price - compute());
+    ctx.status->predicted_step_s = now.seconds;
+    ctx.status->predicted_exchange_s = std::max(0.0, now.seconds - compute());
   }
 
-  std::map<std::pair<uint32_t, uint32_t>, LinkFit> links_;  // (from, to) -> fit
+  std::vector<Link> links_;
   std::vector<TensorStepObservation> tensors_;
+  std::vector<Record> records_;
+  // Smoothed measured - modelled step time of the sparse plans / the ring that ran: what the
+  // model misses on that path (a peer's wait, an overhead of the ring), charged to its unrun plans.
+  struct ModelError {
+    double seconds = 0;
+    uint64_t steps = 0;
+  };
+  ModelError sparse_error_, ring_error_;
   double encode_ = 0, decode_ = 0, ring_ = 0;  // seconds per element / entry; 0: not measured
   double compute_s_ = 0;
   bool decided_ = false;
-  bool probed_ = false, probing_ = false, probe_ended_ = false;
-  bool dense_ = false;
-  double density_ = 0;
+  bool probed_ = false, probing_ = false;
+  bool answer_now_ = false;  // the next decision needs no hold (after the start-up one)
+  Plan in_force_;
   int want_ = 0;
   uint64_t wanted_ = 0;
-  double ceiling_ = 2.0;  // plans of this density or more (dense: 1) are out; > 1: none
-  uint64_t ceiling_changes_ = 0;
   uint64_t last_decision_step_ = 0;
 };
 

@@ -97,9 +97,10 @@ constexpr ControllerInfo kRows[] = {
      .make = make_bandwidth_controller, .knobs = "bandwidth_* exchange_budget_* goodput_*"},
     {.kind = ControllerKind::kStep, .name = "step",
      .doc = "dense ring or the densest plan (>= the density asked for) within step_slack of the least "
-            "step time, priced from receiver-timed link fits and measured compute costs",
+            "price: measured step times of the plans that ran, else receiver-timed link fits and measured "
+            "compute costs; sparse steps priced x step_dense_worth",
      .job_level = true, .make = make_step_controller,
-     .knobs = "step_slack step_confirm_steps step_hold_steps step_forget step_allow_dense"},
+     .knobs = "step_slack step_confirm_steps step_hold_steps step_forget step_allow_dense step_dense_worth"},
     {.kind = ControllerKind::kCost, .name = "cost", .doc = "collective and format from the cost model",
      .job_level = true, .make = make_cost_controller, .knobs = ""},
 };

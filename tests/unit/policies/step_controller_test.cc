@@ -126,6 +126,7 @@ struct Plant {
   double noise = 0.0;              // log-uniform ± on every measured time
   uint64_t burst = 0;              // a shaper's burst: the first `burst` bytes go at `line` s/byte
   double line = 0;
+  double ring_hidden = 0;          // per dense step, in the exchange time but in no link sample
   uint64_t seed = 1;
   std::mt19937_64 rng{1};
 
@@ -152,7 +153,7 @@ struct Plant {
     double t = compute;
     for (uint64_t n : tensors) {
       if (dense) {
-        t += ring * static_cast<double>(n) + 2.0 * (world - 1) * link(beta, ring_chunk(n));
+        t += ring * static_cast<double>(n) + 2.0 * (world - 1) * link(beta, ring_chunk(n)) + (n == tensors[0] ? ring_hidden : 0);
       } else {
         t += encode * static_cast<double>(n) + link(beta, sparse_message(n, d)) +
              decode * static_cast<double>(world - 1) * static_cast<double>(k_of(n, d));
@@ -189,12 +190,18 @@ struct Plant {
           }
         }
       }
+      // The daemon's exchange time: from the send to the result (decode and the ring's reduce
+      // inside), the slowest link's messages; encode before it.
       if (k.compression) {
         o.encode_s += encode * static_cast<double>(n) * jitter();
-        o.decode_s += decode * static_cast<double>(world - 1) * static_cast<double>(kept) * jitter();
+        const double decode_s = decode * static_cast<double>(world - 1) * static_cast<double>(kept) * jitter();
+        o.decode_s += decode_s;
+        o.exchange_s += link(beta, sparse_message(n, d)) * jitter() + decode_s;
       } else {
         o.encode_s += ring * static_cast<double>(n) / 2 * jitter();
-        o.reduce_s += ring * static_cast<double>(n) / 2 * jitter();
+        const double reduce_s = ring * static_cast<double>(n) / 2 * jitter();
+        o.reduce_s += reduce_s;
+        o.exchange_s += 2.0 * (world - 1) * link(beta, ring_chunk(n)) * jitter() + reduce_s + (id == 0 ? ring_hidden : 0);
       }
     }
     return o;
@@ -203,25 +210,33 @@ struct Plant {
 
 constexpr double kRate1G = 1.0 / 125e6, kRate500M = 1.0 / 62.5e6, kRate50M = 1.0 / 6.25e6;
 
-ControllerSettings step_settings(uint32_t world) {
+// Most traces judge step time alone (dense_worth 1); the quality factor has tests of its own.
+ControllerSettings step_settings(uint32_t world, double dense_worth = 1.0) {
   ControllerSettings s;
   s.active = bit(ControllerKind::kStep);
   s.world_size = world;
   s.density_min = 1e-4;
+  s.step.dense_worth = dense_worth;
   return s;
 }
 
-// The candidates the controller may choose from (its documented grid) with their true prices.
+// The candidates the controller may choose from (its documented grid) with their true prices
+// (a sparse plan's step time x dense_worth).
 struct Truth {
   double cheapest = 0;
+  double worth = 1.0;
   double price_of(const Plant& p, const ControlKnobs& k, double beta) const {
-    return p.true_price(!k.compression, std::min(k.density, k.density_cap), beta);
+    const double t = p.true_price(!k.compression, std::min(k.density, k.density_cap), beta);
+    return k.compression ? t * worth : t;
   }
 };
-Truth truth(const Plant& p, double floor, double beta) {
+Truth truth(const Plant& p, double floor, double beta, double worth = 1.0) {
   Truth t;
+  t.worth = worth;
   t.cheapest = p.true_price(true, 1.0, beta);
-  for (double d = floor; d <= 0.5 * (1 + 1e-9); d *= 2) t.cheapest = std::min(t.cheapest, p.true_price(false, d, beta));
+  for (double d = floor; d <= 0.5 * (1 + 1e-9); d *= 2) {
+    t.cheapest = std::min(t.cheapest, worth * p.true_price(false, d, beta));
+  }
   return t;
 }
 
@@ -233,16 +248,20 @@ struct ProfileRun {
 
 // Runs `steps` steps with beta(step) from `profile`.
 template <class Profile>
-ProfileRun run_profile(Plant& plant, double floor, uint64_t steps, Profile profile) {
+ProfileRun run_profile(Plant& plant, double floor, uint64_t steps, Profile profile, double worth = 1.0,
+                       bool allow_dense = true) {
   ControlKnobs base;
   base.density = floor;
-  FakeJob job(step_settings(plant.world), base);
+  ControllerSettings settings = step_settings(plant.world, worth);
+  settings.step.allow_dense = allow_dense;
+  FakeJob job(settings, base);
   ProfileRun r;
   for (uint64_t s = 0; s < steps; ++s) {
     const double beta = profile(s);
     const ControlKnobs k = job.at(s);
     r.in_force.push_back(k);
-    r.excess.push_back(truth(plant, floor, beta).price_of(plant, k, beta) / truth(plant, floor, beta).cheapest);
+    const Truth t = truth(plant, floor, beta, worth);
+    r.excess.push_back(t.price_of(plant, k, beta) / t.cheapest);
     job.feed(plant.step(s, k, beta));
   }
   r.decisions = job.proposal_steps;
@@ -314,10 +333,11 @@ TEST(StepController, OscillatingLinkAtMostThreeDecisionsPerChange) {
   }
 }
 
-TEST(StepController, NoisyStationaryLinkMakesNoDecisionAfterTheFirst) {
+TEST(StepController, NoisyStationaryLinkMakesNoDecisionAfterTheStartUp) {
   Plant plant = big_model(/*noise=*/0.3);  // every measured time ±30 %
   const auto r = run_profile(plant, 0.005, 600, [](uint64_t) { return kRate500M; });
-  EXPECT_LE(r.decisions.size(), 1u);
+  EXPECT_LE(r.decisions.size(), 2u) << "the start-up ring and its answer";
+  EXPECT_EQ(decisions_in(r, 40, 600), 0u);
   expect_near_cheapest(r, 40, 600, "noisy 500 Mbit/s");
 }
 
@@ -339,7 +359,8 @@ TEST(StepController, OneMessageSizeIsProbedOnceThenTheLatencyIsNotChargedPerByte
   plant.tensors = {1'100'000};
   plant.alpha = 2e-3;
   plant.noise = 0.1;
-  const auto r = run_profile(plant, 0.001, 200, [](uint64_t) { return kRate1G; });
+  // With the ring allowed its chunks are the second size; without it, the probe.
+  const auto r = run_profile(plant, 0.001, 200, [](uint64_t) { return kRate1G; }, 1.0, /*allow_dense=*/false);
   ASSERT_GE(r.in_force.size(), 5u);
   EXPECT_NEAR(r.in_force[4].density, 0.004, 1e-12) << "the probe: 4x the density asked for";
   EXPECT_LE(r.decisions.size(), 3u) << "probe + its answer (+ one correction at most)";
@@ -369,6 +390,64 @@ TEST(StepController, AShapersBurstDoesNotMakeItFlipBetweenTheRingAndSparse) {
   expect_near_cheapest(r, 150, 600, "200 Mbit/s behind a burst");
 }
 
+Plant small_model(double compute) {
+  Plant p;
+  p.tensors = {65'536, 16'384, 2'560, 256, 10};  // ≈ 85 k parameters: sparse messages of a few KB
+  p.compute = compute;
+  p.noise = 0.1;
+  return p;
+}
+
+TEST(StepController, APlanThatRanIsPricedByWhatItMeasuredNotByTheModel) {
+  // The ring pays 20 ms a step that no link sample shows (in the exchange time only): the model
+  // prices it within the slack of sparse, so v1 kept it (the densest within the slack); measured,
+  // it is 1.6x the cheapest. A model error on one plan must not be charged to the others either.
+  Plant plant = small_model(0.03);
+  plant.ring_hidden = 0.02;
+  const auto r = run_profile(plant, 0.001, 300, [](uint64_t) { return kRate1G; });
+  ASSERT_GT(plant.true_price(true, 1, kRate1G), 1.5 * plant.true_price(false, 0.001, kRate1G));
+  EXPECT_LE(r.decisions.size(), 2u) << "the start-up ring and its answer";
+  expect_near_cheapest(r, 40, 300, "hidden ring cost");
+  EXPECT_TRUE(r.in_force[299].compression);
+}
+
+TEST(StepController, ADenserPlanThatProvedSlowBehindABurstIsNotTriedAgain) {
+  // 1.1 M parameters behind tbf at 50 Mbit/s with a 128 KiB burst at 10 Gbit/s, the ring not a
+  // candidate: 0.002's messages (~18 KB) cross at line rate, so a fit made from them finds denser
+  // plans nearly free; 0.032's (~280 KB) mostly wait for the rate. Tried once, measured slow, it
+  // must stay out: the fit forgets the large sizes while the sparse plan runs, its record does not.
+  Plant plant = big_model();
+  plant.burst = 128 * 1024;
+  plant.line = 1.0 / 1.25e9;
+  const auto r = run_profile(plant, 0.002, 600, [](uint64_t) { return kRate50M; }, 1.0, /*allow_dense=*/false);
+  EXPECT_LE(r.decisions.size(), 4u);
+  EXPECT_EQ(decisions_in(r, 100, 600), 0u) << "steady: it must have settled";
+  expect_near_cheapest(r, 100, 600, "50 Mbit/s behind a burst");
+}
+
+TEST(StepController, SparseStepsPricedAtTheirWorthKeepTheRingWhereItIsNearlyAsFast) {
+  // 85 k parameters at 200 Mbit/s: the ring is 1.3-2x a sparse step's time here. Priced by step
+  // time alone sparse wins; with a sparse step worth half a dense one the ring does.
+  Plant plant = small_model(0.015);
+  const double rate200M = 1.0 / 25e6;
+  const double ring = plant.true_price(true, 1, rate200M), sparse = plant.true_price(false, 0.001, rate200M);
+  ASSERT_GT(ring, 1.3 * sparse);
+  ASSERT_LT(ring, 2.0 * sparse);
+  const auto by_time = run_profile(plant, 0.001, 200, [&](uint64_t) { return rate200M; }, 1.0);
+  EXPECT_TRUE(by_time.in_force[199].compression);
+  expect_near_cheapest(by_time, 40, 200, "step time alone");
+  Plant again = small_model(0.015);
+  const auto by_worth = run_profile(again, 0.001, 200, [&](uint64_t) { return rate200M; }, 2.0);
+  EXPECT_FALSE(by_worth.in_force[199].compression) << "ring " << ring << " s vs 2 x sparse " << 2 * sparse << " s";
+  EXPECT_EQ(decisions_in(by_worth, 0, 200), 1u) << "the start-up ring, kept";
+  expect_near_cheapest(by_worth, 40, 200, "dense worth 2");
+  // At 50 Mbit/s the ring (2 x 170 KB) is far slower than twice a sparse step: sparse again.
+  Plant slow = small_model(0.015);
+  const auto r50 = run_profile(slow, 0.001, 200, [&](uint64_t) { return kRate50M; }, 2.0);
+  EXPECT_TRUE(r50.in_force[199].compression);
+  expect_near_cheapest(r50, 40, 200, "dense worth 2 at 50 Mbit/s");
+}
+
 TEST(StepController, HoldsAndSaysWhyWithoutLinkSamples) {
   Plant plant = big_model(0);
   ControlKnobs base;
@@ -377,8 +456,9 @@ TEST(StepController, HoldsAndSaysWhyWithoutLinkSamples) {
   for (uint64_t s = 0; s < 30; ++s) {
     JobObservation o = plant.step(s, job.at(s), kRate1G);
     o.link_samples.clear();
-    EXPECT_FALSE(job.feed(o).has_value());
+    EXPECT_EQ(job.feed(o).has_value(), s == 0) << "step " << s << ": only the start-up ring, then it holds it";
   }
+  EXPECT_FALSE(job.latest().compression);
   EXPECT_NE(job.loop.status().step_model.find("no link samples"), std::string::npos) << job.loop.status().step_model;
 }
 

@@ -106,6 +106,8 @@ struct StepSettings {
   uint64_t hold_steps = 10;    // at least this many steps between two of its decisions
   double forget = 0.8;         // the link fits' weight of a step's samples at the next step
   bool allow_dense = true;     // the dense ring is a candidate
+  double dense_worth = 2.0;    // a dense step does the work of this many sparse ones (price factor
+                               // of sparse plans; 1 = step time alone)
   bool operator==(const StepSettings&) const = default;
 };
 struct AccuracySettings {
