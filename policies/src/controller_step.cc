@@ -62,6 +62,7 @@ constexpr double kCostSmoothing = 0.2;  // EMA weight of a new compute-cost samp
 constexpr double kRecordSmoothing = 0.3;  // EMA weight of a plan's new measured step time (log)
 constexpr uint64_t kRecordTrusted = 3;  // measured steps before a record prices its plan
 constexpr uint64_t kProbeSteps = 20;    // the start-up probe's longest run
+constexpr uint64_t kStartSteps = 3;     // the job's first steps: no record of their times
 // Steps in a row off a link fit or a record by 2x that make a rate change: 3, so that the
 // scheduling noise of a loaded host on small messages (two slow steps) voids nothing.
 constexpr uint64_t kChangeConfirmSteps = 3;
@@ -111,7 +112,7 @@ class StepController final : public Controller {
     // stale — unless a decision was made lately: then it is the fit meeting the new plan's sizes
     // (a shaper's burst serves small messages faster than large ones), not a change of the link.
     if (link_changes() != changes_before && (!decided_ || o.step > last_decision_step_ + 2 * s.step.hold_steps)) {
-      void_records_but(in_force_);
+      void_records_but(in_force_, o.step, "a link fit restarted");
     }
     observe_compute(o, w);
     if (o.compute_s > 0) compute_s_ = smooth_log(compute_s_, o.compute_s, kCostSmoothing);
@@ -129,6 +130,7 @@ class StepController final : public Controller {
     // else, once a link is known, a probe of a second size if none separated alpha from beta.
     if (!decided_ && s.step.allow_dense) {
       decide({true, 1.0}, o.step, /*answer_now=*/true);
+      ctx.status->decision_note = "step: starts with the dense ring";
       apply(knobs);
       ctx.status->step_model = "starts with the dense ring: the first steps are the ones compression hurts most";
       return Status::Ok();
@@ -174,6 +176,13 @@ class StepController final : public Controller {
     const bool may = !decided_ || answer_now_ || o.step >= last_decision_step_ + s.step.hold_steps;
     Candidate chosen = in;
     if (want_ != 0 && wanted_ >= std::max<uint64_t>(s.step.confirm_steps, 1) && may) {
+      char note[256];
+      std::snprintf(note, sizeof note, "step: %s %.3g ms%s, price %.3g ms vs cheapest %.3g ms; to %s %.3g ms%s",
+                    want_ < 0 ? "too slow:" : "room:", in.seconds * 1e3, in.measured ? " measured" : " modelled",
+                    in.price * 1e3, cheapest * 1e3, plan_name(best.plan).c_str(), best.seconds * 1e3,
+                    best.measured ? " measured" : " modelled");
+      ctx.status->decision_note = note;
+      if (!voided_.empty()) ctx.status->decision_note.append("; ").append(voided_);
       decide(best.plan, o.step, /*answer_now=*/false);
       chosen = best;
     }
@@ -305,6 +314,12 @@ class StepController final : public Controller {
       }
       if (!found) return;  // not a plan of this grid (another selector, the floor moving)
     }
+    // The first steps of the job and the first step of a plan after a switch carry one-off costs
+    // (connections, buffers, the pipeline refilling): no record of them.
+    const bool transition = !has_ran_ || !ran.same(last_ran_) || o.step < kStartSteps;
+    has_ran_ = true;
+    last_ran_ = ran;
+    if (transition) return;
     const double measured = compute() + o.encode_s + o.exchange_s;
     Record& r = record_of(ran);
     if (r.steps >= kRecordTrusted) {
@@ -323,7 +338,7 @@ class StepController final : public Controller {
         r.seconds = std::exp(r.off_sum_log / static_cast<double>(r.off_steps));
         r.off_side = 0;
         r.off_steps = 0;
-        void_records_but(ran);
+        void_records_but(ran, o.step, side > 0 ? "the plan in force got 2x slower" : "the plan in force got 2x faster");
         return;
       }
       if (side != 0) return;  // an outlier until it persists
@@ -352,9 +367,10 @@ class StepController final : public Controller {
   }
 
   // The link changed: what the other plans measured is stale, and so is the model's error.
-  void void_records_but(const Plan& keep) {
+  void void_records_but(const Plan& keep, uint64_t step, const char* why) {
     std::erase_if(records_, [&](const Record& r) { return !r.plan.same(keep); });
     sparse_error_ = ring_error_ = {};
+    voided_ = std::string("records voided at step ") + std::to_string(step) + ": " + why;
   }
 
   double encode_cost() const { return encode_ > 0 ? encode_ : kPriorEncodePerElement; }
@@ -461,6 +477,9 @@ class StepController final : public Controller {
   std::vector<Link> links_;
   std::vector<TensorStepObservation> tensors_;
   std::vector<Record> records_;
+  std::string voided_;  // when and why records were last voided (for the decision notes)
+  bool has_ran_ = false;
+  Plan last_ran_;       // the plan the last observed step ran
   // Smoothed measured - modelled step time of the sparse plans / the ring that ran: what the
   // model misses on that path (a peer's wait, an overhead of the ring), charged to its unrun plans.
   struct ModelError {

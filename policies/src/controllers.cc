@@ -154,6 +154,7 @@ std::optional<ControlLoop::Proposal> ControlLoop::update(const ControllerSetting
   status_.goodput_Bps =
       goodput_.update(obs.goodput_Bps, obs.wall_goodput_Bps, settings.goodput_smoothing, settings.goodput_confirm_steps);
 
+  status_.decision_note.clear();
   ControlKnobs k = base;
   k.density_cap = 1.0;
   k.tensor_scale.clear();
@@ -204,6 +205,7 @@ std::optional<ControlLoop::Proposal> ControlLoop::update(const ControllerSetting
       .append(std::to_string(obs.step))
       .append(": ")
       .append(describe_change(in_force, k));
+  if (!status_.decision_note.empty()) status_.last_reason.append(" (").append(status_.decision_note).append(")");
   return Proposal{k, status_.last_reason};
 }
 

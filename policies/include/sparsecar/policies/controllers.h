@@ -176,6 +176,9 @@ struct ControlStatus {
   double total_error = 0;           // Σ_t ||e_t||^2 since the loop started (hard-threshold paper)
   std::string step_model;           // the step controller's fits and prices ("" while it is off)
   double predicted_step_s = 0;      // its price of the plan in force (trainer compute included)
+  // Why a controller changed something this update (set by the controller, appended to the
+  // proposal's reason and cleared by the loop): what the decision log line says beyond the change.
+  std::string decision_note;
 };
 
 // Shared per-step context for the controllers.
