@@ -107,13 +107,8 @@ class StepController final : public Controller {
     const auto& o = ctx.obs;
     const uint32_t w = s.world_size;
     const uint64_t changes_before = link_changes();
+    const double in_force_modelled_before = decided_ && !tensors_.empty() ? model_seconds(in_force_, w, knobs->format) : 0;
     feed_links(o, s.step.forget);
-    // A link fit restarted: the link changed rate, and the records of the plans not in force are
-    // stale — unless a decision was made lately: then it is the fit meeting the new plan's sizes
-    // (a shaper's burst serves small messages faster than large ones), not a change of the link.
-    if (link_changes() != changes_before && (!decided_ || o.step > last_decision_step_ + 2 * s.step.hold_steps)) {
-      void_records_but(in_force_, o.step, "a link fit restarted");
-    }
     observe_compute(o, w);
     if (o.compute_s > 0) compute_s_ = smooth_log(compute_s_, o.compute_s, kCostSmoothing);
     const double q = clamp_density(knobs->density, s);
@@ -125,6 +120,18 @@ class StepController final : public Controller {
     tensors_.assign(o.tensors.begin(), o.tensors.end());
     const double top = std::min(s.density_max, 0.5);
     observe_step(o, q, top, knobs->format, w);
+    // A link fit restarted, away from a decision (right after one it is the fit meeting the new
+    // plan's sizes): the link changed rate and the other plans' records are stale — if the plan
+    // in force's own time moved as the new fit says it should. A fit of small messages restarts
+    // behind a shaper's burst (its bucket running dry and refilling) while no step costs more.
+    if (link_changes() != changes_before && decided_ && o.step > last_decision_step_ + 2 * s.step.hold_steps &&
+        in_force_modelled_before > 0) {
+      const double predicted = std::log(model_seconds(in_force_, w, knobs->format) / in_force_modelled_before);
+      const double seen = recent_change();
+      if (std::fabs(predicted) >= std::log(1.1) && seen * predicted > 0 && std::fabs(seen) >= 0.5 * std::fabs(predicted)) {
+        void_records_but(in_force_, o.step, "a link fit restarted and the plan in force's time followed");
+      }
+    }
 
     // Start-up: the ring first where it is allowed (the link fits learn a large size from it);
     // else, once a link is known, a probe of a second size if none separated alpha from beta.
@@ -173,7 +180,9 @@ class StepController final : public Controller {
       want_ = want;
       wanted_ = want != 0 ? 1 : 0;
     }
-    const bool may = !decided_ || answer_now_ || o.step >= last_decision_step_ + s.step.hold_steps;
+    // Never leave a plan on a model's word about itself: it is measured within a few steps.
+    const bool in_unmeasured = decided_ && !in.measured && o.step < last_decision_step_ + kProbeSteps;
+    const bool may = !in_unmeasured && (!decided_ || answer_now_ || o.step >= last_decision_step_ + s.step.hold_steps);
     Candidate chosen = in;
     if (want_ != 0 && wanted_ >= std::max<uint64_t>(s.step.confirm_steps, 1) && may) {
       char note[256];
@@ -319,9 +328,15 @@ class StepController final : public Controller {
     const bool transition = !has_ran_ || !ran.same(last_ran_) || o.step < kStartSteps;
     has_ran_ = true;
     last_ran_ = ran;
-    if (transition) return;
+    if (transition) {
+      recent_.clear();
+      return;
+    }
     const double measured = compute() + o.encode_s + o.exchange_s;
     Record& r = record_of(ran);
+    // The last steps' times and the record before them: what recent_change() compares.
+    if (recent_.size() > kChangeConfirmSteps) recent_.erase(recent_.begin());
+    recent_.push_back({measured, r.seconds});
     if (r.steps >= kRecordTrusted) {
       const double ratio = measured / r.seconds;
       const int side = ratio > 2 ? 1 : ratio < 0.5 ? -1 : 0;
@@ -351,6 +366,15 @@ class StepController final : public Controller {
     ++e.steps;
   }
 
+  // log(mean of the last kChangeConfirmSteps measured times / the record before them) of the plan
+  // that ran last; 0 until there are that many.
+  double recent_change() const {
+    if (recent_.size() <= kChangeConfirmSteps || !(recent_[1].record > 0)) return 0;
+    double sum = 0;
+    for (size_t i = 1; i < recent_.size(); ++i) sum += recent_[i].measured;
+    return std::log(sum / static_cast<double>(recent_.size() - 1) / recent_[1].record);
+  }
+
   Record& record_of(const Plan& p) {
     for (Record& r : records_) {
       if (r.plan.same(p)) return r;
@@ -366,7 +390,7 @@ class StepController final : public Controller {
     return nullptr;
   }
 
-  // The link changed: what the other plans measured is stale, and so is the model's error.
+  // A link changed rate: what the other plans measured is stale, and so is the model's error.
   void void_records_but(const Plan& keep, uint64_t step, const char* why) {
     std::erase_if(records_, [&](const Record& r) { return !r.plan.same(keep); });
     sparse_error_ = ring_error_ = {};
@@ -480,6 +504,11 @@ class StepController final : public Controller {
   std::string voided_;  // when and why records were last voided (for the decision notes)
   bool has_ran_ = false;
   Plan last_ran_;       // the plan the last observed step ran
+  struct Recent {
+    double measured = 0;  // a step's time
+    double record = 0;    // its plan's record before it
+  };
+  std::vector<Recent> recent_;  // the last kChangeConfirmSteps + 1 recorded steps of last_ran_
   // Smoothed measured - modelled step time of the sparse plans / the ring that ran: what the
   // model misses on that path (a peer's wait, an overhead of the ring), charged to its unrun plans.
   struct ModelError {
