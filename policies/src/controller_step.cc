@@ -128,7 +128,7 @@ class StepController final : public Controller {
         in_force_modelled_before > 0) {
       const double predicted = std::log(model_seconds(in_force_, w, knobs->format) / in_force_modelled_before);
       const double seen = recent_change();
-      if (std::fabs(predicted) >= std::log(1.1) && seen * predicted > 0 && std::fabs(seen) >= 0.5 * std::fabs(predicted)) {
+      if (std::fabs(predicted) >= std::log(1.25) && seen * predicted > 0 && std::fabs(seen) >= 0.5 * std::fabs(predicted)) {
         void_records_but(in_force_, o.step, "a link fit restarted and the plan in force's time followed");
       }
     }
@@ -172,7 +172,11 @@ class StepController final : public Controller {
     const Plan now = decided_ ? in_force_ : Plan{false, q};
     const Candidate in = candidate(now, w, knobs->format, s);
     const bool too_slow = in.price > cheapest * (1 + 3 * s.step.slack);
-    const bool room = !now.dense && (best.plan.dense || best.plan.density >= 4 * now.density);
+    // Up to a denser sparse plan only once per rate change (its first answer): sparse plans are
+    // worth the same to the price, and between near-equal ones the noise of a loaded host flips
+    // the comparison of records taken at different times (the real job went 0.004 -> 0.064 ->
+    // 0.256 -> 0.064 -> ...). Down (too slow) and up to the ring stay open.
+    const bool room = !now.dense && (best.plan.dense || (explore_ && best.plan.density >= 4 * now.density));
     const int want = too_slow ? -1 : room ? 1 : 0;
     if (want != 0 && want == want_) {
       ++wanted_;
@@ -218,6 +222,7 @@ class StepController final : public Controller {
     in_force_ = p;
     last_decision_step_ = step;
     answer_now_ = answer_now;
+    explore_ = answer_now;  // the start-up ring's answer may still go up; later moves may not
     want_ = 0;
     wanted_ = 0;
   }
@@ -238,6 +243,7 @@ class StepController final : public Controller {
     }
     probing_ = false;
     answer_now_ = true;
+    explore_ = true;
     return false;
   }
 
@@ -393,6 +399,7 @@ class StepController final : public Controller {
   // A link changed rate: what the other plans measured is stale, and so is the model's error.
   void void_records_but(const Plan& keep, uint64_t step, const char* why) {
     std::erase_if(records_, [&](const Record& r) { return !r.plan.same(keep); });
+    explore_ = true;
     sparse_error_ = ring_error_ = {};
     voided_ = std::string("records voided at step ") + std::to_string(step) + ": " + why;
   }
@@ -521,6 +528,7 @@ class StepController final : public Controller {
   bool decided_ = false;
   bool probed_ = false, probing_ = false;
   bool answer_now_ = false;  // the next decision needs no hold (after the start-up one)
+  bool explore_ = true;      // a move up to a denser sparse plan is allowed (reset by a rate change)
   Plan in_force_;
   int want_ = 0;
   uint64_t wanted_ = 0;
