@@ -31,13 +31,16 @@
 // sizes) separates alpha from beta for a one-bucket job.
 //
 // No flip-flops: the plan in force is kept while its price stays within 3 x slack of the
-// cheapest; a move down (too slow) or up (a plan at least 4x denser, or the ring, within the
-// slack) needs `step_confirm_steps` consecutive observations that want it, and `step_hold_steps`
-// steps since the last decision (not after the start-up decision: its answer comes as soon as
-// it is measured). A rate change voids the records: seen as kChangeConfirmSteps steps in a row
-// whose measured time is 2x off the plan's record, or as a restart of a link fit (LinkFit: the
-// same, on message sizes it has seen). Limit: a change that none of the plan in force's own
-// messages shows (a shaper whose burst covers them) is not seen until some plan sends larger ones.
+// cheapest, and is measured before it is left; a move down (too slow) or up (the ring, or — as
+// the first answer after the start or a rate change only — a sparse plan at least 4x denser,
+// within the slack) needs `step_confirm_steps` consecutive observations that want it, and
+// `step_hold_steps` steps since the last decision (not after the start-up decision: its answer
+// comes as soon as the ring is measured). A rate change voids the other plans' records: seen as
+// kChangeConfirmSteps steps in a row whose measured time is 2x off the plan in force's record, or
+// as a restart of a link fit (LinkFit: the same, on message sizes it has seen) away from a
+// decision that the plan in force's own time followed. Limit: a change that none of the plan in
+// force's own messages shows (a shaper whose burst covers them) is not seen until some plan
+// sends larger ones.
 #include "controller_internal.h"
 
 #include <algorithm>
