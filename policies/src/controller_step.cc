@@ -31,8 +31,8 @@
 // sizes) separates alpha from beta for a one-bucket job.
 //
 // No flip-flops: the plan in force is kept while its price stays within 3 x slack of the
-// cheapest, and is measured before it is left; a move down (too slow) or up (the ring, or — as
-// the first answer after the start or a rate change only — a sparse plan at least 4x denser,
+// cheapest, and is measured before it is left; a move down (too slow) or — as the first answer
+// after the start or a rate change only — up (the ring, or a sparse plan at least 4x denser,
 // within the slack) needs `step_confirm_steps` consecutive observations that want it, and
 // `step_hold_steps` steps since the last decision (not after the start-up decision: its answer
 // comes as soon as the ring is measured). A rate change voids the other plans' records: seen as
@@ -131,7 +131,8 @@ class StepController final : public Controller {
         in_force_modelled_before > 0) {
       const double predicted = std::log(model_seconds(in_force_, w, knobs->format) / in_force_modelled_before);
       const double seen = recent_change();
-      if (std::fabs(predicted) >= std::log(1.25) && seen * predicted > 0 && std::fabs(seen) >= 0.5 * std::fabs(predicted)) {
+      if (std::fabs(predicted) >= std::log(1.25) && seen * predicted > 0 &&
+          std::fabs(seen) >= std::max(0.5 * std::fabs(predicted), std::log(1.25))) {
         void_records_but(in_force_, o.step, "a link fit restarted and the plan in force's time followed");
       }
     }
@@ -175,11 +176,11 @@ class StepController final : public Controller {
     const Plan now = decided_ ? in_force_ : Plan{false, q};
     const Candidate in = candidate(now, w, knobs->format, s);
     const bool too_slow = in.price > cheapest * (1 + 3 * s.step.slack);
-    // Up to a denser sparse plan only once per rate change (its first answer): sparse plans are
-    // worth the same to the price, and between near-equal ones the noise of a loaded host flips
-    // the comparison of records taken at different times (the real job went 0.004 -> 0.064 ->
-    // 0.256 -> 0.064 -> ...). Down (too slow) and up to the ring stay open.
-    const bool room = !now.dense && (best.plan.dense || (explore_ && best.plan.density >= 4 * now.density));
+    // Up (to the ring, or a sparse plan 4x denser) only as the first answer after the start or a
+    // rate change: between near-equal plans the noise of a loaded host flips the comparison of
+    // records taken at different times (the real jobs went 0.004 -> 0.064 -> 0.256 -> 0.064 ...
+    // and ring -> sparse -> ring ... on a steady link). Down (too slow) stays open.
+    const bool room = explore_ && !now.dense && (best.plan.dense || best.plan.density >= 4 * now.density);
     const int want = too_slow ? -1 : room ? 1 : 0;
     if (want != 0 && want == want_) {
       ++wanted_;
