@@ -66,9 +66,15 @@ constexpr double kRecordSmoothing = 0.3;  // EMA weight of a plan's new measured
 constexpr uint64_t kRecordTrusted = 3;  // measured steps before a record prices its plan
 constexpr uint64_t kProbeSteps = 20;    // the start-up probe's longest run
 constexpr uint64_t kStartSteps = 3;     // the job's first steps: no record of their times
-// Steps in a row off a link fit or a record by 2x that make a rate change: 3, so that the
-// scheduling noise of a loaded host on small messages (two slow steps) voids nothing.
-constexpr uint64_t kChangeConfirmSteps = 3;
+// Steps in a row off a link fit by 2x that make it restart: 3, so that the scheduling noise of a
+// loaded host on small messages (two slow steps) restarts nothing.
+constexpr uint64_t kLinkConfirmSteps = 3;
+// Steps that make a rate change of the plan in force: 5 in a row 2x off its record, or a mean of
+// the last 5 that moved >= kFollowed as a link fit's restart predicts. A sparse step of a small
+// model costs a few ms, and a loaded host moves that by 50 % for several steps (the real jobs
+// voided their records on such noise with 3 steps and 25 %).
+constexpr uint64_t kChangeConfirmSteps = 5;
+constexpr double kFollowed = 1.5;
 
 double smooth_log(double mean, double sample, double alpha) {
   if (!(mean > 0)) return sample;
@@ -124,16 +130,24 @@ class StepController final : public Controller {
     const double top = std::min(s.density_max, 0.5);
     observe_step(o, q, top, knobs->format, w);
     // A link fit restarted, away from a decision (right after one it is the fit meeting the new
-    // plan's sizes): the link changed rate and the other plans' records are stale — if the plan
-    // in force's own time moved as the new fit says it should. A fit of small messages restarts
-    // behind a shaper's burst (its bucket running dry and refilling) while no step costs more.
+    // plan's sizes): the link changed rate and the other plans' records are stale — if, within
+    // kChangeConfirmSteps steps, the plan in force's own time moved as the new fit says it
+    // should. A fit of small messages restarts behind a shaper's burst (its bucket running dry
+    // and refilling) while no step costs more.
     if (link_changes() != changes_before && decided_ && o.step > last_decision_step_ + 2 * s.step.hold_steps &&
         in_force_modelled_before > 0) {
-      const double predicted = std::log(model_seconds(in_force_, w, knobs->format) / in_force_modelled_before);
+      restart_ = {true, o.step, in_force_modelled_before};
+    }
+    if (restart_.pending && (o.step > restart_.step + kChangeConfirmSteps || last_decision_step_ > restart_.step)) {
+      restart_.pending = false;
+    }
+    if (restart_.pending) {
+      const double predicted = std::log(model_seconds(in_force_, w, knobs->format) / restart_.modelled_before);
       const double seen = recent_change();
-      if (std::fabs(predicted) >= std::log(1.25) && seen * predicted > 0 &&
-          std::fabs(seen) >= std::max(0.5 * std::fabs(predicted), std::log(1.25))) {
+      if (std::fabs(predicted) >= std::log(kFollowed) && seen * predicted > 0 &&
+          std::fabs(seen) >= std::max(0.5 * std::fabs(predicted), std::log(kFollowed))) {
         void_records_but(in_force_, o.step, "a link fit restarted and the plan in force's time followed");
+        restart_.pending = false;
       }
     }
 
@@ -260,7 +274,7 @@ class StepController final : public Controller {
       for (const auto& [index, sample] : batch) {
         if (index == i) one.push_back(sample);
       }
-      if (!one.empty()) links_[i].fit.add_step(one, forget, kChangeConfirmSteps);
+      if (!one.empty()) links_[i].fit.add_step(one, forget, kLinkConfirmSteps);
     }
   }
 
@@ -520,6 +534,11 @@ class StepController final : public Controller {
     double record = 0;    // its plan's record before it
   };
   std::vector<Recent> recent_;  // the last kChangeConfirmSteps + 1 recorded steps of last_ran_
+  struct Restart {
+    bool pending = false;
+    uint64_t step = 0;           // when a link fit restarted
+    double modelled_before = 0;  // the plan in force's modelled time before it
+  } restart_;
   // Smoothed measured - modelled step time of the sparse plans / the ring that ran: what the
   // model misses on that path (a peer's wait, an overhead of the ring), charged to its unrun plans.
   struct ModelError {
