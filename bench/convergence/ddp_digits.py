@@ -43,6 +43,26 @@ def ring_bytes_per_node(calls, elements, nodes):
     return 2 * (nodes - 1) * HEADER_BYTES * calls + 2 * (nodes - 1) * 4 * elements / nodes
 
 
+def load_digits_arrays(path=None):
+    """scikit-learn's digits (x float64 [1797, 64], y int64), from `path` (an .npz that
+    save_digits wrote) when given, else from scikit-learn itself. The trainers read the launcher's
+    copy: importing sklearn (and scipy) costs each trainer process about 2 s of CPU, per job."""
+    import numpy as np
+    if path:
+        with np.load(path) as f:
+            return f["x"], f["y"]
+    from sklearn.datasets import load_digits
+    return load_digits(return_X_y=True)
+
+
+def save_digits(path):
+    """Writes the digits once for every trainer of a run (the same arrays, bit for bit)."""
+    import numpy as np
+    x, y = load_digits_arrays()
+    np.savez(path, x=x, y=y)
+    return path
+
+
 # ---------------------------------------------------------------------------------------------
 # trainer side
 # ---------------------------------------------------------------------------------------------
@@ -58,8 +78,7 @@ def trainer(args):
     local_rank = int(os.environ["LOCAL_RANK"])
     dist.init_process_group("gloo", rank=rank, world_size=world)
 
-    from sklearn.datasets import load_digits
-    x, y = load_digits(return_X_y=True)
+    x, y = load_digits_arrays(args.digits)
     x = (x / 16.0).astype(np.float32)
     perm = np.random.default_rng(args.seed).permutation(len(y))
     n_test = len(y) // 4
@@ -250,6 +269,8 @@ def run(args):
                   keep=args.keep_logs) as job:
         if "sparsecar" in args.methods.split(","):
             job.start_daemons()
+        if not args.digits:  # one copy of the data for every trainer of every job
+            args.digits = save_digits(os.path.join(job.dir, "digits.npz"))
         # --jobs N: N DDP jobs one after another on the same (long-lived) daemons.
         runs = [summarize(args, *_run_trainers(args, job, world, L, j)) for j in range(args.jobs)]
         if args.keep_logs:
@@ -297,6 +318,8 @@ def _forward(args):
     out = []
     for k in keys:
         out += ["--" + k.replace("_", "-"), str(getattr(args, k))]
+    if args.digits:
+        out += ["--digits", args.digits]
     if args.report_compute_time:
         out.append("--report-compute-time")
     if args.momentum_correction:
@@ -352,6 +375,8 @@ def print_summary(s):
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--trainer", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--digits", help="the digits as an .npz of x and y (default: the launcher writes one from "
+                                    "scikit-learn for its trainers; a trainer without it loads scikit-learn's)")
     p.add_argument("--socket", help=argparse.SUPPRESS)
     p.add_argument("--sparsecard", help="path of the sparsecard binary")
     p.add_argument("--pythonpath", help="directory holding the sparsecar package (e.g. build/python)")

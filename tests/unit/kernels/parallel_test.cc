@@ -160,11 +160,16 @@ TEST(kernelsParallel, ThresholdAndFusedEfAreIdenticalForEveryThreadCount) {
 }
 
 // decode_accumulate with a pool: the same sums, bit for bit, for every format and value type
-// (the scatters split; the other formats ignore the pool), and the same rejections.
+// (the scatters split; the other formats ignore the pool), and the same rejections. Dense carries
+// every element whatever the density, so it is checked once (with the first density): its payload
+// would be the same bytes for the other two.
 TEST(kernelsParallel, DecodeIsIdenticalForEveryThreadCount) {
   const size_t n = 8 * kParallelMinElements + 4099;  // bitmap: 2 chunks and a partial last word
   const auto x = testing::normal_floats(n, 13);
   const auto base = testing::normal_floats(n, 14);
+  // Two 8 MiB buffers, refilled from `base` for each decode (fresh vectors cost a large ASan
+  // allocation and its page faults every time).
+  std::vector<float> serial(n), par(n);
   for (double d : {0.002, 0.05, 0.4}) {
     const size_t k = topk_count(n, d);
     std::vector<std::byte> scratch(topk_scratch_bytes(n));
@@ -172,6 +177,7 @@ TEST(kernelsParallel, DecodeIsIdenticalForEveryThreadCount) {
     std::vector<float> value(k);
     ASSERT_TRUE(topk_exact(x, k, scratch, index.data(), value.data()).ok());
     for (Format f : {Format::kCoo, Format::kBitmap, Format::kRle, Format::kDense}) {
+      if (f == Format::kDense && d != 0.002) continue;  // the same payload as at the first density
       for (ValueType vt : {ValueType::kF32, ValueType::kF16, ValueType::kI8}) {
         EncodeParams p;
         p.format = f;
@@ -187,7 +193,7 @@ TEST(kernelsParallel, DecodeIsIdenticalForEveryThreadCount) {
         ASSERT_TRUE(size.ok());
         std::vector<std::byte> payload(*size);
         ASSERT_TRUE(encode(p, n, idx, val, payload).ok());
-        std::vector<float> serial = base;
+        std::copy(base.begin(), base.end(), serial.begin());
         ASSERT_TRUE(decode_accumulate(f, vt, payload, idx.size(), serial).ok());
         // Independent check of the serial result at the kept indices (fp32: exact sums).
         if (vt == ValueType::kF32) {
@@ -197,15 +203,15 @@ TEST(kernelsParallel, DecodeIsIdenticalForEveryThreadCount) {
         }
         for (unsigned threads : {2u, 3u}) {
           ThreadPool pool(threads);
-          std::vector<float> par = base;
+          std::copy(base.begin(), base.end(), par.begin());
           ASSERT_TRUE(decode_accumulate(f, vt, payload, idx.size(), par, &pool).ok());
           ASSERT_EQ(0, std::memcmp(serial.data(), par.data(), n * sizeof(float)))
               << "format " << static_cast<int>(f) << " value type " << static_cast<int>(vt) << " density " << d
               << " threads " << threads;
-          // A wrong count is still rejected, and nothing is written.
-          std::vector<float> untouched = base;
-          EXPECT_FALSE(decode_accumulate(f, vt, payload, idx.size() + 1, untouched, &pool).ok());
-          EXPECT_EQ(0, std::memcmp(untouched.data(), base.data(), n * sizeof(float)));
+          // A wrong count is still rejected, and nothing is written: `par` (now equal to `serial`)
+          // stays byte for byte what it was.
+          EXPECT_FALSE(decode_accumulate(f, vt, payload, idx.size() + 1, par, &pool).ok());
+          EXPECT_EQ(0, std::memcmp(par.data(), serial.data(), n * sizeof(float)));
         }
       }
     }
