@@ -99,6 +99,7 @@ struct Trace {
   double first_quantile = 0;        // exact quantile of step 0's magnitudes at the target density
   double sent = 0;                  // elements per node over the run
   double bytes = 0;                 // the most any node sent, summed over the run
+  double largest_move() const { return moves.empty() ? 0.0 : *std::max_element(moves.begin(), moves.end()); }
 };
 
 // `steps` steps of two nodes of n/2 elements each; gradients shrink `shrink`x over the run.
@@ -293,8 +294,7 @@ TEST(BudgetCalibrationTest, RunBudgetIsMetAndTheStartUpFromTopKSettlesIn15Steps)
   const std::optional<uint64_t> settled = settled_at(tr.density, 0.005, 280);
   ASSERT_TRUE(settled.has_value());
   EXPECT_LE(*settled, 15u);
-  double largest_move = 0;
-  for (double m : tr.moves) largest_move = std::max(largest_move, m);
+  const double largest_move = tr.largest_move();
   EXPECT_LE(largest_move, std::log(2.0) + 1e-9);
   EXPECT_LT(off(tr.sent, s.budget.total_elements), 0.02) << "sent " << tr.sent;
   std::printf("[trace] run budget from top-k: settled (within 25 %%, for good) at step %llu, largest move %.3fx, "
@@ -319,8 +319,7 @@ TEST(BudgetCalibrationTest, FromTheThresholdAtALambda1e4TooHighTheStartUpSettles
   const std::optional<uint64_t> settled = settled_at(tr.density, 0.005, 300);
   ASSERT_TRUE(settled.has_value());
   EXPECT_LE(*settled, 15u);
-  double largest_move = 0;
-  for (double m : tr.moves) largest_move = std::max(largest_move, m);
+  const double largest_move = tr.largest_move();
   EXPECT_LE(largest_move, std::log(2.0) + 1e-9);
 }
 
