@@ -38,7 +38,11 @@
 // comes as soon as the ring is measured). A rate change voids the other plans' records: seen as
 // kChangeConfirmSteps steps in a row whose measured time is 2x off the plan in force's record, or
 // as a restart of a link fit (LinkFit: the same, on message sizes it has seen) away from a
-// decision that the plan in force's own time followed. Limit: a change that none of the plan in
+// decision that the plan in force's own time followed. A move to a plan that has not run (or
+// whose record was voided) is a trial: once that plan is measured, a price above the measured
+// plan it left takes the job back at once (without the hold), so a model that underprices a path
+// it has never seen (after a dense warm-up, nothing sparse has run) costs one short excursion,
+// not the rest of the job behind the hysteresis. Limit: a change that none of the plan in
 // force's own messages shows (a shaper whose burst covers them) is not seen until some plan
 // sends larger ones.
 #include "controller_internal.h"
@@ -206,6 +210,24 @@ class StepController final : public Controller {
     const bool in_unmeasured = decided_ && !in.measured && o.step < last_decision_step_ + kProbeSteps;
     const bool may = !in_unmeasured && (!decided_ || answer_now_ || o.step >= last_decision_step_ + s.step.hold_steps);
     Candidate chosen = in;
+    // A move made on the model's word is a trial: once the plan it chose is measured, a price above
+    // that of the plan it left (still measured: no rate change since) takes it back at once.
+    if (trial_.on && (o.step > trial_.step + kProbeSteps || trusted_record(trial_.left) == nullptr)) trial_.on = false;
+    if (trial_.on && in.measured) {
+      trial_.on = false;
+      const Candidate back = candidate(trial_.left, w, knobs->format, s);
+      if (in.price > back.price) {
+        char note[256];
+        std::snprintf(note, sizeof note, "step: trial failed: %s %.3g ms measured, price %.3g ms vs %.3g ms of %s",
+                      plan_name(in.plan).c_str(), in.seconds * 1e3, in.price * 1e3, back.price * 1e3,
+                      plan_name(back.plan).c_str());
+        ctx.status->decision_note = note;
+        decide(back.plan, o.step, /*answer_now=*/false);
+        describe(ctx, back, cheapest, best, s.step.dense_worth);
+        apply(knobs);
+        return Status::Ok();
+      }
+    }
     if (want_ != 0 && wanted_ >= std::max<uint64_t>(s.step.confirm_steps, 1) && may) {
       char note[256];
       std::snprintf(note, sizeof note, "step: %s %.3g ms%s, price %.3g ms vs cheapest %.3g ms; to %s %.3g ms%s",
@@ -215,6 +237,7 @@ class StepController final : public Controller {
       ctx.status->decision_note = note;
       if (!voided_.empty()) ctx.status->decision_note.append("; ").append(voided_);
       decide(best.plan, o.step, /*answer_now=*/false);
+      if (!best.measured && in.measured) trial_ = {true, o.step, now};
       chosen = best;
     }
     describe(ctx, chosen, cheapest, best, s.step.dense_worth);
@@ -240,6 +263,7 @@ class StepController final : public Controller {
     in_force_ = p;
     last_decision_step_ = step;
     answer_now_ = answer_now;
+    trial_.on = false;
     explore_ = answer_now;  // the start-up ring's answer may still go up; later moves may not
     want_ = 0;
     wanted_ = 0;
@@ -534,6 +558,11 @@ class StepController final : public Controller {
     double record = 0;    // its plan's record before it
   };
   std::vector<Recent> recent_;  // the last kChangeConfirmSteps + 1 recorded steps of last_ran_
+  struct Trial {
+    bool on = false;
+    uint64_t step = 0;  // of the move
+    Plan left;          // the measured plan it left
+  } trial_;
   struct Restart {
     bool pending = false;
     uint64_t step = 0;           // when a link fit restarted
