@@ -1,6 +1,7 @@
 #include "daemon/pipeline/observations.h"
 
 #include <array>
+#include <chrono>
 #include <bit>
 #include <charconv>
 #include <cmath>
@@ -54,6 +55,7 @@ std::string format_observation(const policies::NodeObservation& o) {
   line("grad_norm2", o.grad_norm2);
   line("residual_norm2", o.residual_norm2);
   line("compute_s", o.compute_s);
+  if (o.period_s > 0) line("period_s", o.period_s);  // added with step controller v3; older parsers skip it
   if (o.has_loss) line("loss", o.loss);
   if (o.has_loss_target) line("loss_target", o.loss_target);
   if (o.magnitude_elements > 0 && o.magnitude_hist.size() == policies::kMagnitudeBins &&
@@ -157,6 +159,9 @@ Expected<policies::NodeObservation> parse_observation(std::string_view text) {
       o.residual_norm2 = v;
     } else if (key == "compute_s") {
       o.compute_s = v;
+    } else if (key == "period_s") {
+      if (v > 3600) return data_loss("observation: value for 'period_s' out of range");
+      o.period_s = v;
     } else if (key == "loss") {
       o.loss = v;
       o.has_loss = true;
@@ -189,9 +194,18 @@ Expected<policies::NodeObservation> parse_observation(std::string_view text) {
   return o;
 }
 
+double StepPeriod::on_finish(uint64_t step, Clock::time_point now) {
+  const bool follows = has_last_ && step == last_step_ + 1 && now > last_;
+  const double seconds = follows ? std::chrono::duration<double>(now - last_).count() : 0.0;
+  has_last_ = true;
+  last_step_ = step;
+  last_ = now;
+  return seconds;
+}
+
 ObservationCollector::ObservationCollector(uint32_t rank, uint64_t job_id, Transport* transport,
-                                           ControllerRunner* runner)
-    : rank_(rank), job_id_(job_id), transport_(transport), runner_(runner) {}
+                                           ControllerRunner* runner, const Clock& clock)
+    : rank_(rank), job_id_(job_id), transport_(transport), runner_(runner), clock_(clock) {}
 
 void ObservationCollector::on_metric(const std::string& name, double value, uint64_t /*step*/) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -201,6 +215,7 @@ void ObservationCollector::on_metric(const std::string& name, double value, uint
 
 void ObservationCollector::on_reset() {
   current_.reset();
+  period_.reset();
   records_ = 0;
   last_selected_.clear();
   if (runner_) runner_->reset();
@@ -304,6 +319,7 @@ void ObservationCollector::finish(const Decision& decision) {
   policies::NodeObservation o = std::move(*current_);
   current_.reset();
   records_ = 0;
+  o.period_s = period_.on_finish(o.step, clock_.now());
   if (magnitudes_incomplete_) {
     // A tensor of the step is missing from them: its quantiles would be another population's.
     o.magnitude_hist.clear();

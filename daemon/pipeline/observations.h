@@ -27,6 +27,7 @@
 
 #include "daemon/pipeline/decisions.h"
 #include "daemon/transport/transport.h"
+#include "sparsecar/common/clock.h"
 #include "sparsecar/common/status.h"
 #include "sparsecar/policies/controllers.h"
 
@@ -79,10 +80,26 @@ class StepObserver {
 std::string format_observation(const policies::NodeObservation& o);
 Expected<policies::NodeObservation> parse_observation(std::string_view text);
 
+// NodeObservation::period_s: the wall time between two consecutive steps finishing on a node.
+class StepPeriod {
+ public:
+  // Step `step` finished at `now`: seconds since step - 1 finished, or 0 (the first step seen,
+  // a gap in the steps, a clock that did not move forward).
+  double on_finish(uint64_t step, Clock::time_point now);
+  void reset() { has_last_ = false; }
+
+ private:
+  bool has_last_ = false;
+  uint64_t last_step_ = 0;
+  Clock::time_point last_;
+};
+
 class ObservationCollector final : public StepObserver {
  public:
   // `runner` is set on rank 0 only; `transport` may be null when world_size == 1.
-  ObservationCollector(uint32_t rank, uint64_t job_id, Transport* transport, ControllerRunner* runner);
+  // `clock` (period_s) must outlive the collector.
+  ObservationCollector(uint32_t rank, uint64_t job_id, Transport* transport, ControllerRunner* runner,
+                       const Clock& clock = steady_clock());
 
   void on_tensor_step(const TensorStepRecord& record, const Decision& decision) override;
   void on_metric(const std::string& name, double value, uint64_t step) override;
@@ -102,6 +119,7 @@ class ObservationCollector final : public StepObserver {
   const uint64_t job_id_;
   Transport* const transport_;
   ControllerRunner* const runner_;
+  const Clock& clock_;
 
   // Pipeline thread.
   std::optional<policies::NodeObservation> current_;
@@ -110,6 +128,7 @@ class ObservationCollector final : public StepObserver {
   bool magnitudes_incomplete_ = false;  // a record of the current step could not be histogrammed
   std::map<uint32_t, std::vector<uint64_t>> last_selected_;  // tensor -> bitmap of last step's zeros
   uint64_t finished_ = 0;
+  StepPeriod period_;
   std::shared_ptr<const Config> active_config_;  // the decision config active_ was parsed from
   policies::ControllerSet active_ = 0;
 

@@ -113,7 +113,7 @@ struct Record {
 class StepController final : public Controller {
  public:
   ControllerKind kind() const override { return ControllerKind::kStep; }
-  uint32_t version() const override { return 2; }
+  uint32_t version() const override { return 3; }
 
   Status update(const ControlContext& ctx, ControlKnobs* knobs) override {
     const auto& s = ctx.settings;
@@ -380,7 +380,16 @@ class StepController final : public Controller {
       recent_.clear();
       return;
     }
-    const double measured = compute() + o.encode_s + o.exchange_s;
+    // The whole step where the daemons timed it (period_s: the trainer's compute, the hook and
+    // its copies, encode, exchange); else the parts they see. What the parts miss is the step's
+    // overhead, which every plan pays: the model charges it to the plans that did not run.
+    const double parts = std::max(o.compute_s, 0.0) + o.encode_s + o.exchange_s;
+    const double measured = o.period_s > 0 ? o.period_s : compute() + o.encode_s + o.exchange_s;
+    if (o.period_s > 0) {
+      const double gap = std::max(o.period_s - parts, 0.0);
+      overhead_ = overhead_steps_ == 0 ? gap : (1 - kCostSmoothing) * overhead_ + kCostSmoothing * gap;
+      ++overhead_steps_;
+    }
     Record& r = record_of(ran);
     // The last steps' times and the record before them: what recent_change() compares.
     if (recent_.size() > kChangeConfirmSteps) recent_.erase(recent_.begin());
@@ -453,7 +462,7 @@ class StepController final : public Controller {
 
   // The model's step time for a plan (the trainer's compute included; the model's error not).
   double model_seconds(const Plan& p, uint32_t w, kernels::Format format) const {
-    double t = compute();
+    double t = compute() + overhead_;
     for (const auto& x : tensors_) {
       if (p.dense) {
         const uint64_t chunk = kWireHeaderBytes + 4 * ((x.elements + w - 1) / w);
@@ -532,12 +541,12 @@ class StepController final : public Controller {
     char buf[640];
     std::snprintf(buf, sizeof buf,
                   "links: alpha %.3g ms, %.4g MB/s (slowest of %zu, %llu rate changes); per element: encode "
-                  "%.3g ns%s, ring %.3g ns%s; decode %.3g ns/entry%s; trainer %.3g ms; measured: %s; "
+                  "%.3g ns%s, ring %.3g ns%s; decode %.3g ns/entry%s; trainer %.3g ms, overhead %.3g ms; measured: %s; "
                   "sparse steps worth 1/%.3g; in force %s (%.3g ms/step%s); best %s (%.3g ms%s, price %.3g ms, "
                   "cheapest %.3g ms)",
                   alpha * 1e3, beta > 0 ? 1e-6 / beta : 0.0, links_.size(), static_cast<unsigned long long>(link_changes()),
                   encode_cost() * 1e9, encode_ > 0 ? "" : " (prior)", ring_cost() * 1e9, ring_ > 0 ? "" : " (prior)",
-                  decode_cost() * 1e9, decode_ > 0 ? "" : " (prior)", compute() * 1e3,
+                  decode_cost() * 1e9, decode_ > 0 ? "" : " (prior)", compute() * 1e3, overhead_ * 1e3,
                   measured.empty() ? "nothing yet" : measured.c_str(), std::max(dense_worth, 1.0),
                   decided_ ? plan_name(now.plan).c_str() : "as asked", now.seconds * 1e3, now.measured ? "" : ", modelled",
                   plan_name(best.plan).c_str(), best.seconds * 1e3, best.measured ? "" : ", modelled", best.price * 1e3,
@@ -577,6 +586,8 @@ class StepController final : public Controller {
   ModelError sparse_error_, ring_error_;
   double encode_ = 0, decode_ = 0, ring_ = 0;  // seconds per element / entry; 0: not measured
   double compute_s_ = 0;
+  double overhead_ = 0;  // smoothed period_s - (compute + encode + exchange): what every step pays
+  uint64_t overhead_steps_ = 0;
   bool decided_ = false;
   bool probed_ = false, probing_ = false;
   bool answer_now_ = false;  // the next decision needs no hold (after the start-up one)

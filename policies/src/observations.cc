@@ -79,6 +79,7 @@ JobObservation merge_observations(std::span<const NodeObservation> nodes, uint32
       }
     }
     if (n.compute_s >= 0) j.compute_s = std::max(j.compute_s, n.compute_s);
+    j.period_s = std::max(j.period_s, n.period_s);
     j.grad_norm2 += n.grad_norm2;
     j.residual_norm2 += n.residual_norm2;
     if (n.link_s > 0 && n.link_bytes > 0) goodput = std::min(goodput, static_cast<double>(n.link_bytes) / n.link_s);

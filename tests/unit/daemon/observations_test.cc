@@ -110,8 +110,10 @@ TEST(ObservationText, StepCostsAndLinkSamplesRoundTrip) {
   o.reduce_s = 0.0005;
   o.link_samples.push_back({.peer = 0, .bytes = 4096, .seconds = 1.25e-4});
   o.link_samples.push_back({.peer = 2, .bytes = 2'400'080, .seconds = 0.0192});
+  o.period_s = 0.0421;
   auto back = parse_observation(format_observation(o));
   ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_DOUBLE_EQ(back->period_s, 0.0421);
   EXPECT_DOUBLE_EQ(back->decode_s, 0.003);
   EXPECT_DOUBLE_EQ(back->reduce_s, 0.0005);
   ASSERT_EQ(back->link_samples.size(), 2u);
@@ -125,6 +127,7 @@ TEST(ObservationText, StepCostsAndLinkSamplesRoundTrip) {
   policies::NodeObservation other;
   other.rank = 0;
   other.link_samples.push_back({.peer = 1, .bytes = 100, .seconds = 0.5});
+  other.period_s = 0.05;
   const auto j = policies::merge_observations(std::vector<policies::NodeObservation>{self, other}, 3);
   ASSERT_EQ(j.link_samples.size(), 3u);
   EXPECT_EQ(j.link_samples[0].from, 0u);
@@ -132,6 +135,24 @@ TEST(ObservationText, StepCostsAndLinkSamplesRoundTrip) {
   EXPECT_EQ(j.link_samples[2].from, 1u);
   EXPECT_EQ(j.link_samples[2].to, 0u);
   EXPECT_DOUBLE_EQ(j.decode_s, 0.003);
+  EXPECT_DOUBLE_EQ(j.period_s, 0.05) << "the longest node's";
+}
+
+TEST(StepPeriod, SecondsBetweenConsecutiveStepsOnly) {
+  StepPeriod p;
+  const Clock::time_point t0{std::chrono::seconds(100)};
+  EXPECT_EQ(p.on_finish(7, t0), 0.0) << "the first step seen";
+  EXPECT_DOUBLE_EQ(p.on_finish(8, t0 + std::chrono::milliseconds(40)), 0.040);
+  EXPECT_EQ(p.on_finish(10, t0 + std::chrono::milliseconds(90)), 0.0) << "step 9 never finished here";
+  EXPECT_DOUBLE_EQ(p.on_finish(11, t0 + std::chrono::milliseconds(105)), 0.015);
+  EXPECT_EQ(p.on_finish(12, t0 + std::chrono::milliseconds(105)), 0.0) << "no time passed";
+  p.reset();
+  EXPECT_EQ(p.on_finish(13, t0 + std::chrono::milliseconds(200)), 0.0) << "a reset: a new job";
+  // On the wire: a bad period is refused, an unknown one not sent.
+  EXPECT_FALSE(parse_observation("period_s -0.5\n").ok());
+  EXPECT_FALSE(parse_observation("period_s 1e9\n").ok());
+  EXPECT_EQ(format_observation(policies::NodeObservation{}).find("period_s"), std::string::npos)
+      << "unknown periods are not sent";
 }
 
 TEST(ObservationText, BadLinkSamplesAreRefused) {

@@ -128,6 +128,10 @@ struct Plant {
   double line = 0;
   double ring_hidden = 0;          // per dense step, in the exchange time but in no link sample
   double sparse_hidden = 0;        // the same per sparse step (a peer's wait the model misses)
+  // The daemons time whole steps (period_s), which pay `overhead` outside compute, encode and
+  // exchange (the hook, its copies); without report_period they report the parts alone.
+  bool report_period = false;
+  double overhead = 0;
   // Every `flutter_every` steps, 4 steps whose link samples (not step times) are x flutter: the
   // receivers' timing of small messages changing regime (a shaper's bucket running dry and
   // refilling) with no change of what a step costs.
@@ -161,7 +165,7 @@ struct Plant {
 
   // The true time a plan adds to a step at link `beta` (the controller's model, with the truth).
   double true_price(bool dense, double d, double beta) const {
-    double t = compute;
+    double t = compute + overhead;
     for (uint64_t n : tensors) {
       if (dense) {
         t += ring * static_cast<double>(n) + 2.0 * (world - 1) * link(beta, ring_chunk(n)) + (n == tensors[0] ? ring_hidden : 0);
@@ -225,6 +229,7 @@ struct Plant {
         o.exchange_s += 2.0 * (world - 1) * link(beta, ring_chunk(n)) * jitter() + reduce_s + (id == 0 ? ring_hidden : 0);
       }
     }
+    if (report_period) o.period_s = o.compute_s + o.encode_s + o.exchange_s + overhead * jitter();
     return o;
   }
 };
@@ -265,6 +270,7 @@ struct ProfileRun {
   std::vector<uint64_t> decisions;  // steps of the proposals
   std::vector<double> excess;       // per step: true price of the plan in force / cheapest true price
   std::vector<ControlKnobs> in_force;
+  ControlStatus status;             // the controllers' status after the last step
 };
 
 // Runs `steps` steps with beta(step) from `profile`; steps 0 .. warmup-1 run the ring whatever
@@ -289,6 +295,7 @@ ProfileRun run_profile(Plant& plant, double floor, uint64_t steps, Profile profi
     job.feed(plant.step(s, k, beta));
   }
   r.decisions = job.proposal_steps;
+  r.status = job.loop.status();
   return r;
 }
 
@@ -525,6 +532,33 @@ TEST(StepController, AMoveOnTheModelsWordIsUndoneWhenItMeasuresWorse) {
   EXPECT_EQ(decisions_in(r, 40, 300), 0u);
   EXPECT_FALSE(r.in_force[299].compression) << "ring " << ring << " s vs 2 x sparse " << sparse << " s";
   expect_near_cheapest(r, 40, 300, "sparse steps the model underprices");
+}
+
+TEST(StepController, TheStepsOverheadOutsideTheDaemonIsPricedIntoEveryPlan) {
+  // 85 k parameters at 200 Mbit/s after a 6-step dense warm-up; every step also pays 10 ms the
+  // daemon's compute, encode and exchange times do not hold (the trainer's hook and copies: the
+  // real small jobs' steps were ~10 ms longer than those). With it a sparse step's price (x 2)
+  // is above the ring's; without it far below. The records must be whole steps (period_s), and
+  // the unmeasured sparse plans must pay the overhead too, or the ring is left for a trial.
+  Plant plant = small_model(0.005);
+  plant.report_period = true;
+  plant.overhead = 0.010;
+  const double rate200M = 1.0 / 25e6;
+  const double ring = plant.true_price(true, 1, rate200M), sparse = 2 * plant.true_price(false, 0.001, rate200M);
+  ASSERT_GT(sparse, ring);
+  ASSERT_LT(2 * (sparse / 2 - plant.overhead), (ring - plant.overhead) / 1.3) << "the parts alone say sparse";
+  const auto r = run_profile(plant, 0.001, 300, [&](uint64_t) { return rate200M; }, 2.0, true, 3, /*warmup=*/6);
+  EXPECT_EQ(r.decisions.size(), 1u) << "the start-up ring, kept";
+  EXPECT_FALSE(r.in_force[299].compression) << "ring " << ring << " s vs 2 x sparse " << sparse << " s";
+  EXPECT_NEAR(r.status.predicted_step_s, ring, 0.15 * ring) << "the ring's record: a whole step, overhead in";
+  // The same job at 50 Mbit/s: the ring (2 x 170 KB) is far slower; sparse, overhead and all.
+  Plant slow = small_model(0.005);
+  slow.report_period = true;
+  slow.overhead = 0.010;
+  const auto r50 = run_profile(slow, 0.001, 300, [&](uint64_t) { return kRate50M; }, 2.0, true, 3, 6);
+  EXPECT_TRUE(r50.in_force[299].compression);
+  EXPECT_LE(r50.decisions.size(), 2u);
+  expect_near_cheapest(r50, 40, 300, "overhead at 50 Mbit/s");
 }
 
 TEST(StepController, HoldsAndSaysWhyWithoutLinkSamples) {

@@ -82,6 +82,10 @@ struct NodeObservation {
   double grad_norm2 = 0;        // Σ ||local sum||^2 (this node's gradient)
   double residual_norm2 = 0;    // Σ ||residual||^2 after the step (the compression error e_t)
   double compute_s = -1;        // trainer-reported compute time of the step; < 0 unknown
+  // Wall time from this node's previous step (step - 1) to this one, both finished in the daemon:
+  // the whole step as the job lives it (the trainer's compute, the hook and copies, encode,
+  // exchange); 0 unknown (the first step, a gap, a reset).
+  double period_s = 0;
   double loss = 0;              // trainer-reported metric (controller_metric), if has_loss
   bool has_loss = false;
   double loss_target = 0;       // trainer-reported "<metric>_target", if has_loss_target
@@ -113,6 +117,7 @@ struct JobObservation {
   double reduce_s = 0;          // the slowest node's ring reduce time
   std::vector<LinkPairSample> link_samples;  // every node's receiver-side samples
   double compute_s = -1;        // the slowest trainer's compute time; < 0 unknown
+  double period_s = 0;          // the longest node's NodeObservation::period_s; 0 unknown
   double grad_norm2 = 0;        // Σ over nodes
   double residual_norm2 = 0;    // Σ over nodes: this step's ||e_t||^2
   double loss = 0;              // mean over nodes that reported
