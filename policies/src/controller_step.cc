@@ -79,6 +79,7 @@ constexpr uint64_t kLinkConfirmSteps = 3;
 // voided their records on such noise with 3 steps and 25 %).
 constexpr uint64_t kChangeConfirmSteps = 5;
 constexpr double kFollowed = 1.5;
+constexpr size_t kOverheadSteps = 15;  // steps whose median is the step's overhead
 
 double smooth_log(double mean, double sample, double alpha) {
   if (!(mean > 0)) return sample;
@@ -380,15 +381,20 @@ class StepController final : public Controller {
       recent_.clear();
       return;
     }
-    // The whole step where the daemons timed it (period_s: the trainer's compute, the hook and
-    // its copies, encode, exchange); else the parts they see. What the parts miss is the step's
-    // overhead, which every plan pays: the model charges it to the plans that did not run.
-    const double parts = std::max(o.compute_s, 0.0) + o.encode_s + o.exchange_s;
-    const double measured = o.period_s > 0 ? o.period_s : compute() + o.encode_s + o.exchange_s;
+    // A record holds the parts of a step the daemons time (the trainer's compute, encode,
+    // exchange); the whole step (period_s: the wall time between steps, with the hook and its
+    // copies) adds the step's overhead, which every plan pays: prices add it to records and
+    // model alike. Records stay on the parts: the period also holds the trainer's evaluations
+    // and a loaded host's pauses, which would void records on noise.
+    const double measured = compute() + o.encode_s + o.exchange_s;
     if (o.period_s > 0) {
-      const double gap = std::max(o.period_s - parts, 0.0);
-      overhead_ = overhead_steps_ == 0 ? gap : (1 - kCostSmoothing) * overhead_ + kCostSmoothing * gap;
-      ++overhead_steps_;
+      // The median of the last kOverheadSteps: a trainer's evaluation every few steps is not a
+      // cost of any plan.
+      if (gaps_.size() == kOverheadSteps) gaps_.erase(gaps_.begin());
+      gaps_.push_back(std::max(o.period_s - (std::max(o.compute_s, 0.0) + o.encode_s + o.exchange_s), 0.0));
+      std::vector<double> sorted = gaps_;
+      std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
+      overhead_ = sorted[sorted.size() / 2];
     }
     Record& r = record_of(ran);
     // The last steps' times and the record before them: what recent_change() compares.
@@ -462,7 +468,7 @@ class StepController final : public Controller {
 
   // The model's step time for a plan (the trainer's compute included; the model's error not).
   double model_seconds(const Plan& p, uint32_t w, kernels::Format format) const {
-    double t = compute() + overhead_;
+    double t = compute();
     for (const auto& x : tensors_) {
       if (p.dense) {
         const uint64_t chunk = kWireHeaderBytes + 4 * ((x.elements + w - 1) / w);
@@ -487,6 +493,7 @@ class StepController final : public Controller {
       c.seconds = std::max(m + (p.dense ? ring_error_ : sparse_error_).seconds, 0.5 * m);
       if (!p.dense) c.seconds = std::max(c.seconds, bound_from_records(p.density));
     }
+    c.seconds += overhead_;
     c.price = c.seconds * (p.dense ? 1.0 : std::max(s.step.dense_worth, 1.0));
     return c;
   }
@@ -553,7 +560,7 @@ class StepController final : public Controller {
                   cheapest * 1e3);
     ctx.status->step_model = buf;
     ctx.status->predicted_step_s = now.seconds;
-    ctx.status->predicted_exchange_s = std::max(0.0, now.seconds - compute());
+    ctx.status->predicted_exchange_s = std::max(0.0, now.seconds - compute() - overhead_);
   }
 
   std::vector<Link> links_;
@@ -586,8 +593,8 @@ class StepController final : public Controller {
   ModelError sparse_error_, ring_error_;
   double encode_ = 0, decode_ = 0, ring_ = 0;  // seconds per element / entry; 0: not measured
   double compute_s_ = 0;
-  double overhead_ = 0;  // smoothed period_s - (compute + encode + exchange): what every step pays
-  uint64_t overhead_steps_ = 0;
+  double overhead_ = 0;      // median period_s - (compute + encode + exchange): what every step pays
+  std::vector<double> gaps_;  // the last kOverheadSteps of those differences
   bool decided_ = false;
   bool probed_ = false, probing_ = false;
   bool answer_now_ = false;  // the next decision needs no hold (after the start-up one)
