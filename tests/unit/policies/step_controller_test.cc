@@ -320,13 +320,15 @@ Plant big_model(double noise = 0.1) {
   return p;
 }
 
-TEST(StepController, StepDownOneDecisionPerChangeAndNoneWhileSteady) {
+TEST(StepController, StepDownAtMostThreeDecisionsAndNoneWhileSteady) {
   Plant plant = big_model();
   // 1 Gbit/s for 150 steps, then 50 Mbit/s.
   const auto r = run_profile(plant, 0.005, 300, [](uint64_t s) { return s < 150 ? kRate1G : kRate50M; });
   EXPECT_LE(decisions_in(r, 0, 40), 3u) << "start-up";
   EXPECT_EQ(decisions_in(r, 40, 150), 0u) << "steady at 1 Gbit/s";
-  EXPECT_GE(decisions_in(r, 150, 190), 1u) << "the drop must be answered";
+  // The density asked for is the cheapest sparse plan at both rates (the ring is not, even at
+  // 1 Gbit/s): the drop needs no decision. (v2 kept the densest plan within the slack, 0.02, and
+  // had to leave it.)
   EXPECT_LE(decisions_in(r, 150, 190), 3u);
   EXPECT_EQ(decisions_in(r, 190, 300), 0u) << "steady at 50 Mbit/s";
   expect_near_cheapest(r, 40, 150, "1 Gbit/s");
