@@ -583,7 +583,8 @@ const std::vector<KnobSpec>& knobs() {
        .field = knob_field<&Config::budget_settle_steps, in<&CS::budget, &Budget::settle_steps>>},
       {.name = "step_slack", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 0.0, .max = 10.0, .choices = "",
-       .doc = "step: take the densest plan whose predicted step time is within this fraction of the least",
+       .doc = "step: among the plans whose price is within this fraction of the least, take the dense ring, else the "
+              "sparse plan nearest the density asked for",
        .field = knob_field<&Config::step_slack, in<&CS::step, &StepS::slack>>},
       {.name = "step_confirm_steps", .type = K::kUint, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 1, .max = 1e6, .choices = "",

@@ -1,8 +1,8 @@
 #include "daemon/pipeline/observations.h"
 
 #include <array>
-#include <chrono>
 #include <bit>
+#include <chrono>
 #include <charconv>
 #include <cmath>
 #include <cstdio>

@@ -96,9 +96,9 @@ constexpr ControllerInfo kRows[] = {
      .doc = "density cap or dense ring so that the exchange fits the time budget", .job_level = true,
      .make = make_bandwidth_controller, .knobs = "bandwidth_* exchange_budget_* goodput_*"},
     {.kind = ControllerKind::kStep, .name = "step",
-     .doc = "dense ring or the densest plan (>= the density asked for) within step_slack of the least "
-            "price: measured step times of the plans that ran, else receiver-timed link fits and measured "
-            "compute costs; sparse steps priced x step_dense_worth",
+     .doc = "within step_slack of the least price, the dense ring, else the sparse plan nearest the density "
+            "asked for; prices: measured step times of the plans that ran, else receiver-timed link fits and "
+            "measured compute costs, plus the step's measured overhead; sparse steps priced x step_dense_worth",
      .job_level = true, .make = make_step_controller,
      .knobs = "step_slack step_confirm_steps step_hold_steps step_forget step_allow_dense step_dense_worth"},
     {.kind = ControllerKind::kCost, .name = "cost", .doc = "collective and format from the cost model",

@@ -101,7 +101,8 @@ struct BandwidthSettings {
   bool operator==(const BandwidthSettings&) const = default;
 };
 struct StepSettings {
-  double slack = 0.1;          // take the densest plan whose step time is within this of the least
+  double slack = 0.1;          // within this of the least price: the ring, else the sparse plan nearest
+                               // the density asked for
   uint64_t confirm_steps = 3;  // consecutive observations that want the same change before it is made
   uint64_t hold_steps = 10;    // at least this many steps between two of its decisions
   double forget = 0.8;         // the link fits' weight of a step's samples at the next step
@@ -175,7 +176,8 @@ struct ControlStatus {
   double budget_used_elements = 0;
   double total_error = 0;           // Σ_t ||e_t||^2 since the loop started (hard-threshold paper)
   std::string step_model;           // the step controller's fits and prices ("" while it is off)
-  double predicted_step_s = 0;      // its price of the plan in force (trainer compute included)
+  double predicted_step_s = 0;      // its step time of the plan in force (trainer compute and the step's
+                                    // overhead included)
   // Why a controller changed something this update (set by the controller, appended to the
   // proposal's reason and cleared by the loop): what the decision log line says beyond the change.
   std::string decision_note;
