@@ -154,6 +154,12 @@ def main():
         start([args.prometheus, f"--config.file={tmp}/prometheus.yml", f"--storage.tsdb.path={tmp}/data",
                f"--web.listen-address={prom}", "--log.level=warn"], f"{tmp}/prometheus.log")
         wait_for("prometheus", lambda: http_get(f"http://{prom}/-/ready"), 30)
+        # Ready is not scraping: its discovery hands the targets over up to ~5 s later. A scrape of
+        # both daemons before the load starts, so that every decision below changes a value that
+        # was scraped before it (the decision annotations are changes()); without it one run in
+        # three saw the three decisions land before the first scrape.
+        wait_for("first scrapes", lambda: (query(prom, 'count(up{job="sparsecar"} == 1) >= 2')[0] or {})
+                 .get("result"), 30)
 
         trainers = [start([args.trainer, f"{tmp}/rank-{r}.sock", str(args.steps), str(args.sleep_ms)],
                           f"{tmp}/trainer-{r}.log")
