@@ -19,8 +19,8 @@ For each model (--models: small = hidden 256, ~85 k parameters; large = hidden 1
 profile, every setting runs as its own job (fresh trainers and daemons) over the same link:
   dense        DDP's gloo all-reduce
   topk0.1 topk0.5 topk2   sparsecar, --controller static, top-k at 0.1 / 0.5 / 2 %
-  thr0.1 thr0.5 thr2      sparsecar, --controller budget --selector threshold --budget-density X
-                          (the hard threshold with lambda calibrated online to that density)
+  thr0.1 thr0.5 thr2      sparsecar, --controller budget --budget-density X (the hard threshold
+                          with lambda calibrated online to that density; top-k at X until then)
   adaptive     sparsecar with --adaptive-args (default: --controller bandwidth --density 0.02);
                every sparsecar job's trainers report their compute time (metric compute_time)
 Metrics and checks (bench/controllers/real_metrics.py; definitions in docs/controllers.md, "Real
@@ -95,7 +95,8 @@ def daemon_args_for(args, setting):
         own = ["--controller", "static", "--selector", "topk", "--density", d]
     elif setting.startswith("thr"):
         d = repr(DENSITIES[setting[3:]])
-        own = ["--controller", "budget", "--selector", "threshold", "--budget-density", d, "--density", d]
+        # Top-k at the budget's density until the first calibrated lambda (controller_budget.cc).
+        own = ["--controller", "budget", "--selector", "topk", "--budget-density", d, "--density", d]
     elif setting == "adaptive":
         own = shlex.split(args.adaptive_args)
     else:

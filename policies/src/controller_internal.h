@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <string_view>
 
 #include "sparsecar/policies/controllers.h"
 
@@ -36,6 +37,13 @@ inline uint64_t topk_count(uint64_t n, double density) {
   if (n == 0) return 0;
   const double k = std::round(density * static_cast<double>(n));
   return std::clamp<uint64_t>(k < 1 ? 1 : static_cast<uint64_t>(k), 1, n);
+}
+
+// Adds `note` to what the decision's log line says (ControlStatus::decision_note): several
+// controllers of the chain may each say why they changed something.
+inline void add_decision_note(ControlStatus* status, std::string_view note) {
+  if (!status->decision_note.empty()) status->decision_note.append("; ");
+  status->decision_note.append(note);
 }
 
 }  // namespace sparsecar::policies

@@ -165,7 +165,7 @@ class StepController final : public Controller {
     // else, once a link is known, a probe of a second size if none separated alpha from beta.
     if (!decided_ && s.step.allow_dense) {
       decide({true, 1.0}, o.step, /*answer_now=*/true);
-      ctx.status->decision_note = "step: starts with the dense ring";
+      add_decision_note(ctx.status, "step: starts with the dense ring");
       apply(knobs);
       ctx.status->step_model = "starts with the dense ring: the first steps are the ones compression hurts most";
       return Status::Ok();
@@ -230,7 +230,7 @@ class StepController final : public Controller {
         std::snprintf(note, sizeof note, "step: trial failed: %s %.3g ms measured, price %.3g ms vs %.3g ms of %s",
                       plan_name(in.plan).c_str(), in.seconds * 1e3, in.price * 1e3, back.price * 1e3,
                       plan_name(back.plan).c_str());
-        ctx.status->decision_note = note;
+        add_decision_note(ctx.status, note);
         decide(back.plan, o.step, /*answer_now=*/false);
         describe(ctx, back, cheapest, best, s.step.dense_worth);
         apply(knobs);
@@ -243,8 +243,8 @@ class StepController final : public Controller {
                     want_ < 0 ? "too slow:" : "room:", in.seconds * 1e3, in.measured ? " measured" : " modelled",
                     in.price * 1e3, cheapest * 1e3, plan_name(best.plan).c_str(), best.seconds * 1e3,
                     best.measured ? " measured" : " modelled");
-      ctx.status->decision_note = note;
-      if (!voided_.empty()) ctx.status->decision_note.append("; ").append(voided_);
+      add_decision_note(ctx.status, note);
+      if (!voided_.empty()) add_decision_note(ctx.status, voided_);
       decide(best.plan, o.step, /*answer_now=*/false);
       if (!best.measured && in.measured) trial_ = {true, o.step, now};
       chosen = best;

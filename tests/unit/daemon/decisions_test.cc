@@ -13,8 +13,10 @@
 
 #include "daemon/collective/collective.h"
 #include "daemon/collective/mailbox.h"
+#include "daemon/pipeline/controller_runner.h"
 #include "daemon/pipeline/decisions.h"
 #include "daemon/pipeline/pipeline.h"
+#include "daemon/pipeline/settings.h"
 #include "tests/unit/common/fake_clock.h"
 #include "tests/unit/daemon/fake_transport.h"
 #include "tests/unit/daemon/step_results.h"
@@ -392,6 +394,28 @@ TEST(DecisionsClock, AnUnansweredProposalTimesOutOnTheBoardsClock) {
   EXPECT_TRUE(after_deadline);
   proposer.join();
   EXPECT_EQ(board.latest().epoch, 0u);
+}
+
+}  // namespace
+}  // namespace sparsecar
+
+namespace sparsecar {
+namespace {
+
+TEST(KnobChangesTest, ASelectorSwitchCarriesTheNewLambdaWithIt) {
+  // The budget controller's first decision from a top-k start: the threshold selector and its
+  // calibrated lambda, both, or the first steps of the threshold run the operator's lambda.
+  Config c;
+  c.selector = kernels::Selector::kTopk;
+  c.selector_params.density = 0.001;
+  policies::ControlKnobs k = control_knobs_from_config(c);
+  k.selector = kernels::Selector::kThreshold;
+  k.threshold = 0.0471;
+  const KnobChanges changes = knob_changes(c, k);
+  ASSERT_EQ(changes.size(), 2u);
+  EXPECT_EQ(changes[0].first, "selector");
+  EXPECT_EQ(changes[1].first, "threshold");
+  EXPECT_EQ(changes[1].second, "0.0471");
 }
 
 }  // namespace
