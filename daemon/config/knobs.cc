@@ -569,8 +569,9 @@ const std::vector<KnobSpec>& knobs() {
        .field = knob_field<&Config::budget_total_bytes, in<&CS::budget, &Budget::total_bytes>>},
       {.name = "budget_density", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 0, .max = 1.0, .choices = "",
-       .doc = "budget: a fixed density every step instead of a run budget (hard threshold, lambda calibrated "
-              "online from the gradient's magnitudes; 0 = off)",
+       .doc = "budget: a fixed density, on average over the steps, instead of a run budget (hard threshold, "
+              "lambda calibrated online from the gradient's magnitudes; start with selector topk at this "
+              "density; 0 = off)",
        .field = knob_field<&Config::budget_density, in<&CS::budget, &Budget::density>>},
       {.name = "budget_max_move", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 1.01, .max = 100.0, .choices = "",

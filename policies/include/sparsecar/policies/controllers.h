@@ -127,7 +127,7 @@ struct BudgetSettings {
   uint64_t steps = 0;          // length of the run in steps
   double total_bytes = 0;      // instead of total_elements: bytes each node may send over the run
                                // (the most any node sent, headers and every copy included)
-  double density = 0;          // > 0: a fixed density every step instead (the totals unused)
+  double density = 0;          // > 0: a fixed density on average over the steps instead (the totals unused)
   double max_move = 2.0;       // a lambda move is at most this factor (after the first calibration)
   uint64_t settle_steps = 3;   // without magnitude histograms only: steps between two lambda moves
                                // (>= the decision latency, 2)
