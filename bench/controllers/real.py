@@ -30,8 +30,15 @@ decisions per phase (rank 0's log), split into each phase's settle window (its f
 --settle-steps steps) and its steady rest. It prints a table and PASS/FAIL lines and writes
 bench-controllers-real.json. A benchmark: the checks are reported, never asserted.
 
+With --seeds N every job runs with trainer seeds 1..N (data order and initialisation), each seed
+against its own dense run: one seed's time to the dense final accuracy is decided on the curve's
+plateau and moves by 100 steps or more from seed to seed (small model: static top-k 0.1 % on `up`
+took 400 steps, never, and 510). The checks then take the medians over the seeds and the worst
+seed's decisions (real_metrics.seeds_checks).
+
 Usage (root): real.py --build-dir BUILD [--short] [--models small,large] [--profiles down,up]
               [--settings dense,topk0.5,adaptive] [--adaptive-args "..."] [--trainer-arg=--momentum ...]
+              [--seeds 3]
 """
 
 import argparse
@@ -289,7 +296,7 @@ def analyse(entry, changes, dense_curve, target, settle_steps):
     # job counts as having seen its profile with >= 4 phases (3 changes).
     entry["phases_seen"] = sum(1 for a, b in ranges if b > a)
     entry["saw_profile"] = entry["phases_seen"] >= min(len(changes), 4)
-    entry.update({"time_to_target_s": t, "steps_to_target": steps, "gap_below_dense_pp": gap,
+    entry.update({"time_to_target_s": t, "steps_to_target": steps, "gap_below_dense_pp": gap, "dense_final": target,
                   "gap_at_step": gap_at, "attributed": attributed})
     return entry
 
@@ -396,12 +403,19 @@ def parse(argv):
     p.add_argument("--daemon-step-timeout", type=float, default=20.0)
     p.add_argument("--job-timeout", type=float, default=150.0,
                    help="per job (s, from spawning it): a slower job is stopped and reported as 'timeout' with its curve so far")
+    p.add_argument("--seeds", type=int, default=1,
+                   help="run every job with trainer seeds 1..N (each seed's own dense run is its reference); the "
+                        "checks take the median time to target and gaps over the seeds, the worst seed's decisions")
     p.add_argument("--out", default="bench-controllers-real.json")
     p.add_argument("--keep-logs", action="store_true")
     p.add_argument("--reanalyse", metavar="JSON", help="recompute the metrics and checks of a report (no jobs)")
     args = p.parse_args(argv)
     if args.reanalyse:
         return args
+    if args.seeds < 1:
+        p.error("--seeds must be >= 1")
+    if any(a.split("=")[0] == "--seed" for a in args.trainer_arg):
+        p.error("--trainer-arg=--seed: use --seeds (the bench sets each job's seed)")
     if not args.build_dir and not (args.sparsecard and args.pythonpath):
         p.error("--build-dir (or both --sparsecard and --pythonpath) is required")
     args.sparsecard = args.sparsecard or os.path.join(args.build_dir, "daemon", "sparsecard")
@@ -457,48 +471,60 @@ def main(argv):
             if args.phase_s:
                 cfg["phase_s"] = args.phase_s
             report["config"]["models"][model] = cfg
-            dargs = ddp_digits.parse(["--steps", str(cfg["steps"]), "--hidden", str(cfg["hidden"]),
-                                      "--eval-every", str(cfg["eval_every"]), "--report-compute-time",
-                                      "--daemon-step-timeout", str(args.daemon_step_timeout)])
-            profiles_run = {}
-            for pname in args.profiles or cfg["profiles"]:
-                changes = profile_changes(pname, cfg["phase_s"], args.job_timeout, args.steady_rate)
-                pr = {"changes": changes, "settings": {}}
-                profiles_run[pname] = pr
-                for s in args.settings:
-                    t = time.monotonic()
-                    e = run_job(args, link, model, dargs, changes, s)
-                    pr["settings"][s] = e
-                    fin = "-" if e.get("final_accuracy") is None else f"{100 * e['final_accuracy']:.2f} %"
-                    print(f"  {model}/{pname}/{s}: {e['status']}, {e['steps_done']} steps, job {e['job_wall_s']:.0f} s, "
-                          f"final {fin}, "
-                          f"{len(e['changes'])} rate changes, "
-                          f"{'-' if e.get('decisions') is None else len(e['decisions'])} decisions "
-                          f"({time.monotonic() - t_start:.0f} s so far)", flush=True)
-                    if e["status"] == "failed":
-                        print(e["error"][-1500:], file=sys.stderr)
-            # The dense reference: dense training is the same in steps at every rate, so the first
-            # completed dense job of this model gives the target and the curve for all profiles.
-            dense_jobs = [(p, pr["settings"]["dense"]) for p, pr in profiles_run.items() if "dense" in pr["settings"]]
-            done = [(p, e) for p, e in dense_jobs if e["status"] == "ok"]
-            ref = None
-            if done:
-                p, e = done[0]
-                ref = (e["curve"], e["final_accuracy"], f"dense job of profile {p}")
-            else:
-                print(f"  {model}: no dense job completed; a reference dense job at 1gbit steady", flush=True)
-                e = run_job(args, link, model, dargs, [(0.0, "1gbit")], "dense")
-                if e["status"] == "ok":
-                    ref = (e["curve"], e["final_accuracy"], "reference dense job at 1gbit steady")
-                report.setdefault("dense_reference", {})[model] = {k: e.get(k) for k in
-                                                                   ("status", "final_accuracy", "curve", "job_wall_s")}
-            curves = [e["curve"] for _, e in dense_jobs] + ([ref[0]] if ref else [])
-            report["models"][model] = {"dense_curves_agree": dense_curves_agree(curves), "profiles": profiles_run,
-                                       "dense_reference": dict(zip(("curve", "final_accuracy", "from"), ref))
-                                       if ref else None}
+            by_seed = {}
+            for seed in range(1, args.seeds + 1):
+                by_seed[seed] = run_model(args, link, model, cfg, seed, t_start)
+            report["models"][model] = by_seed[1] if args.seeds == 1 else {
+                "dense_curves_agree": all(m["dense_curves_agree"] for m in by_seed.values()),
+                "seeds": {str(k): v for k, v in by_seed.items()}}
     report["config"]["wall_s"] = time.monotonic() - t_start
     report["config"]["loadavg_end"] = os.getloadavg()
     return finish(args, report)
+
+
+def run_model(args, link, model, cfg, seed, t_start):
+    """Every (profile, setting) job of one model with one trainer seed, and that seed's dense
+    reference: the model's part of the report."""
+    dargs = ddp_digits.parse(["--steps", str(cfg["steps"]), "--hidden", str(cfg["hidden"]),
+                              "--eval-every", str(cfg["eval_every"]), "--report-compute-time",
+                              "--daemon-step-timeout", str(args.daemon_step_timeout), "--seed", str(seed)])
+    profiles_run = {}
+    for pname in args.profiles or cfg["profiles"]:
+        changes = profile_changes(pname, cfg["phase_s"], args.job_timeout, args.steady_rate)
+        pr = {"changes": changes, "settings": {}}
+        profiles_run[pname] = pr
+        for s in args.settings:
+            e = run_job(args, link, model, dargs, changes, s)
+            pr["settings"][s] = e
+            fin = "-" if e.get("final_accuracy") is None else f"{100 * e['final_accuracy']:.2f} %"
+            seed_note = f" seed {seed}" if args.seeds > 1 else ""
+            print(f"  {model}/{pname}/{s}{seed_note}: {e['status']}, {e['steps_done']} steps, job {e['job_wall_s']:.0f} s, "
+                  f"final {fin}, "
+                  f"{len(e['changes'])} rate changes, "
+                  f"{'-' if e.get('decisions') is None else len(e['decisions'])} decisions "
+                  f"({time.monotonic() - t_start:.0f} s so far)", flush=True)
+            if e["status"] == "failed":
+                print(e["error"][-1500:], file=sys.stderr)
+    # The dense reference: dense training is the same in steps at every rate, so the first
+    # completed dense job of this model gives the target and the curve for all profiles.
+    dense_jobs = [(p, pr["settings"]["dense"]) for p, pr in profiles_run.items() if "dense" in pr["settings"]]
+    done = [(p, e) for p, e in dense_jobs if e["status"] == "ok"]
+    ref, ref_job = None, None
+    if done:
+        p, e = done[0]
+        ref = (e["curve"], e["final_accuracy"], f"dense job of profile {p}")
+    else:
+        print(f"  {model}: no dense job completed; a reference dense job at 1gbit steady", flush=True)
+        e = run_job(args, link, model, dargs, [(0.0, "1gbit")], "dense")
+        if e["status"] == "ok":
+            ref = (e["curve"], e["final_accuracy"], "reference dense job at 1gbit steady")
+        ref_job = {k: e.get(k) for k in ("status", "final_accuracy", "curve", "job_wall_s")}
+    curves = [e["curve"] for _, e in dense_jobs] + ([ref[0]] if ref else [])
+    m = {"dense_curves_agree": dense_curves_agree(curves), "profiles": profiles_run,
+         "dense_reference": dict(zip(("curve", "final_accuracy", "from"), ref)) if ref else None}
+    if ref_job is not None:
+        m["dense_reference_job"] = ref_job
+    return m
 
 
 def reanalyse(args):
@@ -506,7 +532,7 @@ def reanalyse(args):
     times, rate changes, decisions), e.g. after a change to real_metrics.py; no jobs run."""
     with open(args.reanalyse) as f:
         report = json.load(f)
-    for model, m in report["models"].items():
+    for model, m in each_seed(report):
         ref = m.get("dense_reference")
         if ref is None:  # reports written before the reference was stored
             done = [(p, pr["settings"]["dense"]) for p, pr in m["profiles"].items()
@@ -526,20 +552,58 @@ def reanalyse(args):
     return finish(args, report)
 
 
+def each_seed(report):
+    """(model, the model's report of one seed) for every model and seed: a report of one seed
+    holds the model's report itself, one of several seeds holds them under "seeds"."""
+    for model, m in report["models"].items():
+        for part in (m["seeds"].values() if "seeds" in m else [m]):
+            yield model, part
+
+
+def print_seeds(model, pname, seeds):
+    """The seeds side by side: per setting, each seed's time and steps to its dense run's final
+    accuracy, and the median the checks use."""
+    runs = {seed: part["profiles"][pname]["settings"] for seed, part in seeds.items()}
+    settings = list(next(iter(runs.values())))
+    print(f"\n{model} / {pname}, {len(runs)} seeds (each against its own dense run's final accuracy):")
+    print(f"  {'setting':<9} {'median t':>8}  t->target per seed (s @ step)")
+    for s in settings:
+        per = [runs[k][s] for k in runs if s in runs[k]]
+        med = rm.median_time([e["time_to_target_s"] for e in per])
+        shown = ", ".join("never" if e["time_to_target_s"] is None else
+                          f"{e['time_to_target_s']:.1f} @ {e['steps_to_target']}" for e in per)
+        print(f"  {s:<9} {fmt_s(med):>8}  {shown}")
+
+
 def finish(args, report):
     """Metrics, table, checks and the JSON file of a report whose jobs have run."""
-    for model, m in report["models"].items():
+    for model, m in each_seed(report):
         ref = m["dense_reference"]
         model_report(args, model, m["profiles"], (ref["curve"], ref["final_accuracy"], ref["from"]) if ref else None)
         for pname, pr in m["profiles"].items():
             print_profile(model, pname, pr)
+    for model, m in report["models"].items():
+        if "seeds" in m:
+            for pname in next(iter(m["seeds"].values()))["profiles"]:
+                print_seeds(model, pname, m["seeds"])
     print("\nchecks (adaptive setting; issue 14):")
     for model, m in report["models"].items():
         if not m["dense_curves_agree"]:
             print(f"NOTE {model}: dense curves differ between jobs (the shared dense reference is then approximate)")
-        for pname, pr in m["profiles"].items():
-            print_checks(model, pname, pr)
-    for m in report["models"].values():  # the per-step times are long; keep them, rounded, but drop the helper
+        if "seeds" not in m:
+            for pname, pr in m["profiles"].items():
+                print_checks(model, pname, pr)
+            continue
+        m["checks"] = {}
+        for pname in next(iter(m["seeds"].values()))["profiles"]:
+            runs = {seed: part["profiles"][pname]["settings"] for seed, part in m["seeds"].items()}
+            if not any("adaptive" in r for r in runs.values()):
+                continue
+            static = [s for s in next(iter(runs.values())) if s in STATIC]
+            m["checks"][pname] = rm.seeds_checks(pname if pname in rm.CHANGING_PROFILES else "steady", runs, static,
+                                                 "adaptive")
+            print_checks(model, pname, {"checks": m["checks"][pname]})
+    for _, m in each_seed(report):  # the per-step times are long; keep them, rounded, but drop the helper
         for pr in m["profiles"].values():
             for e in pr["settings"].values():
                 e.pop("attributed", None)

@@ -188,6 +188,54 @@ def adaptive_checks(profile, tta, static_settings, adaptive, dense_final, adapti
     return out
 
 
+def median_time(times):
+    """The median of per-seed times to target, a seed that never reached it counting as slower than
+    any that did; None when the median seed never reached it. With an even count the upper of the
+    two middle values: a setting must reach the target in at least half the seeds."""
+    if not times:
+        return None
+    ranked = sorted(times, key=lambda t: math.inf if t is None else t)
+    return ranked[len(ranked) // 2]
+
+
+def median_value(values):
+    """The median of the known values (upper middle with an even count); None when none is known."""
+    known = sorted(v for v in values if v is not None)
+    return known[len(known) // 2] if known else None
+
+
+def seeds_checks(profile, runs, static_settings, adaptive):
+    """Issue 14's checks over several trainer seeds. runs: {seed: {setting: entry}}, each entry
+    analysed against its own seed's dense run (time_to_target_s, final_accuracy, dense_final,
+    gap_below_dense_pp, attributed, saw_profile, status). Times to target and the final and curve
+    gaps are the medians over the seeds (one seed's curve near the plateau crosses the target a
+    hundred steps early or late); the decision bounds hold for the worst seed: every seed's
+    decisions are the controller's."""
+    settings = {s for r in runs.values() for s in r}
+    tta = {s: median_time([r[s].get("time_to_target_s") for r in runs.values() if s in r]) for s in settings}
+    ad = [r[adaptive] for r in runs.values() if adaptive in r]
+    # The final-accuracy check compares the median seed's shortfall: pass dense 0 and -shortfall.
+    shortfalls = [e["dense_final"] - e["final_accuracy"] for e in ad
+                  if e.get("final_accuracy") is not None and e.get("dense_final") is not None]
+    short = median_value(shortfalls)
+    gap = median_value([e.get("gap_below_dense_pp") for e in ad])
+    logs = [e["attributed"] for e in ad if e.get("attributed") is not None]
+    worst = None
+    if logs:
+        worst = [{"settle": max((lg[i]["settle"] for lg in logs), key=len),
+                  "steady": max((lg[i]["steady"] for lg in logs), key=len)} for i in range(min(map(len, logs)))]
+    out = adaptive_checks(profile, tta, static_settings, adaptive, None if short is None else 0.0,
+                          None if short is None else -short, gap, worst,
+                          all(e.get("saw_profile", True) for e in ad), all(e.get("status") == "ok" for e in ad))
+    for c in out:
+        if c["check"].startswith("final_accuracy") and short is not None:
+            c["detail"] = f"median shortfall against each seed's dense run {100 * short:+.2f} pp " \
+                          f"(per seed: {', '.join(f'{100 * x:+.2f}' for x in shortfalls)})"
+        c["detail"] += f" (median of {len(runs)} seeds)" if not c["check"].startswith("decisions") and \
+            not c["check"].startswith("no_decisions") else f" (worst of {len(runs)} seeds)"
+    return out
+
+
 def _bound(holds, partial):
     """FAIL when broken; N/A when it held only on part of the job; else PASS."""
     return False if not holds else (None if partial else True)

@@ -118,3 +118,49 @@ def test_an_incomplete_job_fails_broken_bounds_and_is_not_applicable_otherwise()
                                      phases_seen=False, completed=False))
     assert c["decisions_le_3_per_change"] == "FAIL" and c["no_decisions_while_steady"] == "FAIL"
     assert c["never_5pp_below_dense_curve"] == "FAIL"
+
+
+def test_median_time_counts_never_as_slowest_and_takes_the_upper_middle():
+    assert rm.median_time([4.4, None, 5.3]) == 5.3             # seeds 1-3 of one setting
+    assert rm.median_time([None, 6.0, None]) is None           # the median seed never got there
+    assert rm.median_time([3.0, 1.0, 2.0, 4.0]) == 3.0          # even: the upper middle
+    assert rm.median_time([1.0, None]) is None                  # reached in half the seeds only
+    assert rm.median_time([]) is None
+    assert rm.median_value([None, 0.2, 0.1]) == 0.2 and rm.median_value([None]) is None
+
+
+def _run(tta, final, dense_final, gap, decisions, status="ok"):
+    return {"time_to_target_s": tta, "final_accuracy": final, "dense_final": dense_final,
+            "gap_below_dense_pp": gap, "status": status, "saw_profile": True,
+            "attributed": rm.attribute_decisions(decisions, rm.phases([100], 300), 40)}
+
+
+def test_seeds_checks_take_medians_of_times_and_gaps_and_the_worst_seeds_decisions():
+    static = ["topk0.1", "dense"]
+    runs = {  # topk0.1 reaches the target at 4.4 s / never / 5.3 s; adaptive 5.0 / 4.6 / 9.0
+        1: {"topk0.1": _run(4.4, 0.971, 0.971, 36.0, []), "dense": _run(6.0, 0.971, 0.971, 0.0, []),
+            "adaptive": _run(5.0, 0.971, 0.971, 4.0, [2, 101])},
+        2: {"topk0.1": _run(None, 0.964, 0.971, 42.0, []), "dense": _run(6.1, 0.971, 0.971, 0.0, []),
+            "adaptive": _run(4.6, 0.968, 0.972, 4.5, [2, 101, 102, 103])},
+        3: {"topk0.1": _run(5.3, 0.969, 0.970, 47.0, []), "dense": _run(6.2, 0.970, 0.970, 0.0, []),
+            "adaptive": _run(9.0, 0.962, 0.970, 6.0, [2])},
+    }
+    c = rm.seeds_checks("down", runs, static, "adaptive")
+    s = _statuses(c)
+    # Medians: topk0.1 5.3 s, dense 6.1 s, adaptive 5.0 s (beats both); shortfalls 0 / 0.4 / 0.8 pp
+    # -> 0.4 pp; curve gaps 4.0 / 4.5 / 6.0 -> 4.5 pp. Seed 2 answered the change with 3 decisions;
+    # no seed decided while steady.
+    assert s == {"time_within_5pct_of_best_static": "PASS", "time_beats_every_static": "PASS",
+                 "decisions_le_3_per_change": "PASS", "no_decisions_while_steady": "PASS",
+                 "final_accuracy_within_0.5pp_of_dense": "PASS", "never_5pp_below_dense_curve": "PASS"}
+    assert "4.50 pp" in next(x["detail"] for x in c if x["check"] == "never_5pp_below_dense_curve")
+    # One seed's 4th decision after the change, another's decision while steady: the worst seed counts.
+    runs[3]["adaptive"] = _run(9.0, 0.962, 0.970, 6.0, [2, 101, 102, 103, 104])
+    runs[1]["adaptive"] = _run(5.0, 0.971, 0.971, 4.0, [2, 200])
+    s = _statuses(rm.seeds_checks("down", runs, static, "adaptive"))
+    assert s["decisions_le_3_per_change"] == "FAIL" and s["no_decisions_while_steady"] == "FAIL"
+    # The median seed 0.6 pp short of its dense run fails the final-accuracy bound.
+    runs[1]["adaptive"]["final_accuracy"] = 0.965
+    runs[2]["adaptive"]["final_accuracy"] = 0.966
+    assert _statuses(rm.seeds_checks("down", runs, static, "adaptive"))[
+        "final_accuracy_within_0.5pp_of_dense"] == "FAIL"
