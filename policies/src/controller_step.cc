@@ -32,6 +32,8 @@
 // accuracy controller made of it) and at 2x, 4x, ... that, up to density_max and 0.5; the dense
 // ring (`step_allow_dense`). With the ring allowed the first decision is the ring: the early steps
 // are those error feedback hurts most, and the ring's messages teach the link fits a large size.
+// v4: under the schedule's dense warm-up (>= 6 steps) that decision is not made: the warm-up runs
+// and measures the ring on every node; the operator's plan after it may still go up to the ring.
 // Without it, a start-up probe (4x the density asked for, until some link has seen two message
 // sizes) separates alpha from beta for a one-bucket job.
 //
@@ -119,7 +121,7 @@ struct Record {
 class StepController final : public Controller {
  public:
   ControllerKind kind() const override { return ControllerKind::kStep; }
-  uint32_t version() const override { return 3; }
+  uint32_t version() const override { return 4; }
 
   Status update(const ControlContext& ctx, ControlKnobs* knobs) override {
     const auto& s = ctx.settings;
@@ -163,7 +165,17 @@ class StepController final : public Controller {
 
     // Start-up: the ring first where it is allowed (the link fits learn a large size from it);
     // else, once a link is known, a probe of a second size if none separated alpha from beta.
-    if (!decided_ && s.step.allow_dense) {
+    // The schedule's dense warm-up runs the ring on every node without a decision, long enough to
+    // measure it: no start-up decision then. The plans are weighed over the warm-up's last
+    // step_confirm_steps steps (a move to the ring is then in force right after it); the
+    // operator's sparse plan that follows it otherwise is measured and, as the first answer, may
+    // still go up to the ring (`explore_`).
+    const bool warm_up = has(s.active, ControllerKind::kSchedule) &&
+                         s.schedule_warmup_steps >= kStartSteps + kRecordTrusted;
+    if (warm_up && !decided_ && o.step + std::max<uint64_t>(s.step.confirm_steps, 1) < s.schedule_warmup_steps) {
+      return hold(ctx, "the schedule's dense warm-up: measuring the ring");
+    }
+    if (!decided_ && s.step.allow_dense && !warm_up) {
       decide({true, 1.0}, o.step, /*answer_now=*/true);
       add_decision_note(ctx.status, "step: starts with the dense ring");
       apply(knobs);
