@@ -309,7 +309,7 @@ def model_report(args, model, profiles_run, dense_ref):
     """Targets, metrics and checks for one model's profiles. dense_ref: (curve, final accuracy,
     where from) of a completed dense job, or None."""
     curve_ref, final_ref, ref_from = dense_ref if dense_ref else (None, None, None)
-    margin = getattr(args, "target_margin_pp", 0.0)
+    margin = args.target_margin_pp
     target = None if final_ref is None else final_ref - margin / 100.0
     for pname, pr in profiles_run.items():
         pr["target_accuracy"], pr["target_from"] = target, ref_from

@@ -250,7 +250,7 @@ class BudgetController final : public Controller {
   uint64_t last_q_step_ = 0;
   double trend_ = 0;  // per-step change of the log quantile
   double bias_ = 0;   // log correction from the realised density
-  double debt_ = 0;   // a density budget: elements per node sent beyond it since the first calibrated lambda
+  double debt_ = 0;   // a density budget: elements per node sent beyond it after the start-up (kPaybackFrom)
   // v1 fallback (no histograms).
   bool settled_ = false;
   bool changed_ = false;
