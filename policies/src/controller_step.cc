@@ -1,5 +1,6 @@
 // The step controller: prices every candidate plan as the time a step takes under it and keeps
-// the ring, else the sparsest plan, within `step_slack` of the cheapest. Its row: controllers.cc.
+// the ring where it is the cheapest, else the sparsest plan within `step_slack` of the cheapest.
+// Its row: controllers.cc.
 //
 // Prices, v3:
 //   - a plan that ran is priced by what its steps MEASURED (the trainer's compute + the slowest
@@ -33,7 +34,8 @@
 // ring (`step_allow_dense`). With the ring allowed the first decision is the ring: the early steps
 // are those error feedback hurts most, and the ring's messages teach the link fits a large size.
 // v4: under the schedule's dense warm-up (>= 6 steps) that decision is not made: the warm-up runs
-// and measures the ring on every node; the operator's plan after it may still go up to the ring.
+// and measures the ring on every node; the operator's plan after it may still go up to the ring,
+// v5: once it is measured too (both sides of the first answer measured, not modelled).
 // Without it, a start-up probe (4x the density asked for, until some link has seen two message
 // sizes) separates alpha from beta for a one-bucket job.
 //
@@ -121,7 +123,7 @@ struct Record {
 class StepController final : public Controller {
  public:
   ControllerKind kind() const override { return ControllerKind::kStep; }
-  uint32_t version() const override { return 4; }
+  uint32_t version() const override { return 5; }
 
   Status update(const ControlContext& ctx, ControlKnobs* knobs) override {
     const auto& s = ctx.settings;
@@ -166,14 +168,20 @@ class StepController final : public Controller {
     // Start-up: the ring first where it is allowed (the link fits learn a large size from it);
     // else, once a link is known, a probe of a second size if none separated alpha from beta.
     // The schedule's dense warm-up runs the ring on every node without a decision, long enough to
-    // measure it: no start-up decision then. The plans are weighed over the warm-up's last
-    // step_confirm_steps steps (a move to the ring is then in force right after it); the
-    // operator's sparse plan that follows it otherwise is measured and, as the first answer, may
-    // still go up to the ring (`explore_`).
+    // measure it: no start-up decision then. The operator's sparse plan that follows it runs
+    // until it is measured as well; then the two records are weighed, and the first answer may
+    // go up to the ring (`explore_`). (v4 weighed them at the warm-up's end, the sparse plan by
+    // the model: on the real small job it priced a sparse step at 12.6 ms, ~1.3x what the static
+    // job's steps took, and kept the ring where sparse was faster to the target.)
     const bool warm_up = has(s.active, ControllerKind::kSchedule) &&
                          s.schedule_warmup_steps >= kStartSteps + kRecordTrusted;
-    if (warm_up && !decided_ && o.step + std::max<uint64_t>(s.step.confirm_steps, 1) < s.schedule_warmup_steps) {
-      return hold(ctx, "the schedule's dense warm-up: measuring the ring");
+    if (warm_up && !decided_) {
+      if (o.step < s.schedule_warmup_steps) return hold(ctx, "the schedule's dense warm-up: measuring the ring");
+      // v5: the first answer waits until the operator's plan is measured too (at most kProbeSteps:
+      // a plan this controller cannot tell, e.g. a floor that moves, is then priced by the model).
+      if (trusted_record({false, q}) == nullptr && o.step < s.schedule_warmup_steps + kProbeSteps) {
+        return hold(ctx, "after the dense warm-up: measuring the plan asked for before weighing it against the ring");
+      }
     }
     if (!decided_ && s.step.allow_dense && !warm_up) {
       decide({true, 1.0}, o.step, /*answer_now=*/true);
@@ -202,11 +210,14 @@ class StepController final : public Controller {
     }
     double cheapest = c.front().price;
     for (const Candidate& x : c) cheapest = std::min(cheapest, x.price);
-    // Within the slack of the cheapest: the ring, else the sparse plan nearest the density asked
-    // for (the sparsest; a denser one is not a better one, below).
+    // The ring where it is the cheapest; else, within the slack of the cheapest, the sparse plan
+    // nearest the density asked for (the sparsest; a denser one is not a better one, below). v5:
+    // a tie with the ring goes to the sparse plan, whose price already holds its quality
+    // (`step_dense_worth`); v4 gave ties to the ring, so a sparse step priced at 22.2 ms lost to
+    // a 22.4 ms ring on the real small job at 200 Mbit/s, where sparse was faster to the target.
     const Candidate* pick = nullptr;
     for (const Candidate& x : c) {
-      if (x.price <= cheapest * (1 + s.step.slack) && (pick == nullptr || x.plan.dense)) pick = &x;
+      if (x.plan.dense ? x.price <= cheapest : (x.price <= cheapest * (1 + s.step.slack) && pick == nullptr)) pick = &x;
     }
     const Candidate best = *pick;
 
