@@ -227,12 +227,29 @@ def seeds_checks(profile, runs, static_settings, adaptive):
     out = adaptive_checks(profile, tta, static_settings, adaptive, None if short is None else 0.0,
                           None if short is None else -short, gap, worst,
                           all(e.get("saw_profile", True) for e in ad), all(e.get("status") == "ok" for e in ad))
+    best, _ = best_static(tta, static_settings)
     for c in out:
+        if c["check"].startswith("time_within") and best is not None:
+            ratios = paired_ratios(runs, adaptive, best)
+            c["detail"] += f"; per seed adaptive / {best}: " + ", ".join(
+                "never" if x is None else f"{x:.2f}" for x in ratios)
         if c["check"].startswith("final_accuracy") and short is not None:
             c["detail"] = f"median shortfall against each seed's dense run {100 * short:+.2f} pp " \
                           f"(per seed: {', '.join(f'{100 * x:+.2f}' for x in shortfalls)})"
         c["detail"] += f" (median of {len(runs)} seeds)" if not c["check"].startswith("decisions") and \
             not c["check"].startswith("no_decisions") else f" (worst of {len(runs)} seeds)"
+    return out
+
+
+def paired_ratios(runs, setting, baseline):
+    """Per seed (in seed order), setting's time to target / baseline's: the same seed's data,
+    order and initialisation on both sides, so the spread shows what one comparison is worth.
+    None where either never got there or either is missing."""
+    out = []
+    for seed in sorted(runs, key=lambda k: int(k) if str(k).isdigit() else str(k)):
+        a = runs[seed].get(setting, {}).get("time_to_target_s")
+        b = runs[seed].get(baseline, {}).get("time_to_target_s")
+        out.append(a / b if a is not None and b else None)
     return out
 
 
