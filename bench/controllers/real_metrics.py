@@ -230,9 +230,8 @@ def seeds_checks(profile, runs, static_settings, adaptive):
     best, _ = best_static(tta, static_settings)
     for c in out:
         if c["check"].startswith("time_within") and best is not None:
-            ratios = paired_ratios(runs, adaptive, best)
             c["detail"] += f"; per seed adaptive / {best}: " + ", ".join(
-                "never" if x is None else f"{x:.2f}" for x in ratios)
+                f"{x:.2f}" if x is not None else f"{who} never" for x, who in paired_ratios(runs, adaptive, best))
         if c["check"].startswith("final_accuracy") and short is not None:
             c["detail"] = f"median shortfall against each seed's dense run {100 * short:+.2f} pp " \
                           f"(per seed: {', '.join(f'{100 * x:+.2f}' for x in shortfalls)})"
@@ -242,14 +241,14 @@ def seeds_checks(profile, runs, static_settings, adaptive):
 
 
 def paired_ratios(runs, setting, baseline):
-    """Per seed (in seed order), setting's time to target / baseline's: the same seed's data,
-    order and initialisation on both sides, so the spread shows what one comparison is worth.
-    None where either never got there or either is missing."""
+    """Per seed (in seed order), (setting's time to target / baseline's, None) — the same seed's
+    data, order and initialisation on both sides, so the spread shows what one comparison is
+    worth — or (None, the side that never got there: setting first) where one did not."""
     out = []
     for seed in sorted(runs, key=lambda k: int(k) if str(k).isdigit() else str(k)):
         a = runs[seed].get(setting, {}).get("time_to_target_s")
         b = runs[seed].get(baseline, {}).get("time_to_target_s")
-        out.append(a / b if a is not None and b else None)
+        out.append((a / b, None) if a is not None and b else (None, setting if a is None else baseline))
     return out
 
 

@@ -140,7 +140,7 @@ def test_paired_ratios_take_each_seed_against_its_own_baseline_in_seed_order():
             "2": {"a": {"time_to_target_s": None}, "b": {"time_to_target_s": 2.0}},
             "1": {"a": {"time_to_target_s": 1.0}, "b": {"time_to_target_s": 4.0}},
             "3": {"a": {"time_to_target_s": 1.0}}}
-    assert rm.paired_ratios(runs, "a", "b") == [0.25, None, None, 1.5]
+    assert rm.paired_ratios(runs, "a", "b") == [(0.25, None), (None, "a"), (None, "b"), (1.5, None)]
 
 
 def test_seeds_checks_take_medians_of_times_and_gaps_and_the_worst_seeds_decisions():
@@ -162,8 +162,8 @@ def test_seeds_checks_take_medians_of_times_and_gaps_and_the_worst_seeds_decisio
                  "decisions_le_3_per_change": "PASS", "no_decisions_while_steady": "PASS",
                  "final_accuracy_within_0.5pp_of_dense": "PASS", "never_5pp_below_dense_curve": "PASS"}
     assert "4.50 pp" in next(x["detail"] for x in c if x["check"] == "never_5pp_below_dense_curve")
-    # Paired per seed against the best static (topk0.1): 5.0/4.4, never on one side, 9.0/5.3.
-    assert "per seed adaptive / topk0.1: 1.14, never, 1.70" in next(
+    # Paired per seed against the best static (topk0.1): 5.0/4.4, topk0.1 never there, 9.0/5.3.
+    assert "per seed adaptive / topk0.1: 1.14, topk0.1 never, 1.70" in next(
         x["detail"] for x in c if x["check"] == "time_within_5pct_of_best_static")
     # One seed's 4th decision after the change, another's decision while steady: the worst seed counts.
     runs[3]["adaptive"] = _run(9.0, 0.962, 0.970, 6.0, [2, 101, 102, 103, 104])
