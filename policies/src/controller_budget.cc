@@ -120,10 +120,16 @@ class BudgetController final : public Controller {
     // What the decision log line says beside the new lambda: the density the observed step sent
     // against the one aimed at.
     if (o.elements > 0) {
-      char note[96];
-      std::snprintf(note, sizeof note, "budget: step %llu sent %.3g %%, target %.3g %%",
-                    static_cast<unsigned long long>(o.step), 100.0 * o.nnz / static_cast<double>(o.elements),
-                    100.0 * target_rate / static_cast<double>(o.elements));
+      char note[256];
+      int n = std::snprintf(note, sizeof note, "budget: step %llu sent %.3g %%, target %.3g %%",
+                            static_cast<unsigned long long>(o.step), 100.0 * o.nnz / static_cast<double>(o.elements),
+                            100.0 * target_rate / static_cast<double>(o.elements));
+      // How the histograms moved lambda (why a move was as large as it was).
+      if (has_hist && seen_.q > 0 && n > 0 && static_cast<size_t>(n) < sizeof note) {
+        std::snprintf(note + n, sizeof note - static_cast<size_t>(n),
+                      "; |r+g| quantile %.3g at the aim (%.3g %%), %.3g at the sent density; bias %.2f, trend %.3g/step",
+                      seen_.q, 100.0 * seen_.aim, seen_.at, bias_, trend_);
+      }
       add_decision_note(ctx.status, note);
     }
     return Status::Ok();
@@ -150,6 +156,7 @@ class BudgetController final : public Controller {
     const double q = magnitude_quantile(o.magnitude_hist, covered, aim);
     const double at = magnitude_quantile(o.magnitude_hist, covered, std::max(o.nnz, 0.5) / elements);
     const double qg = magnitude_quantile(o.gradient_hist, covered, target);
+    seen_ = {q, at, aim};
     if (!(q > 0) || !std::isfinite(q)) return;  // nothing to size lambda by (an empty step)
     // The gradient's own scale (independent of lambda, unlike q): its trend is extrapolated over
     // the decision latency.
@@ -250,6 +257,9 @@ class BudgetController final : public Controller {
   uint64_t last_q_step_ = 0;
   double trend_ = 0;  // per-step change of the log quantile
   double bias_ = 0;   // log correction from the realised density
+  struct Seen {
+    double q = 0, at = 0, aim = 0;  // the last step's quantiles (at the aim, at the sent density) and the aim
+  } seen_;
   double debt_ = 0;   // a density budget: elements per node sent beyond it after the start-up (kPaybackFrom)
   // v1 fallback (no histograms).
   bool settled_ = false;

@@ -26,14 +26,17 @@ constexpr uint64_t kPeers = 3, kHeaderBytes = 80;  // what a sent element costs 
 
 // One node's gradient tensor under error feedback. Coordinate i's gradient at step t is
 // scale(t) * a_i * (m_i + z), a_i log-normal (coordinates differ by orders of magnitude), m_i a
-// per-coordinate drift, z fresh noise: a persistent signal plus noise, like a real gradient.
+// per-coordinate drift (`drift` x N(0, 1)), z fresh noise: a persistent signal plus noise, like a
+// real gradient. With `momentum` m the node hands over u = m u + g instead (the DDP hook's
+// momentum correction): smoothed, so every coordinate's residual climbs steadily.
 class Node {
  public:
-  Node(size_t n, uint64_t seed) : rng_(seed), a_(n), m_(n), residual_(n, 0.0f), g_(n), e_(n) {
+  Node(size_t n, uint64_t seed, double drift = 0.1, double momentum = 0)
+      : rng_(seed), a_(n), m_(n), residual_(n, 0.0f), g_(n), e_(n), u_(n, 0.0), momentum_(momentum) {
     std::normal_distribution<double> normal;
     for (size_t i = 0; i < n; ++i) {
       a_[i] = std::exp(normal(rng_));
-      m_[i] = 0.1 * normal(rng_);
+      m_[i] = drift * normal(rng_);
     }
   }
 
@@ -43,7 +46,8 @@ class Node {
     std::normal_distribution<double> normal;
     const size_t n = residual_.size();
     for (size_t i = 0; i < n; ++i) {
-      g_[i] = static_cast<float>(scale * a_[i] * (m_[i] + normal(rng_)));
+      u_[i] = momentum_ * u_[i] + scale * a_[i] * (m_[i] + normal(rng_));
+      g_[i] = static_cast<float>(u_[i]);
       e_[i] = residual_[i] + g_[i];
     }
     NodeObservation o;
@@ -89,6 +93,8 @@ class Node {
   std::mt19937_64 rng_;
   std::vector<double> a_, m_;
   std::vector<float> residual_, g_, e_;
+  std::vector<double> u_;
+  double momentum_ = 0;
 };
 
 struct Trace {
@@ -105,13 +111,14 @@ struct Trace {
 // `steps` steps of two nodes of n/2 elements each; gradients shrink `shrink`x over the run. With
 // burst > 0, every step's gradient is also scaled by exp(burst * z), z ~ N(0, 1) drawn once per
 // step for both nodes: the step-to-step swings of a real minibatch gradient's size, under which
-// the hard threshold's volume swings too.
-Trace run(FakeJob& job, size_t n, uint64_t steps, double shrink, double first_density, double burst = 0) {
+// the hard threshold's volume swings too. drift, momentum: Node's.
+Trace run(FakeJob& job, size_t n, uint64_t steps, double shrink, double first_density, double burst = 0,
+          double drift = 0.1, double momentum = 0) {
   std::mt19937_64 burst_rng(99);
   std::normal_distribution<double> burst_normal;
   std::vector<Node> nodes;
-  nodes.emplace_back(n / 2, 1);
-  nodes.emplace_back(n / 2, 2);
+  nodes.emplace_back(n / 2, 1, drift, momentum);
+  nodes.emplace_back(n / 2, 2, drift, momentum);
   Trace tr;
   for (uint64_t t = 0; t < steps; ++t) {
     const ControlKnobs k = job.at(t);
@@ -291,6 +298,30 @@ TEST(BudgetCalibrationTest, GradientsSwingingStepToStepStillSendTheTargetOnAvera
   std::printf("[trace] swinging gradients, density %.3g: mean from step 20 %.4g (%+.1f %%), over the run %.4g "
               "(%+.1f %%), one step from %.2fx to %.2fx the target, decisions %zu\n",
               d, mean, 100 * (mean / d - 1), whole, 100 * (whole / d - 1), swing_lo, swing_hi, job.decisions.size());
+}
+
+TEST(BudgetCalibrationTest, MomentumSmoothedGradientsStillSendTheTargetOnAverage) {
+  // The real small job's gradients through the hook's momentum correction: u = 0.9 u + g, a drift
+  // as large as the noise. Every coordinate's residual climbs steadily, the residuals pile up just
+  // under lambda and the pile climbs with it (on the real job ~4 % a step, 2 % of the coordinates
+  // within 30 % of lambda): lambda has to rise ~100x over the run, and a lambda two steps old
+  // sends many times the target. Known limit (docs/controllers.md, "Budget v3's start-up on a
+  // real job"): the start-up sends 1-3 % for a 0.1 % target and the density swings step to step;
+  // the volume after it is the target's.
+  const double d = 0.001;
+  ControllerSettings s = budget_settings();
+  s.budget.density = d;
+  ControlKnobs base;
+  base.density = d;  // top-k at the budget's density first, as documented
+  FakeJob job(s, base);
+  const Trace tr = run(job, 200000, 300, 3.0, d, 0.3, /*drift=*/1.0, /*momentum=*/0.9);
+  const double mean = window(tr.density, 20, 280), start = window(tr.density, 2, 8);
+  EXPECT_LT(off(mean, d), 0.10) << "mean density from step 20 " << mean;
+  EXPECT_LE(tr.largest_move(), std::log(2.0) + 1e-9);
+  EXPECT_GT(tr.lambda.back(), 30 * *tr.first_lambda) << "lambda must follow the residuals' climb";
+  std::printf("[trace] momentum-smoothed gradients, density %.3g: steps 2-9 send %.2fx the target, mean from "
+              "step 20 %.4g (%+.1f %%), lambda %.3g -> %.3g, largest move %.3fx\n",
+              d, start / d, mean, 100 * (mean / d - 1), *tr.first_lambda, tr.lambda.back(), std::exp(tr.largest_move()));
 }
 
 TEST(BudgetCalibrationTest, AFixedLambdaOnTheSameTraceIsFrontLoaded) {
