@@ -42,13 +42,17 @@ namespace sparsecar::policies {
 namespace {
 
 constexpr uint64_t kDecisionLatency = 2;  // a proposal after step s takes effect at s + 2
-constexpr double kTrendWeight = 0.05;     // EMA weight of a new per-step change of the log quantile
+constexpr double kTrendWeight = 0.05;
+constexpr double kClimbWeight = 0.3;      // EMA weight of a new per-step change of |r+g|'s quantile (start-up)
+constexpr double kHandoverClimb = 0.02;   // the start-up hands over to the threshold below this climb a step,
+constexpr uint64_t kTopkMinSteps = 6;     // after at least this many steps under top-k
+constexpr uint64_t kTopkMaxSteps = 40;    // and at the latest after this many     // EMA weight of a new per-step change of the log quantile
 constexpr double kBiasGain = 0.8;         // integral gain on log(realised / target density)
 constexpr uint64_t kBiasDelay = 4;         // steps after the first calibrated lambda before it integrates
 constexpr double kLevelGain = 0.7;        // share of the observed step's lambda error corrected at once
 constexpr double kSmooth = 0.5;           // EMA weight of a new wanted log lambda
 constexpr double kPaybackSteps = 30;      // a density budget's excess volume is paid back over this many steps,
-constexpr uint64_t kPaybackFrom = 15;     // counted from this many steps after the first calibrated lambda
+constexpr uint64_t kPaybackFrom = 4;      // counted from this many steps after the first calibrated lambda
 constexpr double kBiasLimit = 2.08;       // |bias| <= log 8 (the density aimed at within 8x of the target)
 
 class BudgetController final : public Controller {
@@ -107,6 +111,22 @@ class BudgetController final : public Controller {
     const double max_move = std::max(s.budget.max_move, 1.0 + 1e-6);
     const bool has_hist = o.magnitude_elements > 0 && o.magnitude_hist.size() == kMagnitudeBins &&
                           o.gradient_hist.size() == kMagnitudeBins && o.elements > 0;
+    // v4 start-up: top-k at the target while the residuals' magnitudes climb fast (the k-th
+    // magnitude is the lambda of that step, with no decision latency); the threshold once the
+    // climb has slowed, its first lambda that magnitude extrapolated over the latency.
+    if (has_hist && !calibrated_ && target_rate > 0) {
+      const double target = std::clamp(target_rate / static_cast<double>(o.elements), 0.0, 1.0);
+      if (!hand_over(o, target)) {
+        knobs->selector = kernels::Selector::kTopk;
+        knobs->density = target;
+        char note[160];
+        std::snprintf(note, sizeof note,
+                      "budget: step %llu, top-k at the target %.3g %% while |r+g|'s quantile climbs %+.1f %% a step",
+                      static_cast<unsigned long long>(o.step), 100.0 * target, 100.0 * std::expm1(climb_));
+        add_decision_note(ctx.status, note);
+        return Status::Ok();
+      }
+    }
     if (has_hist) {
       // A move is measured against the lambda decided last (the loop proposes at most every
       // controller_interval_steps, so several of this controller's steps may make one move).
@@ -136,6 +156,22 @@ class BudgetController final : public Controller {
   }
 
  private:
+  // The top-k start-up: tracks the per-step climb of log |r+g|'s quantile at the target (EMA);
+  // true once it is at most kHandoverClimb after kTopkMinSteps steps, or after kTopkMaxSteps.
+  bool hand_over(const JobObservation& o, double target) {
+    const double qk = magnitude_quantile(o.magnitude_hist, static_cast<double>(o.magnitude_elements), target);
+    if (qk > 0 && std::isfinite(qk)) {
+      if (topk_steps_ > 0 && o.step > last_k_step_) {
+        const double per_step = (std::log(qk) - last_lk_) / static_cast<double>(o.step - last_k_step_);
+        climb_ = topk_steps_ == 1 ? per_step : kClimbWeight * per_step + (1 - kClimbWeight) * climb_;
+      }
+      last_lk_ = std::log(qk);
+      last_k_step_ = o.step;
+    }
+    ++topk_steps_;
+    return (topk_steps_ >= kTopkMinSteps && climb_ <= kHandoverClimb) || topk_steps_ >= kTopkMaxSteps;
+  }
+
   // v2: lambda from the step's magnitude distributions.
   void calibrate(const JobObservation& o, double target_rate, double log_max_move, double log_decided) {
     const double elements = static_cast<double>(o.elements);
@@ -184,7 +220,7 @@ class BudgetController final : public Controller {
     const double horizon = static_cast<double>(kDecisionLatency) + (1 - kSmooth) / kSmooth;
     const double want = level + horizon * trend_;
     if (!calibrated_) {
-      log_lambda_ = want;
+      log_lambda_ = want + horizon * std::max(climb_, 0.0);  // the top-k start-up's climb, over the latency
       calibrated_ = true;
       calibrated_effective_ = o.step + kDecisionLatency;
     } else if (o.step < calibrated_effective_) {
@@ -257,6 +293,9 @@ class BudgetController final : public Controller {
   uint64_t last_q_step_ = 0;
   double trend_ = 0;  // per-step change of the log quantile
   double bias_ = 0;   // log correction from the realised density
+  double climb_ = 0;  // the top-k start-up: per-step change of log |r+g|'s quantile at the target (EMA)
+  uint64_t topk_steps_ = 0, last_k_step_ = 0;
+  double last_lk_ = 0;
   struct Seen {
     double q = 0, at = 0, aim = 0;  // the last step's quantiles (at the aim, at the sent density) and the aim
   } seen_;
