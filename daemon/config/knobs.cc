@@ -570,8 +570,8 @@ const std::vector<KnobSpec>& knobs() {
       {.name = "budget_density", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 0, .max = 1.0, .choices = "",
        .doc = "budget: a fixed density, on average over the steps, instead of a run budget (hard threshold, "
-              "lambda calibrated online from the gradient's magnitudes; start with selector topk at this "
-              "density; 0 = off)",
+              "lambda calibrated online from the gradient's magnitudes after a start-up under topk at this "
+              "density; start the daemon with selector topk at it too; 0 = off)",
        .field = knob_field<&Config::budget_density, in<&CS::budget, &Budget::density>>},
       {.name = "budget_max_move", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 1.01, .max = 100.0, .choices = "",
@@ -584,8 +584,8 @@ const std::vector<KnobSpec>& knobs() {
        .field = knob_field<&Config::budget_settle_steps, in<&CS::budget, &Budget::settle_steps>>},
       {.name = "step_slack", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 0.0, .max = 10.0, .choices = "",
-       .doc = "step: among the plans whose price is within this fraction of the least, take the dense ring, else the "
-              "sparse plan nearest the density asked for",
+       .doc = "step: the dense ring where its price is the least; else, among the sparse plans whose price is within "
+              "this fraction of the least, the one nearest the density asked for",
        .field = knob_field<&Config::step_slack, in<&CS::step, &StepS::slack>>},
       {.name = "step_confirm_steps", .type = K::kUint, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 1, .max = 1e6, .choices = "",

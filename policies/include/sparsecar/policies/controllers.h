@@ -101,8 +101,8 @@ struct BandwidthSettings {
   bool operator==(const BandwidthSettings&) const = default;
 };
 struct StepSettings {
-  double slack = 0.1;          // within this of the least price: the ring, else the sparse plan nearest
-                               // the density asked for
+  double slack = 0.1;          // the ring where it is the cheapest; else, within this of the least
+                               // price, the sparse plan nearest the density asked for
   uint64_t confirm_steps = 3;  // consecutive observations that want the same change before it is made
   uint64_t hold_steps = 10;    // at least this many steps between two of its decisions
   double forget = 0.8;         // the link fits' weight of a step's samples at the next step
