@@ -88,6 +88,10 @@ constexpr uint64_t kLinkConfirmSteps = 3;
 // voided their records on such noise with 3 steps and 25 %).
 constexpr uint64_t kChangeConfirmSteps = 5;
 constexpr double kFollowed = 1.5;
+// v5: the first answer after the dense warm-up goes to the ring on the model's word about the
+// sparse plan only where the ring is cheaper by more than this (the model's sparse price was 13 %
+// off a real small job's measured one); else the sparse plan is measured first.
+constexpr double kModelMargin = 0.3;
 constexpr size_t kOverheadSteps = 15;  // steps whose median is the step's overhead
 
 double smooth_log(double mean, double sample, double alpha) {
@@ -175,14 +179,14 @@ class StepController final : public Controller {
     // job's steps took, and kept the ring where sparse was faster to the target.)
     const bool warm_up = has(s.active, ControllerKind::kSchedule) &&
                          s.schedule_warmup_steps >= kStartSteps + kRecordTrusted;
-    if (warm_up && !decided_) {
-      if (o.step < s.schedule_warmup_steps) return hold(ctx, "the schedule's dense warm-up: measuring the ring");
-      // v5: the first answer waits until the operator's plan is measured too (at most kProbeSteps:
-      // a plan this controller cannot tell, e.g. a floor that moves, is then priced by the model).
-      if (trusted_record({false, q}) == nullptr && o.step < s.schedule_warmup_steps + kProbeSteps) {
-        return hold(ctx, "after the dense warm-up: measuring the plan asked for before weighing it against the ring");
-      }
+    if (warm_up && !decided_ && o.step + std::max<uint64_t>(s.step.confirm_steps, 1) < s.schedule_warmup_steps) {
+      return hold(ctx, "the schedule's dense warm-up: measuring the ring");
     }
+    // v5: unless the ring wins by more than the model's known error, the first answer waits until
+    // the operator's plan is measured too (at most kProbeSteps: a plan this controller cannot
+    // tell, e.g. a floor that moves, is then priced by the model).
+    const bool await_sparse = warm_up && !decided_ && trusted_record({false, q}) == nullptr &&
+                              o.step < s.schedule_warmup_steps + kProbeSteps;
     if (!decided_ && s.step.allow_dense && !warm_up) {
       decide({true, 1.0}, o.step, /*answer_now=*/true);
       add_decision_note(ctx.status, "step: starts with the dense ring");
@@ -225,6 +229,9 @@ class StepController final : public Controller {
     if (decided_ && !in_force_.dense) in_force_.density = std::max(in_force_.density, q);  // the floor moved up
     const Plan now = decided_ ? in_force_ : Plan{false, q};
     const Candidate in = candidate(now, w, knobs->format, s);
+    if (await_sparse && !(best.plan.dense && best.price * (1 + kModelMargin) <= in.price)) {
+      return hold(ctx, "after the dense warm-up: measuring the plan asked for before weighing it against the ring");
+    }
     const bool too_slow = in.price > cheapest * (1 + 3 * s.step.slack);
     // Up (to the ring, or a sparse plan 4x denser) only as the first answer after the start or a
     // rate change: between near-equal plans the noise of a loaded host flips the comparison of
