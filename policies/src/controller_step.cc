@@ -245,6 +245,15 @@ class StepController final : public Controller {
       want_ = want;
       wanted_ = want != 0 ? 1 : 0;
     }
+    // v5: after the dense warm-up the first answer may be "keep the operator's plan": made once
+    // step_confirm_steps measured observations in a row want nothing, it closes the exploration
+    // as a decision would (until a rate change). Without it the answer stayed open all job, and
+    // a near tie that drifted (the sparse record rising a few % late in a steady job) took a
+    // real `steady` job to the ring at step 471.
+    if (warm_up && !decided_ && explore_ && in.measured) {
+      kept_ = want == 0 ? kept_ + 1 : 0;
+      if (kept_ >= std::max<uint64_t>(s.step.confirm_steps, 1)) explore_ = false;
+    }
     // Never leave a plan on a model's word about itself: it is measured within a few steps.
     const bool in_unmeasured = decided_ && !in.measured && o.step < last_decision_step_ + kProbeSteps;
     const bool may = !in_unmeasured && (!decided_ || answer_now_ || o.step >= last_decision_step_ + s.step.hold_steps);
@@ -495,6 +504,7 @@ class StepController final : public Controller {
   void void_records_but(const Plan& keep, uint64_t step, const char* why) {
     std::erase_if(records_, [&](const Record& r) { return !r.plan.same(keep); });
     explore_ = true;
+    kept_ = 0;
     sparse_error_ = ring_error_ = {};
     voided_ = std::string("records voided at step ") + std::to_string(step) + ": " + why;
   }
@@ -637,6 +647,7 @@ class StepController final : public Controller {
   bool probed_ = false, probing_ = false;
   bool answer_now_ = false;  // the next decision needs no hold (after the start-up one)
   bool explore_ = true;      // a move up to a denser sparse plan is allowed (reset by a rate change)
+  uint64_t kept_ = 0;        // after the warm-up: measured observations in a row that want no move
   Plan in_force_;
   int want_ = 0;
   uint64_t wanted_ = 0;

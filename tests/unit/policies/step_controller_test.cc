@@ -657,6 +657,26 @@ TEST(StepController, ATieBetweenTheRingAndASparsePlanMovesNothingToTheRing) {
   }
 }
 
+TEST(StepController, AFirstAnswerToKeepTheSparsePlanIsNotReopenedByADriftLater) {
+  // The tie above after the schedule's warm-up: the first answer keeps the operator's sparse plan.
+  // At step 100 its steps get 15 % slower (no rate change: far below the 2x that voids records),
+  // which makes the ring, measured during the warm-up, the cheapest by a few %. That is a steady
+  // link: no decision (v5 before this rule: the ring at ~step 103, as a real `steady` job went to
+  // the ring at step 471).
+  Plant plant = small_model(0.005);
+  plant.noise = 0.01;
+  const double beta = rate_where_ring_is(plant, 2 * 1.04, 2 * 1.06, [&](double b) { return plant.true_price(false, 0.001, b); });
+  ASSERT_GT(beta, 0.0);
+  const double slower = 0.15 * plant.true_price(false, 0.001, beta);
+  const auto r = run_profile(plant, 0.001, 300, [&](uint64_t s) {
+    if (s == 100) plant.sparse_hidden = slower;
+    return beta;
+  }, 2.0, true, 3, /*warmup=*/6);
+  ASSERT_LT(plant.true_price(true, 1, beta), 2 * plant.true_price(false, 0.001, beta)) << "the ring is cheapest now";
+  EXPECT_EQ(r.decisions.size(), 0u) << "first decision at step " << (r.decisions.empty() ? 0 : r.decisions[0]);
+  EXPECT_TRUE(r.in_force[299].compression);
+}
+
 TEST(StepController, HoldsAndSaysWhyWithoutLinkSamples) {
   Plant plant = big_model(0);
   ControlKnobs base;
