@@ -87,6 +87,10 @@ constexpr uint64_t kLinkConfirmSteps = 3;
 // model costs a few ms, and a loaded host moves that by 50 % for several steps (the real jobs
 // voided their records on such noise with 3 steps and 25 %).
 constexpr uint64_t kChangeConfirmSteps = 5;
+// v5: a change of 4x or more needs 3 steps in a row: on the large real job each ring step after
+// a drop to 50 Mbit/s cost ~1 s, and no host noise seen on these jobs moved a step 4x for long.
+constexpr double kFarOff = 4.0;
+constexpr uint64_t kFarConfirmSteps = 3;
 constexpr double kFollowed = 1.5;
 // v5: the first answer after the dense warm-up goes to the ring on the model's word about the
 // sparse plan only where the ring is cheaper by more than this (the model's sparse price was 13 %
@@ -121,6 +125,7 @@ struct Record {
   uint64_t steps = 0;
   int off_side = 0;    // consecutive steps 2x off: +1 slower, -1 faster
   uint64_t off_steps = 0;
+  uint64_t far_steps = 0;  // of those, the last ones in a row kFarOff or more off
   double off_sum_log = 0;
 };
 
@@ -450,19 +455,23 @@ class StepController final : public Controller {
     if (r.steps >= kRecordTrusted) {
       const double ratio = measured / r.seconds;
       const int side = ratio > 2 ? 1 : ratio < 0.5 ? -1 : 0;
+      const bool far = ratio >= kFarOff || ratio <= 1 / kFarOff;
       if (side != 0 && side == r.off_side) {
         ++r.off_steps;
+        r.far_steps = far ? r.far_steps + 1 : 0;
         r.off_sum_log += std::log(measured);
       } else {
         r.off_side = side;
         r.off_steps = side != 0 ? 1 : 0;
+        r.far_steps = side != 0 && far ? 1 : 0;
         r.off_sum_log = side != 0 ? std::log(measured) : 0;
       }
-      if (r.off_steps >= kChangeConfirmSteps) {
+      if (r.off_steps >= kChangeConfirmSteps || r.far_steps >= kFarConfirmSteps) {
         // The plan in force runs 2x off its record, steps in a row: the link changed rate.
         r.seconds = std::exp(r.off_sum_log / static_cast<double>(r.off_steps));
         r.off_side = 0;
         r.off_steps = 0;
+        r.far_steps = 0;
         void_records_but(ran, o.step, side > 0 ? "the plan in force got 2x slower" : "the plan in force got 2x faster");
         return;
       }

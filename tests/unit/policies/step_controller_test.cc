@@ -343,6 +343,30 @@ TEST(StepController, StepDownAtMostThreeDecisionsAndNoneWhileSteady) {
   EXPECT_GE(r.in_force[299].density, 0.005) << "never below the density asked for";
 }
 
+TEST(StepController, AFarDropUnderTheRingIsAnsweredWithinAFewSteps) {
+  // The large real job's `down`: the ring at 1 Gbit/s (sparse steps worth half a dense one), then
+  // 50 Mbit/s, where a ring step costs ~0.7 s against ~0.17 s: each step before the answer costs
+  // half a second. A change of 4x or more is taken from 3 steps in a row (a loaded host's noise
+  // moves a step by 25-50 %; 2x needs 5).
+  Plant plant = big_model(0.05);
+  const auto r = run_profile(plant, 0.005, 300, [](uint64_t s) { return s < 150 ? kRate1G : kRate50M; }, 2.0);
+  ASSERT_FALSE(r.in_force[149].compression) << "the ring at 1 Gbit/s";
+  ASSERT_GT(plant.true_price(true, 1, kRate50M), 4 * plant.true_price(true, 1, kRate1G));
+  uint64_t sparse_from = 0;
+  for (uint64_t s = 150; s < 300 && sparse_from == 0; ++s) {
+    if (r.in_force[s].compression) sparse_from = s;
+  }
+  std::printf("[trace] far drop under the ring: sparse in force from step %llu (the drop at 150)\n",
+              static_cast<unsigned long long>(sparse_from));
+  EXPECT_GT(sparse_from, 0u);
+  // Steps 150-152 show it (the records are voided at 152), step_confirm_steps (3) observations
+  // want the move, the first of them at 152, and the decision takes effect two steps later: 156
+  // (5 steps to see a change of any size: 158).
+  EXPECT_LE(sparse_from, 156u);
+  EXPECT_LE(decisions_in(r, 150, 190), 3u);
+  EXPECT_EQ(decisions_in(r, 190, 300), 0u);
+}
+
 TEST(StepController, StepUpIsFollowedTooAndTheDenseRingIsTakenWhenItIsCheapest) {
   // A slow selection (20 ns/element): at 10 Gbit/s the ring beats every sparse plan. The rise
   // shows in the sparse plan's own time (its link share, ~45 %, goes), which is what lets the
