@@ -87,8 +87,11 @@ constexpr uint64_t kLinkConfirmSteps = 3;
 // model costs a few ms, and a loaded host moves that by 50 % for several steps (the real jobs
 // voided their records on such noise with 3 steps and 25 %).
 constexpr uint64_t kChangeConfirmSteps = 5;
-// v5: a change of 4x or more needs 3 steps in a row: on the large real job each ring step after
-// a drop to 50 Mbit/s cost ~1 s, and no host noise seen on these jobs moved a step 4x for long.
+// v5: a change of the ring's time by 4x or more needs 3 steps in a row: on the large real job
+// each ring step after a drop to 50 Mbit/s cost ~1 s. Not for sparse plans: their steps of a few
+// ms are the ones a loaded host moves most (with the rule on every plan one of 12 real adaptive
+// jobs made a stray ring trial at a steady 500 Mbit/s; its log was not kept, so the cause is
+// unconfirmed, and no run without the rule showed one).
 constexpr double kFarOff = 4.0;
 constexpr uint64_t kFarConfirmSteps = 3;
 constexpr double kFollowed = 1.5;
@@ -455,7 +458,7 @@ class StepController final : public Controller {
     if (r.steps >= kRecordTrusted) {
       const double ratio = measured / r.seconds;
       const int side = ratio > 2 ? 1 : ratio < 0.5 ? -1 : 0;
-      const bool far = ratio >= kFarOff || ratio <= 1 / kFarOff;
+      const bool far = ran.dense && (ratio >= kFarOff || ratio <= 1 / kFarOff);
       if (side != 0 && side == r.off_side) {
         ++r.off_steps;
         r.far_steps = far ? r.far_steps + 1 : 0;
