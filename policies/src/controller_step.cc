@@ -180,11 +180,13 @@ class StepController final : public Controller {
     // Start-up: the ring first where it is allowed (the link fits learn a large size from it);
     // else, once a link is known, a probe of a second size if none separated alpha from beta.
     // The schedule's dense warm-up runs the ring on every node without a decision, long enough to
-    // measure it: no start-up decision then. The operator's sparse plan that follows it runs
-    // until it is measured as well; then the two records are weighed, and the first answer may
-    // go up to the ring (`explore_`). (v4 weighed them at the warm-up's end, the sparse plan by
-    // the model: on the real small job it priced a sparse step at 12.6 ms, ~1.3x what the static
-    // job's steps took, and kept the ring where sparse was faster to the target.)
+    // measure it: no start-up decision then. Unless the ring wins clearly on the model (v5,
+    // kModelMargin, below: then it is decided over the warm-up's last steps), the operator's
+    // sparse plan that follows runs until it is measured as well; then the two records are
+    // weighed, and the first answer may go up to the ring (`explore_`). (v4 always weighed them
+    // at the warm-up's end, the sparse plan by the model: on the real small job it priced a
+    // sparse step at 12.6 ms where its steps measured 11.1 ms, and kept the ring where sparse was
+    // faster to the target.)
     const bool warm_up = has(s.active, ControllerKind::kSchedule) &&
                          s.schedule_warmup_steps >= kStartSteps + kRecordTrusted;
     if (warm_up && !decided_ && o.step + std::max<uint64_t>(s.step.confirm_steps, 1) < s.schedule_warmup_steps) {
@@ -470,12 +472,16 @@ class StepController final : public Controller {
         r.off_sum_log = side != 0 ? std::log(measured) : 0;
       }
       if (r.off_steps >= kChangeConfirmSteps || r.far_steps >= kFarConfirmSteps) {
-        // The plan in force runs 2x off its record, steps in a row: the link changed rate.
+        // The plan in force runs 2x off its record, steps in a row (the ring 4x, fewer): the link
+        // changed rate.
         r.seconds = std::exp(r.off_sum_log / static_cast<double>(r.off_steps));
+        const bool by_far = r.off_steps < kChangeConfirmSteps;
         r.off_side = 0;
         r.off_steps = 0;
         r.far_steps = 0;
-        void_records_but(ran, o.step, side > 0 ? "the plan in force got 2x slower" : "the plan in force got 2x faster");
+        void_records_but(ran, o.step,
+                         side > 0 ? (by_far ? "the ring got 4x slower" : "the plan in force got 2x slower")
+                                  : (by_far ? "the ring got 4x faster" : "the plan in force got 2x faster"));
         return;
       }
       if (side != 0) return;  // an outlier until it persists
