@@ -31,8 +31,8 @@
 // at least 6 and at most 40 steps; then the threshold, its first lambda that quantile
 // extrapolated over the latency. Under a steady (momentum-smoothed) gradient every unsent
 // coordinate's residual grows each step, the residuals pile up just under lambda and the pile
-// climbs with it: on the real small job ~4 % a step with 2 % of the coordinates within 30 % of
-// lambda, so v3's lambda, two steps old when it selected, sent 1-3 % for a 0.1 % target for ~50
+// climbs with it: on the real small job ~4 % a step with ~2 % of the coordinates within 13 % of
+// one another just under it, so v3's lambda, two steps old when it selected, sent 1-3 % for a 0.1 % target for ~50
 // steps. The debt now counts from 4 steps after the first calibrated lambda (v3: 15; the
 // threshold's start-up excess is gone). Still open: after the hand-over the pile keeps climbing
 // (~2 % a step on the real job) and the threshold steps send ~3x the target until the debt
@@ -53,11 +53,11 @@ namespace sparsecar::policies {
 namespace {
 
 constexpr uint64_t kDecisionLatency = 2;  // a proposal after step s takes effect at s + 2
-constexpr double kTrendWeight = 0.05;
+constexpr double kTrendWeight = 0.05;     // EMA weight of a new per-step change of the log quantile
 constexpr double kClimbWeight = 0.3;      // EMA weight of a new per-step change of |r+g|'s quantile (start-up)
 constexpr double kHandoverClimb = 0.02;   // the start-up hands over to the threshold below this climb a step,
 constexpr uint64_t kTopkMinSteps = 6;     // after at least this many steps under top-k
-constexpr uint64_t kTopkMaxSteps = 40;    // and at the latest after this many     // EMA weight of a new per-step change of the log quantile
+constexpr uint64_t kTopkMaxSteps = 40;    // and at the latest after this many
 constexpr double kBiasGain = 0.8;         // integral gain on log(realised / target density)
 constexpr uint64_t kBiasDelay = 4;         // steps after the first calibrated lambda before it integrates
 constexpr double kLevelGain = 0.7;        // share of the observed step's lambda error corrected at once

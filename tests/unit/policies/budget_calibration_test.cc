@@ -319,8 +319,8 @@ TEST(BudgetCalibrationTest, GradientsSwingingStepToStepStillSendTheTargetOnAvera
 TEST(BudgetCalibrationTest, MomentumSmoothedGradientsTopKStartThenTheTargetOnAverage) {
   // The real small job's gradients through the hook's momentum correction: u = 0.9 u + g, a drift
   // as large as the noise. Every coordinate's residual climbs steadily, the residuals pile up just
-  // under lambda and the pile climbs with it (on the real job ~4 % a step, 2 % of the coordinates
-  // within 30 % of lambda): lambda has to rise ~100x over the run, and a lambda decided two steps
+  // under lambda and the pile climbs with it (on the real job ~4 % a step, ~2 % of the coordinates
+  // within 13 % of one another): lambda has to rise ~100x over the run, and a lambda decided two steps
   // earlier sends many times the target. v3 started the threshold at step 2 at the quantile of a
   // young residual (0.04 here): steps 2-9 sent 34x the target, as the real job's start-up sent
   // 1-3 % for 0.1 % for ~50 steps. v4 keeps top-k at the target while the climb is fast.
