@@ -48,6 +48,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
 
 namespace sparsecar::policies {
 namespace {
@@ -65,6 +66,25 @@ constexpr double kSmooth = 0.5;           // EMA weight of a new wanted log lamb
 constexpr double kPaybackSteps = 30;      // a density budget's excess volume is paid back over this many steps,
 constexpr uint64_t kPaybackFrom = 4;      // counted from this many steps after the first calibrated lambda
 constexpr double kBiasLimit = 2.08;       // |bias| <= log 8 (the density aimed at within 8x of the target)
+
+// The per-step change of a log quantile between the steps it was seen at (the gradient's trend,
+// the residuals' climb).
+class LogRate {
+ public:
+  std::optional<double> add(uint64_t step, double log_value) {
+    std::optional<double> per_step;
+    if (seen_ && step > step_) per_step = (log_value - last_) / static_cast<double>(step - step_);
+    seen_ = true;
+    last_ = log_value;
+    step_ = step;
+    return per_step;
+  }
+
+ private:
+  bool seen_ = false;
+  double last_ = 0;
+  uint64_t step_ = 0;
+};
 
 class BudgetController final : public Controller {
  public:
@@ -172,12 +192,10 @@ class BudgetController final : public Controller {
   bool hand_over(const JobObservation& o, double target) {
     const double qk = magnitude_quantile(o.magnitude_hist, static_cast<double>(o.magnitude_elements), target);
     if (qk > 0 && std::isfinite(qk)) {
-      if (topk_steps_ > 0 && o.step > last_k_step_) {
-        const double per_step = (std::log(qk) - last_lk_) / static_cast<double>(o.step - last_k_step_);
-        climb_ = topk_steps_ == 1 ? per_step : kClimbWeight * per_step + (1 - kClimbWeight) * climb_;
+      if (const auto per_step = climb_rate_.add(o.step, std::log(qk))) {
+        climb_ = has_climb_ ? kClimbWeight * *per_step + (1 - kClimbWeight) * climb_ : *per_step;
+        has_climb_ = true;
       }
-      last_lk_ = std::log(qk);
-      last_k_step_ = o.step;
     }
     ++topk_steps_;
     return (topk_steps_ >= kTopkMinSteps && climb_ <= kHandoverClimb) || topk_steps_ >= kTopkMaxSteps;
@@ -208,16 +226,11 @@ class BudgetController final : public Controller {
     // The gradient's own scale (independent of lambda, unlike q): its trend is extrapolated over
     // the decision latency.
     if (qg > 0 && std::isfinite(qg)) {
-      const double lg = std::log(qg);
-      if (has_q_ && o.step > last_q_step_) {
-        const double per_step = (lg - last_lg_) / static_cast<double>(o.step - last_q_step_);
-        trend_ = has_trend_ ? kTrendWeight * per_step + (1 - kTrendWeight) * trend_ : 0;
+      if (const auto per_step = trend_rate_.add(o.step, std::log(qg))) {
+        trend_ = has_trend_ ? kTrendWeight * *per_step + (1 - kTrendWeight) * trend_ : 0;
         trend_ = std::clamp(trend_, -log_max_move, log_max_move);
         has_trend_ = true;
       }
-      has_q_ = true;
-      last_lg_ = lg;
-      last_q_step_ = o.step;
     }
     // Where lambda should have been at the observed step, relative to the lambda in force there
     // when the nodes say which it was: q and `at` then share the histogram's bins, so the error of
@@ -299,14 +312,14 @@ class BudgetController final : public Controller {
   bool calibrated_ = false;
   uint64_t calibrated_effective_ = 0;  // first step the first calibrated lambda is in force
   double log_lambda_ = 0;
-  bool has_q_ = false, has_trend_ = false;
-  double last_lg_ = 0;
-  uint64_t last_q_step_ = 0;
+  LogRate trend_rate_;  // of |g|'s quantile at the target
+  bool has_trend_ = false;
   double trend_ = 0;  // per-step change of the log quantile
   double bias_ = 0;   // log correction from the realised density
-  double climb_ = 0;  // the top-k start-up: per-step change of log |r+g|'s quantile at the target (EMA)
-  uint64_t topk_steps_ = 0, last_k_step_ = 0;
-  double last_lk_ = 0;
+  LogRate climb_rate_;  // the top-k start-up: of |r+g|'s quantile at the target
+  bool has_climb_ = false;
+  double climb_ = 0;  // its EMA
+  uint64_t topk_steps_ = 0;
   struct Seen {
     double q = 0, at = 0, aim = 0;  // the last step's quantiles (at the aim, at the sent density) and the aim
   } seen_;
