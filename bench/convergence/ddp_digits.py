@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""A real DDP job through sparsecar daemons: an MLP on scikit-learn's digits, 2 nodes x 2 local
+"""A real DDP job through sparsecar daemons: an MLP on scikit-learn's digits (or, with --dataset
+fmnist, on Fashion-MNIST from Debian's dataset-fashion-mnist), 2 nodes x 2 local
 ranks (4 trainer processes, 2 sparsecard daemons on loopback, --local-clients 2), gloo for the
 process group. The same trainer processes train the same model (same initialisation, same
 batches) three times, one after the other:
@@ -33,6 +34,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 HEADER_BYTES = 72  # sparsecar wire header (daemon/transport/WIRE.md)
+FMNIST_DIR = "/usr/share/datasets/fashion-mnist"  # Debian's dataset-fashion-mnist
 
 
 def ring_bytes_per_node(calls, elements, nodes):
@@ -63,6 +65,32 @@ def save_digits(path):
     return path
 
 
+def load_shard(args, rank, world, np):
+    """((train x, y) of this rank's shard, (test x, y)): x float32 [n, features], y int64. digits:
+    a seeded quarter of the 1797 images is the test set, the rest is sharded over the ranks;
+    fmnist: the 60,000 training images (seeded order) sharded, the first --test-limit test images."""
+    if args.dataset == "fmnist":
+        sys.path.insert(0, os.path.join(os.path.dirname(HERE), "gpu"))
+        from ddp_trainer import load_fmnist
+        tx, ty, vx, vy = load_fmnist(args.data_dir, np)
+        mean, std = 0.2860, 0.3530  # Fashion-MNIST's training-set pixel statistics
+
+        def prepare(images, labels):
+            x = (images.reshape(len(images), -1).astype(np.float32) / 255.0 - mean) / std
+            return x.astype(np.float32), labels.astype(np.int64)
+        shard = np.random.default_rng(args.seed).permutation(len(ty))[rank::world]
+        n_test = args.test_limit or len(vy)
+        return prepare(tx[shard], ty[shard]), prepare(vx[:n_test], vy[:n_test])
+    x, y = load_digits_arrays(args.digits)
+    x = (x / 16.0).astype(np.float32)
+    y = y.astype(np.int64)
+    perm = np.random.default_rng(args.seed).permutation(len(y))
+    n_test = len(y) // 4
+    test_idx, train_idx = perm[:n_test], perm[n_test:]
+    shard = train_idx[rank::world]
+    return (x[shard], y[shard]), (x[test_idx], y[test_idx])
+
+
 # ---------------------------------------------------------------------------------------------
 # trainer side
 # ---------------------------------------------------------------------------------------------
@@ -78,18 +106,12 @@ def trainer(args):
     local_rank = int(os.environ["LOCAL_RANK"])
     dist.init_process_group("gloo", rank=rank, world_size=world)
 
-    x, y = load_digits_arrays(args.digits)
-    x = (x / 16.0).astype(np.float32)
-    perm = np.random.default_rng(args.seed).permutation(len(y))
-    n_test = len(y) // 4
-    test_idx, train_idx = perm[:n_test], perm[n_test:]
-    xt, yt = torch.from_numpy(x[test_idx]), torch.from_numpy(y[test_idx]).long()
-    shard = train_idx[rank::world]
-    xs, ys = torch.from_numpy(x[shard]), torch.from_numpy(y[shard]).long()
+    (xs, ys), (xt, yt) = load_shard(args, rank, world, np)
+    xs, ys, xt, yt = (torch.from_numpy(a) for a in (xs, ys, xt, yt))
 
     def make_model():
         torch.manual_seed(args.seed)
-        return torch.nn.Sequential(torch.nn.Linear(64, args.hidden), torch.nn.ReLU(),
+        return torch.nn.Sequential(torch.nn.Linear(xs.shape[1], args.hidden), torch.nn.ReLU(),
                                    torch.nn.Linear(args.hidden, args.hidden), torch.nn.ReLU(),
                                    torch.nn.Linear(args.hidden, 10))
 
@@ -269,7 +291,7 @@ def run(args):
                   keep=args.keep_logs) as job:
         if "sparsecar" in args.methods.split(","):
             job.start_daemons()
-        if not args.digits:  # one copy of the data for every trainer of every job
+        if args.dataset == "digits" and not args.digits:  # one copy of the data for every trainer of every job
             args.digits = save_digits(os.path.join(job.dir, "digits.npz"))
         # --jobs N: N DDP jobs one after another on the same (long-lived) daemons.
         runs = [summarize(args, *_run_trainers(args, job, world, L, j)) for j in range(args.jobs)]
@@ -314,7 +336,8 @@ def _run_trainers(args, job, world, L, job_index):
 
 def _forward(args):
     keys = ["methods", "steps", "batch", "lr", "momentum", "hidden", "seed", "powersgd_rank",
-            "local_clients", "on_error", "step_timeout", "eval_every", "hook_tensors", "agreement"]
+            "local_clients", "on_error", "step_timeout", "eval_every", "hook_tensors", "agreement", "dataset",
+            "data_dir", "test_limit"]
     out = []
     for k in keys:
         out += ["--" + k.replace("_", "-"), str(getattr(args, k))]
@@ -329,7 +352,7 @@ def _forward(args):
 
 def summarize(args, ranks, total_wall):
     nodes = args.nodes
-    s = {"nodes": nodes, "local_clients": args.local_clients, "steps": args.steps, "batch": args.batch,
+    s = {"dataset": args.dataset, "nodes": nodes, "local_clients": args.local_clients, "steps": args.steps, "batch": args.batch,
          "lr": args.lr, "momentum": args.momentum, "hidden": args.hidden, "seed": args.seed,
          "compression": args.compression, "selector": args.selector, "density": args.density,
          "threshold": args.threshold, "powersgd_rank": args.powersgd_rank, "total_wall_seconds": total_wall,
@@ -365,7 +388,7 @@ def summarize(args, ranks, total_wall):
 
 def print_summary(s):
     dense = s["methods"].get("dense")
-    print(f"\nDDP digits MLP: {s['nodes']} nodes x {s['local_clients']} ranks, {s['steps']} steps")
+    print(f"\nDDP {s['dataset']} MLP: {s['nodes']} nodes x {s['local_clients']} ranks, {s['steps']} steps")
     print(f"  {'method':<10} {'test acc':>9} {'bytes':>12} {'vs dense':>9} {'wall s':>8}")
     for m, e in s["methods"].items():
         ratio = f"{dense['bytes'] / e['bytes']:.1f}x" if dense and e["bytes"] else "-"
@@ -375,6 +398,12 @@ def print_summary(s):
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--trainer", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--dataset", default="digits", choices=("digits", "fmnist"),
+                   help="digits: scikit-learn's 8x8 digits (1797 images, a quarter held out); fmnist: Fashion-MNIST "
+                        "(60,000 training and 10,000 test images of 28x28, from --data-dir)")
+    p.add_argument("--data-dir", default=FMNIST_DIR, help="fmnist: the directory of the IDX .gz files")
+    p.add_argument("--test-limit", type=int, default=0,
+                   help="fmnist: evaluate on the first N test images (0 = all 10,000; every rank evaluates)")
     p.add_argument("--digits", help="the digits as an .npz of x and y (default: the launcher writes one from "
                                     "scikit-learn for its trainers; a trainer without it loads scikit-learn's)")
     p.add_argument("--socket", help=argparse.SUPPRESS)
