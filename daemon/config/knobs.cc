@@ -394,7 +394,8 @@ const std::vector<KnobSpec>& knobs() {
       {.name = "schedule_warmup_steps", .type = K::kUint, .live = true, .agreed = true, .secret = false,
        .env = "", .min = 0, .max = 1e15, .choices = "",
        .doc = "schedule: the first N steps are dense",
-       .field = knob_field<&Config::schedule_warmup_steps, &Schedule::warmup_steps, &CS::schedule_warmup_steps>},
+       .field = knob_field<&Config::schedule_warmup_steps, &Schedule::warmup_steps, &CS::schedule_warmup_steps,
+                           &CK::schedule_warmup_steps>},
       {.name = "schedule_ramp_steps", .type = K::kUint, .live = true, .agreed = true, .secret = false,
        .env = "", .min = 0, .max = 1e15, .choices = "",
        .doc = "schedule: after warm-up the density moves from schedule_start_density to the end over N steps (0 = off)",
@@ -606,8 +607,15 @@ const std::vector<KnobSpec>& knobs() {
       {.name = "step_dense_worth", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 1.0, .max = 100.0, .choices = "",
        .doc = "step: a dense step does the work of this many sparse ones (error feedback delays what a sparse step "
-              "leaves out): sparse plans are priced at their step time x this; 1 prices step time alone",
+              "leaves out): sparse plans are priced at their step time x this; 1 prices step time alone. A property "
+              "of the model (measured 1.05-1.9 over whole jobs, docs/controllers.md)",
        .field = knob_field<&Config::step_dense_worth, in<&CS::step, &StepS::dense_worth>>},
+      {.name = "step_warmup_cut", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 1.0, .max = 1000.0, .choices = "",
+       .doc = "step: under the schedule's dense warm-up, end it early once a dense step measures more than this many "
+              "sparse steps of the density asked for (modelled): the early dense steps are worth more than later "
+              "ones, but not a ring at a slow link's rate",
+       .field = knob_field<&Config::step_warmup_cut, in<&CS::step, &StepS::warmup_cut>>},
       {.name = "step_timeout_ms", .type = K::kUint, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 10, .max = 3.6e6, .choices = "",
        .doc = "deadline for peers to deliver a step",

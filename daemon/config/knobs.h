@@ -135,7 +135,8 @@ struct Config {
   uint64_t step_hold_steps = 10;
   double step_forget = 0.8;
   bool step_allow_dense = true;
-  double step_dense_worth = 2.0;
+  double step_dense_worth = 1.3;
+  double step_warmup_cut = 3.0;
 
   // Deadlines.
   uint32_t step_timeout_ms = 30000;   // a step whose peers do not answer in time fails

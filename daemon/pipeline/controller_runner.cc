@@ -32,6 +32,9 @@ KnobChanges knob_changes(const Config& config, const policies::ControlKnobs& k) 
   if (k.tensor_scale != now.tensor_scale) {
     out.emplace_back("tensor_density_scale", policies::format_tensor_scales(k.tensor_scale));
   }
+  if (k.schedule_warmup_steps != now.schedule_warmup_steps) {
+    out.emplace_back("schedule_warmup_steps", std::to_string(k.schedule_warmup_steps));
+  }
   if (k.format != now.format && find_knob("format") != nullptr) {
     out.emplace_back("format", std::string(kernels::format_name(k.format)));
   }

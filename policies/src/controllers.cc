@@ -54,6 +54,9 @@ std::string describe_change(const ControlKnobs& from, const ControlKnobs& to) {
     add(std::string("tensor_density_scale=").append(format_tensor_scales(to.tensor_scale)));
   }
   if (from.format != to.format) add(std::string("format=").append(kernels::format_name(to.format)));
+  if (from.schedule_warmup_steps != to.schedule_warmup_steps) {
+    add("schedule_warmup_steps=" + std::to_string(to.schedule_warmup_steps));
+  }
   return out;
 }
 
@@ -62,7 +65,7 @@ std::string describe_change(const ControlKnobs& from, const ControlKnobs& to) {
 bool operator==(const ControlKnobs& a, const ControlKnobs& b) {
   return a.compression == b.compression && a.selector == b.selector && a.density == b.density &&
          a.threshold == b.threshold && a.density_cap == b.density_cap && a.tensor_scale == b.tensor_scale &&
-         a.format == b.format;
+         a.format == b.format && a.schedule_warmup_steps == b.schedule_warmup_steps;
 }
 
 // ---- the registry ------------------------------------------------------------------------------
@@ -100,7 +103,7 @@ constexpr ControllerInfo kRows[] = {
             "asked for; prices: measured step times of the plans that ran, else receiver-timed link fits and "
             "measured compute costs, plus the step's measured overhead; sparse steps priced x step_dense_worth",
      .job_level = true, .make = make_step_controller,
-     .knobs = "step_slack step_confirm_steps step_hold_steps step_forget step_allow_dense step_dense_worth"},
+     .knobs = "step_slack step_confirm_steps step_hold_steps step_forget step_allow_dense step_dense_worth step_warmup_cut"},
     {.kind = ControllerKind::kCost, .name = "cost", .doc = "collective and format from the cost model",
      .job_level = true, .make = make_cost_controller, .knobs = ""},
 };
@@ -183,7 +186,8 @@ std::optional<ControlLoop::Proposal> ControlLoop::update(const ControllerSetting
   if (k.selector == kernels::Selector::kThreshold || !k.compression) k.format = in_force.format;
 
   const bool structural = k.compression != in_force.compression || k.selector != in_force.selector ||
-                          k.tensor_scale != in_force.tensor_scale || k.format != in_force.format;
+                          k.tensor_scale != in_force.tensor_scale || k.format != in_force.format ||
+                          k.schedule_warmup_steps != in_force.schedule_warmup_steps;
   const bool numeric = rel_diff(k.density, in_force.density) > settings.controller_hysteresis ||
                        rel_diff(k.density_cap, in_force.density_cap) > settings.controller_hysteresis ||
                        rel_diff(k.threshold, in_force.threshold) > threshold_hysteresis(settings);

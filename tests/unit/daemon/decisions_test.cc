@@ -418,5 +418,23 @@ TEST(KnobChangesTest, ASelectorSwitchCarriesTheNewLambdaWithIt) {
   EXPECT_EQ(changes[1].second, "0.0471");
 }
 
+TEST(KnobChangesTest, AWarmUpCutIsAnAgreedKnobThatRoundTripsThroughTheConfig) {
+  // The step controller (v6) ends the schedule's dense warm-up early by lowering
+  // schedule_warmup_steps: the change must name that knob, and setting it on a node's config must
+  // give back the same knobs (every node's schedule plans from it).
+  Config c;
+  c.schedule_warmup_steps = 100;
+  policies::ControlKnobs k = control_knobs_from_config(c);
+  ASSERT_EQ(k.schedule_warmup_steps, 100u);
+  k.schedule_warmup_steps = 7;
+  const KnobChanges changes = knob_changes(c, k);
+  ASSERT_EQ(changes.size(), 1u);
+  EXPECT_EQ(changes[0].first, "schedule_warmup_steps");
+  EXPECT_EQ(changes[0].second, "7");
+  ASSERT_TRUE(find_knob("schedule_warmup_steps")->agreed);
+  ASSERT_TRUE(set_knob(c, changes[0].first, changes[0].second).ok());
+  EXPECT_EQ(control_knobs_from_config(c), k);
+}
+
 }  // namespace
 }  // namespace sparsecar

@@ -275,12 +275,14 @@ struct ProfileRun {
 
 // Runs `steps` steps with beta(step) from `profile`; steps 0 .. warmup-1 run the ring whatever
 // was decided (the schedule controller's dense warm-up: every node's own plan, no decision; the
-// loop runs `schedule,step` then, as the settings say).
+// loop runs `schedule,step` then, as the settings say). The warm-up's end is the knob in force
+// (`schedule_warmup_steps`, which the step controller may lower: v6).
 template <class Profile>
 ProfileRun run_profile(Plant& plant, double floor, uint64_t steps, Profile profile, double worth = 1.0,
                        bool allow_dense = true, uint64_t confirm_steps = 3, uint64_t warmup = 0) {
   ControlKnobs base;
   base.density = floor;
+  base.schedule_warmup_steps = warmup;
   ControllerSettings settings = step_settings(plant.world, worth);
   settings.step.allow_dense = allow_dense;
   settings.step.confirm_steps = confirm_steps;
@@ -293,7 +295,7 @@ ProfileRun run_profile(Plant& plant, double floor, uint64_t steps, Profile profi
   for (uint64_t s = 0; s < steps; ++s) {
     const double beta = profile(s);
     ControlKnobs k = job.at(s);
-    if (s < warmup) k.compression = false;
+    if (s < std::min(warmup, k.schedule_warmup_steps)) k.compression = false;
     r.in_force.push_back(k);
     const Truth t = truth(plant, floor, beta, worth);
     r.excess.push_back(t.price_of(plant, k, beta) / t.cheapest);
@@ -699,6 +701,62 @@ TEST(StepController, AFirstAnswerToKeepTheSparsePlanIsNotReopenedByADriftLater) 
   ASSERT_LT(plant.true_price(true, 1, beta), 2 * plant.true_price(false, 0.001, beta)) << "the ring is cheapest now";
   EXPECT_EQ(r.decisions.size(), 0u) << "first decision at step " << (r.decisions.empty() ? 0 : r.decisions[0]);
   EXPECT_TRUE(r.in_force[299].compression);
+}
+
+// v6: a long dense warm-up (the early dense steps are worth more than later ones) is ended early
+// where a ring step costs more than step_warmup_cut (3) sparse steps.
+TEST(StepController, ADenseWarmUpOnASlowLinkEndsOnceTheRingIsMeasured) {
+  // 85 k parameters at 50 Mbit/s, 10 ms of overhead a step, warm-up 100: the ring (2 x 170 KB)
+  // costs several sparse steps. The ring's record is trusted after step 5 (3 start-up steps, 3
+  // measured), the cut is proposed then and in force 2 steps later; the operator's sparse plan
+  // follows, with no other decision.
+  Plant plant = small_model(0.005);
+  plant.report_period = true;
+  plant.overhead = 0.010;
+  plant.noise = 0.02;
+  const double ring = plant.true_price(true, 1, kRate50M), sparse = plant.true_price(false, 0.001, kRate50M);
+  ASSERT_GT(ring, 4 * sparse) << "a ring far above the cut";
+  const auto r = run_profile(plant, 0.001, 200, [](uint64_t) { return kRate50M; }, 1.3, true, 3, /*warmup=*/100);
+  ASSERT_EQ(r.decisions.size(), 1u) << "the cut, nothing after it";
+  EXPECT_GE(r.decisions[0], 5u) << "not before the ring is measured";
+  EXPECT_LE(r.decisions[0], 8u);
+  EXPECT_EQ(r.in_force[r.decisions[0] + 2].schedule_warmup_steps, r.decisions[0] + 1);
+  EXPECT_TRUE(r.in_force[r.decisions[0] + 2].compression);
+  EXPECT_NE(r.status.last_reason.find("warm-up cut"), std::string::npos) << r.status.last_reason;
+  expect_near_cheapest(r, 20, 200, "after the cut");
+}
+
+TEST(StepController, ADenseWarmUpWhereTheRingCostsLessThanTheCutRunsToItsEnd) {
+  // The same job at a rate where a ring step costs ~2 sparse steps: the warm-up runs its 100
+  // steps (no decision), then the first answer keeps the operator's sparse plan (worth 1.3).
+  Plant plant = small_model(0.005);
+  plant.noise = 0.02;
+  const double beta = rate_where_ring_is(plant, 1.9, 2.1, [&](double b) { return plant.true_price(false, 0.001, b); });
+  ASSERT_GT(beta, 0.0);
+  const auto r = run_profile(plant, 0.001, 200, [&](uint64_t) { return beta; }, 1.3, true, 3, /*warmup=*/100);
+  EXPECT_EQ(r.decisions.size(), 0u) << "first decision at step " << (r.decisions.empty() ? 0 : r.decisions[0]);
+  EXPECT_FALSE(r.in_force[99].compression) << "the warm-up's last step is dense";
+  EXPECT_EQ(r.in_force[99].schedule_warmup_steps, 100u);
+  EXPECT_TRUE(r.in_force[100].compression);
+  EXPECT_TRUE(r.in_force[199].compression);
+}
+
+TEST(StepController, ADropDuringTheDenseWarmUpEndsIt) {
+  // 1 Gbit/s for 50 steps (the ring ~1.3 sparse steps: the warm-up goes on), then 50 Mbit/s: the
+  // ring's time 4x off its record for 3 steps updates the record (v5's far rule), and the cut
+  // follows within a few steps of the drop.
+  Plant plant = small_model(0.005);
+  plant.noise = 0.02;
+  ASSERT_LT(plant.true_price(true, 1, kRate1G), 3 * plant.true_price(false, 0.001, kRate1G));
+  ASSERT_GT(plant.true_price(true, 1, kRate50M), 4 * plant.true_price(true, 1, kRate1G)) << "a far drop";
+  const auto r = run_profile(plant, 0.001, 200, [](uint64_t s) { return s < 50 ? kRate1G : kRate50M; }, 1.3, true, 3,
+                             /*warmup=*/100);
+  ASSERT_EQ(r.decisions.size(), 1u);
+  EXPECT_GE(r.decisions[0], 52u) << "the drop confirmed";
+  EXPECT_LE(r.decisions[0], 56u);
+  EXPECT_FALSE(r.in_force[49].compression);
+  EXPECT_TRUE(r.in_force[r.decisions[0] + 2].compression);
+  EXPECT_TRUE(r.in_force[199].compression);
 }
 
 TEST(StepController, HoldsAndSaysWhyWithoutLinkSamples) {

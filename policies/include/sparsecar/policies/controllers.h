@@ -68,6 +68,9 @@ struct ControlKnobs {
   double density_cap = 1.0;
   TensorScales tensor_scale;
   kernels::Format format = kernels::Format::kCoo;
+  // The schedule's dense warm-up (`schedule_warmup_steps`): the step controller may end it early
+  // where a dense step costs more than it is worth (StepSettings::warmup_cut).
+  uint64_t schedule_warmup_steps = 0;
 };
 bool operator==(const ControlKnobs& a, const ControlKnobs& b);
 
@@ -107,8 +110,12 @@ struct StepSettings {
   uint64_t hold_steps = 10;    // at least this many steps between two of its decisions
   double forget = 0.8;         // the link fits' weight of a step's samples at the next step
   bool allow_dense = true;     // the dense ring is a candidate
-  double dense_worth = 2.0;    // a dense step does the work of this many sparse ones (price factor
-                               // of sparse plans; 1 = step time alone)
+  double dense_worth = 1.3;    // a dense step does the work of this many sparse ones (price factor
+                               // of sparse plans; 1 = step time alone). 1.3 since step v5's
+                               // Fashion-MNIST runs (docs/controllers.md, "A job the controllers
+                               // were not tuned on"); 2 before
+  double warmup_cut = 3.0;     // v6: the schedule's dense warm-up ends early once a ring step costs
+                               // more than this many sparse steps of the density asked for
   bool operator==(const StepSettings&) const = default;
 };
 struct AccuracySettings {
