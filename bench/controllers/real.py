@@ -88,7 +88,8 @@ PROFILES = ("steady", "down", "up", "oscillating")
 DENSITIES = {"0.1": 0.001, "0.5": 0.005, "2": 0.02}
 SETTINGS = ("dense", "topk0.1", "topk0.5", "topk2", "thr0.1", "thr0.5", "thr2", "adaptive")
 STATIC = tuple(s for s in SETTINGS if s != "adaptive")
-# The configuration docs/controllers.md recommends (its "The density asked for" section).
+# The configuration docs/controllers.md recommends (since step v6: "A job the controllers were not
+# tuned on"; the density from "The density asked for").
 DEFAULT_ADAPTIVE = "--controller schedule,step --schedule-warmup-steps 100 --selector topk --density 0.005"
 
 
