@@ -321,9 +321,9 @@ class StepController final : public Controller {
   // v6: under the schedule's dense warm-up, once the ring is measured (and again whenever a rate
   // change updates its record), the warm-up ends early if a ring step costs more than
   // step_warmup_cut sparse steps of the density asked for (modelled: none has run). The early
-  // dense steps are worth more than later ones (on the small real jobs 100 dense steps then top-k
-  // 0.5 % reached the target in 0.54-0.93x top-k's time at 1 Gbit/s - 500 Mbit/s), but a ring at
-  // 50 Mbit/s costs ~6 sparse steps a step. The knob, not a plan decision: the schedule's plan
+  // dense steps can be worth more than later ones (100 dense steps then top-k 0.5 % took 0.57-0.88x
+  // top-k's time on the small digits jobs at 1 Gbit/s - 200 Mbit/s, 0.83-1.08x on Fashion-MNIST;
+  // nothing on the large digits model), but a ring at 50 Mbit/s costs ~6 sparse steps a step. The knob, not a plan decision: the schedule's plan
   // on every node takes the shorter warm-up from the decision's step on, and what follows is the
   // first answer after a warm-up. Returns true when it cut (the knob is set).
   bool cut_warm_up(const ControlContext& ctx, double q, ControlKnobs* knobs) {
