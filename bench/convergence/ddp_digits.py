@@ -34,7 +34,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 HEADER_BYTES = 72  # sparsecar wire header (daemon/transport/WIRE.md)
-FMNIST_DIR = "/usr/share/datasets/fashion-mnist"  # Debian's dataset-fashion-mnist
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "gpu"))
+from ddp_trainer import FMNIST_DIR, FMNIST_MEAN, FMNIST_STD, load_fmnist  # noqa: E402  (stdlib only at import)
 
 
 def ring_bytes_per_node(calls, elements, nodes):
@@ -70,13 +71,10 @@ def load_shard(args, rank, world, np):
     a seeded quarter of the 1797 images is the test set, the rest is sharded over the ranks;
     fmnist: the 60,000 training images (seeded order) sharded, the first --test-limit test images."""
     if args.dataset == "fmnist":
-        sys.path.insert(0, os.path.join(os.path.dirname(HERE), "gpu"))
-        from ddp_trainer import load_fmnist
         tx, ty, vx, vy = load_fmnist(args.data_dir, np)
-        mean, std = 0.2860, 0.3530  # Fashion-MNIST's training-set pixel statistics
 
         def prepare(images, labels):
-            x = (images.reshape(len(images), -1).astype(np.float32) / 255.0 - mean) / std
+            x = (images.reshape(len(images), -1).astype(np.float32) / 255.0 - FMNIST_MEAN) / FMNIST_STD
             return x.astype(np.float32), labels.astype(np.int64)
         shard = np.random.default_rng(args.seed).permutation(len(ty))[rank::world]
         n_test = args.test_limit or len(vy)
@@ -352,7 +350,8 @@ def _forward(args):
 
 def summarize(args, ranks, total_wall):
     nodes = args.nodes
-    s = {"dataset": args.dataset, "nodes": nodes, "local_clients": args.local_clients, "steps": args.steps, "batch": args.batch,
+    s = {"dataset": args.dataset, "nodes": nodes, "local_clients": args.local_clients, "steps": args.steps,
+         "batch": args.batch,
          "lr": args.lr, "momentum": args.momentum, "hidden": args.hidden, "seed": args.seed,
          "compression": args.compression, "selector": args.selector, "density": args.density,
          "threshold": args.threshold, "powersgd_rank": args.powersgd_rank, "total_wall_seconds": total_wall,

@@ -100,7 +100,7 @@ def parse(argv):
     p.add_argument("--report-compute-time", action="store_true", help="sparsecar: report the compute time "
                    "per step (measured before training, no exchange) as metric compute_time: the "
                    "bandwidth controller's budget")
-    p.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist", help="fmnist_*: the IDX .gz files")
+    p.add_argument("--data-dir", default=FMNIST_DIR, help="fmnist_*: the IDX .gz files")
     p.add_argument("--epochs", type=float, default=3.0, help="fmnist_*: passes over the training set")
     p.add_argument("--eval-every", type=int, default=50, help="fmnist_*: steps between evaluations")
     p.add_argument("--eval-limit", type=int, default=0, help="fmnist_*: evaluate on the first N test images "
@@ -179,6 +179,10 @@ def synthetic_batch(name, torch, batch, image_size, device, seed):
     classes = 1000 if name == "resnet18" else 10
     y = torch.randint(0, classes, (batch,), generator=g)
     return x.to(device), y.to(device)
+
+
+FMNIST_DIR = "/usr/share/datasets/fashion-mnist"  # Debian's dataset-fashion-mnist
+FMNIST_MEAN, FMNIST_STD = 0.2860, 0.3530  # Fashion-MNIST's training-set pixel statistics
 
 
 def load_fmnist(data_dir, np):
@@ -399,7 +403,7 @@ def time_steps(args, torch, dist, ddp, opt, device, sync, report, x, y, flag_max
 def train_fmnist(args, torch, dist, ddp, opt, device, sync, report):
     import numpy as np
     tx, ty, vx, vy = load_fmnist(args.data_dir, np)
-    mean, std = 0.2860, 0.3530  # Fashion-MNIST's training-set pixel statistics
+    mean, std = FMNIST_MEAN, FMNIST_STD
 
     def to_tensor(images, labels):
         x = torch.from_numpy(images.astype(np.float32) / 255.0).sub_(mean).div_(std).unsqueeze(1)

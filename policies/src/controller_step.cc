@@ -323,9 +323,10 @@ class StepController final : public Controller {
   // step_warmup_cut sparse steps of the density asked for (modelled: none has run). The early
   // dense steps can be worth more than later ones (100 dense steps then top-k 0.5 % took 0.57-0.88x
   // top-k's time on the small digits jobs at 1 Gbit/s - 200 Mbit/s, 0.83-1.08x on Fashion-MNIST;
-  // nothing on the large digits model), but a ring at 50 Mbit/s costs ~6 sparse steps a step. The knob, not a plan decision: the schedule's plan
-  // on every node takes the shorter warm-up from the decision's step on, and what follows is the
-  // first answer after a warm-up. Returns true when it cut (the knob is set).
+  // nothing on the large digits model), but a ring at 50 Mbit/s costs ~6 sparse steps a step.
+  // The knob, not a plan decision: the schedule's plan on every node takes the shorter warm-up
+  // from the decision's step on, and what follows is the first answer after a warm-up. Returns
+  // true when it cut (the knob is set).
   bool cut_warm_up(const ControlContext& ctx, double q, ControlKnobs* knobs) {
     const auto& s = ctx.settings;
     if (cut_.on || !any_link_known() || trusted_record({true, 1.0}) == nullptr) return false;
