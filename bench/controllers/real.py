@@ -296,7 +296,8 @@ def analyse(entry, changes, dense_curve, target, settle_steps, dense_final=None)
     rates = [changes[0][1]] + [r for _, r in applied]
     step_times = rm.phase_step_times(step_end, ranges)
     dec = entry.get("decisions")
-    attributed = rm.attribute_decisions([d["step"] for d in dec], ranges, settle_steps) if dec is not None else None
+    warmup = rm.warmup_steps_of(entry.get("daemon_args", []))
+    attributed = rm.attribute_decisions([d["step"] for d in dec], ranges, settle_steps, warmup) if dec is not None else None
     entry["phases"] = []
     for i, (a, b) in enumerate(ranges):
         p = {"rate": rates[i], "start_step": a, "end_step": b,

@@ -68,12 +68,16 @@ def phases(change_at_steps, steps_total):
     return [(a, max(a, b)) for a, b in zip(starts, ends)]
 
 
-def attribute_decisions(decision_steps, phase_ranges, settle_steps):
+def attribute_decisions(decision_steps, phase_ranges, settle_steps, warmup_steps=0):
     """Splits decisions by phase and, inside a phase, into its settle window (the first
     settle_steps steps of the phase: the reaction to the change that started it, or to the job's
     start in phase 0) and its steady part (the rest). A decision at step s belongs to the last
-    phase starting at or before s. Returns one dict per phase."""
-    out = [{"start": a, "end": b, "settle_end": min(b, a + settle_steps), "settle": [], "steady": []}
+    phase starting at or before s. warmup_steps: a dense warm-up the job was configured with (the
+    schedule's); the job's start lasts until it ends, so every step before warmup_steps +
+    settle_steps is in a settle window too (the first answer after a warm-up answers the start).
+    Returns one dict per phase."""
+    start_end = warmup_steps + settle_steps if warmup_steps > 0 else 0
+    out = [{"start": a, "end": b, "settle_end": min(b, max(a + settle_steps, start_end)), "settle": [], "steady": []}
            for a, b in phase_ranges]
     starts = [a for a, _ in phase_ranges]
     for s in decision_steps:
@@ -259,3 +263,18 @@ def _bound(holds, partial):
 
 def finite_or_none(x):
     return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else x
+
+
+def warmup_steps_of(daemon_args):
+    """The schedule's dense warm-up (steps) that daemon arguments configure: --schedule-warmup-steps
+    where --controller names schedule; 0 otherwise."""
+    controllers, warmup = [], 0
+    for i, a in enumerate(daemon_args):
+        key, _, val = a.partition("=")
+        if not val and i + 1 < len(daemon_args):
+            val = daemon_args[i + 1]
+        if key == "--controller":
+            controllers = val.split(",")
+        elif key == "--schedule-warmup-steps":
+            warmup = int(val)
+    return warmup if "schedule" in controllers else 0

@@ -103,6 +103,7 @@ void ControllerRunner::poll() {
     policies::ControlKnobs base = control_knobs_from_config(base_);
     auto proposal = loop_.update(settings, job, base, control_knobs_from_config(in_force));
     log_accuracy_signal_locked();
+    if (!loop_.status().step_model.empty()) SC_LOG_DEBUG("step {}: step model: {}", job.step, loop_.status().step_model);
     if (!proposal) continue;
     KnobChanges changes = knob_changes(in_force, proposal->knobs);
     if (changes.empty()) continue;

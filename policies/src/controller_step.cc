@@ -93,13 +93,15 @@ constexpr uint64_t kLinkConfirmSteps = 3;
 // model costs a few ms, and a loaded host moves that by 50 % for several steps (the real jobs
 // voided their records on such noise with 3 steps and 25 %).
 constexpr uint64_t kChangeConfirmSteps = 5;
-// v5: a change of the ring's time by 4x or more needs 3 steps in a row: on the large real job
+// v5: a change of the ring's time by 4x or more needs fewer steps in a row: on the large real job
 // each ring step after a drop to 50 Mbit/s cost ~1 s. Not for sparse plans: their steps of a few
 // ms are the ones a loaded host moves most (with the rule on every plan one of 12 real adaptive
 // jobs made a stray ring trial at a steady 500 Mbit/s; its log was not kept, so the cause is
 // unconfirmed, and no run without the rule showed one).
+// v7: 2 steps (v5: 3): a ring step 4x off twice in a row is no host's noise (a trainer's
+// evaluation delays one step), and each step it waits costs a slow ring step.
 constexpr double kFarOff = 4.0;
-constexpr uint64_t kFarConfirmSteps = 3;
+constexpr uint64_t kFarConfirmSteps = 2;
 constexpr double kFollowed = 1.5;
 // v5: the first answer after the dense warm-up goes to the ring on the model's word about the
 // sparse plan only where the ring is cheaper by more than this (the model's sparse price was 13 %
@@ -141,7 +143,7 @@ struct Record {
 class StepController final : public Controller {
  public:
   ControllerKind kind() const override { return ControllerKind::kStep; }
-  uint32_t version() const override { return 6; }
+  uint32_t version() const override { return 7; }
 
   Status update(const ControlContext& ctx, ControlKnobs* knobs) override {
     const auto& s = ctx.settings;
@@ -199,7 +201,8 @@ class StepController final : public Controller {
     const uint64_t warmup_end = cut_.on ? std::min(cut_.at, s.schedule_warmup_steps) : s.schedule_warmup_steps;
     if (warm_up && !decided_ && o.step + std::max<uint64_t>(s.step.confirm_steps, 1) < warmup_end) {
       if (cut_warm_up(ctx, q, knobs)) return Status::Ok();
-      return hold(ctx, "the schedule's dense warm-up: measuring the ring");
+      return hold(ctx, warmup_seen_.empty() ? std::string("the schedule's dense warm-up: measuring the ring")
+                                            : "the schedule's dense warm-up: " + warmup_seen_);
     }
     // v5: unless the ring wins by more than the model's known error, the first answer waits until
     // the operator's plan is measured too (at most kProbeSteps: a plan this controller cannot
@@ -332,15 +335,16 @@ class StepController final : public Controller {
     if (cut_.on || !any_link_known() || trusted_record({true, 1.0}) == nullptr) return false;
     const Candidate ring = candidate({true, 1.0}, s.world_size, knobs->format, s);
     const Candidate sparse = candidate({false, q}, s.world_size, knobs->format, s);
+    char seen[160];
+    std::snprintf(seen, sizeof seen, "a ring step %.3g ms measured, %.2gx a sparse step of %s (%.3g ms modelled)",
+                  ring.seconds * 1e3, ring.seconds / sparse.seconds, plan_name(sparse.plan).c_str(),
+                  sparse.seconds * 1e3);
+    warmup_seen_ = seen;  // v7: the status says what was weighed while the warm-up goes on
     if (!(ring.seconds > s.step.warmup_cut * sparse.seconds)) return false;
     cut_ = {true, ctx.obs.step + 1};
     knobs->schedule_warmup_steps = std::min(knobs->schedule_warmup_steps, cut_.at);
     char note[256];
-    std::snprintf(note, sizeof note,
-                  "step: warm-up cut: a ring step %.3g ms measured, %.2gx a sparse step of %s (%.3g ms modelled; "
-                  "step_warmup_cut %.3g)",
-                  ring.seconds * 1e3, ring.seconds / sparse.seconds, plan_name(sparse.plan).c_str(),
-                  sparse.seconds * 1e3, s.step.warmup_cut);
+    std::snprintf(note, sizeof note, "step: warm-up cut: %s; step_warmup_cut %.3g", seen, s.step.warmup_cut);
     add_decision_note(ctx.status, note);
     ctx.status->step_model = std::string("ends the schedule's dense warm-up at step ") + std::to_string(cut_.at);
     return true;
@@ -627,7 +631,7 @@ class StepController final : public Controller {
     return buf;
   }
 
-  Status hold(const ControlContext& ctx, const char* why) {
+  Status hold(const ControlContext& ctx, const std::string& why) {
     ctx.status->step_model = std::string("holds: ") + why;
     return Status::Ok();
   }
@@ -707,6 +711,7 @@ class StepController final : public Controller {
     bool on = false;
     uint64_t at = 0;         // the warm-up's new end (a step number)
   } cut_;
+  std::string warmup_seen_;  // what the warm-up cut weighed last (for the status)
   Plan in_force_;
   int want_ = 0;
   uint64_t wanted_ = 0;

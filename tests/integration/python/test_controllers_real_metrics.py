@@ -55,6 +55,29 @@ def test_decisions_split_into_settle_windows_and_steady_parts():
     assert [p["settle"] for p in got] == [[5], [12, 30], []] and [p["steady"] for p in got] == [[], [], []]
 
 
+def test_a_dense_warm_up_lengthens_the_jobs_start_window():
+    # A 100-step warm-up: the first answer after it (step 105) answers the start; window 40, so
+    # every step before 140 is a settle step, in whichever phase it falls (a change at step 120:
+    # phase 1's own window runs to 160). Without the warm-up, 105 is a steady decision.
+    ranges = rm.phases([120, 300], 400)
+    got = rm.attribute_decisions([3, 105, 139, 140, 121, 170, 301], ranges, 40, warmup_steps=100)
+    assert [p["settle_end"] for p in got] == [120, 160, 340]
+    assert [p["settle"] for p in got] == [[3, 105], [139, 140, 121], [301]]
+    assert [p["steady"] for p in got] == [[], [170], []]
+    got = rm.attribute_decisions([3, 105], rm.phases([300], 400), 40, warmup_steps=100)
+    assert got[0]["settle_end"] == 140 and got[0]["settle"] == [3, 105] and got[0]["steady"] == []
+    got = rm.attribute_decisions([3, 105], rm.phases([300], 400), 40)
+    assert got[0]["settle"] == [3] and got[0]["steady"] == [105]
+
+
+def test_the_warm_up_is_read_from_the_daemon_arguments():
+    assert rm.warmup_steps_of(["--controller", "schedule,step", "--schedule-warmup-steps", "100"]) == 100
+    assert rm.warmup_steps_of(["--controller=step,schedule", "--schedule-warmup-steps=6"]) == 6
+    assert rm.warmup_steps_of(["--controller", "step", "--schedule-warmup-steps", "100"]) == 0, "no schedule"
+    assert rm.warmup_steps_of(["--controller", "schedule"]) == 0
+    assert rm.warmup_steps_of([]) == 0
+
+
 def test_parse_decisions_reads_rank_0s_controller_lines_only():
     log = [
         "[info] decision epoch 1 from step 4 (controller bandwidth at step 2: density_cap 1 -> 0.004): density_cap=0.004",
