@@ -335,10 +335,12 @@ class StepController final : public Controller {
     if (cut_.on || !any_link_known() || trusted_record({true, 1.0}) == nullptr) return false;
     const Candidate ring = candidate({true, 1.0}, s.world_size, knobs->format, s);
     const Candidate sparse = candidate({false, q}, s.world_size, knobs->format, s);
-    char seen[160];
-    std::snprintf(seen, sizeof seen, "a ring step %.3g ms measured, %.2gx a sparse step of %s (%.3g ms modelled)",
+    char seen[200];
+    std::snprintf(seen, sizeof seen,
+                  "a ring step %.3g ms measured, %.2gx a sparse step of %s (%.3g ms modelled: trainer %.3g ms, "
+                  "overhead %.3g ms)",
                   ring.seconds * 1e3, ring.seconds / sparse.seconds, plan_name(sparse.plan).c_str(),
-                  sparse.seconds * 1e3);
+                  sparse.seconds * 1e3, compute() * 1e3, overhead_ * 1e3);
     warmup_seen_ = seen;  // v7: the status says what was weighed while the warm-up goes on
     if (!(ring.seconds > s.step.warmup_cut * sparse.seconds)) return false;
     cut_ = {true, ctx.obs.step + 1};
