@@ -20,7 +20,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -317,7 +316,7 @@ def main(argv):
             f"trainer each, {args.steps} steps; temp dir {workdir}")
         log(f"\n== run 1: compression on (top-k, density {100 * args.density:g}%, error feedback)")
         comp = run_job(args, bins, workdir, "topk", True, procs)
-        log(f"\n== run 2: compression off (dense ring all-reduce), same data, seed and steps")
+        log("\n== run 2: compression off (dense ring all-reduce), same data, seed and steps")
         dense = run_job(args, bins, workdir, "dense", False, procs)
         summary = summarize(args, comp, dense, procs, workdir)
         print_summary(summary)

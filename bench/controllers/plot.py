@@ -59,7 +59,6 @@ def main(d):
     fig.savefig(os.path.join(d, "bench-controllers-accuracy.png"), dpi=110)
 
     b = load(os.path.join(d, "bench-controllers-budget.csv"))
-    k = load(os.path.join(d, "bench-controllers-budget-topk.csv"))
     cum, c = [], 0.0
     for v in b["nnz"]:
         c += v

@@ -41,7 +41,7 @@ sys.path.insert(0, HERE)
 
 import ddp_digits  # noqa: E402
 from capped_net import CappedLink  # noqa: E402
-from localjob import JobError, LocalJob  # noqa: E402
+from localjob import LocalJob  # noqa: E402
 
 PY = "/usr/bin/python3"
 COORD_PORT = 29400   # fixed ports are safe: the namespaces are ours and empty

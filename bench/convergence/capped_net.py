@@ -15,7 +15,6 @@ and at interpreter exit. Standard library only; runs under Debian's /usr/bin/pyt
 import atexit
 import os
 import re
-import socket
 import subprocess
 import threading
 import time

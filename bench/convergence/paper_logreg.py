@@ -24,7 +24,6 @@ Usage: paper_logreg.py [--short] [--out paper.json] [--plots DIR]
 
 import argparse
 import json
-import math
 import os
 import sys
 import time

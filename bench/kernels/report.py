@@ -59,8 +59,8 @@ ctx = raw.get("context", {})
 print(f"machine: {platform.node()} {ctx.get('num_cpus')} CPUs @ {ctx.get('mhz_per_cpu')} MHz, "
       f"load {ctx.get('load_avg')}; memcpy GB/s: " +
       ", ".join(f"{size(n)} {g:.1f}" for n, g in sorted(memcpy.items())))
-print(f"| kernel | threads | elements | density | GB/s | ratio to memcpy |")
-print(f"| --- | ---: | ---: | ---: | ---: | ---: |")
+print("| kernel | threads | elements | density | GB/s | ratio to memcpy |")
+print("| --- | ---: | ---: | ---: | ---: | ---: |")
 for r in rows:
     ratio = "n/a" if r["ratio_to_memcpy"] is None else f"{r['ratio_to_memcpy']:.2f}"
     print(f"| {r['kernel']} | {r['threads']} | {size(r['elements'])} | {r['density'] * 100:g} % | "

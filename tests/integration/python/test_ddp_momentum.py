@@ -137,7 +137,7 @@ def test_sparse_steps_mask_the_velocity_where_the_average_went_out(group, make_j
                                     announce=None, momentum_correction=True, tensors=tensors)
     warmup, steps = 2, 7
     sizes = {id(p): p.numel() for p in model.module.parameters()}
-    u_ref, residual, checked = None, None, 0
+    u_ref, residual, checked, prev_params = None, None, 0, None
     names = {id(p): n for n, p in model.module.named_parameters()}
     for step in range(steps):
         train_step(model, opt, step)
