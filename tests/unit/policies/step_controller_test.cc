@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
@@ -728,6 +729,17 @@ TEST(StepController, ADenseWarmUpOnASlowLinkEndsOnceTheRingIsMeasured) {
   EXPECT_EQ(r.in_force[r.decisions[0] + 2].schedule_warmup_steps, r.decisions[0] + 1);
   EXPECT_TRUE(r.in_force[r.decisions[0] + 2].compression);
   EXPECT_NE(r.status.last_reason.find("warm-up cut"), std::string::npos) << r.status.last_reason;
+  // v7: the note says what the modelled sparse step was made of: the plant's trainer time (10 ms)
+  // and overhead (10 ms), within the 2 % noise and the smoothing.
+  double trainer_ms = 0, overhead_ms = 0;
+  const size_t at = r.status.last_reason.find("modelled: trainer ");
+  ASSERT_NE(at, std::string::npos) << r.status.last_reason;
+  ASSERT_EQ(std::sscanf(r.status.last_reason.c_str() + at, "modelled: trainer %lf ms, overhead %lf ms", &trainer_ms,
+                        &overhead_ms),
+            2)
+      << r.status.last_reason;
+  EXPECT_NEAR(trainer_ms, plant.compute * 1e3, 0.5);
+  EXPECT_NEAR(overhead_ms, plant.overhead * 1e3, 1.0);
   expect_near_cheapest(r, 20, 200, "after the cut");
 }
 
