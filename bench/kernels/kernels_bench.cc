@@ -42,6 +42,7 @@
 
 #include "sparsecar/common/large_vector.h"
 #include "sparsecar/kernels/codec.h"
+#include "sparsecar/kernels/ef.h"
 #include "sparsecar/kernels/parallel.h"
 #include "sparsecar/kernels/select.h"
 #include "sparsecar/kernels/selectors.h"
@@ -87,6 +88,29 @@ void BM_memcpy(benchmark::State& s) {
     benchmark::ClobberMemory();
   }
   set_bytes(s, 8.0 * static_cast<double>(x.size()));
+}
+
+// The daemon's ||x||^2 (float64; three a step per tensor while a controller listens) against
+// the plain serial sum it replaced, which waits on each add's latency. Bytes: read 4n.
+void BM_norm2(benchmark::State& s) {
+  const auto& x = data(elements(s));
+  double sum = 0;
+  for (auto _ : s) {
+    sum = sk::norm2(x);
+    benchmark::DoNotOptimize(sum);
+  }
+  set_bytes(s, 4.0 * static_cast<double>(x.size()));
+}
+
+void BM_norm2_serial(benchmark::State& s) {
+  const auto& x = data(elements(s));
+  double sum = 0;
+  for (auto _ : s) {
+    sum = 0;
+    for (const float v : x) sum += static_cast<double>(v) * static_cast<double>(v);
+    benchmark::DoNotOptimize(sum);
+  }
+  set_bytes(s, 4.0 * static_cast<double>(x.size()));
 }
 
 void ef_threshold_case(benchmark::State& s, sk::ThreadPool* pool) {
@@ -287,6 +311,8 @@ void sizes_densities_threads(benchmark::internal::Benchmark* b) {
 }  // namespace
 
 BENCHMARK(BM_memcpy)->Apply(sizes_only)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_norm2)->Apply(sizes_only)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_norm2_serial)->Apply(sizes_only)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_ef_threshold)->Apply(sizes_and_densities)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_topk_exact)->Apply(sizes_and_densities)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_ef_threshold_threads)->Apply(sizes_densities_threads)->Unit(benchmark::kMicrosecond)->UseRealTime();

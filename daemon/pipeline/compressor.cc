@@ -208,10 +208,6 @@ void TensorCompressor::rollback() {
   pending_sum_ = {};
 }
 
-double TensorCompressor::residual_norm2() const {
-  double s = 0.0;
-  for (float v : residual_) s += static_cast<double>(v) * v;
-  return s;
-}
+double TensorCompressor::residual_norm2() const { return kernels::norm2(residual_); }
 
 }  // namespace sparsecar

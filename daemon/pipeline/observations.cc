@@ -13,6 +13,7 @@
 #include "daemon/pipeline/settings.h"
 #include "daemon/transport/text_message.h"
 #include "daemon/transport/wire.h"
+#include "sparsecar/kernels/ef.h"
 #include "sparsecar/common/log.h"
 
 namespace sparsecar {
@@ -24,12 +25,6 @@ constexpr size_t kMaxLinkSamples = 4096;  // per observation (a transport keeps 
 
 // Controllers that run on rank 0 (and so need measurements): the registry's job-level rows.
 const policies::ControllerSet kRank0Controllers = policies::job_level_controllers();
-
-double norm2(std::span<const float> x) {
-  double s = 0;
-  for (float v : x) s += static_cast<double>(v) * static_cast<double>(v);
-  return s;
-}
 
 }  // namespace
 
@@ -256,8 +251,8 @@ void ObservationCollector::on_tensor_step(const TensorStepRecord& r, const Decis
   o.link_bytes += r.link_bytes;
   o.link_s += r.link_s;
   if (measure) {
-    o.grad_norm2 += r.grad_norm2 >= 0 ? r.grad_norm2 : norm2(r.local_sum);
-    o.residual_norm2 += r.residual_norm2 >= 0 ? r.residual_norm2 : norm2(r.residual);
+    o.grad_norm2 += r.grad_norm2 >= 0 ? r.grad_norm2 : kernels::norm2(r.local_sum);
+    o.residual_norm2 += r.residual_norm2 >= 0 ? r.residual_norm2 : kernels::norm2(r.residual);
   }
   if (policies::has(active, policies::ControllerKind::kBudget)) add_magnitudes(r, decision);
   policies::TensorStepObservation t;

@@ -102,9 +102,18 @@ void add_selected(std::span<float> residual, std::span<const uint32_t> index,
 }
 
 double norm2(std::span<const float> x) {
-  double s = 0.0;
-  for (const float v : x) s += static_cast<double>(v) * static_cast<double>(v);
-  return s;
+  // Eight independent float64 sums, one per lane, added up at the end: one serial sum waits on
+  // each add's latency (~4 cycles an element, ~0.1 ms for 85 k elements, and the daemon takes up
+  // to three such norms a step while a controller listens); lanes the compiler can vectorise run
+  // at memory speed. A fixed order, so the result does not depend on the build or the machine.
+  constexpr size_t kLanes = 8;
+  double lane[kLanes] = {};
+  const size_t n = x.size(), body = n - n % kLanes;
+  for (size_t i = 0; i < body; i += kLanes) {
+    for (size_t j = 0; j < kLanes; ++j) lane[j] += static_cast<double>(x[i + j]) * static_cast<double>(x[i + j]);
+  }
+  for (size_t i = body; i < n; ++i) lane[i - body] += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  return ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
 }
 
 float clip_factor(double norm, double max_norm) {

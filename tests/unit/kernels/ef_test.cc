@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <random>
 #include <vector>
 
 #include "sparsecar/kernels/ef.h"
@@ -236,6 +237,35 @@ TEST(kernelsEf, ScaledAccumulateSubtractAddNormClip) {
   EXPECT_EQ(clip_factor(0.0, 5.0), 1.0f);
   EXPECT_EQ(clip_factor(std::nan(""), 5.0), 1.0f);
   EXPECT_EQ(clip_factor(INFINITY, 5.0), 1.0f);
+}
+
+TEST(kernelsEf, Norm2MatchesASerialLongDoubleSumAtEveryLength) {
+  // norm2 sums in eight lanes; the reference is the plain serial sum in long double. Small
+  // integers square and add exactly in float64, so short vectors of them (every tail length of
+  // the lanes) must match exactly; a long vector of magnitudes over 12 decades to 1e-12.
+  for (size_t n = 0; n <= 19; ++n) {
+    std::vector<float> x(n);
+    long double ref = 0;
+    for (size_t i = 0; i < n; ++i) {
+      x[i] = static_cast<float>(static_cast<int>(i % 7) - 3) * static_cast<float>(i + 1);
+      ref += static_cast<long double>(x[i]) * x[i];
+    }
+    EXPECT_EQ(norm2(x), static_cast<double>(ref)) << "n " << n;
+  }
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<float> mant(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> exp10(-8, 4);
+  std::vector<float> x(100003);
+  long double ref = 0;
+  for (float& v : x) {
+    v = mant(rng) * std::pow(10.0f, static_cast<float>(exp10(rng)));
+    ref += static_cast<long double>(v) * v;
+  }
+  EXPECT_NEAR(norm2(x), static_cast<double>(ref), 1e-12 * static_cast<double>(ref));
+  x[50001] = std::nanf("");
+  EXPECT_TRUE(std::isnan(norm2(x)));
+  x[50001] = INFINITY;
+  EXPECT_TRUE(std::isinf(norm2(x)));
 }
 
 }  // namespace
