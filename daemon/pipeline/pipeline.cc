@@ -446,12 +446,15 @@ Status Pipeline::run_step(TensorState& t, const StepJob& job, const Decision& de
     return s;
   }
   c.commit();
+  // A sparse step's residual norm, read once for the metrics and the controllers' observation;
+  // a dense step emptied the residual (the observation measures it only while a controller listens).
+  const double residual_norm2 = plan.dense ? 0.0 : c.residual_norm2();
   observe_step(t, job, decision, plan, true, *result, stats, times, job.local_sum, c.residual(),
-               plan.dense ? std::span<const float>{} : c.selected_values());
+               plan.dense ? std::span<const float>{} : c.selected_values(), -1, plan.dense ? -1 : residual_norm2);
   const auto reduce_started = clock_.now();
   kernels::scale(job.result, 1.0f / static_cast<float>(total_trainers_));
   stats.reduce_seconds += seconds_since(clock_, reduce_started);
-  finish_step(t, plan, *result, stats);
+  finish_step(t, plan, *result, stats, residual_norm2);
   return Status::Ok();
 }
 
@@ -555,7 +558,8 @@ Status Pipeline::run_device_step(TensorState& t, const StepJob& job, const Decis
                seconds_since(clock_, end_started) * 1e3, seconds_since(clock_, times.encode_started) * 1e3);
   observe_step(t, job, decision, plan, true, *result, stats, times, {}, {}, {}, d.last_grad_norm2(),
                d.last_residual_norm2());
-  finish_step(t, plan, *result, stats);
+  // A device residual is measured on the GPU only while a controller listens (else 0 here).
+  finish_step(t, plan, *result, stats, plan.dense ? 0.0 : std::max(0.0, d.last_residual_norm2()));
   return Status::Ok();
 }
 
@@ -671,7 +675,7 @@ void Pipeline::observe_step(TensorState& t, const StepJob& job, const Decision& 
 }
 
 void Pipeline::finish_step(TensorState& t, const policies::Plan& plan, const StepResult& result,
-                           const ExchangeStats& stats) {
+                           const ExchangeStats& stats, double residual_norm2) {
   if (metrics_) {
     metrics_->elements_selected.Increment(static_cast<double>(result.nnz));
     metrics_->dense_equivalent_bytes.Increment(static_cast<double>(result.dense_bytes));
@@ -680,7 +684,7 @@ void Pipeline::finish_step(TensorState& t, const policies::Plan& plan, const Ste
     metrics_->observe_stage(Stage::kDecode, stats.decode_seconds);
     metrics_->observe_stage(Stage::kReduce, stats.reduce_seconds);
   }
-  record_step_metrics(t, plan, result, !plan.dense);
+  record_step_metrics(t, plan, result, residual_norm2);
 }
 
 policies::Plan Pipeline::plan_for(const policies::TensorObservation& obs, const Decision& decision) {
@@ -694,14 +698,9 @@ policies::Plan Pipeline::plan_for(const policies::TensorObservation& obs, const 
   return policies::plan_tensor(plan_settings_, obs);
 }
 
-void Pipeline::record_step_metrics(TensorState& t, const policies::Plan& plan, const StepResult& r, bool sparse) {
+void Pipeline::record_step_metrics(TensorState& t, const policies::Plan& plan, const StepResult& r, double norm2) {
   const uint64_t n = t.spec.count;
   const TensorGroup group = tensor_group(n);
-  // Dense steps empty the residual; sparse ones leave the unsent part (one read pass). A device
-  // residual is measured on the GPU only while a controller listens (else 0 here).
-  const double norm2 = !sparse ? 0.0
-                       : t.host ? t.host->residual_norm2()
-                                : std::max(0.0, t.device ? t.device->last_residual_norm2() : 0.0);
   std::string desc = policies::describe(plan);
   double density = 0, group_norm2 = 0;
   {

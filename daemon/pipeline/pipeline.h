@@ -193,7 +193,8 @@ class Pipeline final : public StepSink {
   // Pipeline thread: copies a checkpoint read by restore() into the residuals.
   Status read_checkpoint(const std::string& path, const std::vector<TensorSpec>& specs,
                          const LoadedCheckpoint& file, CheckpointInfo* info);
-  void record_step_metrics(TensorState& t, const policies::Plan& plan, const StepResult& r, bool sparse);
+  // norm2: the residual's ||e||^2 after the step (0 after a dense step, which empties it).
+  void record_step_metrics(TensorState& t, const policies::Plan& plan, const StepResult& r, double norm2);
 
   void run();
   StepResult process(const StepJob& job);
@@ -218,8 +219,9 @@ class Pipeline final : public StepSink {
                     std::span<const float> selected, double grad_norm2 = -1, double residual_norm2 = -1);
   // Whether a job-level controller runs under `decision` (it needs the norms measured).
   bool controllers_listen(const Decision& decision);
-  // A successful step's metrics.
-  void finish_step(TensorState& t, const policies::Plan& plan, const StepResult& result, const ExchangeStats& stats);
+  // A successful step's metrics (residual_norm2: as record_step_metrics' norm2).
+  void finish_step(TensorState& t, const policies::Plan& plan, const StepResult& result, const ExchangeStats& stats,
+                   double residual_norm2);
   Status agree_on_job(Clock::time_point deadline);
   // This job's identity for a collective or an abort under `epoch`, deadline one step_timeout
   // from now (pipeline thread).
