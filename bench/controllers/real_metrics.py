@@ -104,11 +104,11 @@ def phase_step_times(step_end_s, phase_ranges):
 
 
 _DECISION = re.compile(r"decision epoch (\d+) from step (\d+) \((.*)\): (.*)$")
-_AT_STEP = re.compile(r"^controller (\S+) at step (\d+): ?(.*)$")
+_AT_STEP = re.compile(r"^controller (\S+) (?:at|before) step (\d+): ?(.*)$")  # before: on the trainer's start hint
 
 
 def parse_decisions(log_lines):
-    """Rank 0's 'decision epoch E from step S (controller NAMES at step s: what): knob=value'
+    """Rank 0's 'decision epoch E from step S (controller NAMES at|before step s: what): knob=value'
     lines (DecisionBoard, INFO). Only the controllers' decisions (not 'control: ...' ones from
     sparsecarctl). Returns [{"epoch", "effective_step", "step", "controllers", "change", "knobs"}]."""
     out = []

@@ -58,10 +58,31 @@ void ControllerRunner::add(const policies::NodeObservation& o) {
   }
 }
 
+void ControllerRunner::start_hint(const policies::StartHint& hint) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (hinted_ || has_last_step_) return;  // one per job, and only before its first observation
+  hinted_ = true;
+  refresh_base_locked();
+  const Decision latest = board_->latest();
+  const Config& in_force = *latest.config;
+  SC_LOG_INFO("the trainer's dense steps before step {}: {:.3g} ms a step, {:.3g} ms of it waiting on the exchange",
+              static_cast<unsigned long long>(hint.step), hint.dense_step_s * 1e3, hint.dense_wait_s * 1e3);
+  auto proposal = loop_.before_start(controller_settings_from_config(in_force), hint, control_knobs_from_config(base_),
+                                     control_knobs_from_config(in_force));
+  if (!loop_.status().step_model.empty()) {
+    SC_LOG_DEBUG("before step {}: step model: {}", static_cast<unsigned long long>(hint.step), loop_.status().step_model);
+  }
+  if (proposal) propose_locked(*proposal, in_force);
+}
+
 void ControllerRunner::reset() {
   std::lock_guard<std::mutex> lock(mu_);
   pending_.clear();
   has_last_step_ = false;
+  hinted_ = false;
+  // The controllers' records, fits and step numbers belong to the finished job (the next one's
+  // steps start again at 0; a last proposal at step 900 would hold the next job's first ones).
+  loop_ = policies::ControlLoop();
 }
 
 void ControllerRunner::refresh_base_locked() {
@@ -104,21 +125,24 @@ void ControllerRunner::poll() {
     auto proposal = loop_.update(settings, job, base, control_knobs_from_config(in_force));
     log_accuracy_signal_locked();
     if (!loop_.status().step_model.empty()) SC_LOG_DEBUG("step {}: step model: {}", job.step, loop_.status().step_model);
-    if (!proposal) continue;
-    KnobChanges changes = knob_changes(in_force, proposal->knobs);
-    if (changes.empty()) continue;
-    auto d = board_->propose(changes, proposal->reason, clock_.now() + std::chrono::seconds(1));
-    if (!d.ok()) {
-      SC_LOG_WARN("{}: not applied: {}", proposal->reason, d.status().to_string());
-    }
-    if (listener_) {
-      // The reason reads "controller <names> at step ...": the names are the label.
-      const std::string& why = proposal->reason;
-      const size_t from = why.rfind("controller ", 0) == 0 ? 11 : std::string::npos;
-      const size_t to = from == std::string::npos ? std::string::npos : why.find(' ', from);
-      listener_(from == std::string::npos ? std::string("controllers") : why.substr(from, to - from),
-                d.ok() ? "applied" : "refused");
-    }
+    if (proposal) propose_locked(*proposal, in_force);
+  }
+}
+
+void ControllerRunner::propose_locked(const policies::ControlLoop::Proposal& proposal, const Config& in_force) {
+  KnobChanges changes = knob_changes(in_force, proposal.knobs);
+  if (changes.empty()) return;
+  auto d = board_->propose(changes, proposal.reason, clock_.now() + std::chrono::seconds(1));
+  if (!d.ok()) {
+    SC_LOG_WARN("{}: not applied: {}", proposal.reason, d.status().to_string());
+  }
+  if (listener_) {
+    // The reason reads "controller <names> at step ..." (or "before step"): the names are the label.
+    const std::string& why = proposal.reason;
+    const size_t from = why.rfind("controller ", 0) == 0 ? 11 : std::string::npos;
+    const size_t to = from == std::string::npos ? std::string::npos : why.find(' ', from);
+    listener_(from == std::string::npos ? std::string("controllers") : why.substr(from, to - from),
+              d.ok() ? "applied" : "refused");
   }
 }
 

@@ -14,7 +14,8 @@
 // Time: a proposal's deadline is read only through the Clock it is given (the board's).
 //
 // Threads: add() from the transport thread (peers) and the pipeline thread (own); poll() from
-// rank 0's pipeline thread; status() from any thread. One mutex.
+// rank 0's pipeline thread; start_hint() from the session thread; status() from any thread. One
+// mutex.
 #pragma once
 
 #include <cstdint>
@@ -39,12 +40,17 @@ class ControllerRunner {
   void add(const policies::NodeObservation& observation);
   // Runs the controllers over every step all nodes have reported, proposing decisions.
   void poll();
-  // A job reset: pending observations belong to the finished job.
+  // The trainer's timing of its own dense first steps (policies::StartHint; the metrics
+  // "dense_step_s" / "dense_wait_s"). Taken once per job, before any observation of it; a decision
+  // made on it is in force from the job's first step when rank 0 has not started it (the hook
+  // reports before its first submit, so rank 0's first step cannot have started).
+  void start_hint(const policies::StartHint& hint);
+  // A job reset: pending observations and the controllers' state belong to the finished job.
   void reset();
 
   // Called after each proposal with the controllers that made it ("bandwidth,accuracy") and
   // whether the decision was taken ("applied") or refused ("refused"); for metrics. Set before
-  // the first poll(); runs on the thread that polls.
+  // the first poll(); runs on the thread that polls (or gives the start hint).
   using DecisionListener = std::function<void(const std::string& controllers, const std::string& outcome)>;
   void set_decision_listener(DecisionListener listener) { listener_ = std::move(listener); }
 
@@ -58,6 +64,8 @@ class ControllerRunner {
 
  private:
   void refresh_base_locked();
+  // A proposal of the loop: to the board, logged, and told to the listener.
+  void propose_locked(const policies::ControlLoop::Proposal& proposal, const Config& in_force);
   void log_accuracy_signal_locked();
 
   DecisionBoard* const board_;
@@ -71,6 +79,7 @@ class ControllerRunner {
   Config base_;                       // guarded by mu_
   uint32_t base_epoch_ = 0;           // guarded by mu_: decisions up to here are in base_
   bool has_last_step_ = false;        // guarded by mu_
+  bool hinted_ = false;               // guarded by mu_: this job's StartHint was taken
   uint64_t last_step_ = 0;            // guarded by mu_
   policies::ControlLoop loop_;        // guarded by mu_
   uint64_t observed_ = 0, dropped_ = 0;  // guarded by mu_

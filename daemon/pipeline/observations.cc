@@ -202,10 +202,21 @@ ObservationCollector::ObservationCollector(uint32_t rank, uint64_t job_id, Trans
                                            ControllerRunner* runner, const Clock& clock)
     : rank_(rank), job_id_(job_id), transport_(transport), runner_(runner), clock_(clock) {}
 
-void ObservationCollector::on_metric(const std::string& name, double value, uint64_t /*step*/) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (metrics_.size() >= kMaxMetricNames && metrics_.count(name) == 0) return;
-  metrics_[name] = value;
+void ObservationCollector::on_metric(const std::string& name, double value, uint64_t step) {
+  std::optional<policies::StartHint> hint;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // The trainer's dense first steps (the DDP hook reports "dense_wait_s" then "dense_step_s" of
+    // one step, before its first submit): rank 0's controllers weigh them before the first step.
+    if (name == "dense_wait_s") {
+      dense_wait_ = {step, value};
+    } else if (name == "dense_step_s" && dense_wait_ && dense_wait_->first == step) {
+      hint = policies::StartHint{step, value, dense_wait_->second};
+      dense_wait_.reset();
+    }
+    if (metrics_.size() < kMaxMetricNames || metrics_.count(name) != 0) metrics_[name] = value;
+  }
+  if (hint && runner_ != nullptr) runner_->start_hint(*hint);
 }
 
 void ObservationCollector::on_reset() {
@@ -213,6 +224,10 @@ void ObservationCollector::on_reset() {
   period_.reset();
   records_ = 0;
   last_selected_.clear();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    dense_wait_.reset();
+  }
   if (runner_) runner_->reset();
 }
 

@@ -5,6 +5,7 @@
 //         link bytes/busy time from send          └── other ranks: kObservation message to rank 0
 //         completions, norms, repeat of the selection)
 //   session thread ── on_metric() ──► latest trainer metrics (loss, its target, compute time)
+//        (rank 0: "dense_step_s" after "dense_wait_s" ──► ControllerRunner::start_hint())
 //
 // Measurements cost nothing unless a controller needs them: norms (two passes over the tensor)
 // only while a rank-0 controller is active in the decision in force, the selection repeat (one
@@ -23,6 +24,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "daemon/pipeline/decisions.h"
@@ -135,6 +137,7 @@ class ObservationCollector final : public StepObserver {
   // Session thread -> pipeline thread.
   std::mutex mu_;
   std::map<std::string, double> metrics_;  // guarded by mu_: latest value per name (capped)
+  std::optional<std::pair<uint64_t, double>> dense_wait_;  // guarded by mu_: "dense_wait_s" (step, value)
 };
 
 }  // namespace sparsecar

@@ -108,6 +108,7 @@ constexpr double kFollowed = 1.5;
 // off a real small job's measured one); else the sparse plan is measured first.
 constexpr double kModelMargin = 0.3;
 constexpr size_t kOverheadSteps = 15;  // steps whose median is the step's overhead
+constexpr double kStartSparseFactor = 3.0;  // v8: a sparse step before any ran, x a dense step's rest
 
 double smooth_log(double mean, double sample, double alpha) {
   if (!(mean > 0)) return sample;
@@ -143,7 +144,7 @@ struct Record {
 class StepController final : public Controller {
  public:
   ControllerKind kind() const override { return ControllerKind::kStep; }
-  uint32_t version() const override { return 7; }
+  uint32_t version() const override { return 8; }
 
   Status update(const ControlContext& ctx, ControlKnobs* knobs) override {
     const auto& s = ctx.settings;
@@ -196,8 +197,9 @@ class StepController final : public Controller {
     // at the warm-up's end, the sparse plan by the model: on the real small job it priced a
     // sparse step at 12.6 ms where its steps measured 11.1 ms, and kept the ring where sparse was
     // faster to the target.)
+    // (Once cut, the knob in force holds the cut's step, below the configured length.)
     const bool warm_up = has(s.active, ControllerKind::kSchedule) &&
-                         s.schedule_warmup_steps >= kStartSteps + kRecordTrusted;
+                         (cut_.on || s.schedule_warmup_steps >= kStartSteps + kRecordTrusted);
     const uint64_t warmup_end = cut_.on ? std::min(cut_.at, s.schedule_warmup_steps) : s.schedule_warmup_steps;
     if (warm_up && !decided_ && o.step + std::max<uint64_t>(s.step.confirm_steps, 1) < warmup_end) {
       if (cut_warm_up(ctx, q, knobs)) return Status::Ok();
@@ -312,6 +314,52 @@ class StepController final : public Controller {
     }
     describe(ctx, chosen, cheapest, best, s.step.dense_worth);
     apply(knobs);
+    return Status::Ok();
+  }
+
+  // v8: before the first step, the trainer's own dense iterations (StartHint: the DDP hook runs
+  // the first ones through torch.distributed over the same link) price the ring, and the warm-up
+  // is cut before it starts where a dense step costs more than step_warmup_cut sparse ones. No
+  // sparse step has run and neither the daemon's work nor the hook's copies are measured yet: a
+  // sparse step is priced at kStartSparseFactor (3) times the dense step without its exchange
+  // wait (its "rest": the trainer's compute and what the hook does around it). On the 2-core box a
+  // sparse step took 8.5-9 ms where the rest was 2.5-3.3 ms; with step_warmup_cut 3 the trainer's
+  // dense step measured 65-84 ms (11-22x its rest) at 50 Mbit/s, 21-27 ms (4-9x) at 200 Mbit/s,
+  // 11-16 ms at 500 Mbit/s and 1 Gbit/s: the cut is made at the first only. The ring's record
+  // starts from the hint (a whole step: the overhead it already holds is priced twice, against
+  // the ring; set only on a cut), so the first answer after the cut weighs a measured ring, not a
+  // model of it.
+  Status before_start(const ControlContext& ctx, const StartHint& h, ControlKnobs* knobs) override {
+    const auto& s = ctx.settings;
+    if (decided_ || cut_.on || has_ran_ || s.world_size < 2 || !knobs->compression ||
+        knobs->selector != kernels::Selector::kTopk || !has(s.active, ControllerKind::kSchedule) ||
+        s.schedule_warmup_steps < kStartSteps + kRecordTrusted || h.step >= s.schedule_warmup_steps) {
+      return Status::Ok();
+    }
+    if (!std::isfinite(h.dense_step_s) || !std::isfinite(h.dense_wait_s) || h.dense_step_s <= 0 ||
+        h.dense_wait_s < 0 || h.dense_wait_s >= h.dense_step_s) {
+      return Status::Ok();  // not a step's timing: nothing to weigh
+    }
+    const double sparse = kStartSparseFactor * (h.dense_step_s - h.dense_wait_s);
+    char seen[200];
+    std::snprintf(seen, sizeof seen,
+                  "the trainer's dense step %.3g ms (%.3g ms of it waiting on the exchange), %.2gx a sparse step "
+                  "priced at %.3g ms (%gx the rest)",
+                  h.dense_step_s * 1e3, h.dense_wait_s * 1e3, h.dense_step_s / sparse, sparse * 1e3,
+                  kStartSparseFactor);
+    warmup_seen_ = seen;
+    if (!(h.dense_step_s > s.step.warmup_cut * sparse)) return Status::Ok();
+    cut_ = {true, h.step};
+    knobs->schedule_warmup_steps = std::min(knobs->schedule_warmup_steps, cut_.at);
+    Record& ring = record_of({true, 1.0});  // only on a cut: a ring the daemons run measures itself
+    ring.seconds = h.dense_step_s;
+    ring.steps = kRecordTrusted;
+    char note[320];
+    std::snprintf(note, sizeof note, "step: warm-up cut before it starts: %s; step_warmup_cut %.3g", seen,
+                  s.step.warmup_cut);
+    add_decision_note(ctx.status, note);
+    ctx.status->step_model = std::string("ends the schedule's dense warm-up at step ") + std::to_string(cut_.at) +
+                             " (before it started)";
     return Status::Ok();
   }
 

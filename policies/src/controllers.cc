@@ -184,7 +184,42 @@ std::optional<ControlLoop::Proposal> ControlLoop::update(const ControllerSetting
     names += controller_name(kind);
   }
   if (k.selector == kernels::Selector::kThreshold || !k.compression) k.format = in_force.format;
+  return propose_change(settings, obs.step, names, std::move(k), in_force, " at step ");
+}
 
+std::optional<ControlLoop::Proposal> ControlLoop::before_start(const ControllerSettings& settings,
+                                                               const StartHint& hint, const ControlKnobs& base,
+                                                               const ControlKnobs& in_force) {
+  if (status_.failed || proposed_) return std::nullopt;
+  status_.decision_note.clear();
+  JobObservation none;
+  none.step = hint.step;
+  ControlKnobs k = in_force;  // only what a controller changes on the hint moves
+  ControlContext ctx{settings, none, base, 0, &status_, &in_force};
+  std::string names;
+  for (const ControllerInfo& row : controller_registry()) {
+    if (!row.job_level || !has(settings.active, row.kind)) continue;
+    auto& c = controllers_[static_cast<uint32_t>(row.kind)];
+    if (!c) c = make_controller(row.kind);
+    const ControlKnobs before = k;
+    Status s = c->before_start(ctx, hint, &k);
+    if (s.ok() && !valid(k)) s = internal_error("proposed out-of-range knobs");
+    if (!s.ok()) {
+      status_.failed = true;
+      status_.failure = std::string(controller_name(row.kind)) + " v" + std::to_string(c->version()) +
+                        " before step " + std::to_string(hint.step) + ": " + s.message();
+      return std::nullopt;  // nothing was proposed yet: the operator's knobs are in force
+    }
+    if (k == before) continue;
+    if (!names.empty()) names += ',';
+    names += controller_name(row.kind);
+  }
+  return propose_change(settings, hint.step, names, std::move(k), in_force, " before step ");
+}
+
+std::optional<ControlLoop::Proposal> ControlLoop::propose_change(const ControllerSettings& settings, uint64_t step,
+                                                                 const std::string& names, ControlKnobs k,
+                                                                 const ControlKnobs& in_force, const char* when) {
   const bool structural = k.compression != in_force.compression || k.selector != in_force.selector ||
                           k.tensor_scale != in_force.tensor_scale || k.format != in_force.format ||
                           k.schedule_warmup_steps != in_force.schedule_warmup_steps;
@@ -192,7 +227,7 @@ std::optional<ControlLoop::Proposal> ControlLoop::update(const ControllerSetting
                        rel_diff(k.density_cap, in_force.density_cap) > settings.controller_hysteresis ||
                        rel_diff(k.threshold, in_force.threshold) > threshold_hysteresis(settings);
   if (!structural && !numeric) return std::nullopt;
-  if (proposed_ && obs.step < last_proposal_step_ + settings.controller_interval_steps) return std::nullopt;
+  if (proposed_ && step < last_proposal_step_ + settings.controller_interval_steps) return std::nullopt;
   // Values that did not move past the hysteresis keep their value in force (no creeping).
   if (rel_diff(k.density, in_force.density) <= settings.controller_hysteresis) k.density = in_force.density;
   if (rel_diff(k.density_cap, in_force.density_cap) <= settings.controller_hysteresis) {
@@ -201,12 +236,12 @@ std::optional<ControlLoop::Proposal> ControlLoop::update(const ControllerSetting
   if (rel_diff(k.threshold, in_force.threshold) <= threshold_hysteresis(settings)) k.threshold = in_force.threshold;
   if (k == in_force) return std::nullopt;
   proposed_ = true;
-  last_proposal_step_ = obs.step;
+  last_proposal_step_ = step;
   ++status_.proposals;
   status_.last_reason = "controller ";
   status_.last_reason.append(names.empty() ? std::string("static") : names)
-      .append(" at step ")
-      .append(std::to_string(obs.step))
+      .append(when)
+      .append(std::to_string(step))
       .append(": ")
       .append(describe_change(in_force, k));
   if (!status_.decision_note.empty()) status_.last_reason.append(" (").append(status_.decision_note).append(")");

@@ -220,6 +220,11 @@ class SparsecarHook:
         self._per_tensor = {}        # name -> [steps, elements, nnz, bytes_sent, dense_bytes]
         self._t_iteration = None     # monotonic time of this iteration's first sparse bucket
         self._t_prev_iteration = None
+        # The dense (warm-up) iterations' timing: this iteration's first and last bucket, its last
+        # all-reduce done; the last whole one's (step_s, wait_s) goes to the daemon (_report_dense_timing).
+        self._dense_t = None         # [first bucket, last bucket, last all-reduce done] of this iteration
+        self.dense_timing = None     # (period_s, exchange_wait_s) of the last whole dense iteration
+        self._dense_timing_sent = False
         self.path = None             # "device" (CUDA IPC) or "host" (shm staging) once registered
         self._sync_stream = None     # device path: where the daemon's done events are waited on
 
@@ -255,7 +260,9 @@ class SparsecarHook:
         sent), ratio (dense_bytes / bytes_sent; None before any sparse step), density (selected /
         elements), mean_step_s (wall time from one sparse iteration's first bucket to the next
         one's: forward + backward + optimizer), mean_exchange_s (first bucket handed to the
-        daemon to the iteration's averages back), momentum_correction (the SGD momentum the hook
+        daemon to the iteration's averages back), dense_step_s / dense_wait_s (the last dense
+        iteration's period and its wait on the all-reduce after its last bucket, reported to the
+        daemon before the first sparse step), momentum_correction (the SGD momentum the hook
         applies, None without it). per_tensor=True adds "per_tensor": name ->
         {steps, elements, nnz, density, bytes_sent, dense_bytes}. On a node with several ranks
         each rank sees the whole node's bytes."""
@@ -277,6 +284,8 @@ class SparsecarHook:
             "density": (st["sparsecar_nnz"] / st["sparsecar_elements"]) if st["sparsecar_elements"] else None,
             "mean_step_s": (st["step_ns"] / st["step_samples"] / 1e9) if st["step_samples"] else None,
             "mean_exchange_s": (st["exchange_ns"] / st["sparse_iterations"] / 1e9) if st["sparse_iterations"] else None,
+            "dense_step_s": self.dense_timing[0] if self.dense_timing else None,
+            "dense_wait_s": self.dense_timing[1] if self.dense_timing else None,
             "failure": self.failure,
             "momentum_correction": self.momentum,
         }
@@ -614,7 +623,13 @@ class SparsecarHook:
         self.stats["dense_buckets"] += 1
         world = self._world()
         work = dist.all_reduce(buf, group=self.process_group, async_op=True)
-        return work.get_future().then(lambda f: f.value()[0].div_(world))
+        timing = self._dense_t if self.mode == "warmup" else None
+
+        def averaged(f):
+            if timing is not None:
+                timing[2] = max(timing[2], time.monotonic())
+            return f.value()[0].div_(world)
+        return work.get_future().then(averaged)
 
     def _allreduce_now(self, buf):
         self.stats["dense_elements"] += buf.numel()
@@ -640,6 +655,11 @@ class SparsecarHook:
             # the previous iteration, so every failure of it is known, and every rank that saw
             # the same failures switches at the same bucket.
             self._in_iteration = True
+            now = time.monotonic()
+            if self._dense_t is not None and self._dense_t[2] > 0:
+                first, last_bucket, done = self._dense_t
+                self.dense_timing = (now - first, max(done - last_bucket, 0.0))
+            self._dense_t = [now, now, 0.0] if self.mode == "warmup" else None
             if self.mode == "sparse" and self._step_failed:
                 self.mode = "fallback"
             if self.mode == "sparse":
@@ -650,6 +670,8 @@ class SparsecarHook:
                 self._t_prev_iteration = self._t_iteration = now
         if last:
             self._in_iteration = False
+            if self._dense_t is not None:
+                self._dense_t[1] = time.monotonic()
         if self.momentum is not None:
             self._apply_momentum(bucket, buf)
         if self.mode == "warmup":
@@ -659,6 +681,8 @@ class SparsecarHook:
                 self._end_warmup_iteration(buf.device)
             return fut
         if self.mode == "sparse":
+            if not self._dense_timing_sent:
+                self._report_dense_timing(step)
             fut = _future_for(buf)
             slices = self._slices.get(index)
             mismatch = self._layout_mismatch(index, bucket, buf)
@@ -702,6 +726,25 @@ class SparsecarHook:
         return fut
 
     # ---- momentum correction ---------------------------------------------------------------------
+    def _report_dense_timing(self, step):
+        """Before the first step through sparsecar: the last dense iteration's period and how long
+        it waited on the all-reduce after its last bucket (the same link the daemons use), as the
+        metrics "dense_step_s" and "dense_wait_s". The daemon's step controller reads them before
+        its first step: on a link where a dense step costs several sparse ones it ends the
+        schedule's dense warm-up there (docs/controllers.md, "The warm-up before the first step")."""
+        self._dense_timing_sent = True
+        if self.dense_timing is None:
+            return
+        period, wait = self.dense_timing
+        self.stats["dense_step_ns"] = int(period * 1e9)
+        self.stats["dense_wait_ns"] = int(wait * 1e9)
+        try:
+            # The wait first: the daemon acts on dense_step_s with the wait it already holds.
+            self._client.report_metric("dense_wait_s", float(wait), step)
+            self._client.report_metric("dense_step_s", float(period), step)
+        except sparsecar.Error as e:
+            log.warning("sparsecar: reporting the dense iterations' timing failed: %s", e)
+
     def _apply_momentum(self, bucket, buf):
         """u = m*u + g, and the bucket holds u from here on: every path after this (the hook's
         all-reduce, host staging, the device path's float32 buffer, the all-reduce of a failed

@@ -353,3 +353,30 @@ def test_status_says_what_the_accuracy_controller_acts_on(group, make_job):
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 0 and "accuracy signal: compression error" in r.stdout, r.stdout + r.stderr
     hook.close()
+
+
+def test_the_dense_iterations_timing_reaches_the_daemon_before_the_first_sparse_step(group, make_job):
+    """The hook times its last dense iteration (its period, and the wait on the all-reduce after
+    its last bucket) and reports both before its first submit; rank 0's daemon logs what it got,
+    ahead of the first step it runs (its step controller weighs it: docs/controllers.md)."""
+    job = make_job(nodes=1, daemon_args=["--density", "0.05", "--log-level", "info"])
+    model, ref = make_models()
+    hook = sparsecar.torch.register(model, socket=job.sockets[0], lr=0.1, timeout=20, on_error="raise",
+                                    announce=None)
+    run_steps(model, ref, 0, 4)
+    assert hook.mode == "sparse", hook.failure
+    s = hook.summary()
+    step_s, wait_s = s["dense_step_s"], s["dense_wait_s"]
+    assert step_s is not None and 0 < step_s < 30, s
+    assert wait_s is not None and 0 <= wait_s < step_s, s
+    log_path = os.path.join(job.dir, "sparsecard-0.log")
+    want = f"the trainer's dense steps before step 2: {step_s * 1e3:.3g} ms a step, {wait_s * 1e3:.3g} ms of it"
+    deadline = time.monotonic() + 10
+    while True:  # the log is written by the daemon's own thread
+        with open(log_path, errors="replace") as f:
+            text = f.read()
+        if want in text or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert want in text, text[-2000:]
+    hook.close()

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <random>
@@ -63,7 +64,7 @@ struct Node {
 };
 
 struct Job {
-  explicit Job(uint32_t world) : net(world) {
+  explicit Job(uint32_t world, const std::function<void(Config&)>& configure = nullptr) : net(world) {
     for (uint32_t r = 0; r < world; ++r) {
       auto& n = nodes.emplace_back(std::make_unique<Node>());
       Config c;
@@ -77,6 +78,7 @@ struct Job {
       c.schedule_warmup_steps = 2;
       c.schedule_ramp_steps = 6;
       c.schedule_dense_every = 7;
+      if (configure) configure(c);
       n->mailbox = std::make_unique<Mailbox>(0, world, nullptr);
       n->board = std::make_unique<DecisionBoard>(c, net.transport(r));
       if (r == 0) n->runner = std::make_unique<ControllerRunner>(c, n->board.get());
@@ -214,6 +216,86 @@ TEST(ControllersAgreementTest, PolicyChangesEveryFewStepsEveryNodeUsesTheSamePla
     }
   }
   EXPECT_GT(job.nodes[0]->runner->snapshot().steps_observed, kSteps / 2);
+}
+
+// The trainer's dense first steps (the DDP hook's "dense_wait_s" then "dense_step_s", reported
+// to its daemon before its first submit) reach rank 0's step controller before any step: on a
+// slow link it ends the schedule's dense warm-up before it starts, in force on every node from
+// the first step; on a fast one the warm-up runs. One hint a job; a peer's hint is not rank 0's.
+void configure_warm_up(Config& c) {
+  c.controller = "schedule,step";
+  c.schedule_warmup_steps = 6;
+  c.schedule_ramp_steps = 0;
+  c.schedule_dense_every = 0;
+  c.layerwise_dense_below = 0;
+}
+
+// Which of steps [0, steps) every node ran dense (the plan's text names the ring), checked equal
+// on every node.
+std::vector<bool> dense_steps(Job& job, uint64_t steps) {
+  std::vector<bool> dense(steps, false);
+  for (uint64_t s = 0; s < steps; ++s) {
+    for (uint32_t r = 0; r < job.nodes.size(); ++r) {
+      auto& rec = *job.nodes[r]->recorder;
+      std::lock_guard<std::mutex> lock(rec.mu_);
+      auto it = rec.plans.find({0, s});
+      EXPECT_NE(it, rec.plans.end()) << "rank " << r << " step " << s;
+      if (it == rec.plans.end()) continue;
+      const bool d = it->second.second.find("sparse") == std::string::npos;
+      if (r == 0) dense[s] = d;
+      EXPECT_EQ(d, dense[s]) << "rank " << r << " step " << s << ": " << it->second.second;
+    }
+  }
+  return dense;
+}
+
+TEST(ControllersAgreementTest, ASlowStartHintCutsTheDenseWarmUpOnEveryNodeFromTheFirstStep) {
+  Job job(2, configure_warm_up);
+  // 74 ms a dense step, 70.6 of them waiting on the exchange (the real small job at 50 Mbit/s):
+  // the rest, 3.4 ms, prices a sparse step at 10.2 ms; 74 > 3 x 10.2.
+  job.nodes[1]->recorder->on_metric("dense_wait_s", 0.0706, 0);  // a peer's: rank 0 decides alone
+  job.nodes[1]->recorder->on_metric("dense_step_s", 0.074, 0);
+  EXPECT_EQ(job.nodes[0]->board->latest().epoch, 0u);
+  job.nodes[0]->recorder->on_metric("dense_wait_s", 0.0706, 0);
+  job.nodes[0]->recorder->on_metric("dense_step_s", 0.074, 0);
+  const Decision cut = job.nodes[0]->board->latest();
+  ASSERT_EQ(cut.epoch, 1u) << "decided on the hint, before any step";
+  EXPECT_EQ(cut.effective_step, 0u);
+  EXPECT_EQ(cut.config->schedule_warmup_steps, 0u);
+  EXPECT_NE(cut.reason.find("before step 0"), std::string::npos) << cut.reason;
+  EXPECT_NE(cut.reason.find("warm-up cut before it starts"), std::string::npos) << cut.reason;
+  // A second hint (the node's other trainer) changes nothing.
+  job.nodes[0]->recorder->on_metric("dense_wait_s", 0.5, 0);
+  job.nodes[0]->recorder->on_metric("dense_step_s", 0.6, 0);
+  EXPECT_EQ(job.nodes[0]->board->latest().epoch, 1u);
+  for (uint64_t s = 0; s < 8; ++s) {
+    job.step(s);
+    if (HasFatalFailure()) return;
+  }
+  const std::vector<bool> dense = dense_steps(job, 8);
+  for (uint64_t s = 0; s < 8; ++s) EXPECT_FALSE(dense[s]) << "step " << s << " ran the ring";
+  EXPECT_EQ(job.nodes[1]->board->at_step(0).epoch, 1u) << "rank 1 ran step 0 under the cut";
+}
+
+TEST(ControllersAgreementTest, AFastStartHintLeavesTheDenseWarmUp) {
+  Job job(2, configure_warm_up);
+  // The wait of another step, or none, makes no hint (these would cut).
+  job.nodes[0]->recorder->on_metric("dense_step_s", 0.074, 0);
+  job.nodes[0]->recorder->on_metric("dense_wait_s", 0.07, 1);
+  job.nodes[0]->recorder->on_metric("dense_step_s", 0.074, 0);
+  EXPECT_EQ(job.nodes[0]->board->latest().epoch, 0u);
+  // 13 ms a dense step, 9 of them waiting (the real small job at 1 Gbit/s): 13 < 3 x 12.
+  job.nodes[0]->recorder->on_metric("dense_wait_s", 0.009, 0);
+  job.nodes[0]->recorder->on_metric("dense_step_s", 0.013, 0);
+  EXPECT_EQ(job.nodes[0]->board->latest().epoch, 0u);
+  for (uint64_t s = 0; s < 8; ++s) {
+    job.step(s);
+    if (HasFatalFailure()) return;
+  }
+  const std::vector<bool> dense = dense_steps(job, 8);
+  for (uint64_t s = 0; s < 6; ++s) EXPECT_TRUE(dense[s]) << "the warm-up's step " << s;
+  EXPECT_FALSE(dense[6]);
+  EXPECT_FALSE(dense[7]);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -790,6 +791,133 @@ TEST(StepController, OneSlowRingStepIsNoRateChange) {
   EXPECT_EQ(decisions_in(r, 0, 100), 0u) << r.status.last_reason;
   EXPECT_EQ(r.in_force[99].schedule_warmup_steps, 100u);
   EXPECT_FALSE(r.in_force[99].compression);
+}
+
+// v8: before the first step, the trainer's own dense steps (the DDP hook's, through
+// torch.distributed over the same link: StartHint) price the ring; the warm-up is cut before it
+// starts where that step costs more than step_warmup_cut (3) sparse steps, a sparse step priced
+// at 3x the dense step's rest (its time without the exchange wait). The daemons' first step is 2
+// (the hook ran 0 and 1); the schedule's warm-up is 6 steps (the default).
+struct StartRun {
+  std::optional<ControlLoop::Proposal> at_start;
+  ProfileRun run;
+};
+template <class Profile>
+StartRun run_with_hint(Plant& plant, uint64_t steps, Profile profile, uint64_t warmup = 6) {
+  constexpr uint64_t kFirst = 2;
+  ControlKnobs base;
+  base.density = 0.005;
+  base.schedule_warmup_steps = warmup;
+  ControllerSettings settings = step_settings(plant.world, 1.3);
+  settings.active |= bit(ControllerKind::kSchedule);
+  settings.schedule_warmup_steps = warmup;
+  FakeJob job(settings, base);
+  // The hook's dense step: the trainer's compute and the ring's exchange (no daemon, no copies).
+  const double exchange = plant.true_price(true, 1, profile(0)) - plant.compute - plant.overhead;
+  StartRun out;
+  out.at_start = job.start({kFirst, plant.compute + exchange, exchange});
+  for (uint64_t s = kFirst; s < steps; ++s) {
+    const double beta = profile(s);
+    ControlKnobs k = job.at(s);
+    if (s < std::min(warmup, k.schedule_warmup_steps)) k.compression = false;
+    out.run.in_force.push_back(k);
+    const Truth t = truth(plant, 0.005, beta, 1.3);
+    out.run.excess.push_back(t.price_of(plant, k, beta) / t.cheapest);
+    job.feed(plant.step(s, k, beta));
+  }
+  out.run.decisions = job.proposal_steps;
+  out.run.status = job.loop.status();
+  return out;
+}
+
+// The real small job's step on the 2-core box: ~3 ms of trainer compute, ~5 ms of the step's
+// overhead (the hook's copies) under sparse steps.
+Plant small_real_job() {
+  Plant plant = small_model(0.003);
+  plant.noise = 0.02;
+  plant.report_period = true;
+  plant.overhead = 0.005;
+  return plant;
+}
+
+TEST(StepController, TheTrainersDenseStepsOnASlowLinkCutTheWarmUpBeforeItStarts) {
+  // 50 Mbit/s: the hook's dense step ~57 ms, its rest 3 ms; a sparse step priced at 9 ms. The
+  // daemons never run the ring: sparse from their first step, and no other decision in 300 steps
+  // (the ring's record is the hint's: no trial of the ring on a model of small messages).
+  Plant plant = small_real_job();
+  // A shaper's burst: sparse messages (a few KB) cross at line rate, so a fit of them alone says
+  // the ring's 170 KB chunks are nearly free; the hint's record says what a ring step costs.
+  plant.burst = 32 * 1024;
+  plant.line = 1.0 / 1.25e9;
+  const auto r = run_with_hint(plant, 300, [](uint64_t) { return kRate50M; });
+  ASSERT_TRUE(r.at_start.has_value());
+  EXPECT_EQ(r.at_start->knobs.schedule_warmup_steps, 2u);
+  EXPECT_TRUE(r.at_start->knobs.compression);
+  EXPECT_NE(r.at_start->reason.find("controller step before step 2: schedule_warmup_steps=2"), std::string::npos)
+      << r.at_start->reason;
+  EXPECT_NE(r.at_start->reason.find("warm-up cut before it starts"), std::string::npos) << r.at_start->reason;
+  ASSERT_EQ(r.run.decisions.size(), 1u) << "a decision after the cut at step " << r.run.decisions.back() << ": "
+                                        << r.run.status.last_reason;
+  for (size_t i = 0; i < r.run.in_force.size(); ++i) {
+    EXPECT_TRUE(r.run.in_force[i].compression) << "step " << i + 2 << " ran the ring";
+  }
+  expect_near_cheapest(r.run, 0, r.run.excess.size(), "after the cut");
+}
+
+TEST(StepController, TheTrainersDenseStepsOnAFasterLinkLeaveTheWarmUp) {
+  // 1 Gbit/s and 200 Mbit/s: the hook's dense step is 2-6x its rest, under the 9x that cuts; the
+  // warm-up runs to step 6 (the in-job cut does not fire either), and the cheapest plan follows.
+  for (const double beta : {kRate1G, 1.0 / 25e6}) {
+    Plant plant = small_real_job();
+    const auto r = run_with_hint(plant, 60, [&](uint64_t) { return beta; });
+    EXPECT_FALSE(r.at_start.has_value()) << r.at_start->reason;
+    for (uint64_t s = 2; s < 6; ++s) EXPECT_FALSE(r.run.in_force[s - 2].compression) << "step " << s;
+    EXPECT_EQ(r.run.in_force[58 - 2].schedule_warmup_steps, 6u);
+    expect_near_cheapest(r.run, 30 - 2, 60 - 2, "after the warm-up");
+  }
+}
+
+TEST(StepController, AStartHintIsWeighedOnlyBeforeTheFirstStepWithAWarmUpAndAValidTiming) {
+  Plant plant = small_real_job();
+  const double exchange = plant.true_price(true, 1, kRate50M) - plant.compute - plant.overhead;
+  const StartHint slow{2, plant.compute + exchange, exchange};
+  ControlKnobs base;
+  base.density = 0.005;
+  base.schedule_warmup_steps = 6;
+  ControllerSettings settings = step_settings(2, 1.3);
+  settings.active |= bit(ControllerKind::kSchedule);
+  settings.schedule_warmup_steps = 6;
+  {  // the reference: this hint cuts
+    FakeJob job(settings, base);
+    EXPECT_TRUE(job.start(slow).has_value());
+  }
+  {  // after an observation: the daemons' own steps decide (the in-job cut)
+    FakeJob job(settings, base);
+    ControlKnobs dense = base;
+    dense.compression = false;
+    job.feed(plant.step(2, dense, kRate50M));
+    EXPECT_FALSE(job.start(slow).has_value());
+  }
+  {  // no schedule warm-up to cut (the step controller alone starts with the ring: a decision)
+    ControllerSettings alone = settings;
+    alone.active = bit(ControllerKind::kStep);
+    FakeJob job(alone, base);
+    EXPECT_FALSE(job.start(slow).has_value());
+  }
+  {  // a warm-up that ends before the daemons' first step
+    ControlKnobs short_base = base;
+    short_base.schedule_warmup_steps = 2;
+    ControllerSettings s = settings;
+    s.schedule_warmup_steps = 2;
+    FakeJob job(s, short_base);
+    EXPECT_FALSE(job.start(slow).has_value());
+  }
+  for (const StartHint bad : {StartHint{2, std::nan(""), 0.05}, StartHint{2, 0.07, 0.07}, StartHint{2, 0.07, -0.01},
+                              StartHint{2, 0, 0}, StartHint{2, std::numeric_limits<double>::infinity(), 0.05}}) {
+    FakeJob job(settings, base);
+    EXPECT_FALSE(job.start(bad).has_value()) << bad.dense_step_s << " " << bad.dense_wait_s;
+    EXPECT_FALSE(job.loop.status().failed) << "a bad timing is no controller failure";
+  }
 }
 
 TEST(StepController, HoldsAndSaysWhyWithoutLinkSamples) {

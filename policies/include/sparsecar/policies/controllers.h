@@ -190,6 +190,17 @@ struct ControlStatus {
   std::string decision_note;
 };
 
+// What the trainer measured before the daemons' first step: its own dense iterations (the DDP
+// hook runs the first ones through torch.distributed over the same link, then reports the last
+// one's period and how long it waited on the all-reduce after its last bucket, as the metrics
+// "dense_step_s" and "dense_wait_s"). Rank 0's loop hears it once per job, before any
+// observation.
+struct StartHint {
+  uint64_t step = 0;          // the first step the daemons will see
+  double dense_step_s = 0;    // one dense step, the exchange included
+  double dense_wait_s = 0;    // of it, the wait on the exchange after the backward pass
+};
+
 // Shared per-step context for the controllers.
 struct ControlContext {
   const ControllerSettings& settings;
@@ -207,6 +218,11 @@ class Controller {
   virtual uint32_t version() const = 0;
   // Refines *knobs (holding the previous controllers' proposal). Errors make the loop fall back.
   virtual Status update(const ControlContext& ctx, ControlKnobs* knobs) = 0;
+  // Before the first step (ctx.obs is empty but for its step): the trainer's StartHint. A change
+  // made here is in force from the job's first step where rank 0 has not started it yet.
+  virtual Status before_start(const ControlContext& /*ctx*/, const StartHint& /*hint*/, ControlKnobs* /*knobs*/) {
+    return Status::Ok();
+  }
 };
 // A new job-level controller of `kind` (its registry row's factory), or null for the per-tensor
 // ones (static, schedule, layerwise: tensor_plan.h).
@@ -250,9 +266,16 @@ class ControlLoop {
   std::optional<Proposal> update(const ControllerSettings& settings, const JobObservation& obs,
                                  const ControlKnobs& base, const ControlKnobs& in_force);
 
+  // The trainer's StartHint, before any observation of the job: a proposal (from `in_force`)
+  // when a controller changes something on it.
+  std::optional<Proposal> before_start(const ControllerSettings& settings, const StartHint& hint,
+                                       const ControlKnobs& base, const ControlKnobs& in_force);
+
   const ControlStatus& status() const { return status_; }
 
  private:
+  std::optional<Proposal> propose_change(const ControllerSettings& settings, uint64_t step, const std::string& names,
+                                         ControlKnobs k, const ControlKnobs& in_force, const char* when);
   std::array<std::unique_ptr<Controller>, kControllerKindCount> controllers_{};
   ControlStatus status_;
   GoodputEstimator goodput_;
