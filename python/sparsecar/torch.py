@@ -221,8 +221,9 @@ class SparsecarHook:
         self._t_iteration = None     # monotonic time of this iteration's first sparse bucket
         self._t_prev_iteration = None
         # The dense (warm-up) iterations' timing: this iteration's first and last bucket, its last
-        # all-reduce done; the last whole one's (step_s, wait_s) goes to the daemon (_report_dense_timing).
-        self._dense_t = None         # [first bucket, last bucket, last all-reduce done] of this iteration
+        # all-reduce done, the last bucket's hook done; the last whole one's (step_s, wait_s) goes
+        # to the daemon (_report_dense_timing).
+        self._dense_t = None         # [first bucket, last bucket, last all-reduce done, hook done]
         self.dense_timing = None     # (period_s, exchange_wait_s) of the last whole dense iteration
         self._dense_timing_sent = False
         self.path = None             # "device" (CUDA IPC) or "host" (shm staging) once registered
@@ -657,9 +658,12 @@ class SparsecarHook:
             self._in_iteration = True
             now = time.monotonic()
             if self._dense_t is not None and self._dense_t[2] > 0:
-                first, last_bucket, done = self._dense_t
-                self.dense_timing = (now - first, max(done - last_bucket, 0.0))
-            self._dense_t = [now, now, 0.0] if self.mode == "warmup" else None
+                first, last_bucket, done, hook_end = self._dense_t
+                # Not the step's: registering with the daemon after the all-reduce finished (the
+                # last dense iteration's last bucket registers, and agrees across ranks behind it).
+                registering = max(hook_end - done, 0.0)
+                self.dense_timing = (now - first - registering, max(done - last_bucket, 0.0))
+            self._dense_t = [now, now, 0.0, now] if self.mode == "warmup" else None
             if self.mode == "sparse" and self._step_failed:
                 self.mode = "fallback"
             if self.mode == "sparse":
@@ -678,7 +682,10 @@ class SparsecarHook:
             self._layout[index] = self._layout_key(bucket, buf)
             fut = self._allreduce_async(buf)
             if last:
+                timing = self._dense_t
                 self._end_warmup_iteration(buf.device)
+                if timing is not None:
+                    timing[3] = time.monotonic()
             return fut
         if self.mode == "sparse":
             if not self._dense_timing_sent:

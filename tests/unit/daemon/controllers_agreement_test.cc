@@ -277,6 +277,27 @@ TEST(ControllersAgreementTest, ASlowStartHintCutsTheDenseWarmUpOnEveryNodeFromTh
   EXPECT_EQ(job.nodes[1]->board->at_step(0).epoch, 1u) << "rank 1 ran step 0 under the cut";
 }
 
+TEST(ControllersAgreementTest, EveryJobOnLongLivedDaemonsWeighsItsOwnStartHint) {
+  Job job(2, configure_warm_up);
+  job.nodes[0]->recorder->on_metric("dense_wait_s", 0.0706, 0);
+  job.nodes[0]->recorder->on_metric("dense_step_s", 0.074, 0);
+  ASSERT_EQ(job.nodes[0]->board->latest().config->schedule_warmup_steps, 0u);
+  for (uint64_t s = 0; s < 4; ++s) {
+    job.step(s);
+    if (HasFatalFailure()) return;
+  }
+  // The job ends (every trainer disconnected: the pipeline resets the board and the collector,
+  // which resets rank 0's runner). The next job's steps start at 0 again, and so does its hint.
+  for (auto& n : job.nodes) n->board->reset();
+  job.nodes[0]->recorder->on_reset();
+  EXPECT_EQ(job.nodes[0]->board->latest().config->schedule_warmup_steps, 6u) << "back to the configured value";
+  job.nodes[0]->recorder->on_metric("dense_wait_s", 0.0706, 0);
+  job.nodes[0]->recorder->on_metric("dense_step_s", 0.074, 0);
+  const Decision cut = job.nodes[0]->board->latest();
+  EXPECT_EQ(cut.config->schedule_warmup_steps, 0u) << "the second job's hint was weighed: " << cut.reason;
+  EXPECT_EQ(cut.effective_step, 0u);
+}
+
 TEST(ControllersAgreementTest, AFastStartHintLeavesTheDenseWarmUp) {
   Job job(2, configure_warm_up);
   // The wait of another step, or none, makes no hint (these would cut).
