@@ -230,9 +230,19 @@ void configure_warm_up(Config& c) {
   c.layerwise_dense_below = 0;
 }
 
-// Which of steps [0, steps) every node ran dense (the plan's text names the ring), checked equal
-// on every node.
-std::vector<bool> dense_steps(Job& job, uint64_t steps) {
+// A trainer of node `rank` reports its dense step before the daemons' step 0, as the hook does.
+void hint(Job& job, uint32_t rank, double wait_s, double step_s) {
+  job.nodes[rank]->recorder->on_metric("dense_wait_s", wait_s, 0);
+  job.nodes[rank]->recorder->on_metric("dense_step_s", step_s, 0);
+}
+
+// Runs steps [0, steps); which of them every node ran dense (the plan's text names the ring),
+// checked equal on every node. Empty after a fatal failure.
+std::vector<bool> run_steps(Job& job, uint64_t steps) {
+  for (uint64_t s = 0; s < steps; ++s) {
+    job.step(s);
+    if (::testing::Test::HasFatalFailure()) return {};
+  }
   std::vector<bool> dense(steps, false);
   for (uint64_t s = 0; s < steps; ++s) {
     for (uint32_t r = 0; r < job.nodes.size(); ++r) {
@@ -253,11 +263,9 @@ TEST(ControllersAgreementTest, ASlowStartHintCutsTheDenseWarmUpOnEveryNodeFromTh
   Job job(2, configure_warm_up);
   // 74 ms a dense step, 70.6 of them waiting on the exchange (the real small job at 50 Mbit/s):
   // the rest, 3.4 ms, prices a sparse step at 10.2 ms; 74 > 3 x 10.2.
-  job.nodes[1]->recorder->on_metric("dense_wait_s", 0.0706, 0);  // a peer's: rank 0 decides alone
-  job.nodes[1]->recorder->on_metric("dense_step_s", 0.074, 0);
+  hint(job, 1, 0.0706, 0.074);  // a peer's: rank 0 decides alone
   EXPECT_EQ(job.nodes[0]->board->latest().epoch, 0u);
-  job.nodes[0]->recorder->on_metric("dense_wait_s", 0.0706, 0);
-  job.nodes[0]->recorder->on_metric("dense_step_s", 0.074, 0);
+  hint(job, 0, 0.0706, 0.074);
   const Decision cut = job.nodes[0]->board->latest();
   ASSERT_EQ(cut.epoch, 1u) << "decided on the hint, before any step";
   EXPECT_EQ(cut.effective_step, 0u);
@@ -265,34 +273,26 @@ TEST(ControllersAgreementTest, ASlowStartHintCutsTheDenseWarmUpOnEveryNodeFromTh
   EXPECT_NE(cut.reason.find("before step 0"), std::string::npos) << cut.reason;
   EXPECT_NE(cut.reason.find("warm-up cut before it starts"), std::string::npos) << cut.reason;
   // A second hint (the node's other trainer) changes nothing.
-  job.nodes[0]->recorder->on_metric("dense_wait_s", 0.5, 0);
-  job.nodes[0]->recorder->on_metric("dense_step_s", 0.6, 0);
+  hint(job, 0, 0.5, 0.6);
   EXPECT_EQ(job.nodes[0]->board->latest().epoch, 1u);
-  for (uint64_t s = 0; s < 8; ++s) {
-    job.step(s);
-    if (HasFatalFailure()) return;
-  }
-  const std::vector<bool> dense = dense_steps(job, 8);
+  const std::vector<bool> dense = run_steps(job, 8);
+  if (HasFatalFailure()) return;
   for (uint64_t s = 0; s < 8; ++s) EXPECT_FALSE(dense[s]) << "step " << s << " ran the ring";
   EXPECT_EQ(job.nodes[1]->board->at_step(0).epoch, 1u) << "rank 1 ran step 0 under the cut";
 }
 
 TEST(ControllersAgreementTest, EveryJobOnLongLivedDaemonsWeighsItsOwnStartHint) {
   Job job(2, configure_warm_up);
-  job.nodes[0]->recorder->on_metric("dense_wait_s", 0.0706, 0);
-  job.nodes[0]->recorder->on_metric("dense_step_s", 0.074, 0);
+  hint(job, 0, 0.0706, 0.074);
   ASSERT_EQ(job.nodes[0]->board->latest().config->schedule_warmup_steps, 0u);
-  for (uint64_t s = 0; s < 4; ++s) {
-    job.step(s);
-    if (HasFatalFailure()) return;
-  }
+  run_steps(job, 4);
+  if (HasFatalFailure()) return;
   // The job ends (every trainer disconnected: the pipeline resets the board and the collector,
   // which resets rank 0's runner). The next job's steps start at 0 again, and so does its hint.
   for (auto& n : job.nodes) n->board->reset();
   job.nodes[0]->recorder->on_reset();
   EXPECT_EQ(job.nodes[0]->board->latest().config->schedule_warmup_steps, 6u) << "back to the configured value";
-  job.nodes[0]->recorder->on_metric("dense_wait_s", 0.0706, 0);
-  job.nodes[0]->recorder->on_metric("dense_step_s", 0.074, 0);
+  hint(job, 0, 0.0706, 0.074);
   const Decision cut = job.nodes[0]->board->latest();
   EXPECT_EQ(cut.config->schedule_warmup_steps, 0u) << "the second job's hint was weighed: " << cut.reason;
   EXPECT_EQ(cut.effective_step, 0u);
@@ -306,14 +306,10 @@ TEST(ControllersAgreementTest, AFastStartHintLeavesTheDenseWarmUp) {
   job.nodes[0]->recorder->on_metric("dense_step_s", 0.074, 0);
   EXPECT_EQ(job.nodes[0]->board->latest().epoch, 0u);
   // 13 ms a dense step, 9 of them waiting (the real small job at 1 Gbit/s): 13 < 3 x 12.
-  job.nodes[0]->recorder->on_metric("dense_wait_s", 0.009, 0);
-  job.nodes[0]->recorder->on_metric("dense_step_s", 0.013, 0);
+  hint(job, 0, 0.009, 0.013);
   EXPECT_EQ(job.nodes[0]->board->latest().epoch, 0u);
-  for (uint64_t s = 0; s < 8; ++s) {
-    job.step(s);
-    if (HasFatalFailure()) return;
-  }
-  const std::vector<bool> dense = dense_steps(job, 8);
+  const std::vector<bool> dense = run_steps(job, 8);
+  if (HasFatalFailure()) return;
   for (uint64_t s = 0; s < 6; ++s) EXPECT_TRUE(dense[s]) << "the warm-up's step " << s;
   EXPECT_FALSE(dense[6]);
   EXPECT_FALSE(dense[7]);
