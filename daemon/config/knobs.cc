@@ -613,8 +613,9 @@ const std::vector<KnobSpec>& knobs() {
       {.name = "step_warmup_cut", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 1.0, .max = 1000.0, .choices = "",
        .doc = "step: under the schedule's dense warm-up, end it early once a dense step measures more than this many "
-              "sparse steps of the density asked for (modelled): the early dense steps are worth more than later "
-              "ones, but not a ring at a slow link's rate",
+              "sparse steps of the density asked for (modelled), or before it starts where the trainer's own dense "
+              "first steps (metrics dense_step_s, dense_wait_s: the DDP hook reports them) do: the early dense "
+              "steps are worth more than later ones, but not a ring at a slow link's rate",
        .field = knob_field<&Config::step_warmup_cut, in<&CS::step, &StepS::warmup_cut>>},
       {.name = "step_timeout_ms", .type = K::kUint, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 10, .max = 3.6e6, .choices = "",

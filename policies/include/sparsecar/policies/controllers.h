@@ -115,7 +115,8 @@ struct StepSettings {
                                // Fashion-MNIST runs (docs/controllers.md, "A job the controllers
                                // were not tuned on"); 2 before
   double warmup_cut = 3.0;     // v6: the schedule's dense warm-up ends early once a ring step costs
-                               // more than this many sparse steps of the density asked for
+                               // more than this many sparse steps of the density asked for (v8:
+                               // also before it starts, on the trainer's StartHint)
   bool operator==(const StepSettings&) const = default;
 };
 struct AccuracySettings {
