@@ -732,7 +732,6 @@ class SparsecarHook:
             self.iteration += 1
         return fut
 
-    # ---- momentum correction ---------------------------------------------------------------------
     def _report_dense_timing(self, step):
         """Before the first step through sparsecar: the last dense iteration's period and how long
         it waited on the all-reduce after its last bucket (the same link the daemons use), as the
@@ -752,6 +751,7 @@ class SparsecarHook:
         except sparsecar.Error as e:
             log.warning("sparsecar: reporting the dense iterations' timing failed: %s", e)
 
+    # ---- momentum correction ---------------------------------------------------------------------
     def _apply_momentum(self, bucket, buf):
         """u = m*u + g, and the bucket holds u from here on: every path after this (the hook's
         all-reduce, host staging, the device path's float32 buffer, the all-reduce of a failed
