@@ -264,10 +264,8 @@ def run_job(args, link, model, dargs, changes, setting):
             for k in ("density_measured", "hook_mode", "hook_failure", "compute_seconds"):
                 if k in e:
                     entry[k] = e[k]
-            hook = e.get("hook") or {}
-            if hook.get("dense_step_ns"):  # the last dense iteration, as the hook reported it to the daemon
-                entry["dense_step_s"] = hook["dense_step_ns"] / 1e9
-                entry["dense_wait_s"] = hook.get("dense_wait_ns", 0) / 1e9
+            if e.get("hook_dense_timing"):  # the last dense iteration, as the hook reported it to the daemon
+                entry["dense_step_s"], entry["dense_wait_s"] = e["hook_dense_timing"]
         if trainer_method == "sparsecar":
             try:
                 with open(os.path.join(job.dir, "sparsecard-0.log"), errors="replace") as f:

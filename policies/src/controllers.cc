@@ -163,25 +163,9 @@ std::optional<ControlLoop::Proposal> ControlLoop::update(const ControllerSetting
   k.tensor_scale.clear();
   ControlContext ctx{settings, obs, base, goodput_.estimate(), &status_, &in_force};
   std::string names;
-  for (const ControllerInfo& row : controller_registry()) {
-    if (!row.job_level) continue;
-    const ControllerKind kind = row.kind;
-    auto& c = controllers_[static_cast<uint32_t>(kind)];
-    if (!has(settings.active, kind)) {
-      c.reset();  // deactivated: its state goes; reactivating starts afresh
-      continue;
-    }
-    if (!c) c = make_controller(kind);
-    Status s = c->update(ctx, &k);
-    if (s.ok() && !valid(k)) s = internal_error("proposed out-of-range knobs");
-    if (!s.ok()) {
-      status_.failed = true;
-      status_.failure = std::string(controller_name(kind)) + " v" + std::to_string(c->version()) + " at step " +
-                        std::to_string(obs.step) + ": " + s.message();
-      return update(settings, obs, base, in_force);
-    }
-    if (!names.empty()) names += ',';
-    names += controller_name(kind);
+  if (!run_chain(settings, obs.step, " at step ", &k, &names, /*changed_only=*/false,
+                 [&](Controller& c, ControlKnobs* knobs) { return c.update(ctx, knobs); })) {
+    return update(settings, obs, base, in_force);
   }
   if (k.selector == kernels::Selector::kThreshold || !k.compression) k.format = in_force.format;
   return propose_change(settings, obs.step, names, std::move(k), in_force, " at step ");
@@ -197,24 +181,40 @@ std::optional<ControlLoop::Proposal> ControlLoop::before_start(const ControllerS
   ControlKnobs k = in_force;  // only what a controller changes on the hint moves
   ControlContext ctx{settings, none, base, 0, &status_, &in_force};
   std::string names;
-  for (const ControllerInfo& row : controller_registry()) {
-    if (!row.job_level || !has(settings.active, row.kind)) continue;
-    auto& c = controllers_[static_cast<uint32_t>(row.kind)];
-    if (!c) c = make_controller(row.kind);
-    const ControlKnobs before = k;
-    Status s = c->before_start(ctx, hint, &k);
-    if (s.ok() && !valid(k)) s = internal_error("proposed out-of-range knobs");
-    if (!s.ok()) {
-      status_.failed = true;
-      status_.failure = std::string(controller_name(row.kind)) + " v" + std::to_string(c->version()) +
-                        " before step " + std::to_string(hint.step) + ": " + s.message();
-      return std::nullopt;  // nothing was proposed yet: the operator's knobs are in force
-    }
-    if (k == before) continue;
-    if (!names.empty()) names += ',';
-    names += controller_name(row.kind);
+  if (!run_chain(settings, hint.step, " before step ", &k, &names, /*changed_only=*/true,
+                 [&](Controller& c, ControlKnobs* knobs) { return c.before_start(ctx, hint, knobs); })) {
+    return std::nullopt;  // nothing was proposed yet: the operator's knobs are in force
   }
   return propose_change(settings, hint.step, names, std::move(k), in_force, " before step ");
+}
+
+bool ControlLoop::run_chain(const ControllerSettings& settings, uint64_t step, const char* when, ControlKnobs* k,
+                            std::string* names, bool changed_only,
+                            const std::function<Status(Controller&, ControlKnobs*)>& call) {
+  for (const ControllerInfo& row : controller_registry()) {
+    if (!row.job_level) continue;
+    auto& c = controllers_[static_cast<uint32_t>(row.kind)];
+    if (!has(settings.active, row.kind)) {
+      c.reset();  // deactivated: its state goes; reactivating starts afresh
+      continue;
+    }
+    if (!c) c = make_controller(row.kind);
+    std::optional<ControlKnobs> before;
+    if (changed_only) before = *k;  // (a copy a step only where it is asked for)
+    Status s = call(*c, k);
+    if (s.ok() && !valid(*k)) s = internal_error("proposed out-of-range knobs");
+    if (!s.ok()) {
+      status_.failed = true;
+      status_.failure = controller_name(row.kind);
+      status_.failure.append(" v").append(std::to_string(c->version())).append(when).append(std::to_string(step));
+      status_.failure.append(": ").append(s.message());
+      return false;
+    }
+    if (before && *k == *before) continue;
+    if (!names->empty()) *names += ',';
+    *names += controller_name(row.kind);
+  }
+  return true;
 }
 
 std::optional<ControlLoop::Proposal> ControlLoop::propose_change(const ControllerSettings& settings, uint64_t step,

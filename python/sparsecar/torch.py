@@ -742,8 +742,6 @@ class SparsecarHook:
         if self.dense_timing is None:
             return
         period, wait = self.dense_timing
-        self.stats["dense_step_ns"] = int(period * 1e9)
-        self.stats["dense_wait_ns"] = int(wait * 1e9)
         try:
             # The wait first: the daemon acts on dense_step_s with the wait it already holds.
             self._client.report_metric("dense_wait_s", float(wait), step)

@@ -280,6 +280,25 @@ struct ProfileRun {
   ControlStatus status;             // the controllers' status after the last step
 };
 
+// Steps [from, to) of `job` (r.in_force[i] is step from + i); the warm-up's steps run the ring.
+template <class Profile>
+ProfileRun run_steps(FakeJob& job, Plant& plant, uint64_t from, uint64_t to, Profile profile, double floor,
+                     double worth, uint64_t warmup) {
+  ProfileRun r;
+  for (uint64_t s = from; s < to; ++s) {
+    const double beta = profile(s);
+    ControlKnobs k = job.at(s);
+    if (s < std::min(warmup, k.schedule_warmup_steps)) k.compression = false;
+    r.in_force.push_back(k);
+    const Truth t = truth(plant, floor, beta, worth);
+    r.excess.push_back(t.price_of(plant, k, beta) / t.cheapest);
+    job.feed(plant.step(s, k, beta));
+  }
+  r.decisions = job.proposal_steps;
+  r.status = job.loop.status();
+  return r;
+}
+
 // Runs `steps` steps with beta(step) from `profile`; steps 0 .. warmup-1 run the ring whatever
 // was decided (the schedule controller's dense warm-up: every node's own plan, no decision; the
 // loop runs `schedule,step` then, as the settings say). The warm-up's end is the knob in force
@@ -298,19 +317,7 @@ ProfileRun run_profile(Plant& plant, double floor, uint64_t steps, Profile profi
     settings.schedule_warmup_steps = warmup;
   }
   FakeJob job(settings, base);
-  ProfileRun r;
-  for (uint64_t s = 0; s < steps; ++s) {
-    const double beta = profile(s);
-    ControlKnobs k = job.at(s);
-    if (s < std::min(warmup, k.schedule_warmup_steps)) k.compression = false;
-    r.in_force.push_back(k);
-    const Truth t = truth(plant, floor, beta, worth);
-    r.excess.push_back(t.price_of(plant, k, beta) / t.cheapest);
-    job.feed(plant.step(s, k, beta));
-  }
-  r.decisions = job.proposal_steps;
-  r.status = job.loop.status();
-  return r;
+  return run_steps(job, plant, 0, steps, profile, floor, worth, warmup);
 }
 
 size_t decisions_in(const ProfileRun& r, uint64_t from, uint64_t to) {
@@ -816,17 +823,7 @@ StartRun run_with_hint(Plant& plant, uint64_t steps, Profile profile, uint64_t w
   const double exchange = plant.true_price(true, 1, profile(0)) - plant.compute - plant.overhead;
   StartRun out;
   out.at_start = job.start({kFirst, plant.compute + exchange, exchange});
-  for (uint64_t s = kFirst; s < steps; ++s) {
-    const double beta = profile(s);
-    ControlKnobs k = job.at(s);
-    if (s < std::min(warmup, k.schedule_warmup_steps)) k.compression = false;
-    out.run.in_force.push_back(k);
-    const Truth t = truth(plant, 0.005, beta, 1.3);
-    out.run.excess.push_back(t.price_of(plant, k, beta) / t.cheapest);
-    job.feed(plant.step(s, k, beta));
-  }
-  out.run.decisions = job.proposal_steps;
-  out.run.status = job.loop.status();
+  out.run = run_steps(job, plant, kFirst, steps, profile, 0.005, 1.3, warmup);
   return out;
 }
 

@@ -40,6 +40,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -275,6 +276,11 @@ class ControlLoop {
   const ControlStatus& status() const { return status_; }
 
  private:
+  // Calls `call` on every active job-level controller in chain order (made on first use; a
+  // deactivated one dropped), appending the names of those that ran (changed_only: that changed
+  // *k) to *names. False after a failure, recorded in status_ ("<name> vN<when><step>: why").
+  bool run_chain(const ControllerSettings& settings, uint64_t step, const char* when, ControlKnobs* k,
+                 std::string* names, bool changed_only, const std::function<Status(Controller&, ControlKnobs*)>& call);
   std::optional<Proposal> propose_change(const ControllerSettings& settings, uint64_t step, const std::string& names,
                                          ControlKnobs k, const ControlKnobs& in_force, const char* when);
   std::array<std::unique_ptr<Controller>, kControllerKindCount> controllers_{};
