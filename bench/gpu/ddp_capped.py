@@ -31,8 +31,10 @@ Parts (--part):
         to PowerSGD's from the same run.
   tta   Fashion-MNIST, --tta-model (fmnist_cnn, or the wider fmnist_resnet whose all-reduce
         dominates its step at 1 Gbit/s), 2 nodes (x --local-ranks) at --tta-rate: dense,
-        powersgd, sparsecar (static top-k at --tta-density) and sparsecar_bandwidth
-        (--controller bandwidth, the trainer reports its compute time): test accuracy over
+        powersgd, sparsecar (static top-k at --tta-density), sparsecar_bandwidth
+        (--controller bandwidth) and sparsecar_adaptive (the controllers' default: --controller
+        schedule,step with its 6-step dense warm-up, top-k at --tta-density; the trainer reports
+        its compute time to both): test accuracy over
         training wall time (evaluation kept out of the clock), time to dense's final accuracy, final accuracy, and the accuracy
         each method had after as many steps as dense ran. Dense runs --tta-epochs; the
         compressed methods may run longer (--tta-epochs-compressed): their steps are cheaper,
@@ -81,7 +83,13 @@ COORD_PORT = 29400   # inside our own namespaces: nothing else listens there
 MASTER_PORT = 29500
 SKIPPED = 3          # ddp_trainer.py's exit status for "cannot run here"
 NCCL_VETH = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE", "NCCL_SOCKET_IFNAME")
-TTA_METHODS = ("dense", "powersgd", "sparsecar", "sparsecar_bandwidth")
+TTA_METHODS = ("dense", "powersgd", "sparsecar", "sparsecar_bandwidth", "sparsecar_adaptive")
+# The daemons' controller flags per sparsecar method (sparsecar_adaptive: docs/controllers.md's default).
+CONTROLLER_FLAGS = {"sparsecar": ["--controller", "static"],
+                    "sparsecar_bandwidth": ["--controller", "bandwidth"],
+                    "sparsecar_adaptive": ["--controller", "schedule,step", "--schedule-warmup-steps", "6"]}
+HINT = re.compile(r"the trainer's dense steps before step (\d+): ([0-9.e+-]+) ms a step, ([0-9.e+-]+) ms of it "
+                  r"waiting on the exchange")
 
 
 def free_port():
@@ -143,8 +151,7 @@ class Link:
 # ---- one run ------------------------------------------------------------------------------------
 def daemon_flags(args, method, density):
     flags = ["--compression", "on", "--selector", args.selector, "--density", repr(density),
-             "--controller", "bandwidth" if method == "sparsecar_bandwidth" else "static",
-             "--kernel-threads", str(args.kernel_threads)]
+             *CONTROLLER_FLAGS[method], "--kernel-threads", str(args.kernel_threads)]
     return flags + args.daemon_arg
 
 
@@ -353,7 +360,7 @@ def run_one(args, link, model, method, trainer_args, run_dir, timeout):
                             argv += ["--device-path", args.device_path]
                         if args.agreement:
                             argv += ["--agreement", args.agreement]
-                    if method == "sparsecar_bandwidth":
+                    if method in ("sparsecar_bandwidth", "sparsecar_adaptive"):
                         argv += ["--report-compute-time"]
                     procs.append(job.spawn(f"trainer rank {rank}", link.argv(node, argv),
                                            env=trainer_env(args, job, link, node, local, port),
@@ -365,8 +372,9 @@ def run_one(args, link, model, method, trainer_args, run_dir, timeout):
             if message:
                 entry["message"] = message
             entry["nccl_transport"] = nccl_transport(os.path.join(run_dir, "trainer-0.log"))
-            if method == "sparsecar_bandwidth":
+            if method in ("sparsecar_bandwidth", "sparsecar_adaptive"):
                 entry["controller_decisions"] = decisions(os.path.join(run_dir, "sparsecard-0.log"))
+                entry["start_hint"] = start_hint(os.path.join(run_dir, "sparsecard-0.log"))
             if method.startswith("sparsecar"):
                 entry["daemon_local_clients"] = [daemon_local_clients(os.path.join(run_dir, f"sparsecard-{n}.log"))
                                                  for n in range(NODES)]
@@ -410,6 +418,22 @@ def run_one(args, link, model, method, trainer_args, run_dir, timeout):
             entry["message"] = (f"the {len(ranks)} ranks (of {entry['world']}) did not end with identical "
                                 f"parameters (params_sha256: {sorted(str(x) for x in shas)})")
     return entry
+
+
+def start_hint(log_path):
+    """What rank 0's daemon got from the hook before its first step (the last dense iteration's
+    period and its wait on the all-reduce; docs/controllers.md "The warm-up before the first
+    step"), or None."""
+    try:
+        with open(log_path, errors="replace") as f:
+            for line in f:
+                m = HINT.search(line)
+                if m:
+                    return {"step": int(m.group(1)), "dense_step_ms": float(m.group(2)),
+                            "dense_wait_ms": float(m.group(3))}
+    except OSError:
+        pass
+    return None
 
 
 # ---- reporting ----------------------------------------------------------------------------------
@@ -541,7 +565,8 @@ def parse(argv):
     g.add_argument("--models", default="mlp50,resnet18", help="step part's models (ddp_trainer.py --model)")
     g.add_argument("--rates", default="1gbit,10gbit,none", help="tc tbf rates; none = no namespaces, no cap")
     g.add_argument("--methods", default="dense,powersgd,sparsecar",
-                   help="step part (sparsecar_bandwidth = the daemons with --controller bandwidth)")
+                   help="step part (sparsecar_bandwidth = the daemons with --controller bandwidth, "
+                        "sparsecar_adaptive = with the controllers' default, schedule,step)")
     g.add_argument("--tta-rate", default="1gbit")
     g.add_argument("--tta-methods", default=",".join(TTA_METHODS), help="tta part; dense first (its final "
                    "accuracy is the target)")
@@ -825,6 +850,12 @@ def run_and_report(args, link, model, method):
         print(f"  ({e.get('message', '')})")
     if e.get("warning"):
         print(f"  WARNING: {e['warning']}", flush=True)
+    if e.get("start_hint"):
+        h = e["start_hint"]
+        print(f"  the hook's last dense step: {h['dense_step_ms']:.3g} ms, {h['dense_wait_ms']:.3g} ms of it waiting "
+              f"on the all-reduce", flush=True)
+    for d in e.get("controller_decisions") or []:
+        print(f"  decision: {d}", flush=True)
     return e
 
 

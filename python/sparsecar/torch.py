@@ -220,11 +220,11 @@ class SparsecarHook:
         self._per_tensor = {}        # name -> [steps, elements, nnz, bytes_sent, dense_bytes]
         self._t_iteration = None     # monotonic time of this iteration's first sparse bucket
         self._t_prev_iteration = None
-        # The dense (warm-up) iterations' timing: this iteration's first and last bucket, its last
-        # all-reduce done, the last bucket's hook done; the last whole one's (step_s, wait_s) goes
-        # to the daemon (_report_dense_timing).
-        self._dense_t = None         # [first bucket, last bucket, last all-reduce done, hook done]
-        self.dense_timing = None     # (period_s, exchange_wait_s) of the last whole dense iteration
+        # The dense (warm-up) iterations' timing: the last whole one's (step_s, wait_s) goes to
+        # the daemon (_report_dense_timing).
+        self._dense_t = None         # _DenseClock of this dense iteration
+        self._dense_pending = None   # (_DenseClock, the next iteration's first mark): not yet read
+        self._dense_timing = None    # (period_s, exchange_wait_s) of the last whole dense iteration
         self._dense_timing_sent = False
         self.path = None             # "device" (CUDA IPC) or "host" (shm staging) once registered
         self._sync_stream = None     # device path: where the daemon's done events are waited on
@@ -239,6 +239,16 @@ class SparsecarHook:
             self._client.report_metric(name, float(value), self.iteration if step is None else step)
         except sparsecar.Error as e:
             log.warning("sparsecar: report_metric(%s) failed: %s", name, e)
+
+    @property
+    def dense_timing(self):
+        """(period_s, exchange_wait_s) of the last whole dense iteration, or None. On a GPU the
+        marks are CUDA events: reading them first waits until the GPU has passed them."""
+        if self._dense_pending is not None:
+            clock, next_first = self._dense_pending
+            self._dense_pending = None
+            self._dense_timing = clock.timing(next_first)
+        return self._dense_timing
 
     @property
     def active(self):
@@ -624,11 +634,11 @@ class SparsecarHook:
         self.stats["dense_buckets"] += 1
         world = self._world()
         work = dist.all_reduce(buf, group=self.process_group, async_op=True)
-        timing = self._dense_t if self.mode == "warmup" else None
+        clock = self._dense_t if self.mode == "warmup" else None
 
         def averaged(f):
-            if timing is not None:
-                timing[2] = max(timing[2], time.monotonic())
+            if clock is not None:
+                clock.all_reduce_done()
             return f.value()[0].div_(world)
         return work.get_future().then(averaged)
 
@@ -656,14 +666,11 @@ class SparsecarHook:
             # the previous iteration, so every failure of it is known, and every rank that saw
             # the same failures switches at the same bucket.
             self._in_iteration = True
-            now = time.monotonic()
-            if self._dense_t is not None and self._dense_t[2] > 0:
-                first, last_bucket, done, hook_end = self._dense_t
-                # Not the step's: registering with the daemon after the all-reduce finished (the
-                # last dense iteration's last bucket registers, and agrees across ranks behind it).
-                registering = max(hook_end - done, 0.0)
-                self.dense_timing = (now - first - registering, max(done - last_bucket, 0.0))
-            self._dense_t = [now, now, 0.0, now] if self.mode == "warmup" else None
+            if self._dense_t is not None or self.mode == "warmup":
+                first = _DenseClock.mark_now(buf)
+                if self._dense_t is not None and self._dense_t.complete:
+                    self._dense_pending = (self._dense_t, first)
+                self._dense_t = _DenseClock(buf, first) if self.mode == "warmup" else None
             if self.mode == "sparse" and self._step_failed:
                 self.mode = "fallback"
             if self.mode == "sparse":
@@ -675,17 +682,17 @@ class SparsecarHook:
         if last:
             self._in_iteration = False
             if self._dense_t is not None:
-                self._dense_t[1] = time.monotonic()
+                self._dense_t.last_bucket = _DenseClock.mark_now(buf)
         if self.momentum is not None:
             self._apply_momentum(bucket, buf)
         if self.mode == "warmup":
             self._layout[index] = self._layout_key(bucket, buf)
             fut = self._allreduce_async(buf)
             if last:
-                timing = self._dense_t
+                clock = self._dense_t
                 self._end_warmup_iteration(buf.device)
-                if timing is not None:
-                    timing[3] = time.monotonic()
+                if clock is not None:
+                    clock.hook_end = _DenseClock.mark_now(buf)
             return fut
         if self.mode == "sparse":
             if not self._dense_timing_sent:
@@ -1009,6 +1016,62 @@ def _move_momentum_out_of(optimizer, m):
     log.info("sparsecar: momentum correction: the DDP hook applies SGD momentum %g per bucket before "
              "compressing (DGC); the optimizer's momentum is set to 0%s", m,
              f" and its {dropped} momentum buffers dropped" if dropped else "")
+
+
+class _DenseClock:
+    """The moments of one dense (warm-up) iteration: its first bucket, its last bucket, its
+    all-reduces done, the last bucket's hook done (after registering with the daemon, which the
+    last dense iteration does). timing(next_first) gives (period, wait): the period to the next
+    iteration's first bucket less the registering that ran past the all-reduce (not the
+    trainer's step: it happens once), and the wait from the last bucket to the all-reduce done.
+
+    CPU buckets: host times (time.monotonic). CUDA buckets: CUDA events on the bucket's stream,
+    and in the all-reduce's callback on the stream torch hands the callback, which waits for the
+    collective: an NCCL future completes when the all-reduce is enqueued, not done, so host
+    times would read the wait as ~0 and the period as the host's, not the GPU's."""
+
+    def __init__(self, buf, first):
+        self.cuda = buf.is_cuda
+        self.device = buf.device
+        self.first = first
+        self.last_bucket = first
+        self.done = []       # one mark per all-reduce callback (they may finish out of order)
+        self.hook_end = first
+
+    @property
+    def complete(self):
+        return bool(self.done)
+
+    @staticmethod
+    def mark_now(buf):
+        if not buf.is_cuda:
+            return time.monotonic()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(buf.device))
+        return event
+
+    def all_reduce_done(self):
+        if self.cuda:
+            # Inside the future's callback: torch made the current stream wait for the collective.
+            event = torch.cuda.Event(enable_timing=True)
+            event.record(torch.cuda.current_stream(self.device))
+            self.done.append(event)
+        else:
+            self.done.append(time.monotonic())
+
+    def _since_first(self, mark):
+        if self.cuda:
+            mark.synchronize()
+            return self.first.elapsed_time(mark) / 1e3
+        return mark - self.first
+
+    def timing(self, next_first):
+        if self.cuda:
+            self.first.synchronize()
+        done = max(self._since_first(d) for d in self.done)
+        last_bucket = self._since_first(self.last_bucket)
+        registering = max(self._since_first(self.hook_end) - done, 0.0)
+        return (self._since_first(next_first) - registering, max(done - last_bucket, 0.0))
 
 
 def _future_for(buf):

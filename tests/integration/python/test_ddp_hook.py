@@ -380,3 +380,22 @@ def test_the_dense_iterations_timing_reaches_the_daemon_before_the_first_sparse_
         time.sleep(0.05)
     assert want in text, text[-2000:]
     hook.close()
+
+
+def test_the_dense_clock_leaves_registering_out_of_the_period_and_takes_the_last_all_reduce():
+    """The clock's arithmetic on host times (a GPU bucket's marks are CUDA events, read the same
+    way through elapsed_time): an iteration from 10.0 s to the next one's first bucket at 12.0 s,
+    its last bucket at 10.5 s, its all-reduces done at 10.9 s and 10.7 s (out of order), and the
+    hook's registering after them until 11.2 s: period 2.0 - (11.2 - 10.9) = 1.7 s, wait 10.9 -
+    10.5 = 0.4 s. Registering that ends before the all-reduce costs the step nothing."""
+    buf = torch.zeros(4)
+    clock = sparsecar.torch._DenseClock(buf, 10.0)
+    assert not clock.complete
+    clock.last_bucket = 10.5
+    clock.done = [10.9, 10.7]
+    clock.hook_end = 11.2
+    assert clock.complete
+    period, wait = clock.timing(12.0)
+    assert period == pytest.approx(1.7) and wait == pytest.approx(0.4)
+    clock.hook_end = 10.6
+    assert clock.timing(12.0) == pytest.approx((2.0, 0.4))

@@ -1,8 +1,10 @@
 """The GPU DDP harness (bench/gpu/ddp_capped.py) on CPU: two network namespaces joined by a veth
-capped at 100 Mbit/s, one gloo trainer each (the tiny 100k-parameter MLP), dense, PowerSGD and
-sparsecar (daemons in the namespaces, UCX tcp on the veth) one after the other, 15 timed steps
-each. Checks the plumbing the GPU run relies on: every method gives a step time, sparsecar ran
-sparse and put fewer bytes on the link than dense, ratios are computed, nothing is left behind.
+capped at 100 Mbit/s, one gloo trainer each (the tiny 100k-parameter MLP), dense, PowerSGD,
+sparsecar and sparsecar_adaptive (daemons in the namespaces, UCX tcp on the veth) one after the
+other, 15 timed steps each. Checks the plumbing the GPU run relies on: every method gives a step
+time, sparsecar ran sparse and put fewer bytes on the link than dense, ratios are computed, the
+adaptive run's daemon logged the hook's dense timing as the hook measured it, nothing is left
+behind.
 A second, shorter run takes --local-ranks 2: 2 nodes x 2 gloo trainers (world 4, two trainers
 sharing each namespace and each daemon), sparsecar only (its first iterations are dense
 all-reduces over the 4 processes), 3 timed steps: all 4 ranks end with identical parameters and
@@ -30,7 +32,7 @@ def _can_netns():
     return True
 
 
-def _harness(sparsecard, tmp_path, extra, timeout=110):
+def _harness(sparsecard, tmp_path, extra, timeout=150):
     """Runs the harness on CPU at 100mbit with `extra` options; returns (results, stdout)."""
     out = tmp_path / "ddp.json"
     p = subprocess.Popen([sys.executable, HARNESS, "--device", "cpu", "--models", "tiny", "--rates", "100mbit",
@@ -54,11 +56,11 @@ def test_harness_cpu_capped(sparsecard, tmp_path):
     if not _can_netns():
         pytest.skip("needs root and network namespaces")
     pytest.importorskip("torch")
-    r, log = _harness(sparsecard, tmp_path, ["--methods", "dense,powersgd,sparsecar", "--steps", "15",
+    r, log = _harness(sparsecard, tmp_path, ["--methods", "dense,powersgd,sparsecar,sparsecar_adaptive", "--steps", "15",
                                              "--min-steps", "15", "--warmup", "3"])
     assert r["links"]["100mbit"]["tcp_goodput_mbit"] <= 101, r["links"]
     runs = {e["method"]: e for e in r["runs"]}
-    assert set(runs) == {"dense", "powersgd", "sparsecar"}, log
+    assert set(runs) == {"dense", "powersgd", "sparsecar", "sparsecar_adaptive"}, log
     for m, e in runs.items():
         assert e["status"] == "ok", (m, e.get("message"))
         assert e["steps_timed"] == 15 and e["step_ms"]["median"] > 0, e
@@ -72,6 +74,16 @@ def test_harness_cpu_capped(sparsecard, tmp_path):
     assert 0 < sc["payload_bytes_per_step"] < dense["dense_ring_bytes_per_step"]
     assert sc["link_bytes"] < dense["link_bytes"], (sc["link_bytes"], dense["link_bytes"])
     assert "step time (cpu; 2 nodes x 1 local rank = world 2)" in log
+    # The adaptive run: the daemons ran the controllers' default, and rank 0's daemon got the
+    # hook's last dense iteration before its first step, as the hook measured it (the log has 3
+    # significant digits in ms).
+    ad = runs["sparsecar_adaptive"]
+    assert "schedule,step" in ad["daemon_flags"] and ad["hook"]["mode"] == "sparse", ad
+    hint, hook = ad["start_hint"], ad["hook"]
+    assert hint is not None and hint["step"] == 2, (hint, log)
+    assert 0 <= hint["dense_wait_ms"] < hint["dense_step_ms"], hint
+    assert hint["dense_step_ms"] == pytest.approx(hook["dense_step_s"] * 1e3, rel=6e-3), (hint, hook)
+    assert hint["dense_wait_ms"] == pytest.approx(hook["dense_wait_s"] * 1e3, rel=6e-3, abs=1e-3), (hint, hook)
 
 
 def test_harness_cpu_two_local_ranks(sparsecard, tmp_path):
