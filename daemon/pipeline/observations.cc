@@ -51,6 +51,7 @@ std::string format_observation(const policies::NodeObservation& o) {
   line("residual_norm2", o.residual_norm2);
   line("compute_s", o.compute_s);
   if (o.period_s > 0) line("period_s", o.period_s);  // added with step controller v3; older parsers skip it
+  if (o.device_elements > 0) line("device_elements", static_cast<double>(o.device_elements));  // v9, likewise
   if (o.has_loss) line("loss", o.loss);
   if (o.has_loss_target) line("loss_target", o.loss_target);
   if (o.magnitude_elements > 0 && o.magnitude_hist.size() == policies::kMagnitudeBins &&
@@ -130,6 +131,8 @@ Expected<policies::NodeObservation> parse_observation(std::string_view text) {
       SC_ASSIGN_OR_RETURN(o.step, count(kMaxCount));
     } else if (key == "elements") {
       SC_ASSIGN_OR_RETURN(o.elements, count(kMaxCount));
+    } else if (key == "device_elements") {
+      SC_ASSIGN_OR_RETURN(o.device_elements, count(kMaxCount));
     } else if (key == "nnz") {
       SC_ASSIGN_OR_RETURN(o.nnz, count(kMaxCount));
     } else if (key == "bytes_sent") {
@@ -179,6 +182,7 @@ Expected<policies::NodeObservation> parse_observation(std::string_view text) {
       SC_ASSIGN_OR_RETURN(hist[bin], count(kMaxCount));
     }  // unknown keys: from a newer peer; ignored
   }
+  if (o.device_elements > o.elements) return data_loss("observation: device_elements exceeds elements");
   if (o.magnitude_elements == 0) {
     o.magnitude_hist.clear();  // bins without their population: unusable
     o.gradient_hist.clear();
@@ -256,6 +260,7 @@ void ObservationCollector::on_tensor_step(const TensorStepRecord& r, const Decis
   auto& o = *current_;
   ++records_;
   o.elements += r.elements;
+  if (r.on_device) o.device_elements += r.elements;
   o.nnz += r.nnz;
   o.bytes_sent += r.bytes_sent;
   o.dense_bytes += r.dense_bytes;

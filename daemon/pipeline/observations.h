@@ -43,6 +43,7 @@ struct TensorStepRecord {
   uint64_t step = 0;
   uint32_t tensors_in_job = 1;  // tensors registered: a step is complete after this many records
   uint64_t elements = 0;
+  bool on_device = false;  // compressed on a GPU (the device path), not by the host's cores
   bool ok = true;
   policies::Plan plan;
   uint64_t nnz = 0;

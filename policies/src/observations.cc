@@ -47,6 +47,7 @@ JobObservation merge_observations(std::span<const NodeObservation> nodes, uint32
   if (nodes.empty()) return j;
   j.step = nodes.front().step;
   j.elements = nodes.front().elements;
+  j.device_elements = nodes.front().device_elements;
   double loss_sum = 0, target_sum = 0;
   int losses = 0, targets = 0;
   double goodput = std::numeric_limits<double>::infinity();
@@ -67,6 +68,7 @@ JobObservation merge_observations(std::span<const NodeObservation> nodes, uint32
       j.magnitude_elements += n.magnitude_elements;
       j.threshold = std::max(j.threshold, n.threshold);
     }
+    j.device_elements = std::min(j.device_elements, n.device_elements);
     j.nnz += static_cast<double>(n.nnz) / static_cast<double>(nodes.size());
     j.bytes_sent = std::max(j.bytes_sent, n.bytes_sent);
     j.exchange_s = std::max(j.exchange_s, n.exchange_s);

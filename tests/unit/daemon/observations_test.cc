@@ -138,6 +138,29 @@ TEST(ObservationText, StepCostsAndLinkSamplesRoundTrip) {
   EXPECT_DOUBLE_EQ(j.period_s, 0.05) << "the longest node's";
 }
 
+TEST(ObservationText, DeviceElementsRoundTripAndTheJobsAreTheLeastOfItsNodes) {
+  // The elements a node compressed on a GPU (the step controller prices their encode by a GPU's
+  // prior); the job's: those every node compressed there (a host node's cores set the pace).
+  policies::NodeObservation gpu;
+  gpu.rank = 0;
+  gpu.elements = 3000;
+  gpu.device_elements = 3000;
+  auto back = parse_observation(format_observation(gpu));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->device_elements, 3000u);
+  policies::NodeObservation host = gpu;
+  host.rank = 1;
+  host.device_elements = 0;
+  back = parse_observation(format_observation(host));
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->device_elements, 0u);
+  EXPECT_EQ(policies::merge_observations(std::vector<policies::NodeObservation>{gpu, *back}, 2).device_elements, 0u);
+  EXPECT_EQ(policies::merge_observations(std::vector<policies::NodeObservation>{gpu, gpu}, 2).device_elements, 3000u);
+  auto bad = parse_observation("elements 10\ndevice_elements 11\n");
+  ASSERT_FALSE(bad.ok()) << "more elements on the GPU than the node has";
+  EXPECT_EQ(bad.status().code(), Code::kDataLoss);
+}
+
 TEST(StepPeriod, SecondsBetweenConsecutiveStepsOnly) {
   StepPeriod p;
   const Clock::time_point t0{std::chrono::seconds(100)};

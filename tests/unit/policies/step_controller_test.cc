@@ -146,6 +146,7 @@ struct Plant {
   // evaluates its model before the step (no link sample shows it).
   uint64_t spike_every = 0;
   double spike = 1.0;
+  bool on_device = false;          // every node compresses on a GPU (the device path)
   bool ran_before = false;
   ControlKnobs last_knobs;
   uint64_t seed = 1;
@@ -235,6 +236,7 @@ struct Plant {
         o.exchange_s += 2.0 * (world - 1) * link(beta, ring_chunk(n)) * jitter() + reduce_s + (id == 0 ? ring_hidden : 0);
       }
     }
+    if (on_device) o.device_elements = o.elements;
     if (spike_every > 0 && s >= spike_every && s % spike_every == 0) o.exchange_s *= spike;
     if (report_period) o.period_s = o.compute_s + o.encode_s + o.exchange_s + overhead * jitter();
     return o;
@@ -677,6 +679,40 @@ TEST(StepController, AfterTheWarmUpARingThatWinsClearlyIsKeptWithoutWaiting) {
   EXPECT_LE(r.decisions[0], 5u) << "decided over the warm-up's last steps";
   EXPECT_FALSE(r.in_force[7].compression) << "the ring right after the warm-up";
   EXPECT_FALSE(r.in_force[199].compression);
+}
+
+TEST(StepController, OnGpusASparsePlanThatHasNotRunIsPricedByAGpusPriorNotTheHosts) {
+  // The 4-GPU job of docs/controllers.md ("Step v9"): a 50 M-parameter MLP in three buckets, the
+  // daemons compressing on the GPUs (encode 0.08 ns per element), their ring host-staged over
+  // loopback TCP (~270 ms a step here), the trainer's compute 3 ms. After the schedule's 6-step
+  // dense warm-up nothing sparse has run: priced by the host's prior (10 ns per element, 500 ms
+  // a step) the ring wins "clearly" and the job goes there until a sparse step is measured; by
+  // the GPU's prior the operator's sparse plan is kept from the warm-up's end.
+  auto gpu_job = [] {
+    Plant p;
+    p.tensors = {16'777'216, 16'777'216, 16'777'216};
+    p.encode = 0.08e-9;
+    p.decode = 1e-9;
+    p.ring = 2e-9;
+    p.alpha = 5e-5;
+    p.compute = 0.003;
+    p.noise = 0.02;
+    return p;
+  };
+  constexpr double kLoopback = 1.0 / 1.2e9;
+  Plant plant = gpu_job();
+  plant.on_device = true;
+  ASSERT_GT(plant.true_price(true, 1, kLoopback), 20 * plant.true_price(false, 0.001, kLoopback)) << "the ring is dear";
+  const auto r = run_profile(plant, 0.001, 100, [](uint64_t) { return kLoopback; }, 1.3, true, 3, /*warmup=*/6);
+  EXPECT_EQ(r.decisions.size(), 0u) << "first decision at step " << (r.decisions.empty() ? 0 : r.decisions[0]);
+  expect_near_cheapest(r, 6, 100, "a GPU job after the warm-up");
+  // The same job reported as compressed on the host: the host's prior prices its sparse step at
+  // ~500 ms, and the first answer goes to the ring (what the real job did before v9).
+  Plant host = gpu_job();
+  const auto h = run_profile(host, 0.001, 100, [](uint64_t) { return kLoopback; }, 1.3, true, 3, /*warmup=*/6);
+  ASSERT_FALSE(h.decisions.empty());
+  EXPECT_LE(h.decisions[0], 6u);
+  EXPECT_FALSE(h.in_force[8].compression) << "the host's prior says ring";
 }
 
 TEST(StepController, ATieBetweenTheRingAndASparsePlanMovesNothingToTheRing) {

@@ -65,6 +65,7 @@ struct NodeObservation {
   uint32_t rank = 0;
   uint64_t step = 0;
   uint64_t elements = 0;        // Σ tensor elements
+  uint64_t device_elements = 0; // of those, compressed on a GPU (the device path)
   uint64_t nnz = 0;             // Σ selected elements
   uint64_t bytes_sent = 0;      // Σ bytes this node sent for the step, headers included
   uint64_t dense_bytes = 0;     // what a dense ring would have sent
@@ -106,6 +107,7 @@ struct JobObservation {
   uint32_t world_size = 1;
   uint32_t nodes = 0;           // observations merged (== world_size when complete)
   uint64_t elements = 0;        // per node
+  uint64_t device_elements = 0; // of those, compressed on a GPU on every node (min over nodes)
   double nnz = 0;               // mean selected elements per node
   uint64_t bytes_sent = 0;      // the most any node sent
   double exchange_s = 0;        // the slowest node's exchange time
