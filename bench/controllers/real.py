@@ -333,12 +333,17 @@ def model_report(args, model, profiles_run, dense_ref):
         pr["best_static"] = dict(zip(("setting", "time_to_target_s"), rm.best_static(tta, STATIC)))
         if "adaptive" in pr["settings"]:
             a = pr["settings"]["adaptive"]
+            same = rm.static_of(a.get("daemon_args", []), DENSITIES)
+            a["decision_dips_against"] = same if same in pr["settings"] else None
+            a["decision_dips"] = None if a["decision_dips_against"] is None or a.get("decisions") is None else \
+                rm.decision_dips(a["curve"], pr["settings"][same]["curve"], [d["effective_step"] for d in a["decisions"]])
             changing = pname in rm.CHANGING_PROFILES
             # Only the settings this run measured count as "every static setting".
             pr["checks"] = rm.adaptive_checks(pname if changing else "steady", tta,
                                               [s for s in pr["settings"] if s in STATIC], "adaptive",
                                               final_ref, a.get("final_accuracy"), a["gap_below_dense_pp"],
-                                              a["attributed"], a["saw_profile"], a["status"] == "ok")
+                                              a["attributed"], a["saw_profile"], a["status"] == "ok",
+                                              a["decision_dips"])
             if a["status"] != "ok":
                 pr["checks"].append(rm.check("adaptive_job_completed", False, a["status"]))
             if len(pr["settings"]) < len(SETTINGS):

@@ -24,6 +24,12 @@ TTA_SLACK = 0.05          # adaptive within 5 % of the best static setting in hi
 MAX_DECISIONS_PER_CHANGE = 3
 FINAL_ACCURACY_PP = 0.5   # final accuracy at most 0.5 pp below dense
 CURVE_GAP_PP = 5.0        # never more than 5 pp below the dense curve at the same step
+# "No decision may cause a dip larger than the same job's static run shows at that step": the
+# accuracy's fall over the evaluations in the DIP_WINDOW_STEPS steps after a decision takes
+# effect, against the static run's (the same plan, same seed) over the same steps; DIP_NOISE_PP
+# is the evaluation noise allowed between two runs (one test image of the digits set is 0.28 pp).
+DIP_WINDOW_STEPS = 50
+DIP_NOISE_PP = 1.0
 
 
 def time_to_accuracy(curve, target):
@@ -47,6 +53,28 @@ def gap_to_dense(dense_curve, curve):
             if worst is None or gap > worst + 1e-12:
                 worst, at = gap, steps
     return worst, at
+
+
+def decision_dips(curve, static_curve, effective_steps, window=DIP_WINDOW_STEPS):
+    """Per decision taking effect at step S (each S once, in order): {"step": S, "drop_pp": the
+    curve's fall, "static_drop_pp": the static curve's}, a fall being the accuracy at the last
+    evaluation at or before S less the lowest over the evaluations in (S, S + window], in pp, 0
+    when it does not fall. The static curve is read at the same evaluation steps. A decision
+    without such evaluations on both curves (one from step 0, one at the job's end) is left out."""
+    static = {steps: acc for steps, _, acc in static_curve}
+    own = {steps: acc for steps, _, acc in curve}
+    common = sorted(set(static) & set(own))
+    out = []
+    for s in sorted(set(effective_steps)):
+        before = [x for x in common if x <= s]
+        after = [x for x in common if s < x <= s + window]
+        if not before or not after:
+            continue
+        b = before[-1]
+        out.append({"step": s,
+                    "drop_pp": max(0.0, 100.0 * (own[b] - min(own[x] for x in after))),
+                    "static_drop_pp": max(0.0, 100.0 * (static[b] - min(static[x] for x in after)))})
+    return out
 
 
 def steps_done_at(step_end_s, t):
@@ -140,12 +168,13 @@ def check(name, ok, detail):
 
 
 def adaptive_checks(profile, tta, static_settings, adaptive, dense_final, adaptive_final, curve_gap_pp,
-                    phase_decisions, phases_seen=True, completed=True):
+                    phase_decisions, phases_seen=True, completed=True, dips=None):
     """Issue 14's checks for the adaptive setting on one (model, profile).
     tta: {setting: seconds or None}; phase_decisions: attribute_decisions' output for the adaptive
     job (None if it has none: no log); phases_seen: the job ran steps in the profile's phases;
-    completed: it ran all its steps. A bound already broken fails; one that holds on what an
-    incomplete job showed is N/A, not PASS."""
+    completed: it ran all its steps; dips: decision_dips' output against the static run of the
+    same plan (None: no such run or no decision log). A bound already broken fails; one that
+    holds on what an incomplete job showed is N/A, not PASS."""
     partial = "" if completed and phases_seen else \
         (" (the job did not complete)" if not completed else " (the job did not see every phase)")
     out = []
@@ -189,6 +218,17 @@ def adaptive_checks(profile, tta, static_settings, adaptive, dense_final, adapti
         out.append(check("never_5pp_below_dense_curve",
                          _bound(curve_gap_pp <= CURVE_GAP_PP + 1e-9, "" if completed else partial),
                          f"largest gap below the dense curve {curve_gap_pp:.2f} pp" + ("" if completed else partial)))
+    if dips is None:
+        out.append(check("no_decision_dips_below_static", None, "no static run of the same plan, or no decision log"))
+    elif not dips:
+        out.append(check("no_decision_dips_below_static", None, "no decision with evaluations before and after it"))
+    else:
+        worst = max(dips, key=lambda d: d["drop_pp"] - d["static_drop_pp"])
+        out.append(check("no_decision_dips_below_static",
+                         worst["drop_pp"] <= worst["static_drop_pp"] + DIP_NOISE_PP + 1e-9,
+                         f"{len(dips)} decisions; the worst: from step {worst['step']} the accuracy fell "
+                         f"{worst['drop_pp']:.2f} pp in {DIP_WINDOW_STEPS} steps, the static run's "
+                         f"{worst['static_drop_pp']:.2f} pp (allowed: + {DIP_NOISE_PP:g} pp)"))
     return out
 
 
@@ -224,13 +264,16 @@ def seeds_checks(profile, runs, static_settings, adaptive):
     short = median_value(shortfalls)
     gap = median_value([e.get("gap_below_dense_pp") for e in ad])
     logs = [e["attributed"] for e in ad if e.get("attributed") is not None]
+    # Every seed's decisions are the controller's: all of them, each against its own seed's static run.
+    dip_runs = [e["decision_dips"] for e in ad if e.get("decision_dips") is not None]
+    dips = [d for run in dip_runs for d in run] if dip_runs else None
     worst = None
     if logs:
         worst = [{"settle": max((lg[i]["settle"] for lg in logs), key=len),
                   "steady": max((lg[i]["steady"] for lg in logs), key=len)} for i in range(min(map(len, logs)))]
     out = adaptive_checks(profile, tta, static_settings, adaptive, None if short is None else 0.0,
                           None if short is None else -short, gap, worst,
-                          all(e.get("saw_profile", True) for e in ad), all(e.get("status") == "ok" for e in ad))
+                          all(e.get("saw_profile", True) for e in ad), all(e.get("status") == "ok" for e in ad), dips)
     best, _ = best_static(tta, static_settings)
     for c in out:
         if c["check"].startswith("time_within") and best is not None:
@@ -239,8 +282,11 @@ def seeds_checks(profile, runs, static_settings, adaptive):
         if c["check"].startswith("final_accuracy") and short is not None:
             c["detail"] = f"median shortfall against each seed's dense run {100 * short:+.2f} pp " \
                           f"(per seed: {', '.join(f'{100 * x:+.2f}' for x in shortfalls)})"
-        c["detail"] += f" (median of {len(runs)} seeds)" if not c["check"].startswith("decisions") and \
-            not c["check"].startswith("no_decisions") else f" (worst of {len(runs)} seeds)"
+        if c["check"] == "no_decision_dips_below_static":
+            c["detail"] += f" (every decision of {len(runs)} seeds)"
+        else:
+            c["detail"] += f" (median of {len(runs)} seeds)" if not c["check"].startswith("decisions") and \
+                not c["check"].startswith("no_decisions") else f" (worst of {len(runs)} seeds)"
     return out
 
 
@@ -263,6 +309,24 @@ def _bound(holds, partial):
 
 def finite_or_none(x):
     return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else x
+
+
+def static_of(daemon_args, densities):
+    """The static top-k setting ("topk" + a key of densities: {name: density}) that runs the plan
+    a controller's daemon arguments ask for (--selector topk, the default, at its --density), or
+    None: "topk0.5" for --selector topk --density 0.005 with densities {"0.5": 0.005}."""
+    opts = {}
+    for i, a in enumerate(daemon_args):
+        key, _, val = a.partition("=")
+        if key.startswith("--"):
+            opts[key] = val or (daemon_args[i + 1] if i + 1 < len(daemon_args) else "")
+    if opts.get("--selector", "topk") != "topk" or "--density" not in opts:
+        return None
+    try:
+        density = float(opts["--density"])
+    except ValueError:
+        return None
+    return next((f"topk{name}" for name, d in densities.items() if abs(d - density) <= 1e-12), None)
 
 
 def warmup_steps_of(daemon_args):

@@ -346,6 +346,8 @@ def _forward(args):
         out.append("--report-compute-time")
     if args.momentum_correction:
         out.append("--momentum-correction")
+    if args.progress:  # written by trainer rank 0 only
+        out += ["--progress", os.path.abspath(args.progress)]
     return out
 
 

@@ -102,7 +102,8 @@ def test_checks_pass_and_fail_on_the_bounds():
     c = _statuses(rm.adaptive_checks("down", tta, static, "adaptive", 0.97, 0.966, 4.9, settled))
     assert c == {"time_within_5pct_of_best_static": "PASS", "time_beats_every_static": "PASS",
                  "decisions_le_3_per_change": "PASS", "no_decisions_while_steady": "PASS",
-                 "final_accuracy_within_0.5pp_of_dense": "PASS", "never_5pp_below_dense_curve": "PASS"}
+                 "final_accuracy_within_0.5pp_of_dense": "PASS", "never_5pp_below_dense_curve": "PASS",
+                 "no_decision_dips_below_static": "N/A"}
     # 8.4 s is within 5 % of 8.0 s (8.4 <= 8.4) but does not beat it; 4 decisions after a change;
     # one in a steady part; 0.6 pp below dense at the end; 5.1 pp below the curve once.
     tta["adaptive"] = 8.4
@@ -110,7 +111,8 @@ def test_checks_pass_and_fail_on_the_bounds():
     c = _statuses(rm.adaptive_checks("down", tta, static, "adaptive", 0.97, 0.964, 5.1, busy))
     assert c == {"time_within_5pct_of_best_static": "PASS", "time_beats_every_static": "FAIL",
                  "decisions_le_3_per_change": "FAIL", "no_decisions_while_steady": "FAIL",
-                 "final_accuracy_within_0.5pp_of_dense": "FAIL", "never_5pp_below_dense_curve": "FAIL"}
+                 "final_accuracy_within_0.5pp_of_dense": "FAIL", "never_5pp_below_dense_curve": "FAIL",
+                 "no_decision_dips_below_static": "N/A"}
     tta["adaptive"] = 8.41
     assert _statuses(rm.adaptive_checks("down", tta, static, "adaptive", 0.97, 0.97, 0.0, busy))[
         "time_within_5pct_of_best_static"] == "FAIL"
@@ -183,7 +185,8 @@ def test_seeds_checks_take_medians_of_times_and_gaps_and_the_worst_seeds_decisio
     # no seed decided while steady.
     assert s == {"time_within_5pct_of_best_static": "PASS", "time_beats_every_static": "PASS",
                  "decisions_le_3_per_change": "PASS", "no_decisions_while_steady": "PASS",
-                 "final_accuracy_within_0.5pp_of_dense": "PASS", "never_5pp_below_dense_curve": "PASS"}
+                 "final_accuracy_within_0.5pp_of_dense": "PASS", "never_5pp_below_dense_curve": "PASS",
+                 "no_decision_dips_below_static": "N/A"}
     assert "4.50 pp" in next(x["detail"] for x in c if x["check"] == "never_5pp_below_dense_curve")
     # Paired per seed against the best static (topk0.1): 5.0/4.4, topk0.1 never there, 9.0/5.3.
     assert "per seed adaptive / topk0.1: 1.14, topk0.1 never, 1.70" in next(
@@ -198,3 +201,58 @@ def test_seeds_checks_take_medians_of_times_and_gaps_and_the_worst_seeds_decisio
     runs[2]["adaptive"]["final_accuracy"] = 0.966
     assert _statuses(rm.seeds_checks("down", runs, static, "adaptive"))[
         "final_accuracy_within_0.5pp_of_dense"] == "FAIL"
+
+
+def test_a_decisions_dip_is_the_fall_after_it_against_the_static_runs_at_the_same_steps():
+    # A decision from step 25: the last evaluation at or before it is step 20 (adaptive 0.90,
+    # static 0.88); the window (25, 75] holds steps 30-70: the adaptive curve's lowest 0.85 (a
+    # 5 pp fall), the static's 0.87 (1 pp). From step 60: before at 60 (0.95 / 0.93), after 70
+    # and 80 (0.96 / 0.92): the adaptive rises (0), the static falls 1 pp. Step 0 has no
+    # evaluation before it and step 80 none after it: left out. Each step once.
+    steps = [10, 20, 30, 40, 50, 60, 70, 80]
+    ad = [0.80, 0.90, 0.85, 0.88, 0.92, 0.95, 0.96, 0.97]
+    st = [0.81, 0.88, 0.87, 0.89, 0.90, 0.93, 0.92, 0.94]
+    curve = [[n, 0.1 * n, a] for n, a in zip(steps, ad)]
+    static = [[n, 0.1 * n, a] for n, a in zip(steps, st)]
+    dips = rm.decision_dips(curve, static, [60, 25, 0, 80, 25], window=50)
+    assert [d["step"] for d in dips] == [25, 60]
+    assert abs(dips[0]["drop_pp"] - 5.0) < 1e-9 and abs(dips[0]["static_drop_pp"] - 1.0) < 1e-9
+    assert dips[1]["drop_pp"] == 0.0 and abs(dips[1]["static_drop_pp"] - 1.0) < 1e-9  # the lowest of 0.92, 0.94
+    # Only steps both curves evaluated count.
+    assert rm.decision_dips(curve, static[:1], [25]) == []
+
+
+def test_the_dip_check_allows_the_static_runs_fall_plus_the_evaluation_noise():
+    static = ["dense", "topk0.5"]
+    tta = {"dense": 10.0, "topk0.5": 8.0, "adaptive": 7.9}
+    quiet = rm.attribute_decisions([2], rm.phases([100], 300), 40)
+
+    def dip_check(dips):
+        c = rm.adaptive_checks("down", tta, static, "adaptive", 0.97, 0.97, 1.0, quiet, dips=dips)
+        return next(x for x in c if x["check"] == "no_decision_dips_below_static")
+
+    # 5 pp against the static run's 1 pp: fails; 1.9 pp against 1 pp: within the 1 pp of noise.
+    assert dip_check([{"step": 25, "drop_pp": 5.0, "static_drop_pp": 1.0}])["status"] == "FAIL"
+    ok = dip_check([{"step": 25, "drop_pp": 1.9, "static_drop_pp": 1.0}, {"step": 60, "drop_pp": 0.0,
+                                                                        "static_drop_pp": 2.0}])
+    assert ok["status"] == "PASS" and "from step 25" in ok["detail"], ok
+    assert dip_check([])["status"] == "N/A" and dip_check(None)["status"] == "N/A"
+    # Over seeds every seed's decisions count, each against its own seed's static run.
+    runs = {1: {"topk0.5": _run(8.0, 0.97, 0.97, 3.0, []), "adaptive": _run(7.9, 0.97, 0.97, 3.0, [2])},
+            2: {"topk0.5": _run(8.0, 0.97, 0.97, 3.0, []), "adaptive": _run(7.9, 0.97, 0.97, 3.0, [2])}}
+    runs[1]["adaptive"]["decision_dips"] = [{"step": 25, "drop_pp": 0.5, "static_drop_pp": 0.0}]
+    runs[2]["adaptive"]["decision_dips"] = []
+    assert _statuses(rm.seeds_checks("down", runs, ["topk0.5"], "adaptive"))["no_decision_dips_below_static"] == "PASS"
+    runs[2]["adaptive"]["decision_dips"] = [{"step": 30, "drop_pp": 4.0, "static_drop_pp": 0.5}]
+    assert _statuses(rm.seeds_checks("down", runs, ["topk0.5"], "adaptive"))["no_decision_dips_below_static"] == "FAIL"
+
+
+def test_the_static_run_of_the_same_plan_is_top_k_at_the_controllers_density():
+    d = {"0.1": 0.001, "0.5": 0.005, "2": 0.02}
+    args = ["--compression", "on", "--controller", "schedule,step", "--schedule-warmup-steps", "6",
+            "--selector", "topk", "--density", "0.005"]
+    assert rm.static_of(args, d) == "topk0.5"
+    assert rm.static_of(["--density=0.02"], d) == "topk2"                       # top-k is the default
+    assert rm.static_of(["--selector", "threshold", "--density", "0.005"], d) is None
+    assert rm.static_of(["--density", "0.003"], d) is None                      # no such static setting
+    assert rm.static_of(["--density", "x"], d) is None and rm.static_of([], d) is None
