@@ -315,11 +315,7 @@ def static_of(daemon_args, densities):
     """The static top-k setting ("topk" + a key of densities: {name: density}) that runs the plan
     a controller's daemon arguments ask for (--selector topk, the default, at its --density), or
     None: "topk0.5" for --selector topk --density 0.005 with densities {"0.5": 0.005}."""
-    opts = {}
-    for i, a in enumerate(daemon_args):
-        key, _, val = a.partition("=")
-        if key.startswith("--"):
-            opts[key] = val or (daemon_args[i + 1] if i + 1 < len(daemon_args) else "")
+    opts = _options(daemon_args)
     if opts.get("--selector", "topk") != "topk" or "--density" not in opts:
         return None
     try:
@@ -329,16 +325,20 @@ def static_of(daemon_args, densities):
     return next((f"topk{name}" for name, d in densities.items() if abs(d - density) <= 1e-12), None)
 
 
+def _options(daemon_args):
+    """{"--flag": value} of daemon arguments ("--flag value" or "--flag=value"; the last wins)."""
+    opts = {}
+    for i, a in enumerate(daemon_args):
+        key, _, val = a.partition("=")
+        if key.startswith("--"):
+            opts[key] = val or (daemon_args[i + 1] if i + 1 < len(daemon_args) else "")
+    return opts
+
+
 def warmup_steps_of(daemon_args):
     """The schedule's dense warm-up (steps) that daemon arguments configure: --schedule-warmup-steps
     where --controller names schedule; 0 otherwise."""
-    controllers, warmup = [], 0
-    for i, a in enumerate(daemon_args):
-        key, _, val = a.partition("=")
-        if not val and i + 1 < len(daemon_args):
-            val = daemon_args[i + 1]
-        if key == "--controller":
-            controllers = val.split(",")
-        elif key == "--schedule-warmup-steps":
-            warmup = int(val)
-    return warmup if "schedule" in controllers else 0
+    opts = _options(daemon_args)
+    if "schedule" not in opts.get("--controller", "").split(","):
+        return 0
+    return int(opts.get("--schedule-warmup-steps", 0))

@@ -88,6 +88,7 @@ TTA_METHODS = ("dense", "powersgd", "sparsecar", "sparsecar_bandwidth", "sparsec
 CONTROLLER_FLAGS = {"sparsecar": ["--controller", "static"],
                     "sparsecar_bandwidth": ["--controller", "bandwidth"],
                     "sparsecar_adaptive": ["--controller", "schedule,step", "--schedule-warmup-steps", "6"]}
+CONTROLLED = ("sparsecar_bandwidth", "sparsecar_adaptive")  # their trainers report compute time; decisions read
 HINT = re.compile(r"the trainer's dense steps before step (\d+): ([0-9.e+-]+) ms a step, ([0-9.e+-]+) ms of it "
                   r"waiting on the exchange")
 
@@ -360,7 +361,7 @@ def run_one(args, link, model, method, trainer_args, run_dir, timeout):
                             argv += ["--device-path", args.device_path]
                         if args.agreement:
                             argv += ["--agreement", args.agreement]
-                    if method in ("sparsecar_bandwidth", "sparsecar_adaptive"):
+                    if method in CONTROLLED:
                         argv += ["--report-compute-time"]
                     procs.append(job.spawn(f"trainer rank {rank}", link.argv(node, argv),
                                            env=trainer_env(args, job, link, node, local, port),
@@ -372,7 +373,7 @@ def run_one(args, link, model, method, trainer_args, run_dir, timeout):
             if message:
                 entry["message"] = message
             entry["nccl_transport"] = nccl_transport(os.path.join(run_dir, "trainer-0.log"))
-            if method in ("sparsecar_bandwidth", "sparsecar_adaptive"):
+            if method in CONTROLLED:
                 entry["controller_decisions"] = decisions(os.path.join(run_dir, "sparsecard-0.log"))
                 entry["start_hint"] = start_hint(os.path.join(run_dir, "sparsecard-0.log"))
             if method.startswith("sparsecar"):

@@ -1043,21 +1043,20 @@ class _DenseClock:
         return bool(self.done)
 
     @staticmethod
-    def mark_now(buf):
-        if not buf.is_cuda:
+    def _now(cuda, device):
+        if not cuda:
             return time.monotonic()
         event = torch.cuda.Event(enable_timing=True)
-        event.record(torch.cuda.current_stream(buf.device))
+        event.record(torch.cuda.current_stream(device))
         return event
 
+    @staticmethod
+    def mark_now(buf):
+        return _DenseClock._now(buf.is_cuda, buf.device)
+
     def all_reduce_done(self):
-        if self.cuda:
-            # Inside the future's callback: torch made the current stream wait for the collective.
-            event = torch.cuda.Event(enable_timing=True)
-            event.record(torch.cuda.current_stream(self.device))
-            self.done.append(event)
-        else:
-            self.done.append(time.monotonic())
+        # Inside the future's callback: on a GPU torch made the current stream wait for the collective.
+        self.done.append(self._now(self.cuda, self.device))
 
     def _since_first(self, mark):
         if self.cuda:
