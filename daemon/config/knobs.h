@@ -90,6 +90,7 @@ struct Config {
   double schedule_end_density = 0;    // 0: `density`
   std::string schedule_shape = "exp";
   uint64_t schedule_dense_every = 0;
+  uint64_t schedule_dense_from = 0;   // 0: never
   uint64_t layerwise_dense_below = 4096;
   double layerwise_small_scale = 10.0;
   double layerwise_embedding_scale = 0.1;

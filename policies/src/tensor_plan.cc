@@ -86,7 +86,7 @@ double scheduled_density(const ScheduleSettings& s, double base_density, uint64_
     *dense = true;
     return 1.0;
   }
-  if (s.dense_every > 0 && (step + 1) % s.dense_every == 0) {
+  if ((s.dense_every > 0 && (step + 1) % s.dense_every == 0) || (s.dense_from > 0 && step >= s.dense_from)) {
     *dense = true;
     return 1.0;
   }

@@ -98,7 +98,7 @@ TEST(KnobsTest, AgreedKnobsTextOfTheDefaults) {
             "random_seed=0 error_feedback=residual momentum=0.9 clip_norm=0 lr_rescale=off tensor_overrides= "
             "controller=static density_min=1e-05 density_max=1 density_cap=1 tensor_density_scale= "
             "schedule_warmup_steps=0 schedule_ramp_steps=0 schedule_start_density=0.25 schedule_end_density=0 "
-            "schedule_shape=exp schedule_dense_every=0 layerwise_dense_below=4096 layerwise_small_scale=1e+01 "
+            "schedule_shape=exp schedule_dense_every=0 schedule_dense_from=0 layerwise_dense_below=4096 layerwise_small_scale=1e+01 "
             "layerwise_embedding_scale=0.1 layerwise_sensitivity= dense_above=0.5");
 }
 

@@ -72,6 +72,22 @@ TEST(TensorPlanTest, WarmupRampAndPeriodicDense) {
   EXPECT_FALSE(plan_tensor(p, tensor(20)).dense);
 }
 
+TEST(TensorPlanTest, DenseFromAKnownStepOnAndNotBefore) {
+  PlanSettings p = topk(0.005, bit(ControllerKind::kSchedule));
+  p.schedule.dense_from = 14;
+  for (uint64_t s = 0; s < 14; ++s) {
+    Plan plan = plan_tensor(p, tensor(s));
+    ASSERT_FALSE(plan.dense) << s;
+    EXPECT_EQ(plan.params.density, 0.005) << s;
+  }
+  for (uint64_t s : {14u, 15u, 1000u}) EXPECT_TRUE(plan_tensor(p, tensor(s)).dense) << s;
+  p.schedule.dense_from = 0;  // off
+  EXPECT_FALSE(plan_tensor(p, tensor(1000)).dense);
+  p.schedule.dense_from = 14;  // the schedule's knobs act only with the schedule controller on
+  p.active = 0;
+  EXPECT_FALSE(plan_tensor(p, tensor(20)).dense);
+}
+
 TEST(TensorPlanTest, LinearDecayFrom99To90PercentSparsity) {
   PlanSettings p = topk(0.5, bit(ControllerKind::kSchedule));
   p.schedule.ramp_steps = 100;

@@ -65,10 +65,11 @@ struct ScheduleSettings {
   double end_density = 0.0;      // 0: the `density` knob (99.9 % sparsity = 0.001 in DGC)
   bool exponential = true;       // geometric interpolation (DGC's ramp); false: linear (a decay)
   uint64_t dense_every = 0;      // > 0: every dense_every-th step is dense (flushes residuals)
+  uint64_t dense_from = 0;       // > 0: steps dense_from, dense_from+1, ... are dense (a switch at a known step)
   bool operator==(const ScheduleSettings&) const = default;
 };
 // The density the schedule wants at `step` (base_density when it has nothing to say); *dense is
-// set when the step must be dense (warm-up, periodic).
+// set when the step must be dense (warm-up, periodic, from dense_from on).
 double scheduled_density(const ScheduleSettings& s, double base_density, uint64_t step, bool* dense);
 
 // ---- layer-wise -------------------------------------------------------------------------------
