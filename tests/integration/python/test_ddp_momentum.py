@@ -122,22 +122,32 @@ def test_dense_steps_are_sgd_with_momentum(group, make_job, monkeypatch):
     hook.close()
 
 
-@pytest.mark.parametrize("tensors", ["buckets", "parameters"])
-def test_sparse_steps_mask_the_velocity_where_the_average_went_out(group, make_job, monkeypatch, tensors):
+@pytest.mark.parametrize("tensors,dense_from", [("buckets", None), ("parameters", None), ("buckets", 5)])
+def test_sparse_steps_mask_the_velocity_where_the_average_went_out(group, make_job, monkeypatch, tensors,
+                                                                    dense_from):
     """Top-k at density 0.1 on one node: the daemon's average is top-k(residual + u) (per bucket,
     or per parameter slice of it) and u is zeroed exactly there, m*u + g elsewhere. The reference
     replays the captured gradients: u and the daemon's error feedback (residual += u; send top-k;
-    residual -= sent) in float32, the same operations the hook and the daemon do."""
-    job = make_job(nodes=1, daemon_args=["--density", "0.1"])
+    residual -= sent) in float32, the same operations the hook and the daemon do.
+
+    dense_from: the daemon's steps from that one on are dense (the schedule's
+    schedule_dense_from; the daemon's steps count the hook's iterations): the first dense step sends residual + u, every coordinate with the
+    velocity it held back, so u restarts everywhere (DGC's masking of what went out); the dense
+    steps after it are SGD with momentum (u = m*u + g, the average is u)."""
+    daemon_args = ["--density", "0.1"]
+    if dense_from is not None:
+        daemon_args += ["--controller", "schedule", "--schedule-dense-from", str(dense_from)]
+    job = make_job(nodes=1, daemon_args=daemon_args)
     log = []
     capture_buckets(monkeypatch, log)
     model = DDP(make_net())
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=M)
     hook = sparsecar.torch.register(model, socket=job.sockets[0], optimizer=opt, timeout=20, on_error="raise",
                                     announce=None, momentum_correction=True, tensors=tensors)
-    warmup, steps = 2, 7
+    warmup, steps = 2, 7 if dense_from is None else 9
+    sparse_before = False
     sizes = {id(p): p.numel() for p in model.module.parameters()}
-    u_ref, residual, checked, prev_params = None, None, 0, None
+    u_ref, residual, checked, dense_checked, prev_params = None, None, 0, 0, None
     names = {id(p): n for n, p in model.module.named_parameters()}
     for step in range(steps):
         train_step(model, opt, step)
@@ -152,6 +162,14 @@ def test_sparse_steps_mask_the_velocity_where_the_average_went_out(group, make_j
         u_ref = u_ref * M + g
         if step < warmup:
             torch.testing.assert_close(avg, u_ref, rtol=0, atol=0)  # 1 rank: the average is u itself
+        elif dense_from is not None and step >= dense_from:  # the daemon's steps are the hook's
+            sent = u_ref if residual is None else residual + u_ref
+            torch.testing.assert_close(avg, sent, rtol=1e-6, atol=1e-7, msg=lambda m: f"step {step} (dense): {m}")
+            residual = torch.zeros_like(g)
+            if sparse_before:
+                u_ref = torch.zeros_like(u_ref)
+            sparse_before = False
+            dense_checked += 1
         else:
             if residual is None:
                 residual = torch.zeros_like(g)
@@ -173,10 +191,13 @@ def test_sparse_steps_mask_the_velocity_where_the_average_went_out(group, make_j
             assert int((avg != 0).sum()) == k_total < g.numel(), step
             torch.testing.assert_close(avg, sent, rtol=1e-6, atol=1e-7, msg=lambda m: f"step {step}: {m}")
             u_ref = torch.where(avg != 0, torch.zeros_like(u_ref), u_ref)
+            sparse_before = True
             checked += 1
         u = hook._velocity[rec["index"]].u
         torch.testing.assert_close(u, u_ref, rtol=0, atol=0, msg=lambda m: f"step {step} velocity: {m}")
-    assert checked == steps - warmup and hook.stats["sparse_buckets"] == checked
+    sparse_steps = steps - warmup if dense_from is None else dense_from - warmup
+    assert checked == sparse_steps and dense_checked == steps - warmup - sparse_steps
+    assert hook.stats["sparse_buckets"] == steps - warmup
     # state_dict() carries u per parameter name.
     saved = hook.state_dict()["momentum"]
     assert saved["m"] == M
