@@ -184,7 +184,7 @@ class SparsecarHook:
         # Validated before anything else, so a bad optimizer leaves it and the daemon untouched.
         self.momentum = _sgd_momentum(optimizer) if momentum_correction else None
         self._velocity = {}          # bucket index -> _Velocity (momentum correction)
-        self._sparse_before = set()  # (bucket index, slice offset) whose last daemon step was sparse
+        self._sparse_before = set()  # names of the slices whose last daemon step was sparse
         self._param_velocity = {}    # id(parameter) -> its slice of a bucket's u
         self._restored_velocity = {}  # parameter name -> u from load_state_dict, until first used
         self.device_path = device_path
@@ -344,7 +344,9 @@ class SparsecarHook:
 
         With momentum_correction, "momentum" holds m and this trainer's velocity u per parameter
         name (float32 CPU tensors: torch.save-able, not JSON), so a restore keeps it whatever
-        buckets DDP builds in the new process; every rank saves and restores its own."""
+        buckets DDP builds in the new process; every rank saves and restores its own. It also
+        names the tensors whose last daemon step was sparse ("sparse_before": their first dense
+        step restarts u)."""
         layout = None
         if self._slices:
             layout = [[index, [[sl.name, sl.numel, list(sl.shape) if sl.shape is not None else None]
@@ -370,7 +372,7 @@ class SparsecarHook:
             name = self._names.get(pid)
             if name is not None:
                 velocity[name] = u.detach().to("cpu", copy=True)
-        return {"m": self.momentum, "velocity": velocity}
+        return {"m": self.momentum, "velocity": velocity, "sparse_before": sorted(self._sparse_before)}
 
     def load_state_dict(self, state):
         """Restores state_dict()'s values; call it after register() and before the first
@@ -396,6 +398,7 @@ class SparsecarHook:
                                  "velocity); register this hook with momentum_correction=True too")
             self._restored_velocity = {name: u.detach().to(torch.float32).reshape(-1)
                                        for name, u in momentum["velocity"].items()}
+            self._sparse_before = {str(name) for name in momentum.get("sparse_before", [])}
         layout = state.get("layout")
         if layout is not None:
             self._restored_layout = {int(index): self._layout_key_from_saved(entries)
@@ -816,17 +819,16 @@ class SparsecarHook:
         a peer sent; this node's residual still holds its part there."""
         if self.momentum is None:
             return
-        key = (index, sl.offset)
         if info.nnz >= sl.numel:
-            if key in self._sparse_before:
+            if sl.name in self._sparse_before:
                 # The first dense step after sparse ones sent the daemon's residual too: every
                 # coordinate went out with the velocity it had held back, so u restarts
                 # everywhere, as where a sparse step sent (docs/controllers.md, "A sparse ->
                 # dense switch"); the dense steps after it are SGD with momentum again.
-                self._sparse_before.discard(key)
+                self._sparse_before.discard(sl.name)
                 self._velocity[index].u[sl.offset:sl.offset + sl.numel].zero_()
             return
-        self._sparse_before.add(key)
+        self._sparse_before.add(sl.name)
         u = self._velocity[index].u[sl.offset:sl.offset + sl.numel]
         went_out = average.reshape(-1) != 0
         if went_out.device != u.device:

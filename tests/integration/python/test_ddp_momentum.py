@@ -123,7 +123,7 @@ def test_dense_steps_are_sgd_with_momentum(group, make_job, monkeypatch):
 
 
 @pytest.mark.parametrize("tensors,dense_from", [("buckets", None), ("parameters", None), ("buckets", 5)])
-def test_sparse_steps_mask_the_velocity_where_the_average_went_out(group, make_job, monkeypatch, tensors,
+def test_sparse_steps_mask_the_velocity_where_the_average_went_out(group, make_job, monkeypatch, tmp_path, tensors,
                                                                     dense_from):
     """Top-k at density 0.1 on one node: the daemon's average is top-k(residual + u) (per bucket,
     or per parameter slice of it) and u is zeroed exactly there, m*u + g elsewhere. The reference
@@ -201,12 +201,23 @@ def test_sparse_steps_mask_the_velocity_where_the_average_went_out(group, make_j
     # state_dict() carries u per parameter name.
     saved = hook.state_dict()["momentum"]
     assert saved["m"] == M
+    # ... and which tensors' last daemon step was sparse: their next dense step restarts u.
+    names_sent = sorted(sl.name for sl in hook._slices[rec["index"]])
+    assert saved["sparse_before"] == ([] if dense_from is not None else names_sent)
     offset = 0
     for pid in prev_params:
         p = next(q for q in model.module.parameters() if id(q) == pid)
         torch.testing.assert_close(saved["velocity"][names[pid]], u_ref[offset:offset + p.numel()])
         offset += p.numel()
+    state = hook.state_dict()
     hook.close()
+    model2 = DDP(make_net())
+    with pytest.warns(RuntimeWarning, match="falling back"):
+        hook2 = sparsecar.torch.register(model2, socket=str(tmp_path / "none.sock"), connect_timeout=0.1,
+                                         optimizer=torch.optim.SGD(model2.parameters(), lr=LR, momentum=M),
+                                         announce=None, momentum_correction=True, tensors=tensors)
+    hook2.load_state_dict(state)
+    assert sorted(hook2._sparse_before) == saved["sparse_before"]
 
 
 def relayout(u, old_params, new_params, model):
