@@ -174,9 +174,15 @@ std::span<float> TensorCompressor::dense_input(std::span<const float> local_sum,
 void TensorCompressor::commit() {
   if (pending_ == Pending::kDense) {
     std::fill(residual_.begin(), residual_.end(), 0.0f);
-    // Momentum-factor masking: every coordinate was sent.
-    if (pending_ef_ == policies::ErrorFeedback::kMomentum) std::fill(velocity_.begin(), velocity_.end(), 0.0f);
+    // Momentum-factor masking, once: the first dense step after sparse ones sent every coordinate
+    // with the velocity it had held back, so the velocity restarts; the dense steps after it send
+    // u = m u + g, SGD with momentum (docs/controllers.md, "A sparse -> dense switch").
+    if (pending_ef_ == policies::ErrorFeedback::kMomentum && sparse_before_) {
+      std::fill(velocity_.begin(), velocity_.end(), 0.0f);
+    }
+    sparse_before_ = false;
   }
+  if (pending_ == Pending::kSparse) sparse_before_ = true;
   if (pending_ == Pending::kSparse && pending_ef_ == policies::ErrorFeedback::kMomentum) {
     // Momentum-factor masking (DGC): the velocity restarts at the coordinates just sent.
     kernels::clear_selected(velocity_, std::span<const uint32_t>(index_.data(), pending_nnz_));

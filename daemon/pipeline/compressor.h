@@ -121,6 +121,7 @@ class TensorCompressor {
   float last_lr_ = 0.0f;                 // lr of the last step that passed one
   policies::ErrorFeedback pending_ef_ = policies::ErrorFeedback::kResidual;
   bool pending_scaled_ = false;          // the pending values are x / p, not the residual's own
+  bool sparse_before_ = false;           // the last committed step was sparse
 };
 
 }  // namespace sparsecar

@@ -237,18 +237,59 @@ TEST(CompressorTest, WithoutErrorFeedbackRandomkIsUnbiasedAndNothingIsKept) {
   }
 }
 
-TEST(CompressorTest, DenseStepWithMomentumSendsTheVelocityAndMasksEverything) {
-  const size_t n = 100;
+// error_feedback = momentum through dense and sparse steps against the rule in float64: u = m u + g,
+// v += u; a dense step sends v and clears it, and the first dense step after sparse ones also
+// restarts u (every coordinate went out with what it held back); later dense steps keep u, so a
+// dense phase is SGD with momentum; a sparse step sends top-k of |v| and clears u, v there.
+TEST(CompressorTest, MomentumDenseStepsKeepTheVelocityExceptTheFirstAfterSparseOnes) {
+  const size_t n = 200;
+  const size_t k = 10;
+  const double m = 0.5;
   TensorCompressor c(0, TensorSpec{"w", n});
-  policies::Plan plan;  // dense
-  plan.error_feedback = ErrorFeedback::kMomentum;
-  plan.momentum = 0.5f;
-  const auto g = normal(n, 3);
-  auto work = c.dense_input(g, plan, 0.0f);
-  for (size_t i = 0; i < n; ++i) ASSERT_EQ(work[i], g[i]);
-  c.commit();
-  for (size_t i = 0; i < n; ++i) ASSERT_EQ(c.residual()[i], 0.0f);
-  for (size_t i = 0; i < n; ++i) ASSERT_EQ(c.velocity()[i], 0.0f);
+  policies::Plan dense;  // dense
+  dense.error_feedback = ErrorFeedback::kMomentum;
+  dense.momentum = static_cast<float>(m);
+  policies::Plan sparse = sparse_plan(Selector::kTopk);
+  sparse.params.density = static_cast<double>(k) / n;
+  sparse.error_feedback = ErrorFeedback::kMomentum;
+  sparse.momentum = static_cast<float>(m);
+  std::vector<double> u(n, 0.0), v(n, 0.0);
+  bool sparse_before = false;
+  const bool is_dense[] = {true, true, false, false, false, true, true, false, true};
+  for (size_t step = 0; step < std::size(is_dense); ++step) {
+    const auto g = normal(n, 700 + step);
+    for (size_t i = 0; i < n; ++i) {
+      u[i] = m * u[i] + g[i];
+      v[i] += u[i];
+    }
+    if (is_dense[step]) {
+      auto work = c.dense_input(g, dense, 0.0f);
+      for (size_t i = 0; i < n; ++i) ASSERT_NEAR(work[i], v[i], 1e-5 * (1 + std::fabs(v[i]))) << step << " " << i;
+      c.commit();
+      std::fill(v.begin(), v.end(), 0.0);
+      if (sparse_before) std::fill(u.begin(), u.end(), 0.0);
+      sparse_before = false;
+    } else {
+      std::vector<uint32_t> order(n);
+      std::iota(order.begin(), order.end(), 0u);
+      std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                        [&](uint32_t a, uint32_t b) { return std::fabs(v[a]) > std::fabs(v[b]); });
+      auto e = c.compress(sparse, g);
+      ASSERT_TRUE(e.ok());
+      c.commit();
+      const auto got = decode(*e, n);
+      for (size_t j = 0; j < k; ++j) {
+        const uint32_t i = order[j];
+        ASSERT_NEAR(got[i], v[i], 1e-5 * (1 + std::fabs(v[i]))) << "step " << step << " element " << i;
+        u[i] = v[i] = 0.0;
+      }
+      sparse_before = true;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_NEAR(c.residual()[i], v[i], 1e-5 * (1 + std::fabs(v[i]))) << step << " " << i;
+      ASSERT_NEAR(c.velocity()[i], u[i], 1e-5 * (1 + std::fabs(u[i]))) << step << " " << i;
+    }
+  }
 }
 
 TEST(OverridesTest, ParseMatchAndApplyInOrder) {
