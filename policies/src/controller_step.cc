@@ -57,9 +57,10 @@
 // whose record was voided) is a trial: once that plan is measured, a price above the measured
 // plan it left takes the job back at once (without the hold), so a model that underprices a path
 // it has never seen (after a dense warm-up, nothing sparse has run) costs one short excursion,
-// not the rest of the job behind the hysteresis. Limit: a change that none of the plan in
-// force's own messages shows (a shaper whose burst covers them) is not seen until some plan
-// sends larger ones.
+// not the rest of the job behind the hysteresis. A change that the trainer's compute time
+// followed is the host's load, not the link's rate, and voids nothing (v10). Limit: a change
+// that none of the plan in force's own messages shows (a shaper whose burst covers them) is not
+// seen until some plan sends larger ones.
 #include "controller_internal.h"
 
 #include <algorithm>
@@ -110,6 +111,16 @@ constexpr uint64_t kChangeConfirmSteps = 5;
 constexpr double kFarOff = 4.0;
 constexpr uint64_t kFarConfirmSteps = 2;
 constexpr double kFollowed = 1.5;
+// v10: a loaded host is no link change. Another process on the trainers' cores slows the
+// receivers' timing of messages and every part of a step alike, the trainer's compute too, which
+// no link changes: a change of the plan in force's time (or a link fit's restart) that the
+// trainer's compute followed, >= kFollowed the same way over the same kChangeConfirmSteps steps
+// (their median against the median of up to kComputeBaseSteps before them), voids no record (a
+// real Fashion-MNIST job at a steady 50 Mbit/s voided them on a loaded host, priced the ring by a
+// fit of small messages that cross within a shaper's burst, and tried it: two decisions). A load
+// that lasts moves the baseline within kComputeBaseSteps steps; a trainer that reports no compute
+// time gets no such guard.
+constexpr size_t kComputeBaseSteps = 30;
 // v5: the first answer after the dense warm-up goes to the ring on the model's word about the
 // sparse plan only where the ring is cheaper by more than this (the model's sparse price was 13 %
 // off a real small job's measured one); else the sparse plan is measured first.
@@ -163,7 +174,11 @@ class StepController final : public Controller {
     feed_links(o, s.step.forget);
     on_device_ = o.elements > 0 && o.device_elements >= o.elements;
     observe_compute(o, w);
-    if (o.compute_s > 0) compute_s_ = smooth_log(compute_s_, o.compute_s, kCostSmoothing);
+    if (o.compute_s > 0) {
+      compute_s_ = smooth_log(compute_s_, o.compute_s, kCostSmoothing);
+      if (computes_.size() == kComputeBaseSteps + kChangeConfirmSteps) computes_.erase(computes_.begin());
+      computes_.push_back(o.compute_s);
+    }
     const double q = clamp_density(knobs->density, s);
     if (w < 2 || o.tensors.empty()) return hold(ctx, "one node or no tensors: nothing to price");
     if (!knobs->compression) return hold(ctx, "compression is off: the operator chose the dense ring");
@@ -190,7 +205,9 @@ class StepController final : public Controller {
       const double seen = recent_change();
       if (std::fabs(predicted) >= std::log(kFollowed) && seen * predicted > 0 &&
           std::fabs(seen) >= std::max(0.5 * std::fabs(predicted), std::log(kFollowed))) {
-        void_records_but(in_force_, o.step, "a link fit restarted and the plan in force's time followed");
+        if (!host_load_moved(seen > 0 ? 1 : -1)) {
+          void_records_but(in_force_, o.step, "a link fit restarted and the plan in force's time followed");
+        }
         restart_.pending = false;
       }
     }
@@ -573,11 +590,13 @@ class StepController final : public Controller {
       if (r.off_steps >= kChangeConfirmSteps || r.far_steps >= kFarConfirmSteps) {
         // The plan in force runs 2x off its record, steps in a row (the ring 4x, fewer): the link
         // changed rate.
-        r.seconds = std::exp(r.off_sum_log / static_cast<double>(r.off_steps));
+        const double off_seconds = std::exp(r.off_sum_log / static_cast<double>(r.off_steps));
         const bool by_far = r.off_steps < kChangeConfirmSteps;
         r.off_side = 0;
         r.off_steps = 0;
         r.far_steps = 0;
+        if (host_load_moved(side)) return;  // the host, not the link: outliers, the record stays
+        r.seconds = off_seconds;
         void_records_but(ran, o.step,
                          side > 0 ? (by_far ? "the ring got 4x slower" : "the plan in force got 2x slower")
                                   : (by_far ? "the ring got 4x faster" : "the plan in force got 2x faster"));
@@ -591,6 +610,19 @@ class StepController final : public Controller {
     const double miss = measured - model_seconds(ran, w, format);
     e.seconds = e.steps == 0 ? miss : 0.7 * e.seconds + 0.3 * miss;
     ++e.steps;
+  }
+
+  // The trainer's compute over the last kChangeConfirmSteps steps moved by kFollowed or more to
+  // `side` (+1 slower, -1 faster) against the steps before them: the host's load changed.
+  bool host_load_moved(int side) const {
+    if (computes_.size() < 2 * kChangeConfirmSteps) return false;
+    const auto split = computes_.end() - static_cast<std::ptrdiff_t>(kChangeConfirmSteps);
+    auto median = [](std::vector<double> v) {
+      std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+      return v[v.size() / 2];
+    };
+    const double moved = std::log(median({split, computes_.end()}) / median({computes_.begin(), split}));
+    return moved * side >= std::log(kFollowed);
   }
 
   // log(mean of the last kChangeConfirmSteps measured times / the record before them) of the plan
@@ -761,6 +793,7 @@ class StepController final : public Controller {
   double encode_ = 0, decode_ = 0, ring_ = 0;  // seconds per element / entry; 0: not measured
   bool on_device_ = false;  // every node compresses every tensor on a GPU (the encode prior's)
   double compute_s_ = 0;
+  std::vector<double> computes_;  // the trainer's compute time of the last steps (host_load_moved)
   double overhead_ = 0;      // median period_s - (compute + encode + exchange): what every step pays
   std::vector<double> gaps_;  // the last kOverheadSteps of those differences
   bool decided_ = false;
