@@ -53,6 +53,23 @@ std::vector<double> decode(const TensorCompressor::Encoded& e, size_t n) {
   return std::vector<double>(out.begin(), out.end());
 }
 
+// The float64 reference of a DGC momentum-correction sparse step: what `e` sent must be the k
+// largest |v|, which then leave v and u (momentum-factor masking).
+void expect_momentum_topk_sent(const TensorCompressor::Encoded& e, std::vector<double>& u, std::vector<double>& v,
+                               size_t k, double tolerance, uint64_t step) {
+  const size_t n = v.size();
+  std::vector<uint32_t> order(n);
+  std::iota(order.begin(), order.end(), 0u);
+  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
+                    [&](uint32_t a, uint32_t b) { return std::fabs(v[a]) > std::fabs(v[b]); });
+  const auto got = decode(e, n);
+  for (size_t j = 0; j < k; ++j) {
+    const uint32_t i = order[j];
+    ASSERT_NEAR(got[i], v[i], tolerance * (1 + std::fabs(v[i]))) << "step " << step << " element " << i;
+    u[i] = v[i] = 0.0;
+  }
+}
+
 // Every selector of the registry (kernels/selectors.h), so a new row is covered here unasked.
 std::vector<Selector> all_selectors() {
   std::vector<Selector> all;
@@ -155,19 +172,10 @@ TEST(CompressorTest, MomentumCorrectionFollowsTheFloat64Rule) {
       u[i] = 0.9 * u[i] + g[i];
       v[i] += u[i];
     }
-    std::vector<uint32_t> order(n);
-    std::iota(order.begin(), order.end(), 0u);
-    std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                      [&](uint32_t a, uint32_t b) { return std::fabs(v[a]) > std::fabs(v[b]); });
     auto e = c.compress(plan, g);
     ASSERT_TRUE(e.ok());
     c.commit();
-    const auto got = decode(*e, n);
-    for (size_t j = 0; j < k; ++j) {
-      const uint32_t i = order[j];
-      ASSERT_NEAR(got[i], v[i], 1e-4 * (1 + std::fabs(v[i]))) << "step " << step << " element " << i;
-      u[i] = v[i] = 0.0;  // momentum-factor masking
-    }
+    ASSERT_NO_FATAL_FAILURE(expect_momentum_topk_sent(*e, u, v, k, 1e-4, step));
     for (size_t i = 0; i < n; ++i) {
       ASSERT_NEAR(c.residual()[i], v[i], 1e-4 * (1 + std::fabs(v[i]))) << i;
       ASSERT_NEAR(c.velocity()[i], u[i], 1e-4 * (1 + std::fabs(u[i]))) << i;
@@ -270,19 +278,10 @@ TEST(CompressorTest, MomentumDenseStepsKeepTheVelocityExceptTheFirstAfterSparseO
       if (sparse_before) std::fill(u.begin(), u.end(), 0.0);
       sparse_before = false;
     } else {
-      std::vector<uint32_t> order(n);
-      std::iota(order.begin(), order.end(), 0u);
-      std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                        [&](uint32_t a, uint32_t b) { return std::fabs(v[a]) > std::fabs(v[b]); });
       auto e = c.compress(sparse, g);
       ASSERT_TRUE(e.ok());
       c.commit();
-      const auto got = decode(*e, n);
-      for (size_t j = 0; j < k; ++j) {
-        const uint32_t i = order[j];
-        ASSERT_NEAR(got[i], v[i], 1e-5 * (1 + std::fabs(v[i]))) << "step " << step << " element " << i;
-        u[i] = v[i] = 0.0;
-      }
+      ASSERT_NO_FATAL_FAILURE(expect_momentum_topk_sent(*e, u, v, k, 1e-5, step));
       sparse_before = true;
     }
     for (size_t i = 0; i < n; ++i) {
