@@ -57,10 +57,13 @@ def gap_to_dense(dense_curve, curve):
 
 def decision_dips(curve, static_curve, effective_steps, window=DIP_WINDOW_STEPS):
     """Per decision taking effect at step S (each S once, in order): {"step": S, "drop_pp": the
-    curve's fall, "static_drop_pp": the static curve's}, a fall being the accuracy at the last
-    evaluation at or before S less the lowest over the evaluations in (S, S + window], in pp, 0
-    when it does not fall. The static curve is read at the same evaluation steps. A decision
-    without such evaluations on both curves (one from step 0, one at the job's end) is left out."""
+    curve's fall, "static_drop_pp": the static curve's, "below_static_pp": the mean of (static -
+    this) over the evaluations in (S, S + window], in pp (negative: above the static run)}, a fall
+    being the accuracy at the last evaluation at or before S less the lowest over the evaluations
+    in (S, S + window], in pp, 0 when it does not fall. The static curve is read at the same
+    evaluation steps. The mean shows what a single evaluation's fall does not: early in training
+    one evaluation swings by several pp in every run, dense too. A decision without such
+    evaluations on both curves (one from step 0, one at the job's end) is left out."""
     static = {steps: acc for steps, _, acc in static_curve}
     own = {steps: acc for steps, _, acc in curve}
     common = sorted(set(static) & set(own))
@@ -73,7 +76,8 @@ def decision_dips(curve, static_curve, effective_steps, window=DIP_WINDOW_STEPS)
         b = before[-1]
         out.append({"step": s,
                     "drop_pp": max(0.0, 100.0 * (own[b] - min(own[x] for x in after))),
-                    "static_drop_pp": max(0.0, 100.0 * (static[b] - min(static[x] for x in after)))})
+                    "static_drop_pp": max(0.0, 100.0 * (static[b] - min(static[x] for x in after))),
+                    "below_static_pp": 100.0 * sum(static[x] - own[x] for x in after) / len(after)})
     return out
 
 
@@ -228,8 +232,17 @@ def adaptive_checks(profile, tta, static_settings, adaptive, dense_final, adapti
                          worst["drop_pp"] <= worst["static_drop_pp"] + DIP_NOISE_PP + 1e-9,
                          f"{len(dips)} decisions; the worst: from step {worst['step']} the accuracy fell "
                          f"{worst['drop_pp']:.2f} pp in {DIP_WINDOW_STEPS} steps, the static run's "
-                         f"{worst['static_drop_pp']:.2f} pp (allowed: + {DIP_NOISE_PP:g} pp)"))
+                         f"{worst['static_drop_pp']:.2f} pp (allowed: + {DIP_NOISE_PP:g} pp)" + _mean_gap(worst)))
     return out
+
+
+def _mean_gap(dip):
+    """The worst decision's mean standing against the static run after it (older JSONs lack it)."""
+    gap = dip.get("below_static_pp")
+    if gap is None:
+        return ""
+    return f"; over those {DIP_WINDOW_STEPS} steps it stood {abs(gap):.2f} pp " \
+           f"{'below' if gap > 0 else 'above'} the static run on average"
 
 
 def median_time(times):

@@ -218,6 +218,9 @@ def test_a_decisions_dip_is_the_fall_after_it_against_the_static_runs_at_the_sam
     assert [d["step"] for d in dips] == [25, 60]
     assert abs(dips[0]["drop_pp"] - 5.0) < 1e-9 and abs(dips[0]["static_drop_pp"] - 1.0) < 1e-9
     assert dips[1]["drop_pp"] == 0.0 and abs(dips[1]["static_drop_pp"] - 1.0) < 1e-9  # the lowest of 0.92, 0.94
+    # The mean standing after each: steps 30-70, static - adaptive = +2, +1, -2, -2, -4 pp -> -1.0;
+    # steps 70, 80: -4, -3 -> -3.5 (above the static run both times).
+    assert abs(dips[0]["below_static_pp"] - (-1.0)) < 1e-9 and abs(dips[1]["below_static_pp"] - (-3.5)) < 1e-9
     # Only steps both curves evaluated count.
     assert rm.decision_dips(curve, static[:1], [25]) == []
 
@@ -236,6 +239,9 @@ def test_the_dip_check_allows_the_static_runs_fall_plus_the_evaluation_noise():
     ok = dip_check([{"step": 25, "drop_pp": 1.9, "static_drop_pp": 1.0}, {"step": 60, "drop_pp": 0.0,
                                                                         "static_drop_pp": 2.0}])
     assert ok["status"] == "PASS" and "from step 25" in ok["detail"], ok
+    assert "on average" not in ok["detail"]  # a JSON without the mean says nothing of it
+    told = dip_check([{"step": 25, "drop_pp": 5.0, "static_drop_pp": 1.0, "below_static_pp": -2.5}])
+    assert told["status"] == "FAIL" and "stood 2.50 pp above the static run on average" in told["detail"], told
     assert dip_check([])["status"] == "N/A" and dip_check(None)["status"] == "N/A"
     # Over seeds every seed's decisions count, each against its own seed's static run.
     runs = {1: {"topk0.5": _run(8.0, 0.97, 0.97, 3.0, []), "adaptive": _run(7.9, 0.97, 0.97, 3.0, [2])},
