@@ -620,6 +620,8 @@ def parse(argv):
     d.add_argument("--device-path", choices=("auto", "off", "require"), help="the hook's device_path= (auto: GPU "
                    "buffers by CUDA IPC when the daemon takes them, else host staging; off: host staging; require: "
                    "fail without); default: the hook's own")
+    d.add_argument("--momentum-correction", action="store_true", help="sparsecar methods: the hook takes the "
+                   "trainers' SGD momentum over (DGC's momentum correction; python/README.md)")
     d.add_argument("--kernel-threads", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)))
     d.add_argument("--daemon-arg", action="append", default=[], help="extra sparsecard flag (repeatable), "
                    "e.g. --daemon-arg=--density-min=0.001")
@@ -725,6 +727,8 @@ def preflight(args):
 
 def trainer_args(args, model, method):
     a = ["--warmup", str(args.warmup), "--powersgd-rank", str(args.powersgd_rank), "--dtype", args.dtype]
+    if method.startswith("sparsecar") and args.momentum_correction:
+        a += ["--momentum-correction"]
     if args.backend:
         a += ["--backend", args.backend]
     if args.threads:

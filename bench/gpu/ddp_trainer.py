@@ -97,6 +97,8 @@ def parse(argv):
                    help="sparsecar: the hook's agreement= (default: the hook's, auto)")
     p.add_argument("--dense-iterations", type=int, default=0,
                    help="sparsecar: the hook's dense_iterations= (plain all-reduce warm-up; 0: the hook's default)")
+    p.add_argument("--momentum-correction", action="store_true", help="sparsecar: the hook takes the SGD "
+                   "momentum over (register(..., momentum_correction=True): DGC's momentum correction)")
     p.add_argument("--report-compute-time", action="store_true", help="sparsecar: report the compute time "
                    "per step (measured before training, no exchange) as metric compute_time: the "
                    "bandwidth controller's budget")
@@ -330,6 +332,8 @@ def main(argv):
         if args.dense_iterations:
             extra_kw["dense_iterations"] = args.dense_iterations
             result["dense_iterations"] = args.dense_iterations
+        if args.momentum_correction:
+            extra_kw["momentum_correction"] = True
         hook = sparsecar.torch.register(ddp, socket=args.socket, optimizer=opt, timeout=args.hook_timeout,
                                         announce="rank0", **extra_kw)
 
@@ -349,7 +353,7 @@ def main(argv):
         s = hook.summary()
         extra["hook"] = {k: s.get(k) for k in ("mode", "iterations", "sparse_iterations", "bytes_sent",
                                                 "dense_bytes", "ratio", "density", "mean_exchange_s", "failure",
-                                                "dense_step_s", "dense_wait_s")}
+                                                "dense_step_s", "dense_wait_s", "momentum_correction")}
         extra["hook_path"] = s.get("path")  # "device" (CUDA IPC) or "host" (staged); absent in older hooks
         extra["hook_agreement"] = s.get("agreement")  # "gloo" (side group) or "device"; absent in older hooks
         if s.get("sparse_iterations"):

@@ -91,7 +91,7 @@ def test_harness_cpu_two_local_ranks(sparsecard, tmp_path):
         pytest.skip("needs root and network namespaces")
     pytest.importorskip("torch")
     r, log = _harness(sparsecard, tmp_path, ["--local-ranks", "2", "--methods", "sparsecar", "--steps", "3",
-                                             "--min-steps", "3", "--warmup", "3"], timeout=80)
+                                             "--min-steps", "3", "--warmup", "3", "--momentum-correction"], timeout=80)
     assert r["topology"] == {"nodes": 2, "local_ranks": 2, "world": 4, "gpus": None}, r["topology"]
     [e] = r["runs"]
     assert e["status"] == "ok", e.get("message")
@@ -106,6 +106,7 @@ def test_harness_cpu_two_local_ranks(sparsecard, tmp_path):
     for x in ranks:
         assert x["hook"]["mode"] == "sparse" and x["hook"]["failure"] is None, x["hook"]
         assert x["hook"]["sparse_iterations"] >= 3, x["hook"]
+        assert x["hook"]["momentum_correction"] == 0.9, x["hook"]  # the trainers' SGD momentum, taken over
     # each node's daemon was started for 2 local clients and both of its trainers connected
     assert e["daemon_local_clients"] == [{"expected": 2, "connected": 2}] * 2, e["daemon_local_clients"]
     for node in range(2):
