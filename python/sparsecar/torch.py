@@ -819,6 +819,7 @@ class SparsecarHook:
         a peer sent; this node's residual still holds its part there."""
         if self.momentum is None:
             return
+        u = self._velocity[index].u[sl.offset:sl.offset + sl.numel]
         if info.nnz >= sl.numel:
             if sl.name in self._sparse_before:
                 # The first dense step after sparse ones sent the daemon's residual too: every
@@ -826,10 +827,9 @@ class SparsecarHook:
                 # everywhere, as where a sparse step sent (docs/controllers.md, "A sparse ->
                 # dense switch"); the dense steps after it are SGD with momentum again.
                 self._sparse_before.discard(sl.name)
-                self._velocity[index].u[sl.offset:sl.offset + sl.numel].zero_()
+                u.zero_()
             return
         self._sparse_before.add(sl.name)
-        u = self._velocity[index].u[sl.offset:sl.offset + sl.numel]
         went_out = average.reshape(-1) != 0
         if went_out.device != u.device:
             went_out = went_out.to(u.device)  # host staging of a GPU bucket
