@@ -193,6 +193,20 @@ Expected<policies::NodeObservation> parse_observation(std::string_view text) {
   return o;
 }
 
+double trainer_compute_s(const std::map<std::string, double>& metrics) {
+  // name, scale to seconds; the first one reported wins.
+  static constexpr std::pair<const char*, double> kNames[] = {
+      {"compute_time", 1.0}, {"compute_time_ms", 1e-3}, {"step_time_ms", 1e-3}, {"hook_compute_time", 1.0}};
+  for (const auto& [name, scale] : kNames) {
+    auto it = metrics.find(name);
+    if (it == metrics.end()) continue;
+    const double s = it->second * scale;
+    // A time no step takes is no time: unknown (the observation's parser refuses > 1 h periods too).
+    return std::isfinite(s) && s >= 0 && s <= 3600 ? s : -1;
+  }
+  return -1;
+}
+
 double StepPeriod::on_finish(uint64_t step, Clock::time_point now) {
   const bool follows = has_last_ && step == last_step_ + 1 && now > last_;
   const double seconds = follows ? std::chrono::duration<double>(now - last_).count() : 0.0;
@@ -353,13 +367,7 @@ void ObservationCollector::finish(const Decision& decision) {
       o.loss_target = it->second;
       o.has_loss_target = true;
     }
-    if (auto it = metrics_.find("compute_time"); it != metrics_.end()) {
-      o.compute_s = it->second;
-    } else if (auto ms = metrics_.find("compute_time_ms"); ms != metrics_.end()) {
-      o.compute_s = ms->second / 1e3;
-    } else if (auto st = metrics_.find("step_time_ms"); st != metrics_.end()) {
-      o.compute_s = st->second / 1e3;
-    }
+    o.compute_s = trainer_compute_s(metrics_);
   }
   if (transport_ != nullptr) {
     // Taken every step (so none is stale when a controller starts listening), sent while one is.

@@ -83,6 +83,12 @@ class StepObserver {
 std::string format_observation(const policies::NodeObservation& o);
 Expected<policies::NodeObservation> parse_observation(std::string_view text);
 
+// NodeObservation::compute_s from the trainers' latest metrics (name -> value): "compute_time"
+// (s), else "compute_time_ms", else "step_time_ms", else the DDP hook's own timing of the trainer
+// on CPU buckets, "hook_compute_time" (s; the trainer's own report wins where it makes one).
+// -1: none reported.
+double trainer_compute_s(const std::map<std::string, double>& metrics);
+
 // NodeObservation::period_s: the wall time between two consecutive steps finishing on a node.
 class StepPeriod {
  public:

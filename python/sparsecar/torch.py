@@ -225,6 +225,11 @@ class SparsecarHook:
         self._per_tensor = {}        # name -> [steps, elements, nnz, bytes_sent, dense_bytes]
         self._t_iteration = None     # monotonic time of this iteration's first sparse bucket
         self._t_prev_iteration = None
+        # The trainer's compute per sparse iteration on CPU buckets (_report_compute): the host
+        # time outside the exchange, from the last iteration's first and last buckets and the
+        # moment its averages went back (set by the completion thread, tagged with its step).
+        self._t_last_bucket = None   # (step, monotonic time) of the last sparse iteration's last bucket
+        self._t_done = None          # (step, monotonic time) its futures were fulfilled
         # The dense (warm-up) iterations' timing: the last whole one's (step_s, wait_s) goes to
         # the daemon (_report_dense_timing).
         self._dense_t = None         # _DenseClock of this dense iteration
@@ -276,7 +281,9 @@ class SparsecarHook:
         sent), ratio (dense_bytes / bytes_sent; None before any sparse step), density (selected /
         elements), mean_step_s (wall time from one sparse iteration's first bucket to the next
         one's: forward + backward + optimizer), mean_exchange_s (first bucket handed to the
-        daemon to the iteration's averages back), dense_step_s / dense_wait_s (the last dense
+        daemon to the iteration's averages back), mean_compute_s (CPU buckets: a sparse
+        iteration's host time outside the exchange, reported to the daemon as
+        "hook_compute_time"; None on a GPU), dense_step_s / dense_wait_s (the last dense
         iteration's period and its wait on the all-reduce after its last bucket, reported to the
         daemon before the first sparse step), momentum_correction (the SGD momentum the hook
         applies, None without it). per_tensor=True adds "per_tensor": name ->
@@ -300,6 +307,7 @@ class SparsecarHook:
             "density": (st["sparsecar_nnz"] / st["sparsecar_elements"]) if st["sparsecar_elements"] else None,
             "mean_step_s": (st["step_ns"] / st["step_samples"] / 1e9) if st["step_samples"] else None,
             "mean_exchange_s": (st["exchange_ns"] / st["sparse_iterations"] / 1e9) if st["sparse_iterations"] else None,
+            "mean_compute_s": (st["compute_ns"] / st["compute_samples"] / 1e9) if st["compute_samples"] else None,
             "dense_step_s": self.dense_timing[0] if self.dense_timing else None,
             "dense_wait_s": self.dense_timing[1] if self.dense_timing else None,
             "failure": self.failure,
@@ -686,9 +694,13 @@ class SparsecarHook:
                 if self._t_prev_iteration is not None:
                     self.stats["step_ns"] += int((now - self._t_prev_iteration) * 1e9)
                     self.stats["step_samples"] += 1
+                    if not buf.is_cuda:
+                        self._report_compute(step, now)
                 self._t_prev_iteration = self._t_iteration = now
         if last:
             self._in_iteration = False
+            if self.mode == "sparse":
+                self._t_last_bucket = (step, time.monotonic())
             if self._dense_t is not None:
                 self._dense_t.last_bucket = _DenseClock.mark_now(buf)
         if self.momentum is not None:
@@ -763,6 +775,28 @@ class SparsecarHook:
             self._client.report_metric("dense_step_s", float(period), step)
         except sparsecar.Error as e:
             log.warning("sparsecar: reporting the dense iterations' timing failed: %s", e)
+
+    def _report_compute(self, step, now):
+        """At a sparse iteration's first bucket: the previous iteration's compute on the host,
+        (its last bucket - its first) + (now - its averages back): backward between its buckets,
+        then the optimizer, the forward and backward up to this bucket; the exchange left out. As
+        the metric "hook_compute_time", which the daemon takes where the trainer reports no
+        "compute_time" of its own (its step controller tells a loaded host from a slower link by
+        it: docs/controllers.md, "Step v10"). CPU buckets only: on a GPU host times are launches.
+        Not after a failed or fallback iteration (no averages back), nor across a checkpoint."""
+        prev = step - 1
+        last, done = self._t_last_bucket, self._t_done
+        if last is None or done is None or last[0] != prev or done[0] != prev:
+            return
+        c = (last[1] - self._t_prev_iteration) + (now - done[1])
+        if not c > 0:
+            return
+        self.stats["compute_ns"] += int(c * 1e9)
+        self.stats["compute_samples"] += 1
+        try:
+            self._client.report_metric("hook_compute_time", c, prev)
+        except sparsecar.Error as e:
+            log.warning("sparsecar: reporting the trainer's compute time failed: %s", e)
 
     # ---- momentum correction ---------------------------------------------------------------------
     def _apply_momentum(self, bucket, buf):
@@ -936,7 +970,7 @@ class SparsecarHook:
             self.stats["sparse_iterations"] += 1
             if self._t_iteration is not None:
                 self.stats["exchange_ns"] += int((time.monotonic() - self._t_iteration) * 1e9)
-        for kind, index, buf, fut, step, infos in pending:
+        for n, (kind, index, buf, fut, step, infos) in enumerate(pending):
             if all_ok:
                 flat = buf.view(-1)
                 for sl, info in zip(self._slices[index], infos):
@@ -958,6 +992,9 @@ class SparsecarHook:
                     t[3] += info.bytes_sent
                     t[4] += info.dense_bytes
                 self.stats["sparse_buckets"] += 1
+                if n == len(pending) - 1:
+                    # Before the last future: fulfilling it lets the trainer's backward return.
+                    self._t_done = (step, time.monotonic())
                 if self.path == "device":
                     # The future records its event on this thread's current stream: the one that
                     # waited for the daemon and copied the average into the bucket.

@@ -2,6 +2,8 @@
 multi-process test runs 4 DDP ranks through 2 daemons (bench/convergence/ddp_digits.py)."""
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import time
@@ -399,3 +401,82 @@ def test_the_dense_clock_leaves_registering_out_of_the_period_and_takes_the_last
     assert period == pytest.approx(1.7) and wait == pytest.approx(0.4)
     clock.hook_end = 10.6
     assert clock.timing(12.0) == pytest.approx((2.0, 0.4))
+
+
+class _SlowExchange:
+    """The hook's client with every wait 0.1 s longer: an exchange slower than the trainer's
+    compute (a fake link in this test only; the daemon behind it is the real one)."""
+
+    def __init__(self, client):
+        self._client = client
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+    def wait(self, *args, **kwargs):
+        time.sleep(0.1)
+        return self._client.wait(*args, **kwargs)
+
+
+def test_the_hook_times_the_trainers_compute_without_the_exchange(group, make_job):
+    """A trainer that reports no compute time: the hook times it on CPU buckets (the host time of
+    a sparse iteration outside the exchange) and reports it as "hook_compute_time". The training
+    loop spends 30 ms between steps and each exchange 100 ms more: the compute read is >= 30 ms
+    and well below 130 ms (the exchange left out)."""
+    job = make_job(nodes=1, daemon_args=["--density", "0.05"])
+    model, _ = make_models()
+    hook = sparsecar.torch.register(model, socket=job.sockets[0], lr=0.1, timeout=20, on_error="raise",
+                                    announce=None)
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        time.sleep(0.03)  # the rest of the training loop (an optimizer, a data loader)
+
+    for _ in range(3):
+        step()
+    assert hook.mode == "sparse", hook.failure
+    assert hook.summary()["mean_compute_s"] is None  # one sparse iteration: nothing to time yet
+    hook._client = _SlowExchange(hook._client)
+    for _ in range(12):
+        step()
+    s = hook.summary()
+    assert s["mode"] == "sparse" and s["sparse_iterations"] == 13, s
+    assert 0.03 <= s["mean_compute_s"] < 0.1, s
+    # The exchange was slow (12 of the 13 periods): it is in the step, not in the compute.
+    assert s["mean_step_s"] >= s["mean_compute_s"] + 0.08, s
+    hook.close()
+
+
+def test_the_step_controller_prices_the_trainer_by_the_hooks_timing(sparsecard, tmp_path):
+    """Two nodes whose trainers report no compute time (ddp_digits.py without
+    --report-compute-time): rank 0's step controller takes the hooks' "hook_compute_time" as the
+    trainer's time of a step ("trainer N ms" in its model, logged every step at debug level);
+    without it the model says 0 ms. It is the slowest node's, smoothed: within 4x of rank 0's
+    own mean."""
+    out = tmp_path / "ddp.json"
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "ddp_digits.py"), "--sparsecard", sparsecard,
+                        "--pythonpath", os.environ.get("PYTHONPATH", ""), "--out", str(out),
+                        "--methods", "sparsecar", "--nodes", "2", "--local-clients", "1", "--steps", "25",
+                        "--compression", "on", "--density", "0.05", "--timeout", "120", "--keep-logs",
+                        "--daemon-arg=--controller", "--daemon-arg=step",
+                        "--daemon-arg=--log-level", "--daemon-arg=debug"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    kept = re.search(r"logs kept in (\S+)", r.stderr)
+    assert kept, r.stderr
+    sc = json.loads(out.read_text())["methods"]["sparsecar"]
+    assert sc["hook_mode"] == "sparse", sc["hook_failure"]
+    hook = sc["hook"]
+    assert hook["compute_samples"] >= 15, hook
+    mine = hook["compute_ns"] / hook["compute_samples"] / 1e9
+    try:
+        with open(os.path.join(kept.group(1), "sparsecard-0.log"), errors="replace") as f:
+            said = re.findall(r"step model: .*?trainer ([0-9.e+-]+) ms", f.read())
+    finally:
+        shutil.rmtree(kept.group(1), ignore_errors=True)
+    assert said, "no step model in the log"
+    trainer_s = float(said[-1]) / 1e3
+    assert mine / 4 < trainer_s < mine * 4, (trainer_s, mine)

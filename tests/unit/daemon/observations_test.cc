@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -176,6 +178,21 @@ TEST(StepPeriod, SecondsBetweenConsecutiveStepsOnly) {
   EXPECT_FALSE(parse_observation("period_s 1e9\n").ok());
   EXPECT_EQ(format_observation(policies::NodeObservation{}).find("period_s"), std::string::npos)
       << "unknown periods are not sent";
+}
+
+TEST(TrainerCompute, TheTrainersOwnReportWinsOverTheHooksTiming) {
+  EXPECT_EQ(trainer_compute_s({}), -1) << "nothing reported: unknown";
+  EXPECT_EQ(trainer_compute_s({{"loss", 0.3}}), -1);
+  EXPECT_DOUBLE_EQ(trainer_compute_s({{"hook_compute_time", 0.012}}), 0.012) << "the hook's alone";
+  EXPECT_DOUBLE_EQ(trainer_compute_s({{"hook_compute_time", 0.012}, {"step_time_ms", 9}}), 0.009);
+  EXPECT_DOUBLE_EQ(trainer_compute_s({{"hook_compute_time", 0.012}, {"compute_time_ms", 7}, {"step_time_ms", 9}}),
+                   0.007);
+  EXPECT_DOUBLE_EQ(trainer_compute_s({{"hook_compute_time", 0.012}, {"compute_time", 0.005}, {"compute_time_ms", 7}}),
+                   0.005);
+  // A time no step takes is unknown, not a price: the hook's timing is not used in its place.
+  for (double bad : {-0.5, 4000.0, std::numeric_limits<double>::infinity(), std::nan("")}) {
+    EXPECT_EQ(trainer_compute_s({{"compute_time", bad}, {"hook_compute_time", 0.012}}), -1) << bad;
+  }
 }
 
 TEST(ObservationText, BadLinkSamplesAreRefused) {
