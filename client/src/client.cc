@@ -11,6 +11,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cmath>
@@ -94,6 +95,7 @@ class Client::Impl {
                                     const std::vector<uint64_t>& shape, const DeviceHandles* device = nullptr);
   Status submit(const Tensor& tensor, uint64_t step, const SubmitOptions& options);
   Expected<StepInfo> wait(const Tensor& tensor, uint64_t step, milliseconds timeout);
+  bool await_activity(milliseconds timeout);
   bool in_flight(const Tensor& tensor, uint64_t step) {
     Entry* e = find(tensor);
     return e != nullptr && e->pending && *e->pending == step;
@@ -579,6 +581,22 @@ Expected<StepInfo> Client::Impl::wait(const Tensor& tensor, uint64_t step, milli
   }
 }
 
+bool Client::Impl::await_activity(milliseconds timeout) {
+  // Reads only the descriptors (set before the client is handed out, closed after it is gone).
+  if (comp_efd_ < 0 || sock_ < 0) return false;
+  pollfd p[2] = {{comp_efd_, POLLIN, 0}, {sock_, POLLIN, 0}};
+  const int ms = static_cast<int>(std::clamp<int64_t>(timeout.count(), 0, INT32_MAX));
+  if (::poll(p, 2, ms) <= 0) return false;  // timeout or EINTR: the caller's wait() looks anyway
+  if (p[0].revents & POLLIN) {
+    uint64_t v;
+    // The doorbell is non-blocking (EFD_NONBLOCK): another thread that read it first leaves EAGAIN.
+    if (::read(comp_efd_, &v, sizeof v) < 0) {
+      // Nothing to do: the completions are in the ring either way, and wait() drains it.
+    }
+  }
+  return (p[1].revents & (POLLIN | POLLHUP | POLLERR)) != 0;
+}
+
 Status Client::Impl::report_metric(std::string_view name, double value, uint64_t step) {
   if (!dead_.ok()) return dead_;
   if (name.empty() || name.size() > proto::kMaxNameLength || name.find('\0') != name.npos) {
@@ -623,6 +641,7 @@ Expected<StepInfo> Client::wait(const Tensor& tensor, uint64_t step, std::chrono
 }
 
 bool Client::in_flight(const Tensor& tensor, uint64_t step) { return impl_->in_flight(tensor, step); }
+bool Client::await_activity(std::chrono::milliseconds timeout) { return impl_->await_activity(timeout); }
 Status Client::report_metric(std::string_view name, double value, uint64_t step) {
   return impl_->report_metric(name, value, step);
 }

@@ -225,11 +225,11 @@ class SparsecarHook:
         self._per_tensor = {}        # name -> [steps, elements, nnz, bytes_sent, dense_bytes]
         self._t_iteration = None     # monotonic time of this iteration's first sparse bucket
         self._t_prev_iteration = None
-        # The trainer's compute per sparse iteration on CPU buckets (_report_compute): the host
-        # time outside the exchange, from the last iteration's first and last buckets and the
-        # moment its averages went back (set by the completion thread, tagged with its step).
-        self._t_last_bucket = None   # (step, monotonic time) of the last sparse iteration's last bucket
-        self._t_done = None          # (step, monotonic time) its futures were fulfilled
+        # The trainer's compute per sparse iteration (_time_compute): step -> {"first", "last",
+        # "done", "next"}: its first and last buckets, its averages back (set by the completion
+        # thread) and the next iteration's first bucket; host times, or CUDA events on the device path.
+        self._compute_marks = {}
+        self._computes = collections.deque(maxlen=100)  # the last iterations' compute (s)
         # The dense (warm-up) iterations' timing: the last whole one's (step_s, wait_s) goes to
         # the daemon (_report_dense_timing).
         self._dense_t = None         # _DenseClock of this dense iteration
@@ -281,9 +281,10 @@ class SparsecarHook:
         sent), ratio (dense_bytes / bytes_sent; None before any sparse step), density (selected /
         elements), mean_step_s (wall time from one sparse iteration's first bucket to the next
         one's: forward + backward + optimizer), mean_exchange_s (first bucket handed to the
-        daemon to the iteration's averages back), mean_compute_s (CPU buckets: a sparse
-        iteration's host time outside the exchange, reported to the daemon as
-        "hook_compute_time"; None on a GPU), dense_step_s / dense_wait_s (the last dense
+        daemon to the iteration's averages back), compute_s (the median over the last 100
+        sparse iterations of their time outside the exchange, each reported to the daemon as
+        "hook_compute_time": host times on CPU buckets, CUDA events on the device path; None for
+        staged GPU buckets), dense_step_s / dense_wait_s (the last dense
         iteration's period and its wait on the all-reduce after its last bucket, reported to the
         daemon before the first sparse step), momentum_correction (the SGD momentum the hook
         applies, None without it). per_tensor=True adds "per_tensor": name ->
@@ -307,7 +308,7 @@ class SparsecarHook:
             "density": (st["sparsecar_nnz"] / st["sparsecar_elements"]) if st["sparsecar_elements"] else None,
             "mean_step_s": (st["step_ns"] / st["step_samples"] / 1e9) if st["step_samples"] else None,
             "mean_exchange_s": (st["exchange_ns"] / st["sparse_iterations"] / 1e9) if st["sparse_iterations"] else None,
-            "mean_compute_s": (st["compute_ns"] / st["compute_samples"] / 1e9) if st["compute_samples"] else None,
+            "compute_s": sorted(self._computes)[len(self._computes) // 2] if self._computes else None,
             "dense_step_s": self.dense_timing[0] if self.dense_timing else None,
             "dense_wait_s": self.dense_timing[1] if self.dense_timing else None,
             "failure": self.failure,
@@ -694,13 +695,12 @@ class SparsecarHook:
                 if self._t_prev_iteration is not None:
                     self.stats["step_ns"] += int((now - self._t_prev_iteration) * 1e9)
                     self.stats["step_samples"] += 1
-                    if not buf.is_cuda:
-                        self._report_compute(step, now)
                 self._t_prev_iteration = self._t_iteration = now
+                self._time_compute(step, buf, now)
         if last:
             self._in_iteration = False
-            if self.mode == "sparse":
-                self._t_last_bucket = (step, time.monotonic())
+            if self.mode == "sparse" and step in self._compute_marks:
+                self._compute_marks[step]["last"] = self._compute_mark(buf)
             if self._dense_t is not None:
                 self._dense_t.last_bucket = _DenseClock.mark_now(buf)
         if self.momentum is not None:
@@ -776,27 +776,52 @@ class SparsecarHook:
         except sparsecar.Error as e:
             log.warning("sparsecar: reporting the dense iterations' timing failed: %s", e)
 
-    def _report_compute(self, step, now):
-        """At a sparse iteration's first bucket: the previous iteration's compute on the host,
-        (its last bucket - its first) + (now - its averages back): backward between its buckets,
-        then the optimizer, the forward and backward up to this bucket; the exchange left out. As
-        the metric "hook_compute_time", which the daemon takes where the trainer reports no
-        "compute_time" of its own (its step controller tells a loaded host from a slower link by
-        it: docs/controllers.md, "Step v10"). CPU buckets only: on a GPU host times are launches.
-        Not after a failed or fallback iteration (no averages back), nor across a checkpoint."""
-        prev = step - 1
-        last, done = self._t_last_bucket, self._t_done
-        if last is None or done is None or last[0] != prev or done[0] != prev:
+    def _compute_mark(self, buf, now=None):
+        """A moment of the trainer's timeline: a host time for CPU buckets, a CUDA event on the
+        bucket's current stream on the device path (host times there are the launches)."""
+        if not buf.is_cuda:
+            return time.monotonic() if now is None else now
+        return _DenseClock.mark_now(buf)
+
+    def _time_compute(self, step, buf, now):
+        """At a sparse iteration's first bucket: marks it, and reports the compute of earlier
+        iterations whose marks are all passed, as the metric "hook_compute_time" (s): (its last
+        bucket - its first) + (the next one's first bucket - its averages back), i.e. backward
+        between its buckets, then the optimizer, the forward and backward up to the next
+        iteration's first bucket; the exchange left out. The daemon takes it where the trainer
+        reports no "compute_time" of its own (its step controller tells a loaded host from a
+        slower link by it: docs/controllers.md, "Step v10"). CPU buckets: read at once. The device
+        path: CUDA events, read an iteration later once the GPU has passed them (queried, never
+        waited on). Staged CUDA buckets: not timed. Not after a failed or fallback iteration (no
+        averages back)."""
+        if buf.is_cuda and self.path != "device":
             return
-        c = (last[1] - self._t_prev_iteration) + (now - done[1])
-        if not c > 0:
-            return
-        self.stats["compute_ns"] += int(c * 1e9)
-        self.stats["compute_samples"] += 1
-        try:
-            self._client.report_metric("hook_compute_time", c, prev)
-        except sparsecar.Error as e:
-            log.warning("sparsecar: reporting the trainer's compute time failed: %s", e)
+        marks = self._compute_marks
+        prev = marks.get(step - 1)
+        if prev is not None and "last" in prev and "done" in prev:
+            prev["next"] = self._compute_mark(buf, now)
+        marks[step] = {"first": prev["next"] if prev is not None and "next" in prev else self._compute_mark(buf, now)}
+        for s in sorted(marks):
+            m = marks[s]
+            if s < step - 2 or (s < step and "next" not in m):
+                del marks[s]  # never completed (a failed iteration), or its events not passed in time
+                continue
+            if "next" not in m:
+                continue
+            if buf.is_cuda:
+                if not all(m[k].query() for k in ("first", "last", "done", "next")):
+                    continue
+                c = (m["first"].elapsed_time(m["last"]) + m["done"].elapsed_time(m["next"])) / 1e3
+            else:
+                c = (m["last"] - m["first"]) + (m["next"] - m["done"])
+            del marks[s]
+            if not c > 0:
+                continue
+            self._computes.append(c)
+            try:
+                self._client.report_metric("hook_compute_time", c, s)
+            except sparsecar.Error as e:
+                log.warning("sparsecar: reporting the trainer's compute time failed: %s", e)
 
     # ---- momentum correction ---------------------------------------------------------------------
     def _apply_momentum(self, bucket, buf):
@@ -954,6 +979,14 @@ class SparsecarHook:
             flat[sl.offset:sl.offset + sl.numel].copy_(sl.stage)
             self._mask_velocity(index, sl, info, sl.stage)
 
+    def _mark_done(self, step, buf):
+        """The iteration's averages are back (before its last future: fulfilling it lets the
+        trainer's backward return); on the device path an event on the sync stream, after the
+        copies into the buckets."""
+        marks = self._compute_marks.get(step)
+        if marks is not None and "last" in marks:
+            marks["done"] = self._compute_mark(buf)
+
     def _finish_iteration(self, pending):
         """Every rank learns whether every rank got every bucket of this iteration, then all use
         the daemon's averages or all all-reduce the original gradients."""
@@ -992,15 +1025,16 @@ class SparsecarHook:
                     t[3] += info.bytes_sent
                     t[4] += info.dense_bytes
                 self.stats["sparse_buckets"] += 1
-                if n == len(pending) - 1:
-                    # Before the last future: fulfilling it lets the trainer's backward return.
-                    self._t_done = (step, time.monotonic())
                 if self.path == "device":
                     # The future records its event on this thread's current stream: the one that
                     # waited for the daemon and copied the average into the bucket.
                     with torch.cuda.device(buf.device), torch.cuda.stream(self._sync_stream):
+                        if n == len(pending) - 1:
+                            self._mark_done(step, buf)
                         fut.set_result(buf)
                 else:
+                    if n == len(pending) - 1:
+                        self._mark_done(step, buf)
                     fut.set_result(buf)
             elif self.on_error == "raise":
                 fut.set_exception(RuntimeError(f"sparsecar DDP hook: bucket {index} step {step}: {self.failure}"))

@@ -175,7 +175,7 @@ class PyClient {
     Session& s = live_for(t);
     sparsecar::Status st;
     {
-      std::lock_guard lock(s.mu);  // never blocks for long: wait() holds it only per slice
+      std::lock_guard lock(s.mu);  // never blocks for long: wait() holds it only to look
       sparsecar::SubmitOptions o;
       o.lr = lr;
       st = s.client->submit(*t.tensor, step, o);
@@ -191,15 +191,19 @@ class PyClient {
     bool timed_out_here = true;  // until a wait returns anything but its own timeout
     {
       py::gil_scoped_release nogil;
+      // The lock is held only to look (wait() with no time to block, or 1 ms where the daemon's
+      // socket has something to say); the blocking happens outside it, in await_activity(). A
+      // wait() that blocked under the lock held a submit() from the trainer's thread back by
+      // 2.6-6.3 ms on loopback while another tensor's step was in flight (one per DDP bucket
+      // after the first).
+      bool socket_readable = false;
       for (;;) {
-        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-        auto slice = std::clamp(left, 0ms, 2ms);
         bool still_waiting = false;
         {
           std::lock_guard lock(s.mu);
-          r = s.client->wait(*t.tensor, step, slice);
+          r = s.client->wait(*t.tensor, step, socket_readable ? 1ms : 0ms);
           // A DEADLINE_EXCEEDED of the daemon's (a peer did not deliver) ends the step: only
-          // this slice's own timeout leaves it in flight. Waiting again would ask for a step
+          // this look's own timeout leaves it in flight. Waiting again would ask for a step
           // that is over ("not submitted") and hide the daemon's error.
           still_waiting = !r.ok() && r.status().code() == sparsecar::Code::kDeadlineExceeded &&
                           s.client->in_flight(*t.tensor, step);
@@ -208,7 +212,9 @@ class PyClient {
           timed_out_here = false;
           break;
         }
-        if (left <= slice) break;
+        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+        if (left <= 0ms) break;
+        socket_readable = s.client->await_activity(std::min(left, 2ms));
       }
     }
     if (!r.ok()) {

@@ -157,6 +157,16 @@ class Client {
   // Reports a named scalar (e.g. "loss") for a step; the daemon's controllers and metrics use it.
   Status report_metric(std::string_view name, double value, uint64_t step);
 
+  // Blocks until a completion may have arrived (the daemon rang the completion doorbell) or the
+  // daemon's socket has something to read (it is closing), or `timeout` passes. Consumes the
+  // doorbell only, never a completion: call wait() after it, which then need not block
+  // (wait(..., 0ms) returns at once). Returns true when the socket is readable: wait() with a
+  // timeout of at least 1 ms then reads why the daemon closed it.
+  // The one member that may run concurrently with the others (which a caller serializes): it
+  // touches nothing but the client's two descriptors. So a trainer thread can submit() while a
+  // completion thread blocks here, not in wait() behind the caller's lock.
+  bool await_activity(std::chrono::milliseconds timeout);
+
   class Impl;
 
  private:

@@ -438,15 +438,15 @@ def test_the_hook_times_the_trainers_compute_without_the_exchange(group, make_jo
     for _ in range(3):
         step()
     assert hook.mode == "sparse", hook.failure
-    assert hook.summary()["mean_compute_s"] is None  # one sparse iteration: nothing to time yet
+    assert hook.summary()["compute_s"] is None  # one sparse iteration: nothing to time yet
     hook._client = _SlowExchange(hook._client)
     for _ in range(12):
         step()
     s = hook.summary()
     assert s["mode"] == "sparse" and s["sparse_iterations"] == 13, s
-    assert 0.03 <= s["mean_compute_s"] < 0.1, s
+    assert 0.03 <= s["compute_s"] < 0.1, s
     # The exchange was slow (12 of the 13 periods): it is in the step, not in the compute.
-    assert s["mean_step_s"] >= s["mean_compute_s"] + 0.08, s
+    assert s["mean_step_s"] >= s["compute_s"] + 0.08, s
     hook.close()
 
 
@@ -455,7 +455,7 @@ def test_the_step_controller_prices_the_trainer_by_the_hooks_timing(sparsecard, 
     --report-compute-time): rank 0's step controller takes the hooks' "hook_compute_time" as the
     trainer's time of a step ("trainer N ms" in its model, logged every step at debug level);
     without it the model says 0 ms. It is the slowest node's, smoothed: within 4x of rank 0's
-    own mean."""
+    own median."""
     out = tmp_path / "ddp.json"
     r = subprocess.run([sys.executable, os.path.join(BENCH, "ddp_digits.py"), "--sparsecard", sparsecard,
                         "--pythonpath", os.environ.get("PYTHONPATH", ""), "--out", str(out),
@@ -469,9 +469,8 @@ def test_the_step_controller_prices_the_trainer_by_the_hooks_timing(sparsecard, 
     assert kept, r.stderr
     sc = json.loads(out.read_text())["methods"]["sparsecar"]
     assert sc["hook_mode"] == "sparse", sc["hook_failure"]
-    hook = sc["hook"]
-    assert hook["compute_samples"] >= 15, hook
-    mine = hook["compute_ns"] / hook["compute_samples"] / 1e9
+    mine = sc["hook_compute_s"]
+    assert mine is not None and mine > 0, sc
     try:
         with open(os.path.join(kept.group(1), "sparsecard-0.log"), errors="replace") as f:
             said = re.findall(r"step model: .*?trainer ([0-9.e+-]+) ms", f.read())

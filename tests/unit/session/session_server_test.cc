@@ -351,6 +351,55 @@ TEST_F(SessionServerTest, DaemonStopMakesWaitUnavailableAtOnce) {
   EXPECT_NE(::lstat(sock_.path().c_str(), &st), 0) << "socket file left behind";
 }
 
+// await_activity(): what a binding blocks on outside its own lock, so that a trainer thread can
+// submit() meanwhile (the Python binding's wait()). It wakes on the completion doorbell, consumes
+// no completion, and says when the daemon's socket has something to read.
+TEST_F(SessionServerTest, AwaitActivityWakesOnACompletionAndSaysWhenTheDaemonCloses) {
+  start(1, FakePipeline::Mode::kHold);
+  auto client = connect();
+  ASSERT_NE(client, nullptr);
+  auto w = client->register_tensor("w", 4);
+  auto v = client->register_tensor("v", 4);
+  ASSERT_TRUE(w.ok() && v.ok());
+  (*w)->data()[0] = 2.0f;
+  (*v)->data()[0] = 6.0f;
+  ASSERT_TRUE(client->submit(**w, 1).ok());
+  ASSERT_TRUE(wait_until([&] { return pipeline_->job_count() == 1; }));
+  EXPECT_FALSE(client->await_activity(20ms)) << "nothing happened: a timeout, not the socket";
+
+  std::atomic<bool> woke{false}, said_socket{true};
+  std::thread waiter([&] {
+    said_socket = client->await_activity(10000ms);
+    woke = true;
+  });
+  // The other thread blocks in await_activity(); a submit from this one goes through meanwhile.
+  ASSERT_TRUE(client->submit(**v, 1).ok());
+  ASSERT_TRUE(wait_until([&] { return pipeline_->job_count() == 2; }));
+  std::this_thread::sleep_for(20ms);
+  EXPECT_FALSE(woke.load()) << "woke before any completion";
+  pipeline_->release();
+  EXPECT_TRUE(wait_until([&] { return woke.load(); }, 2000ms)) << "the doorbell did not wake it";
+  waiter.join();
+  EXPECT_FALSE(said_socket.load());
+  // Both completions are still there for wait(), which need not block.
+  auto rw = client->wait(**w, 1, 0ms);
+  ASSERT_TRUE(rw.ok()) << rw.status().to_string();
+  auto rv = client->wait(**v, 1, 0ms);
+  ASSERT_TRUE(rv.ok()) << rv.status().to_string();
+  EXPECT_EQ((*w)->data()[0], 1.0f);
+  EXPECT_EQ((*v)->data()[0], 3.0f);
+
+  ASSERT_TRUE(client->submit(**w, 2).ok());
+  ASSERT_TRUE(wait_until([&] { return pipeline_->job_count() == 3; }));
+  server_->stop();
+  auto t0 = WallClock::now();
+  EXPECT_TRUE(client->await_activity(10000ms)) << "the daemon closing is the socket's";
+  EXPECT_LT(WallClock::now() - t0, 2000ms);
+  auto r = client->wait(**w, 2, 1ms);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kUnavailable) << r.status().to_string();
+}
+
 TEST_F(SessionServerTest, LastClientLeavingResetsThePipeline) {
   start(1);
   {
