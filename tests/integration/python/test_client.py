@@ -4,6 +4,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import threading
 import time
 
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 import sparsecar
+from conftest import ROOT
 
 
 def test_round_trip_two_nodes_exact_mean(make_job):
@@ -222,3 +224,18 @@ def test_step_controller_times_small_messages_on_the_receivers_and_prices_the_st
     assert "step model: links: alpha" in r.stdout, r.stdout
     for cl in clients:
         cl.close()
+
+
+def test_the_submit_while_waiting_benchmark_runs(sparsecard):
+    """bench/client/submit_while_waiting.py, a few steps: both rows of its table, with numbers."""
+    script = os.path.join(ROOT, "bench", "client", "submit_while_waiting.py")
+    r = subprocess.run([sys.executable, script, "--sparsecard", sparsecard, "--steps", "3", "--delay-ms", "5"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [line for line in r.stdout.splitlines() if line.startswith(("baseline", "another thread"))]
+    assert len(rows) == 2, r.stdout
+    for row in rows:
+        assert re.search(r"\d+\.\d{3}\s+\d+\.\d{3}\s+\d+\.\d{3}\s+\d+\.\dx$", row), row
+    bad = subprocess.run([sys.executable, script, "--sparsecard", sparsecard, "--steps", "0"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--steps" in bad.stderr, bad.stderr
