@@ -23,8 +23,9 @@
 // Errors are Status values with a message (dead peer, deadline, bad registration), never a hang:
 // every wait has a deadline and a dead daemon is noticed at once.
 //
-// Thread-safety: a Client may be used from one thread at a time (callers serialise); different
-// Clients are independent.
+// Thread-safety: a Client may be used from one thread at a time (callers serialise), except
+// await_activity(), which may run while another thread calls the rest; different Clients are
+// independent.
 #pragma once
 
 #include <array>
