@@ -118,8 +118,9 @@ constexpr double kFollowed = 1.5;
 // (their median against the median of up to kComputeBaseSteps before them), voids no record (a
 // real Fashion-MNIST job at a steady 50 Mbit/s voided them on a loaded host, priced the ring by a
 // fit of small messages that cross within a shaper's burst, and tried it: two decisions). A load
-// that lasts moves the baseline within kComputeBaseSteps steps; a trainer that reports no compute
-// time gets no such guard.
+// that lasts moves the baseline within kComputeBaseSteps steps. The compute time is the trainer's
+// `compute_time` metric, else the DDP hook's own timing (`hook_compute_time`, CPU buckets and the
+// device path); a trainer with neither gets no such guard.
 constexpr size_t kComputeBaseSteps = 30;
 // v5: the first answer after the dense warm-up goes to the ring on the model's word about the
 // sparse plan only where the ring is cheaper by more than this (the model's sparse price was 13 %
@@ -127,6 +128,12 @@ constexpr size_t kComputeBaseSteps = 30;
 constexpr double kModelMargin = 0.3;
 constexpr size_t kOverheadSteps = 15;  // steps whose median is the step's overhead
 constexpr double kStartSparseFactor = 3.0;  // v8: a sparse step before any ran, x a dense step's rest
+
+// The upper median of a non-empty sample (taken by value: it is reordered).
+double median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
 
 double smooth_log(double mean, double sample, double alpha) {
   if (!(mean > 0)) return sample;
@@ -565,9 +572,7 @@ class StepController final : public Controller {
       // cost of any plan.
       if (gaps_.size() == kOverheadSteps) gaps_.erase(gaps_.begin());
       gaps_.push_back(std::max(o.period_s - (std::max(o.compute_s, 0.0) + o.encode_s + o.exchange_s), 0.0));
-      std::vector<double> sorted = gaps_;
-      std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
-      overhead_ = sorted[sorted.size() / 2];
+      overhead_ = median(gaps_);
     }
     Record& r = record_of(ran);
     // The last steps' times and the record before them: what recent_change() compares.
@@ -617,10 +622,6 @@ class StepController final : public Controller {
   bool host_load_moved(int side) const {
     if (computes_.size() < 2 * kChangeConfirmSteps) return false;
     const auto split = computes_.end() - static_cast<std::ptrdiff_t>(kChangeConfirmSteps);
-    auto median = [](std::vector<double> v) {
-      std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
-      return v[v.size() / 2];
-    };
     const double moved = std::log(median({split, computes_.end()}) / median({computes_.begin(), split}));
     return moved * side >= std::log(kFollowed);
   }

@@ -655,7 +655,7 @@ class SparsecarHook:
 
         def averaged(f):
             if clock is not None:
-                clock.all_reduce_done()
+                clock.all_reduce_done(buf)
             return f.value()[0].div_(world)
         return work.get_future().then(averaged)
 
@@ -684,7 +684,7 @@ class SparsecarHook:
             # the same failures switches at the same bucket.
             self._in_iteration = True
             if self._dense_t is not None or self.mode == "warmup":
-                first = _DenseClock.mark_now(buf)
+                first = _mark(buf)
                 if self._dense_t is not None and self._dense_t.complete:
                     self._dense_pending = (self._dense_t, first)
                 self._dense_t = _DenseClock(buf, first) if self.mode == "warmup" else None
@@ -700,9 +700,9 @@ class SparsecarHook:
         if last:
             self._in_iteration = False
             if self.mode == "sparse" and step in self._compute_marks:
-                self._compute_marks[step]["last"] = self._compute_mark(buf)
+                self._compute_marks[step]["last"] = _mark(buf)
             if self._dense_t is not None:
-                self._dense_t.last_bucket = _DenseClock.mark_now(buf)
+                self._dense_t.last_bucket = _mark(buf)
         if self.momentum is not None:
             self._apply_momentum(bucket, buf)
         if self.mode == "warmup":
@@ -712,7 +712,7 @@ class SparsecarHook:
                 clock = self._dense_t
                 self._end_warmup_iteration(buf.device)
                 if clock is not None:
-                    clock.hook_end = _DenseClock.mark_now(buf)
+                    clock.hook_end = _mark(buf)
             return fut
         if self.mode == "sparse":
             if not self._dense_timing_sent:
@@ -776,13 +776,6 @@ class SparsecarHook:
         except sparsecar.Error as e:
             log.warning("sparsecar: reporting the dense iterations' timing failed: %s", e)
 
-    def _compute_mark(self, buf, now=None):
-        """A moment of the trainer's timeline: a host time for CPU buckets, a CUDA event on the
-        bucket's current stream on the device path (host times there are the launches)."""
-        if not buf.is_cuda:
-            return time.monotonic() if now is None else now
-        return _DenseClock.mark_now(buf)
-
     def _time_compute(self, step, buf, now):
         """At a sparse iteration's first bucket: marks it, and reports the compute of earlier
         iterations whose marks are all passed, as the metric "hook_compute_time" (s): (its last
@@ -797,10 +790,11 @@ class SparsecarHook:
         if buf.is_cuda and self.path != "device":
             return
         marks = self._compute_marks
+        first = _mark(buf) if buf.is_cuda else now
         prev = marks.get(step - 1)
         if prev is not None and "last" in prev and "done" in prev:
-            prev["next"] = self._compute_mark(buf, now)
-        marks[step] = {"first": prev["next"] if prev is not None and "next" in prev else self._compute_mark(buf, now)}
+            prev["next"] = first
+        marks[step] = {"first": first}
         for s in sorted(marks):
             m = marks[s]
             if s < step - 2 or (s < step and "next" not in m):
@@ -808,12 +802,9 @@ class SparsecarHook:
                 continue
             if "next" not in m:
                 continue
-            if buf.is_cuda:
-                if not all(m[k].query() for k in ("first", "last", "done", "next")):
-                    continue
-                c = (m["first"].elapsed_time(m["last"]) + m["done"].elapsed_time(m["next"])) / 1e3
-            else:
-                c = (m["last"] - m["first"]) + (m["next"] - m["done"])
+            if buf.is_cuda and not all(m[k].query() for k in ("first", "last", "done", "next")):
+                continue
+            c = _seconds_between(m["first"], m["last"]) + _seconds_between(m["done"], m["next"])
             del marks[s]
             if not c > 0:
                 continue
@@ -985,7 +976,7 @@ class SparsecarHook:
         copies into the buckets."""
         marks = self._compute_marks.get(step)
         if marks is not None and "last" in marks:
-            marks["done"] = self._compute_mark(buf)
+            marks["done"] = _mark(buf)
 
     def _finish_iteration(self, pending):
         """Every rank learns whether every rank got every bucket of this iteration, then all use
@@ -1108,6 +1099,23 @@ def _move_momentum_out_of(optimizer, m):
              f" and its {dropped} momentum buffers dropped" if dropped else "")
 
 
+def _mark(buf):
+    """A moment of the trainer's timeline: a host time for CPU buckets; a CUDA event on the
+    bucket's device's current stream for GPU buckets (host times there are the launches)."""
+    if not buf.is_cuda:
+        return time.monotonic()
+    event = torch.cuda.Event(enable_timing=True)
+    event.record(torch.cuda.current_stream(buf.device))
+    return event
+
+
+def _seconds_between(a, b):
+    """b - a for two marks of _mark(); CUDA events must both have completed."""
+    if isinstance(a, float):
+        return b - a
+    return a.elapsed_time(b) / 1e3
+
+
 class _DenseClock:
     """The moments of one dense (warm-up) iteration: its first bucket, its last bucket, its
     all-reduces done, the last bucket's hook done (after registering with the daemon, which the
@@ -1122,7 +1130,6 @@ class _DenseClock:
 
     def __init__(self, buf, first):
         self.cuda = buf.is_cuda
-        self.device = buf.device
         self.first = first
         self.last_bucket = first
         self.done = []       # one mark per all-reduce callback (they may finish out of order)
@@ -1132,27 +1139,14 @@ class _DenseClock:
     def complete(self):
         return bool(self.done)
 
-    @staticmethod
-    def _now(cuda, device):
-        if not cuda:
-            return time.monotonic()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record(torch.cuda.current_stream(device))
-        return event
-
-    @staticmethod
-    def mark_now(buf):
-        return _DenseClock._now(buf.is_cuda, buf.device)
-
-    def all_reduce_done(self):
+    def all_reduce_done(self, buf):
         # Inside the future's callback: on a GPU torch made the current stream wait for the collective.
-        self.done.append(self._now(self.cuda, self.device))
+        self.done.append(_mark(buf))
 
     def _since_first(self, mark):
         if self.cuda:
             mark.synchronize()
-            return self.first.elapsed_time(mark) / 1e3
-        return mark - self.first
+        return _seconds_between(self.first, mark)
 
     def timing(self, next_first):
         if self.cuda:
