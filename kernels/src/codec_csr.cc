@@ -66,6 +66,11 @@ Status csr_decode(ValueType vt, std::span<const std::byte> payload, uint64_t nnz
     return data_loss("csr payload: rows " + num(rows) + " x cols " + num(cols) + " is not the dense length " +
                      num(dense_len));
   }
+  // An empty tensor has one row, as the encoder writes it: any other count would let a sender
+  // make the receiver walk up to 2^32 row ends of nothing (and payload_size_range rejects it).
+  if (dense_len == 0 && rows != 1) {
+    return data_loss("csr payload: rows " + num(rows) + " for an empty tensor (one row expected)");
+  }
   const size_t width = csr_col_width(cols);
   const size_t need = add_sat(add_sat(8 + 4 * rows, mul_sat(width, n)), value_bytes(vt, n));
   if (payload.size() != need) {

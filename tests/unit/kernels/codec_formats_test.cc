@@ -475,6 +475,25 @@ TEST(kernelsCodecFormats, EveryDecoderRejectsMalformedPayloadsAndWritesNothing) 
   for (const Bad& b : bad) expect_rejected(b, 10);
 }
 
+// An empty tensor's CSR payload has one row (the encoder's rule); rows * cols = 0 holds for any
+// row count once cols is 0, so the decoder must check the count itself. A fuzzer found a payload of
+// 3 empty rows that the decoder took and the wire's size pre-check did not.
+TEST(kernelsCodecFormats, AnEmptyTensorsCsrPayloadHasOneRow) {
+  for (ValueType vt : kValueTypes) {
+    SCOPED_TRACE(static_cast<int>(vt));
+    const auto one_row = must_encode(params(Format::kCsr, vt, 1), 0, {}, {});
+    ASSERT_GE(one_row.size(), 12u);
+    std::vector<float> out;
+    EXPECT_TRUE(decode_accumulate(Format::kCsr, vt, one_row, 0, out).ok());
+    EXPECT_TRUE(payload_size_range(Format::kCsr, vt, 0, 0).contains(one_row.size()));
+    // Three rows of nothing: rows = 3, two more zero row ends before the (empty) columns.
+    auto three_rows = with(one_row, 0, 3);
+    three_rows.insert(three_rows.begin() + 12, 8, std::byte{0});
+    expect_rejected({"rows for an empty tensor", Format::kCsr, vt, three_rows, 0, "empty tensor"}, 0);
+    EXPECT_FALSE(payload_size_range(Format::kCsr, vt, 0, 0).contains(three_rows.size()));
+  }
+}
+
 // Random single-byte corruptions and truncations of valid payloads: every decoder either accepts
 // (the bytes still form a valid payload) or rejects with kDataLoss and writes nothing. A small,
 // deterministic cousin of the fuzzers in tests/fuzz/.
