@@ -384,6 +384,28 @@ def test_the_dense_iterations_timing_reaches_the_daemon_before_the_first_sparse_
     hook.close()
 
 
+def test_a_stalled_dense_iteration_does_not_price_the_link(group, make_job):
+    """The hook reports its quickest dense iteration, not its last: a 0.3 s stall after the last
+    dense iteration's backward (another process holding the core, on a shared host) is in that
+    iteration's period and nowhere else, and the daemon must not read the link as 0.3 s a step."""
+    job = make_job(nodes=1, daemon_args=["--density", "0.05"])
+    model, ref = make_models()
+    hook = sparsecar.torch.register(model, socket=job.sockets[0], lr=0.1, timeout=20, on_error="raise",
+                                    announce=None)
+    assert hook.dense_iterations == 2
+    step_and_compare_close(model, ref, 0)
+    step_and_compare_close(model, ref, 1)
+    time.sleep(0.3)  # the stall: after iteration 1's last bucket, before iteration 2's first
+    run_steps(model, ref, 2, 4)
+    assert hook.mode == "sparse", hook.failure
+    s = hook.summary()
+    assert len(s["dense_steps_s"]) == 2, s
+    assert s["dense_steps_s"][1] >= 0.3, s
+    assert s["dense_step_s"] == min(s["dense_steps_s"]) < 0.3, s
+    assert 0 <= s["dense_wait_s"] < s["dense_step_s"], s
+    hook.close()
+
+
 def test_the_dense_clock_leaves_registering_out_of_the_period_and_takes_the_last_all_reduce():
     """The clock's arithmetic on host times (a GPU bucket's marks are CUDA events, read the same
     way through elapsed_time): an iteration from 10.0 s to the next one's first bucket at 12.0 s,
