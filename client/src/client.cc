@@ -86,6 +86,7 @@ class Client::Impl {
     size_t bytes = 0;
     std::optional<uint64_t> pending;      // step submitted and not yet answered
     std::optional<shm::Completion> done;  // its completion, popped while waiting for another
+    bool trainer_reduces = false;         // the pending submission's SubmitOptions::trainer_reduces
   };
 
   ~Impl();
@@ -497,9 +498,11 @@ Status Client::Impl::submit(const Tensor& tensor, uint64_t step, const SubmitOpt
   s.step = step;
   s.tensor_id = tensor.id_;
   s.lr = options.lr;
+  s.flags = options.trainer_reduces ? shm::kSubmitTrainerReduces : 0;
   if (!shm::ring_push(ctl_->submissions, s)) return would_block("submission ring full");
   ++outstanding_;
   e->pending = step;
+  e->trainer_reduces = options.trainer_reduces;
   e->done.reset();
   uint64_t one = 1;
   if (::write(sub_efd_, &one, sizeof one) < 0 && errno != EAGAIN) {
@@ -551,7 +554,12 @@ Expected<StepInfo> Client::Impl::wait(const Tensor& tensor, uint64_t step, milli
       e->done.reset();
       e->pending.reset();
       if (c.code != 0) return wire_status(c.code, c.message, sizeof c.message);
-      return StepInfo{c.step, c.bytes_sent, c.dense_bytes, c.nnz};
+      if ((c.flags & ~shm::kCompletionTrainerReduces) != 0 || c.reserved != 0 ||
+          ((c.flags & shm::kCompletionTrainerReduces) != 0 && !e->trainer_reduces)) {
+        return fail(data_loss(fmt::format("tensor '{}': step {}: completion flags {:#x} (reserved {:#x}) were not asked for",
+                                          tensor.name_, static_cast<unsigned long long>(step), c.flags, c.reserved)));
+      }
+      return StepInfo{c.step, c.bytes_sent, c.dense_bytes, c.nnz, (c.flags & shm::kCompletionTrainerReduces) != 0};
     }
     if (!st.ok()) return st;
     if (!dead_.ok()) return dead_;

@@ -73,6 +73,7 @@ void convert(const std::string& text, kernels::Format& field) { kernels::parse_f
 void convert(const std::string& text, kernels::ValueType& field) { kernels::parse_value_type(text, &field); }
 void convert(const std::string& text, policies::ErrorFeedback& field) { policies::parse_error_feedback(text, &field); }
 void convert(const std::string& text, policies::LrRescale& field) { policies::parse_lr_rescale(text, &field); }
+void convert(const std::string& text, policies::Collective& field) { policies::parse_dense_collective(text, &field); }
 void convert(const std::string& text, policies::TensorScales& field) {
   field = or_default(policies::parse_tensor_scales(text));
 }
@@ -357,6 +358,12 @@ const std::vector<KnobSpec>& knobs() {
        .doc = "when the trainer's lr changes: residual *= lr_new/lr_old (new_over_old), lr_old/lr_new (old_over_new) "
               "or off",
        .field = knob_field<&Config::lr_rescale, &S::lr_rescale>},
+      {.name = "dense_collective", .type = K::kChoice, .live = true, .agreed = true, .secret = false,
+       .env = "", .min = 0, .max = 0, .choices = policies::kDenseCollectiveChoices,
+       .doc = "who reduces dense steps (compression off, a controller's dense step): ring = the daemons' ring "
+              "all-reduce; trainer = the trainers' own all-reduce (NCCL, gloo), where every trainer of the job "
+              "says it does (the DDP hook), else the ring",
+       .field = knob_field<&Config::dense_collective, &S::dense_collective>},
       {.name = "tensor_overrides", .type = K::kString, .live = true, .agreed = true, .secret = false,
        .env = "", .min = 0, .max = 0, .choices = "",
        .doc = overrides_doc.c_str(),

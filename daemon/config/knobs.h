@@ -70,6 +70,7 @@ struct Config {
   double momentum = 0.9;                  // error_feedback = momentum: DGC's m
   double clip_norm = 0;                   // > 0: local gradient clipping to this L2 norm
   std::string lr_rescale = "off";         // off|new_over_old|old_over_new
+  std::string dense_collective = "ring";  // ring|trainer: who reduces dense plans (policies/plan.h)
   std::string tensor_overrides;           // "GLOB: key=value, ...; GLOB: ..." (policies/overrides.h)
   // Encoding of the selection (kernels/codec.h). Receivers decode whatever arrives, so nodes need
   // not agree; `auto` takes the smallest exact size per message.

@@ -397,6 +397,25 @@ Expected<std::span<float>> DeviceCompressor::dense_input(const policies::Plan& p
   return std::span<float>(host_dense_, n_);
 }
 
+Status DeviceCompressor::dense_share(const policies::Plan& plan, uint32_t average_over) {
+  SC_CHECK(pending_ == Pending::kNone && grad_ != nullptr, "dense_share() outside a begun step");
+  clear_residual_on_commit_ = false;
+  if (plan.error_feedback == policies::ErrorFeedback::kOff) {
+    SC_RETURN_IF_ERROR(cu::zero_async(residual_, n_ * sizeof(float), stream_));
+  }
+  const float* pair[2] = {residual_, grad_};
+  if (measure_) {
+    SC_RETURN_IF_ERROR(cu::norm2(grad_, n_, norms_, stream_));
+    SC_RETURN_IF_ERROR(cu::copy_async(host_norms_, norms_, sizeof(double), stream_));
+  }
+  SC_RETURN_IF_ERROR(cu::local_sum(out_, pair, n_, stream_));
+  if (average_over > 1) SC_RETURN_IF_ERROR(cu::scale(out_, n_, 1.0f / static_cast<float>(average_over), stream_));
+  SC_RETURN_IF_ERROR(cu::synchronize(stream_));
+  if (measure_) last_grad_norm2_ = host_norms_[0];
+  pending_ = Pending::kDense;
+  return Status::Ok();
+}
+
 Status DeviceCompressor::finish_dense(uint32_t average_over) {
   if (average_over > 0) {
     const float inv = 1.0f / static_cast<float>(average_over);

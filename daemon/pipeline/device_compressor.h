@@ -16,6 +16,8 @@
 //                                  compressor's output buffer; every payload's verdict checked
 //   dense plan:       dense_input()  residual + sum in pinned host memory (the ring runs there)
 //                     finish_dense()  the reduced buffer, times 1/trainers, back to the device
+//                     or, reduced by the trainers, dense_share(): (residual + sum) / local
+//                     trainers into the output, on the device
 //   then              commit() or rollback()
 //   and always        end(): on success the output is copied into every trainer's buffer; on
 //                     every path each trainer's done event is recorded after the last access to
@@ -99,6 +101,11 @@ class DeviceCompressor {
   Expected<std::span<float>> dense_input(const policies::Plan& plan);
   // The ring's result (dense_input()'s buffer, reduced in place) times 1 / average_over.
   Status finish_dense(uint32_t average_over);
+  // Dense plan reduced by the trainers (dense_collective=trainer): (residual + sum) times
+  // 1 / average_over (the local trainers) into the output, on the device; nothing crosses PCIe.
+  // The residual is untouched until commit() zeroes it (rollback() keeps the sum, as after
+  // dense_input()).
+  Status dense_share(const policies::Plan& plan, uint32_t average_over);
 
   void commit();
   void rollback();

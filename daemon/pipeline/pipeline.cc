@@ -283,6 +283,7 @@ void Pipeline::run() {
       if (decisions_) decisions_->reset();
       if (observer_) observer_->on_reset();
       agreed_ = false;
+      ring_instead_logged_ = false;
       restored_ = false;
       incarnation_ = 0;
       total_trainers_ = 0;
@@ -355,6 +356,7 @@ StepResult Pipeline::process(const StepJob& job) {
   // Before anything else: from here on rank 0 never decides a change effective before step+2.
   Decision decision = decisions_ ? decisions_->at_step(job.step) : Decision{};
   if (!agreed_) {
+    trainers_reduce_ = job.trainer_reduces;
     Status agreed = agree_on_job(clock_.now() + options_.join_timeout);
     if (!agreed.ok()) {
       r.status = agreed;
@@ -409,10 +411,11 @@ Status Pipeline::run_step(TensorState& t, const StepJob& job, const Decision& de
   StepTimes times;
   times.encode_started = clock_.now();
   times.exchange_started = times.encode_started;
+  SC_ASSIGN_OR_RETURN(const bool trainers, by_trainers(plan, job));
   if (plan.dense) {
     std::span<float> work = c.dense_input(job.local_sum, plan, job.lr);
     times.exchange_started = clock_.now();
-    s = ring_allreduce(ctx, id, job.step, work, &stats);
+    if (!trainers) s = ring_allreduce(ctx, id, job.step, work, &stats);
     if (s.ok()) {
       std::copy(work.begin(), work.end(), job.result.begin());
       result->nnz = n;
@@ -438,7 +441,9 @@ Status Pipeline::run_step(TensorState& t, const StepJob& job, const Decision& de
   }
   count_messages(plan, sent_format, stats);
   times.exchange_ended = clock_.now();
-  result->bytes_sent = stats.bytes_sent;
+  // Reduced by the trainers: their all-reduce sends what the ring would (the step's bytes in the
+  // trainer's and the job summary's ratio); the daemon's own link sent nothing (stats).
+  result->bytes_sent = trainers ? result->dense_bytes : stats.bytes_sent;
   if (!s.ok()) {
     c.rollback();  // nothing lost
     broadcast_abort(ctx, id, job.step, s.message());
@@ -452,7 +457,10 @@ Status Pipeline::run_step(TensorState& t, const StepJob& job, const Decision& de
   observe_step(t, job, decision, plan, true, *result, stats, times, job.local_sum, c.residual(),
                plan.dense ? std::span<const float>{} : c.selected_values(), -1, plan.dense ? -1 : residual_norm2);
   const auto reduce_started = clock_.now();
-  kernels::scale(job.result, 1.0f / static_cast<float>(total_trainers_));
+  // The average; or, reduced by the trainers, each local trainer's share of this node's part.
+  result->trainer_reduces = trainers;
+  const uint32_t over = trainers ? options_.local_clients : total_trainers_;
+  if (over != 1) kernels::scale(job.result, 1.0f / static_cast<float>(over));
   stats.reduce_seconds += seconds_since(clock_, reduce_started);
   finish_step(t, plan, *result, stats, residual_norm2);
   return Status::Ok();
@@ -506,7 +514,16 @@ Status Pipeline::run_device_step(TensorState& t, const StepJob& job, const Decis
   d.measure_norms(controllers_listen(decision));
   if (!ahead) s = d.begin(job.device);
   if (!s.ok()) return fail_early(std::move(s));
-  if (plan.dense) {
+  Expected<bool> trainers = by_trainers(plan, job);
+  if (!trainers.ok()) return fail_early(trainers.status());
+  if (plan.dense && *trainers) {
+    // Each local trainer's share of this node's part, on the GPU; the trainers all-reduce it.
+    s = d.dense_share(plan, options_.local_clients);
+    if (!s.ok()) return fail_early(std::move(s));
+    times.exchange_started = clock_.now();
+    result->nnz = n;
+    result->trainer_reduces = true;
+  } else if (plan.dense) {
     Expected<std::span<float>> work = d.dense_input(plan);
     if (!work.ok()) return fail_early(work.status());
     times.exchange_started = clock_.now();
@@ -540,7 +557,7 @@ Status Pipeline::run_device_step(TensorState& t, const StepJob& job, const Decis
   }
   count_messages(plan, sent_format, stats);
   times.exchange_ended = clock_.now();
-  result->bytes_sent = stats.bytes_sent;
+  result->bytes_sent = result->trainer_reduces ? result->dense_bytes : stats.bytes_sent;  // as on the host
   if (!s.ok()) {
     d.rollback();  // nothing lost
     broadcast_abort(ctx, id, job.step, s.message());
@@ -906,6 +923,9 @@ std::string Pipeline::manifest() const {
   std::ostringstream os;
   os << "local_clients " << options_.local_clients << "\n";
   os << "knobs " << options_.agreed_knobs << "\n";
+  // A job whose trainers reduce dense steps themselves on one node and not on another could not
+  // run dense_collective=trainer alike everywhere: agreed like the knobs.
+  os << "trainers_reduce " << (trainers_reduce_ ? 1 : 0) << "\n";
   for (const auto& t : tensors_) {
     if (!t) continue;
     // "tensor <id> <count> shape=<d0>x<d1>... <name>" (shape=none without one): the shape must
@@ -916,6 +936,23 @@ std::string Pipeline::manifest() const {
     os << "tensor " << t->id << " " << spec.count << " shape=" << shape << " " << spec.name << "\n";
   }
   return os.str();
+}
+
+Expected<bool> Pipeline::by_trainers(const policies::Plan& plan, const StepJob& job) {
+  if (!plan.dense || plan.collective != policies::Collective::kTrainerAllReduce) return false;
+  if (!trainers_reduce_) {
+    if (!ring_instead_logged_) {
+      SC_LOG_WARN("dense_collective=trainer: this job's trainers do not all-reduce dense steps themselves (the DDP "
+                  "hook does; a trainer says so with each submit): the daemons' ring runs them");
+      ring_instead_logged_ = true;
+    }
+    return false;
+  }
+  if (!job.trainer_reduces) {
+    return failed_precondition("dense_collective=trainer: a local trainer of this job no longer says it "
+                               "all-reduces dense steps itself");
+  }
+  return true;
 }
 
 Status Pipeline::agree_on_job(Clock::time_point deadline) {

@@ -227,6 +227,10 @@ class Pipeline final : public StepSink {
   // from now (pipeline thread).
   ExchangeContext exchange_context(uint32_t epoch) const;
   std::string manifest() const;
+  // dense_collective=trainer: whether this step goes to the trainers' own all-reduce; alike on
+  // every node (the plan's knob and trainers_reduce_ are agreed). kFailedPrecondition when the
+  // job's trainers said they reduce and this step's did not.
+  Expected<bool> by_trainers(const policies::Plan& plan, const StepJob& job);
   void fail_queued(std::deque<Command>& queue, const std::string& why);
   // Pipeline thread (or stop() after it ended): logs the job's summary line, folds its totals into
   // the daemon's and starts fresh ones.
@@ -274,6 +278,11 @@ class Pipeline final : public StepSink {
   bool restored_ = false;     // residuals came from a checkpoint in this job (restore())
   uint64_t incarnation_ = 0;  // the agreed job's incarnation (mailbox.h); 0 until agreed
   uint32_t total_trainers_ = 0;
+  // Whether this node's trainers all-reduce dense steps themselves (the job's first step's
+  // StepJob::trainer_reduces; in the manifest, so equal on every node of an agreed job), and
+  // whether the knob asking for it without them was logged in this job.
+  bool trainers_reduce_ = false;
+  bool ring_instead_logged_ = false;
   JobProgress progress_;           // the progress lines and the job summary (progress.h)
   struct Overlap {
     uint64_t steps = 0;   // device steps compressed while the previous one was on the wire

@@ -87,6 +87,8 @@ struct StepJob {
   // the pipeline drops it when it answers (the mappings close with the last owner).
   std::span<const DeviceBuffer> device = {};
   std::shared_ptr<const void> keepalive = {};
+  // Every local trainer said it all-reduces a dense step itself (shm::kSubmitTrainerReduces).
+  bool trainer_reduces = false;
 };
 
 struct StepResult {
@@ -98,6 +100,9 @@ struct StepResult {
   uint64_t nnz = 0;          // elements this node selected
   uint64_t generation = 0;   // StepJob::generation, so a late answer from before a reset is
                              // never mistaken for the same (tensor, step) of the next job
+  // `result` holds each trainer's share of this node's contribution (dense_collective=trainer):
+  // the trainers reduce it themselves (shm::kCompletionTrainerReduces).
+  bool trainer_reduces = false;
 };
 
 // The pipeline as the session sees it. All calls come from the session thread and never block.

@@ -34,6 +34,7 @@ Expected<void*> event_create() { return unavailable_here("cuda::event_create"); 
 void event_destroy(void*) {}
 Status local_sum(float*, std::span<const float* const>, size_t, Stream) { return unavailable_here("cuda::local_sum"); }
 Status scatter_add(const DeviceSelection&, float*, size_t, Stream) { return unavailable_here("cuda::scatter_add"); }
+Status scale(float*, size_t, float, Stream) { return unavailable_here("cuda::scale"); }
 Status norm2(const float*, size_t, double*, Stream) { return unavailable_here("cuda::norm2"); }
 size_t select_workspace_bytes(size_t) { return 0; }
 

@@ -10,7 +10,8 @@ namespace sparsecar::policies {
 static Plan static_plan_base(const StaticSettings& settings, const TensorObservation& observation) {
   Plan plan;
   if (!settings.compression || settings.selector == kernels::Selector::kNone) {
-    return plan;  // dense ring all-reduce
+    plan.collective = settings.dense_collective;
+    return plan;  // dense
   }
   plan.dense = false;
   plan.selector = settings.selector;
@@ -110,8 +111,29 @@ bool parse_lr_rescale(std::string_view text, LrRescale* out) {
   return false;
 }
 
+std::string_view dense_collective_name(Collective c) {
+  switch (c) {
+    case Collective::kRingAllReduce: return "ring";
+    case Collective::kSparseAllGather: return "sparse-allgather";
+    case Collective::kTrainerAllReduce: return "trainer";
+  }
+  return "unknown";
+}
+
+bool parse_dense_collective(std::string_view text, Collective* out) {
+  for (Collective c : {Collective::kRingAllReduce, Collective::kTrainerAllReduce}) {
+    if (text == dense_collective_name(c)) {
+      *out = c;
+      return true;
+    }
+  }
+  return false;
+}
+
 std::string describe(const Plan& plan) {
-  if (plan.dense) return "dense ring-allreduce";
+  if (plan.dense) {
+    return plan.collective == Collective::kTrainerAllReduce ? "dense trainer-allreduce" : "dense ring-allreduce";
+  }
   char buf[160];
   const char* collective = plan.collective == Collective::kSparseAllGather ? "sparse-allgather" : "ring";
   const std::string_view format = plan.auto_format ? std::string_view("auto") : kernels::format_name(plan.format);

@@ -181,6 +181,7 @@ Plan plan_tensor(const PlanSettings& settings, const TensorObservation& obs) {
   // What static_plan gives with compression off: dense, with the tensor's error compensation
   // (the compressor applies it on dense steps too: clipping, EF variant, lr rescale).
   Plan dense_plan;
+  dense_plan.collective = settings.base.dense_collective;
   dense_plan.params = plan.params;
   dense_plan.error_feedback = plan.error_feedback;
   dense_plan.momentum = plan.momentum;

@@ -167,16 +167,21 @@ class Client:
                                        offset=int(offset), ready_event=ready_event, done_event=done_event,
                                        shape=None if shape is None else tuple(shape))
 
-    def submit(self, tensor, step, lr=0.0, data=None):
+    def submit(self, tensor, step, lr=0.0, data=None, trainer_reduces=False):
         """Hands the slot's contents for `step` to the daemon (non-blocking). With `data` (a NumPy
-        array or torch tensor of the same size) the slot is filled from it first."""
+        array or torch tensor of the same size) the slot is filled from it first.
+        trainer_reduces=True says this trainer all-reduces a dense step itself when the daemon
+        answers with StepInfo.trainer_reduces (the knob dense_collective=trainer, where every
+        trainer of the job says so; the DDP hook does): the slot then holds this trainer's share,
+        to be summed over every trainer and divided by their number."""
         if data is not None:
             copy_into(tensor.array(), data)
-        self._c.submit(tensor, int(step), float(lr))
+        self._c.submit(tensor, int(step), float(lr), bool(trainer_reduces))
 
     def wait(self, tensor, step, timeout=30.0, out=None):
         """Waits for (tensor, step); then the slot holds the averaged gradient. With `out` the
-        average is also copied into it. Returns a StepInfo (bytes_sent, dense_bytes, nnz)."""
+        average is also copied into it. Returns a StepInfo (bytes_sent, dense_bytes, nnz,
+        trainer_reduces)."""
         info = self._c.wait(tensor, int(step), float(timeout))
         if out is not None:
             copy_out(tensor.array(), out)

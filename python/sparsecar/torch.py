@@ -279,7 +279,9 @@ class SparsecarHook:
         mode, path ("device": GPU buckets handed over by CUDA IPC and compressed on the GPU;
         "host": staged through shared memory; None before registering), agreement ("gloo": the
         side group, "device": DDP's group), iterations (every DDP iteration hooked, restored ones included), sparse_iterations,
-        dense_buckets (warm-up and fallback), tensors (registered), bytes_sent / dense_bytes (the
+        dense_buckets (warm-up and fallback), sparse_buckets (through the daemon),
+        trainer_reduced_buckets (of those, dense steps the daemon handed back for this process
+        group's own all-reduce: dense_collective=trainer), tensors (registered), bytes_sent / dense_bytes (the
         daemon's report for this node: wire bytes vs. what a dense ring all-reduce would have
         sent), ratio (dense_bytes / bytes_sent; None before any sparse step), density (selected /
         elements), mean_step_s (wall time from one sparse iteration's first bucket to the next
@@ -304,6 +306,7 @@ class SparsecarHook:
             "sparse_iterations": st["sparse_iterations"],
             "dense_buckets": st["dense_buckets"],
             "sparse_buckets": st["sparse_buckets"],
+            "trainer_reduced_buckets": st["trainer_reduced_buckets"],
             "failed_steps": st["failed_steps"],
             "tensors": sum(len(v) for v in self._slices.values()),
             "bytes_sent": sent,
@@ -740,11 +743,11 @@ class SparsecarHook:
                         for sl in slices:
                             sl.stage.copy_(flat[sl.offset:sl.offset + sl.numel])
                             sl.ready.record(stream)
-                            self._client.submit(sl.tensor, step, lr=lr)
+                            self._client.submit(sl.tensor, step, lr=lr, trainer_reduces=True)
                     else:
                         for sl in slices:
                             sparsecar.copy_into(sl.tensor.array(), flat[sl.offset:sl.offset + sl.numel])
-                            self._client.submit(sl.tensor, step, lr=lr)
+                            self._client.submit(sl.tensor, step, lr=lr, trainer_reduces=True)
                     self._jobs.put(("sparse", index, buf, fut, step, last))
                 except sparsecar.Error as e:
                     self._fail_step(f"submitting bucket {index} step {step} failed: {e}")
@@ -975,6 +978,26 @@ class SparsecarHook:
             flat[sl.offset:sl.offset + sl.numel].copy_(sl.stage)
             self._mask_velocity(index, sl, info, sl.stage)
 
+    def _reduce_shares(self, index, buf, infos):
+        """dense_collective=trainer: the daemon handed these slices back as this rank's share of
+        its node's part (StepInfo.trainer_reduces, alike on every rank for a step): all-reduce
+        them over DDP's process group and divide by its size, as DDP's own dense step. Runs
+        on every rank in the same bucket order (this thread, after _all_ranks_ok); one collective
+        per bucket when every slice of it is a share. The device path: on the sync stream, after
+        the copies into the bucket."""
+        shared = [sl for sl, info in zip(self._slices[index], infos) if info.trainer_reduces]
+        if not shared:
+            return
+        flat = buf.view(-1)
+        parts = [flat] if len(shared) == len(infos) else [flat[sl.offset:sl.offset + sl.numel] for sl in shared]
+        world = self._world()
+        stream = self._sync_stream if self.path == "device" else None
+        with _on_device(buf.device), (torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()):
+            for part in parts:
+                dist.all_reduce(part, group=self.process_group)
+                part.div_(world)
+        self.stats["trainer_reduced_buckets"] += 1
+
     def _mark_done(self, step, buf):
         """The iteration's averages are back (before its last future: fulfilling it lets the
         trainer's backward return); on the device path an event on the sync stream, after the
@@ -1020,6 +1043,7 @@ class SparsecarHook:
                     t[2] += info.nnz
                     t[3] += info.bytes_sent
                     t[4] += info.dense_bytes
+                self._reduce_shares(index, buf, infos)
                 self.stats["sparse_buckets"] += 1
                 if self.path == "device":
                     # The future records its event on this thread's current stream: the one that

@@ -71,6 +71,7 @@ struct PyTensor {
 
 struct PyStepInfo {
   uint64_t step = 0, bytes_sent = 0, dense_bytes = 0, nnz = 0;
+  bool trainer_reduces = false;
 };
 
 class PyClient {
@@ -171,13 +172,14 @@ class PyClient {
     return PyTensor{s_, *t, view_shape};
   }
 
-  void submit(const PyTensor& t, uint64_t step, float lr) {
+  void submit(const PyTensor& t, uint64_t step, float lr, bool trainer_reduces) {
     Session& s = live_for(t);
     sparsecar::Status st;
     {
       std::lock_guard lock(s.mu);  // never blocks for long: wait() holds it only to look
       sparsecar::SubmitOptions o;
       o.lr = lr;
+      o.trainer_reduces = trainer_reduces;
       st = s.client->submit(*t.tensor, step, o);
     }
     check(st);
@@ -226,7 +228,7 @@ class PyClient {
       }
       raise_status(r.status());
     }
-    return PyStepInfo{r->step, r->bytes_sent, r->dense_bytes, r->nnz};
+    return PyStepInfo{r->step, r->bytes_sent, r->dense_bytes, r->nnz, r->trainer_reduces};
   }
 
   void report_metric(const std::string& name, double value, uint64_t step) {
@@ -328,10 +330,14 @@ PYBIND11_MODULE(_sparsecar, m) {
       .def_readonly("bytes_sent", &PyStepInfo::bytes_sent, "bytes the local daemon put on the wire")
       .def_readonly("dense_bytes", &PyStepInfo::dense_bytes, "what a dense ring all-reduce would have sent")
       .def_readonly("nnz", &PyStepInfo::nnz, "elements the local daemon selected")
+      .def_readonly("trainer_reduces", &PyStepInfo::trainer_reduces,
+                    "the tensor holds this trainer's share, not the average: all-reduce (sum) it over every "
+                    "trainer and divide by their number (only after submit(..., trainer_reduces=True))")
       .def("__repr__", [](const PyStepInfo& i) {
-        return sparsecar::strfmt("StepInfo(step=%llu, bytes_sent=%llu, dense_bytes=%llu, nnz=%llu)",
+        return sparsecar::strfmt("StepInfo(step=%llu, bytes_sent=%llu, dense_bytes=%llu, nnz=%llu%s)",
                                  static_cast<unsigned long long>(i.step), static_cast<unsigned long long>(i.bytes_sent),
-                                 static_cast<unsigned long long>(i.dense_bytes), static_cast<unsigned long long>(i.nnz));
+                                 static_cast<unsigned long long>(i.dense_bytes), static_cast<unsigned long long>(i.nnz),
+                                 i.trainer_reduces ? ", trainer_reduces=True" : "");
       });
 
   py::class_<PyTensor>(m, "Tensor", "A registered tensor: a float32 shared-memory slot.")
@@ -351,7 +357,8 @@ PYBIND11_MODULE(_sparsecar, m) {
       .def("register_device", &PyClient::register_device, py::arg("name"), py::arg("count"), py::kw_only(),
            py::arg("device_uuid"), py::arg("mem_handle"), py::arg("offset"), py::arg("ready_event"),
            py::arg("done_event"), py::arg("shape") = py::none())
-      .def("submit", &PyClient::submit, py::arg("tensor"), py::arg("step"), py::arg("lr") = 0.0f)
+      .def("submit", &PyClient::submit, py::arg("tensor"), py::arg("step"), py::arg("lr") = 0.0f,
+           py::arg("trainer_reduces") = false)
       .def("wait", &PyClient::wait, py::arg("tensor"), py::arg("step"), py::arg("timeout") = 30.0)
       .def("report_metric", &PyClient::report_metric, py::arg("name"), py::arg("value"), py::arg("step"))
       .def("close", &PyClient::close)

@@ -51,6 +51,9 @@ struct ConnectOptions {
 
 struct SubmitOptions {
   float lr = 0.0f;  // learning rate of this step; 0 = not given
+  // This trainer all-reduces a dense step itself when the daemon asks (StepInfo::trainer_reduces):
+  // the knob dense_collective=trainer uses it where every trainer of the job says so.
+  bool trainer_reduces = false;
 };
 
 // What the daemon reports with a successful step.
@@ -59,6 +62,10 @@ struct StepInfo {
   uint64_t bytes_sent = 0;   // bytes the local daemon put on the wire for this (tensor, step)
   uint64_t dense_bytes = 0;  // what a dense exchange of the same step would have sent
   uint64_t nnz = 0;          // elements the local daemon selected for this step
+  // The tensor holds this trainer's share of its node's contribution, not the average: sum it
+  // over every trainer of the job (an all-reduce of its own) and divide by their number. Only
+  // for a submit with SubmitOptions::trainer_reduces.
+  bool trainer_reduces = false;
 };
 
 // Where a GPU tensor is, as CUDA IPC handles (the bytes of the CUDA types; this header needs no

@@ -1,5 +1,5 @@
 // cuda.h's element-wise helpers of the daemon's device path: the node's local sum, giving a
-// selection back to its residual, and the squared norm the controllers measure. Grid-stride passes; validation on the host first.
+// selection back to its residual, scaling, and the squared norm the controllers measure. Grid-stride passes; validation on the host first.
 #include <cuda_runtime.h>
 
 #include <string>
@@ -38,6 +38,13 @@ __global__ void scatter_add_kernel(const uint32_t* __restrict__ index, const flo
        j += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const uint32_t i = index[j];
     if (i < n) dense[i] += value[j];
+  }
+}
+
+__global__ void scale_kernel(float* __restrict__ x, size_t n, float factor) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    x[i] *= factor;
   }
 }
 
@@ -99,6 +106,13 @@ Status scatter_add(const DeviceSelection& sel, float* dense, size_t n, Stream st
   scatter_add_kernel<<<detail::stride_blocks(sel.capacity, kThreads), kThreads, 0, stream>>>(
       sel.index, sel.value, sel.count, sel.capacity, dense, n);
   return cuda_status("scatter_add_kernel", cudaGetLastError());
+}
+
+Status scale(float* x, size_t n, float factor, Stream stream) {
+  if (n == 0) return Status::Ok();
+  if (x == nullptr) return invalid_argument("cuda::scale: null buffer");
+  scale_kernel<<<detail::stride_blocks(n, kThreads), kThreads, 0, stream>>>(x, n, factor);
+  return cuda_status("scale_kernel", cudaGetLastError());
 }
 
 }  // namespace sparsecar::kernels::cuda

@@ -93,6 +93,41 @@ def test_four_ranks_two_daemons_match_plain_allreduce(sparsecard, tmp_path):
     assert sc["rank_checksum_spread"] == 0.0
 
 
+def test_dense_steps_reduced_by_the_trainers_match_plain_allreduce(sparsecard, tmp_path):
+    """dense_collective=trainer on 2 daemons x 2 ranks: every dense step comes back as each
+    rank's share of its node's part, the hook all-reduces it over gloo, and the model ends where
+    plain DDP's does (the same 1e-5 bound as the daemons' ring above); every rank identical."""
+    s = _ddp_digits(sparsecard, tmp_path, ["--methods", "dense,sparsecar", "--compression", "off", "--steps", "25",
+                                           "--timeout", "240", "--daemon-arg=--dense-collective=trainer"],
+                    timeout=300)
+    sc = s["methods"]["sparsecar"]
+    assert sc["hook_mode"] == "sparse" and sc["hook"]["sparse_buckets"] >= 23, sc["hook"]
+    assert sc["hook"].get("trainer_reduced_buckets") == sc["hook"]["sparse_buckets"], sc["hook"]
+    assert sc["max_abs_diff_vs_dense"] < 1e-5
+    assert sc["rank_checksum_spread"] == 0.0
+
+
+def test_a_dense_step_after_sparse_ones_hands_the_residual_to_the_trainers(sparsecard, tmp_path):
+    """Top-k with a dense step every 4th step (schedule_dense_every), reduced by the trainers: the
+    dense steps carry the residual the sparse ones left (error feedback: nothing lost), so over
+    a whole period of 4 steps the sum of the applied averages is the sum of the gradients; the
+    job's loss falls as with the daemons' ring, and every rank stays identical."""
+    common = ["--methods", "sparsecar", "--compression", "on", "--density", "0.01", "--steps", "40",
+              "--timeout", "240", "--daemon-arg=--controller=schedule", "--daemon-arg=--schedule-dense-every=4"]
+    for d in ("ring", "trainer"):
+        (tmp_path / d).mkdir()
+    ring = _ddp_digits(sparsecard, tmp_path / "ring", common, timeout=300)["methods"]["sparsecar"]
+    tr = _ddp_digits(sparsecard, tmp_path / "trainer", common + ["--daemon-arg=--dense-collective=trainer"],
+                     timeout=300)["methods"]["sparsecar"]
+    assert tr["hook_mode"] == "sparse" and tr["rank_checksum_spread"] == 0.0, tr
+    # steps 3, 7, ..., 39 (dense where (step + 1) % 4 == 0) of the 38 after the hook's 2 dense ones
+    buckets = tr["hook"]["sparse_buckets"] // 38
+    assert buckets >= 1 and tr["hook"]["sparse_buckets"] == 38 * buckets, tr["hook"]
+    assert tr["hook"]["trainer_reduced_buckets"] == 10 * buckets, tr["hook"]
+    assert ring["hook"].get("trainer_reduced_buckets", 0) == 0, ring["hook"]
+    assert tr["losses"][-1] == pytest.approx(ring["losses"][-1], rel=0.05, abs=0.02), (tr["losses"], ring["losses"])
+
+
 def _ddp_digits(sparsecard, tmp_path, extra, env_extra=None, timeout=600):
     out = tmp_path / "ddp.json"
     env = dict(os.environ)

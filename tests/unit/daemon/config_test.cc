@@ -95,7 +95,8 @@ TEST(KnobsTest, AgreedKnobsTextOfTheDefaults) {
   EXPECT_EQ(agreed_knobs(Config{}),
             "world_size=1 job_id=0 compression=on selector=topk density=0.01 threshold=0.001 block_size=64 "
             "group_norm=l2 heads=8 mask_period=100 hybrid_density=0.001 quantile=0.99 approx_tolerance=0.1 "
-            "random_seed=0 error_feedback=residual momentum=0.9 clip_norm=0 lr_rescale=off tensor_overrides= "
+            "random_seed=0 error_feedback=residual momentum=0.9 clip_norm=0 lr_rescale=off dense_collective=ring "
+            "tensor_overrides= "
             "controller=static density_min=1e-05 density_max=1 density_cap=1 tensor_density_scale= "
             "schedule_warmup_steps=0 schedule_ramp_steps=0 schedule_start_density=0.25 schedule_end_density=0 "
             "schedule_shape=exp schedule_dense_every=0 schedule_dense_from=0 layerwise_dense_below=4096 layerwise_small_scale=1e+01 "

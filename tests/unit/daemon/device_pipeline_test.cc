@@ -88,6 +88,7 @@ struct Case {
   double density;
   double threshold;
   kernels::Format format;
+  bool trainers_reduce = false;  // dense_collective=trainer, every trainer reducing
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -105,6 +106,7 @@ TEST_P(DevicePipeline, EqualsTheHostPathBitForBit) {
   const size_t n = 200003;  // odd: no chunk or vector width divides it
   PipelineOptions o = options(c.compression, c.selector, c.density, c.threshold);
   o.settings.format = c.format;
+  if (c.trainers_reduce) o.settings.dense_collective = policies::Collective::kTrainerAllReduce;
   PipelineJob host(kWorld, o);
   PipelineJob device(kWorld, o);
   for (uint32_t r = 0; r < kWorld; ++r) {
@@ -122,7 +124,7 @@ TEST_P(DevicePipeline, EqualsTheHostPathBitForBit) {
     std::vector<std::vector<float>> inputs;
     for (uint32_t r = 0; r < kWorld; ++r) inputs.push_back(fakes::random_vector(n, 1000 * static_cast<uint32_t>(step) + r));
     std::vector<std::vector<float>> expected;
-    auto host_results = fakes::run_step(host, 0, step, inputs, expected);
+    auto host_results = fakes::run_step(host, 0, step, inputs, expected, std::vector<bool>(kWorld, c.trainers_reduce));
     for (auto& res : host_results) ASSERT_TRUE(res.status.ok()) << res.status.to_string();
 
     for (uint32_t r = 0; r < kWorld; ++r) {
@@ -131,11 +133,14 @@ TEST_P(DevicePipeline, EqualsTheHostPathBitForBit) {
       j.tensor_id = 0;
       j.step = step;
       j.device = std::span<const DeviceBuffer>(&tensors[r]->buffer, 1);
+      j.trainer_reduces = c.trainers_reduce;
       device.nodes[r]->pipeline->submit(j);
     }
     for (uint32_t r = 0; r < kWorld; ++r) {
       StepResult res = device.nodes[r]->results.wait(0, step);
       ASSERT_TRUE(res.status.ok()) << "rank " << r << ": " << res.status.to_string();
+      EXPECT_EQ(res.trainer_reduces, host_results[r].trainer_reduces);
+      EXPECT_EQ(res.trainer_reduces, c.trainers_reduce && !c.compression);
       EXPECT_EQ(res.nnz, host_results[r].nnz) << "rank " << r << " step " << step;
       EXPECT_EQ(res.bytes_sent, host_results[r].bytes_sent) << "rank " << r << " step " << step;
       const std::vector<float> got = tensors[r]->read();
@@ -151,7 +156,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"topk_bitmap", true, kernels::Selector::kTopk, 0.05, 0.0, kernels::Format::kBitmap},
                       Case{"threshold_varint", true, kernels::Selector::kThreshold, 0.0, 2.5,
                            kernels::Format::kCooVarint},
-                      Case{"dense_ring", false, kernels::Selector::kTopk, 0.01, 0.0, kernels::Format::kCoo}),
+                      Case{"dense_ring", false, kernels::Selector::kTopk, 0.01, 0.0, kernels::Format::kCoo},
+                      // Each trainer's share on the GPU (dense_share), nothing staged through the host.
+                      Case{"dense_trainer", false, kernels::Selector::kTopk, 0.01, 0.0, kernels::Format::kCoo, true},
+                      Case{"topk_trainer", true, kernels::Selector::kTopk, 0.01, 0.0, kernels::Format::kCoo, true}),
     [](const ::testing::TestParamInfo<Case>& p) { return std::string(p.param.name); });
 
 // Several device tensors queued at once (DDP's buckets of one backward): each step after the first
@@ -211,12 +219,14 @@ TEST(DevicePipelineOverlap, BucketsQueuedTogetherEqualTheHostPath) {
 // A node of two trainers on two GPUs: the daemon works on the first trainer's GPU, brings the
 // second's buffer over (a peer copy), sums both in float64 (the session's host sum), and writes
 // the average back into both buffers, recording each trainer's done event on its own GPU.
-TEST(DevicePipelineNode, TwoTrainersOnTwoGpusEqualTheHostPath) {
-  if (cu::device_count() < 2) GTEST_SKIP() << "needs 2 GPUs (" << cu::device_count() << " here)";
+// With dense_collective=trainer and compression off, each trainer's share, (local sum) / 2, on
+// the GPU (cuda::scale), equal to the host path's.
+void two_trainers_on_two_gpus(bool compression, bool trainers_reduce) {
   constexpr uint32_t kWorld = 2;
   const size_t n = 65537;
-  PipelineOptions o = options(true, kernels::Selector::kTopk, 0.02, 0.0);
+  PipelineOptions o = options(compression, kernels::Selector::kTopk, 0.02, 0.0);
   o.local_clients = 2;
+  if (trainers_reduce) o.settings.dense_collective = policies::Collective::kTrainerAllReduce;
   PipelineJob host(kWorld, o);
   PipelineJob device(kWorld, o);
   std::vector<std::vector<std::unique_ptr<DeviceTensor>>> tensors(kWorld);
@@ -240,7 +250,10 @@ TEST(DevicePipelineNode, TwoTrainersOnTwoGpusEqualTheHostPath) {
       }
     }
     std::vector<std::vector<float>> expected;
-    for (auto& res : fakes::run_step(host, 0, step, sums, expected)) ASSERT_TRUE(res.status.ok()) << res.status.to_string();
+    for (auto& res : fakes::run_step(host, 0, step, sums, expected, std::vector<bool>(kWorld, trainers_reduce))) {
+      ASSERT_TRUE(res.status.ok()) << res.status.to_string();
+      ASSERT_EQ(res.trainer_reduces, trainers_reduce && !compression);
+    }
     std::vector<std::vector<DeviceBuffer>> buffers(kWorld);
     for (uint32_t r = 0; r < kWorld; ++r) {
       for (uint32_t c = 0; c < 2; ++c) {
@@ -251,6 +264,7 @@ TEST(DevicePipelineNode, TwoTrainersOnTwoGpusEqualTheHostPath) {
       j.tensor_id = 0;
       j.step = step;
       j.device = buffers[r];
+      j.trainer_reduces = trainers_reduce;
       device.nodes[r]->pipeline->submit(j);
     }
     for (uint32_t r = 0; r < kWorld; ++r) {
@@ -262,6 +276,16 @@ TEST(DevicePipelineNode, TwoTrainersOnTwoGpusEqualTheHostPath) {
       }
     }
   }
+}
+
+TEST(DevicePipelineNode, TwoTrainersOnTwoGpusEqualTheHostPath) {
+  if (cu::device_count() < 2) GTEST_SKIP() << "needs 2 GPUs (" << cu::device_count() << " here)";
+  two_trainers_on_two_gpus(true, false);
+}
+
+TEST(DevicePipelineNode, TwoTrainersOnTwoGpusGetTheirSharesAsOnTheHost) {
+  if (cu::device_count() < 2) GTEST_SKIP() << "needs 2 GPUs (" << cu::device_count() << " here)";
+  two_trainers_on_two_gpus(false, true);
 }
 
 // Without a GPU a device step fails at once with an error that says why, on every node (the peers

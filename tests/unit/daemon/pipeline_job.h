@@ -60,10 +60,12 @@ inline std::vector<float> random_vector(size_t n, uint32_t seed) {
 }
 
 // One step of one tensor on every node; inputs[r] is node r's local sum, outputs[r] receives
-// node r's result (NaN-filled first, so an unwritten element shows).
+// node r's result (NaN-filled first, so an unwritten element shows). reduces[r]: node r's
+// trainers said they all-reduce dense steps themselves (StepJob::trainer_reduces; empty: none).
 inline std::vector<StepResult> run_step(PipelineJob& job, uint32_t tensor, uint64_t step,
                                         const std::vector<std::vector<float>>& inputs,
-                                        std::vector<std::vector<float>>& outputs) {
+                                        std::vector<std::vector<float>>& outputs,
+                                        const std::vector<bool>& reduces = {}) {
   const uint32_t w = static_cast<uint32_t>(job.nodes.size());
   outputs.assign(w, std::vector<float>(inputs[0].size(), std::nanf("")));
   for (uint32_t r = 0; r < w; ++r) {
@@ -72,6 +74,7 @@ inline std::vector<StepResult> run_step(PipelineJob& job, uint32_t tensor, uint6
     j.step = step;
     j.local_sum = inputs[r];
     j.result = outputs[r];
+    j.trainer_reduces = r < reduces.size() && reduces[r];
     job.nodes[r]->pipeline->submit(j);
   }
   std::vector<StepResult> out;

@@ -15,6 +15,8 @@
 
 #include "daemon/collective/collective.h"
 #include "daemon/collective/mailbox.h"
+#include "daemon/config/knobs.h"
+#include "daemon/pipeline/decisions.h"
 #include "daemon/pipeline/observations.h"
 #include "daemon/pipeline/pipeline.h"
 #include "daemon/transport/wire.h"
@@ -84,6 +86,163 @@ TEST_P(DenseTest, CompressionOffGivesTheFloat64MeanOnEveryNodeBitIdentical) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, DenseTest, ::testing::Values(1u, 2u, 3u, 4u));
+
+// dense_collective=trainer, every node's trainers reducing: the daemons send nothing, and each
+// node hands each of its L trainers (local sum + residual) / L; the trainers' own all-reduce (a
+// sum over all W * L of them, then / (W * L), done here in float64) gives the mean the ring gives.
+TEST(TrainerCollectiveTest, DenseStepsAreHandedToTheTrainersAsTheirShare) {
+  const uint32_t w = 3, local = 2;
+  PipelineOptions o = options(false, kernels::Selector::kTopk, 0.01);
+  o.settings.dense_collective = policies::Collective::kTrainerAllReduce;
+  o.local_clients = local;
+  Job job(w, o);
+  const size_t n = 257;
+  register_all(job, {{"w", n}});
+  for (uint64_t step = 0; step < 3; ++step) {
+    std::vector<std::vector<float>> in, out;
+    for (uint32_t r = 0; r < w; ++r) in.push_back(random_vector(n, 7 * static_cast<uint32_t>(step) + r));
+    auto results = run_step(job, 0, step, in, out, std::vector<bool>(w, true));
+    for (uint32_t r = 0; r < w; ++r) {
+      ASSERT_TRUE(results[r].status.ok()) << results[r].status.to_string();
+      EXPECT_TRUE(results[r].trainer_reduces);
+      // What the trainers' all-reduce sends (the ring's bytes); the daemons sent nothing.
+      EXPECT_EQ(results[r].bytes_sent, ring_allreduce_bytes(n, w, r));
+      EXPECT_EQ(results[r].nnz, n);
+      for (size_t i = 0; i < n; ++i) ASSERT_EQ(out[r][i], in[r][i] * 0.5f) << "rank " << r << " element " << i;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      double trainers = 0, mean = 0;
+      for (uint32_t r = 0; r < w; ++r) {
+        trainers += local * static_cast<double>(out[r][i]);
+        mean += in[r][i];
+      }
+      ASSERT_NEAR(trainers / (w * local), mean / (w * local), 1e-6) << "element " << i;
+    }
+  }
+}
+
+// Error feedback through the trainers' share: top-k steps with a dense one every third step
+// (the schedule controller), reduced by the trainers. The dense step hands over the residual the
+// sparse ones left, so after it everything every node ever put in has been applied once:
+// Σ_steps (what the trainers apply) * W * L = Σ_steps Σ_nodes input, in float64.
+TEST(TrainerCollectiveTest, TheDenseShareCarriesTheResidualOfTheSparseSteps) {
+  const uint32_t w = 2, local = 2;
+  const size_t n = 300;
+  FakeNetwork net(w);
+  struct N {
+    std::unique_ptr<Mailbox> mailbox;
+    std::unique_ptr<DecisionBoard> board;
+    std::unique_ptr<Pipeline> pipeline;
+    Results results;
+  };
+  std::vector<std::unique_ptr<N>> nodes;
+  for (uint32_t r = 0; r < w; ++r) {
+    auto& node = nodes.emplace_back(std::make_unique<N>());
+    Config c;
+    c.rank = r;
+    c.world_size = w;
+    c.compression = true;
+    c.selector_params.density = 0.05;
+    c.controller = "schedule";
+    c.schedule_dense_every = 3;
+    c.dense_collective = "trainer";
+    node->mailbox = std::make_unique<Mailbox>(0, w, nullptr);
+    node->board = std::make_unique<DecisionBoard>(c, net.transport(r));
+    node->mailbox->set_control_handler([b = node->board.get()](uint32_t peer, const wire::WireHeader& h,
+                                                               std::span<const std::byte> p) { b->on_message(peer, h, p); });
+    net.attach(r, node->mailbox.get());
+    PipelineOptions o;
+    o.rank = r;
+    o.world_size = w;
+    o.local_clients = local;
+    o.agreed_knobs = agreed_knobs(c);
+    o.step_timeout = 5000ms;
+    o.join_timeout = 5000ms;
+    node->pipeline = std::make_unique<Pipeline>(o, net.transport(r), node->mailbox.get(), nullptr, node->board.get());
+    node->pipeline->set_result_sink(&node->results);
+    node->pipeline->start();
+    ASSERT_TRUE(node->pipeline->register_tensor(0, {"w", n}).ok());
+  }
+  std::vector<double> put_in(n, 0.0), applied(n, 0.0);
+  for (uint64_t step = 0; step < 6; ++step) {  // steps 2 and 5 are dense
+    std::vector<std::vector<float>> in, out(w, std::vector<float>(n, std::nanf("")));
+    for (uint32_t r = 0; r < w; ++r) {
+      in.push_back(random_vector(n, 31 * static_cast<uint32_t>(step) + r));
+      StepJob j;
+      j.tensor_id = 0;
+      j.step = step;
+      j.local_sum = in[r];
+      j.result = out[r];
+      j.trainer_reduces = true;
+      nodes[r]->pipeline->submit(j);
+    }
+    std::vector<StepResult> results;
+    for (uint32_t r = 0; r < w; ++r) results.push_back(nodes[r]->results.wait(0, step));
+    const bool dense = (step + 1) % 3 == 0;
+    for (uint32_t r = 0; r < w; ++r) {
+      ASSERT_TRUE(results[r].status.ok()) << results[r].status.to_string();
+      ASSERT_EQ(results[r].trainer_reduces, dense) << "step " << step;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      for (uint32_t r = 0; r < w; ++r) put_in[i] += in[r][i];
+      // What every trainer applies: the average (sparse), or the trainers' sum of shares / (W L).
+      double avg = out[0][i];
+      if (dense) {
+        avg = 0;
+        for (uint32_t r = 0; r < w; ++r) avg += local * static_cast<double>(out[r][i]);
+        avg /= w * local;
+      }
+      applied[i] += avg;
+    }
+    if (step == 1) {
+      double missing = 0;
+      for (size_t i = 0; i < n; ++i) missing += std::fabs(put_in[i] - applied[i] * w * local);
+      EXPECT_GT(missing, 1.0) << "top-k 5 % left nothing in the residual: the check below would be empty";
+    }
+  }
+  for (size_t i = 0; i < n; ++i) ASSERT_NEAR(applied[i] * w * local, put_in[i], 1e-4) << "element " << i;
+  for (auto& node : nodes) node->pipeline->stop();
+}
+
+// The knob without trainers that reduce: the daemons' ring runs the step (the average, as
+// always); trainers that reduce on one node and not on another fail the job's agreement naming
+// it, before any step could be reduced two ways.
+TEST(TrainerCollectiveTest, WithoutEveryTrainerReducingTheRingRunsOrTheJobIsRefused) {
+  PipelineOptions o = options(false, kernels::Selector::kTopk, 0.01);
+  o.settings.dense_collective = policies::Collective::kTrainerAllReduce;
+  {
+    Job job(2, o);
+    register_all(job, {{"w", 64}});
+    std::vector<std::vector<float>> in{random_vector(64, 1), random_vector(64, 2)}, out;
+    auto results = run_step(job, 0, 0, in, out);
+    for (uint32_t r = 0; r < 2; ++r) {
+      ASSERT_TRUE(results[r].status.ok()) << results[r].status.to_string();
+      EXPECT_FALSE(results[r].trainer_reduces);
+      EXPECT_EQ(results[r].bytes_sent, ring_allreduce_bytes(64, 2, r));
+      for (size_t i = 0; i < 64; ++i) ASSERT_NEAR(out[r][i], (in[0][i] + in[1][i]) / 2.0, 1e-6);
+    }
+  }
+  {
+    Job job(2, o);
+    register_all(job, {{"w", 64}});
+    std::vector<std::vector<float>> in(2, random_vector(64, 3)), out;
+    for (const auto& r : run_step(job, 0, 0, in, out, {true, false})) {
+      EXPECT_EQ(r.status.code(), Code::kFailedPrecondition) << r.status.to_string();
+      EXPECT_NE(r.status.message().find("trainers_reduce"), std::string::npos) << r.status.message();
+    }
+  }
+  {
+    // Agreed with trainers that reduce, then a step whose trainer no longer says so.
+    Job job(2, o);
+    register_all(job, {{"w", 64}});
+    std::vector<std::vector<float>> in(2, random_vector(64, 4)), out;
+    for (const auto& r : run_step(job, 0, 0, in, out, {true, true})) ASSERT_TRUE(r.status.ok());
+    auto results = run_step(job, 0, 1, in, out, {true, false});
+    EXPECT_TRUE(results[0].status.ok()) << results[0].status.to_string();
+    EXPECT_EQ(results[1].status.code(), Code::kFailedPrecondition) << results[1].status.to_string();
+    EXPECT_NE(results[1].status.message().find("no longer"), std::string::npos) << results[1].status.message();
+  }
+}
 
 // Records what the pipeline reports per tensor step (the controllers' input).
 class LinkRecorder final : public StepObserver {

@@ -174,6 +174,41 @@ TEST(TensorPlanTest, StepsTheControllersMakeDenseKeepTheErrorCompensation) {
   }
 }
 
+// dense_collective names who reduces every dense plan, the static one (compression off) and
+// the controllers' (warm-up, small layers, a density past dense_above); sparse plans stay
+// sparse all-gathers.
+TEST(TensorPlanTest, EveryDensePlanCarriesTheDenseCollective) {
+  PlanSettings p = topk(0.01, bit(ControllerKind::kSchedule) | bit(ControllerKind::kLayerwise) |
+                                  bit(ControllerKind::kFrequency));
+  p.schedule.warmup_steps = 3;
+  p.layerwise.dense_below = 4096;
+  p.tensor_scale = {{2, 100.0}};
+  for (Collective c : {Collective::kRingAllReduce, Collective::kTrainerAllReduce}) {
+    SCOPED_TRACE(std::string(dense_collective_name(c)));
+    p.base.dense_collective = c;
+    const Plan plans[] = {plan_tensor(p, tensor(0)), plan_tensor(p, tensor(7, 512, "fc.bias")),
+                          plan_tensor(p, tensor(7, 1 << 20, "fc.weight", 2)), plan_tensor(p, tensor(7))};
+    for (size_t i = 0; i < 4; ++i) {
+      SCOPED_TRACE(i);
+      ASSERT_EQ(plans[i].dense, i < 3);
+      EXPECT_EQ(plans[i].collective, i < 3 ? c : Collective::kSparseAllGather);
+    }
+    PlanSettings off = p;
+    off.base.compression = false;
+    EXPECT_EQ(plan_tensor(off, tensor(7)).collective, c);
+    EXPECT_EQ(static_plan(off.base, tensor(7)).collective, c);
+    EXPECT_EQ(describe(plan_tensor(off, tensor(7))),
+              c == Collective::kTrainerAllReduce ? "dense trainer-allreduce" : "dense ring-allreduce");
+  }
+  Collective parsed = Collective::kSparseAllGather;
+  EXPECT_TRUE(parse_dense_collective("trainer", &parsed));
+  EXPECT_EQ(parsed, Collective::kTrainerAllReduce);
+  EXPECT_TRUE(parse_dense_collective("ring", &parsed));
+  EXPECT_EQ(parsed, Collective::kRingAllReduce);
+  EXPECT_FALSE(parse_dense_collective("sparse-allgather", &parsed));
+  EXPECT_FALSE(parse_dense_collective("nccl", &parsed));
+}
+
 TEST(TensorPlanTest, TensorScalesRoundTrip) {
   TensorScales s{{0, 2.0}, {17, 0.7071}};
   auto back = parse_tensor_scales(format_tensor_scales(s));

@@ -31,6 +31,7 @@ class RecordingPipeline : public StepSink {
     uint64_t generation;
     std::vector<float> local_sum;
     std::span<float> result;
+    bool trainer_reduces = false;
   };
   struct Failed {
     uint32_t tensor_id;
@@ -44,7 +45,7 @@ class RecordingPipeline : public StepSink {
   }
   void submit(const StepJob& job) override {
     jobs.push_back({job.tensor_id, job.step, job.lr, job.generation, {job.local_sum.begin(), job.local_sum.end()},
-                    job.result});
+                    job.result, job.trainer_reduces});
   }
   void report_metric(const std::string&, double, uint64_t) override {}
   void reset() override {}
@@ -127,11 +128,12 @@ class StepCollectorTest : public ::testing::Test {
     return reg->tensor_id;
   }
   std::vector<float>& slot(uint32_t client, uint32_t tensor) { return slots_.at({client, tensor}); }
-  void submit(uint32_t client, uint32_t tensor, uint64_t step, float lr = 0.0f) {
+  void submit(uint32_t client, uint32_t tensor, uint64_t step, float lr = 0.0f, uint32_t flags = 0) {
     shm::Submission s{};
     s.step = step;
     s.tensor_id = tensor;
     s.lr = lr;
+    s.flags = flags;
     collector_->submit(client, s);
   }
   // Answers pipeline job `index` with `st`; on success the result is local_sum * 0.5.
@@ -310,6 +312,29 @@ TEST_F(StepCollectorTest, ResultsThatMatchNoStepInFlightAreCountedAndDropped) {
   EXPECT_EQ(clients_.posted.size(), 1u);
 }
 
+// A step goes to the trainers' own all-reduce only if every local trainer said it does that.
+TEST_F(StepCollectorTest, TrainerReducesIsSaidByEveryLocalSubmitter) {
+  make(2);
+  join(1);
+  join(2);
+  uint32_t t = registered(1, "w", 2);
+  registered(2, "w", 2);
+  submit(1, t, 0, 0.0f, shm::kSubmitTrainerReduces);
+  submit(2, t, 0, 0.0f, shm::kSubmitTrainerReduces);
+  ASSERT_EQ(pipeline_.jobs.size(), 1u);
+  EXPECT_TRUE(pipeline_.jobs[0].trainer_reduces);
+  answer(0);
+  submit(1, t, 1, 0.0f, shm::kSubmitTrainerReduces);
+  submit(2, t, 1);
+  ASSERT_EQ(pipeline_.jobs.size(), 2u);
+  EXPECT_FALSE(pipeline_.jobs[1].trainer_reduces);
+  answer(1);
+  submit(2, t, 2);
+  submit(1, t, 2, 0.0f, shm::kSubmitTrainerReduces);
+  ASSERT_EQ(pipeline_.jobs.size(), 3u);
+  EXPECT_FALSE(pipeline_.jobs[2].trainer_reduces);
+}
+
 // ---- bad submissions -----------------------------------------------------------------------------
 
 TEST_F(StepCollectorTest, BadSubmissionsAreRefusedWithTheirReason) {
@@ -329,7 +354,7 @@ TEST_F(StepCollectorTest, BadSubmissionsAreRefusedWithTheirReason) {
 
   shm::Submission s{};
   s.tensor_id = t;
-  s.flags = 1;
+  s.flags = 2;  // not a flag (kSubmitTrainerReduces is 1)
   collector_->submit(1, s);
   EXPECT_EQ(last().code, Code::kInvalidArgument);
   s.flags = 0;

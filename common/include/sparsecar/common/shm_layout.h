@@ -33,11 +33,20 @@ inline constexpr uint32_t kShmVersion = 1;
 inline constexpr uint32_t kRingSlots = 256;      // power of two
 inline constexpr size_t kErrorTextBytes = 192;   // NUL-terminated, truncated
 
+// Submission::flags: the trainer all-reduces a step the daemon answers with
+// kCompletionTrainerReduces itself (Completion::flags). Other bits: 0.
+inline constexpr uint32_t kSubmitTrainerReduces = 1;
+// Completion::flags: the mapping holds this trainer's share of its node's contribution (local
+// sum + residual, over the node's trainers), not the average: the trainer sums it over all
+// trainers of the job and divides by their number (dense_collective=trainer; only answered to
+// submissions that carried kSubmitTrainerReduces, on every node of the job alike).
+inline constexpr uint32_t kCompletionTrainerReduces = 1;
+
 struct Submission {
   uint64_t seq;        // client's running count, for diagnostics
   uint64_t step;
   uint32_t tensor_id;  // as returned at registration
-  uint32_t flags;      // reserved, 0
+  uint32_t flags;      // kSubmitTrainerReduces or 0
   float lr;            // learning rate of this step (0 = not given)
   uint32_t reserved;
 };
@@ -50,7 +59,8 @@ struct Completion {
   uint64_t bytes_sent;       // bytes this daemon put on the wire for this (tensor, step)
   uint64_t dense_bytes;      // what a dense exchange of the same step would have sent
   uint64_t nnz;              // elements this node selected (== count when dense)
-  uint64_t reserved;
+  uint32_t flags;            // kCompletionTrainerReduces or 0
+  uint32_t reserved;
   char message[kErrorTextBytes];  // error text when code != 0
 };
 static_assert(sizeof(Completion) == 240);

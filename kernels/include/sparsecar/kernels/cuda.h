@@ -104,6 +104,8 @@ Status local_sum(float* dst, std::span<const float* const> src, size_t n, Stream
 // dense[index[j]] += value[j] for j < min(*sel.count, sel.capacity), one float addition each
 // (the indices of a selection are distinct). Gives a rolled-back selection back to its residual.
 Status scatter_add(const DeviceSelection& sel, float* dense, size_t n, Stream stream);
+// x[i] *= factor for i < n, one float multiplication each (kernels::scale on the host, bit for bit).
+Status scale(float* x, size_t n, float factor, Stream stream);
 // *out = Σ double(x[i])² for i < n (a device double; zeroed first). Blocks add their partial
 // sums atomically: the order, and so the last bits, vary from run to run — a measurement (the
 // controllers' ||g||² and ||e||²), not a result.

@@ -21,7 +21,16 @@ namespace sparsecar::policies {
 enum class Collective : uint16_t {
   kRingAllReduce = 0,  // dense reduce-scatter + all-gather, 2(P-1)/P * n words per rank
   kSparseAllGather = 1,  // every node sends its encoded selection to every other node
+  // Dense plans with dense_collective=trainer: the daemon sends nothing and hands each trainer its
+  // share of the node's contribution (local sum + residual) / local trainers; the trainer
+  // all-reduces it over its own process group (NCCL, gloo) and divides by its world size. Only
+  // where every trainer of the job said it does (the DDP hook); the daemons' ring otherwise.
+  kTrainerAllReduce = 2,
 };
+// The knob dense_collective's names of the two dense collectives: "ring", "trainer".
+inline constexpr const char* kDenseCollectiveChoices = "ring|trainer";
+std::string_view dense_collective_name(Collective c);  // "ring", "trainer" ("sparse-allgather")
+bool parse_dense_collective(std::string_view text, Collective* out);  // "ring" or "trainer" only
 
 // ErrorFeedback and LrRescale: compression_knobs.h.
 
@@ -66,6 +75,9 @@ struct StaticSettings {
   kernels::Format format = kernels::Format::kCoo;
   bool auto_format = false;  // `format` = auto
   kernels::ValueType value_type = kernels::ValueType::kF32;
+  // How dense plans (compression off, a controller's dense step) are reduced: the daemons' ring
+  // (kRingAllReduce) or the trainers' own all-reduce (kTrainerAllReduce; knob dense_collective).
+  Collective dense_collective = Collective::kRingAllReduce;
   bool operator==(const StaticSettings&) const = default;
 };
 
@@ -79,8 +91,8 @@ struct TensorObservation {
   std::string_view name;  // the registered name (checked equal on every node at the first step)
 };
 
-// Compression off -> dense ring all-reduce; on -> the configured selector, format (or auto) and
-// value type, sparse all-gather.
+// Compression off -> dense, reduced by settings.dense_collective; on -> the configured selector,
+// format (or auto) and value type, sparse all-gather.
 Plan static_plan(const StaticSettings& settings, const TensorObservation& observation);
 
 // "topk density=0.002 coo/fp32 sparse-allgather" — for logs and errors.
