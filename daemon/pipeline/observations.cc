@@ -52,6 +52,7 @@ std::string format_observation(const policies::NodeObservation& o) {
   line("compute_s", o.compute_s);
   if (o.period_s > 0) line("period_s", o.period_s);  // added with step controller v3; older parsers skip it
   if (o.device_elements > 0) line("device_elements", static_cast<double>(o.device_elements));  // v9, likewise
+  if (o.trainer_elements > 0) line("trainer_elements", static_cast<double>(o.trainer_elements));  // likewise
   if (o.has_loss) line("loss", o.loss);
   if (o.has_loss_target) line("loss_target", o.loss_target);
   if (o.magnitude_elements > 0 && o.magnitude_hist.size() == policies::kMagnitudeBins &&
@@ -133,6 +134,8 @@ Expected<policies::NodeObservation> parse_observation(std::string_view text) {
       SC_ASSIGN_OR_RETURN(o.elements, count(kMaxCount));
     } else if (key == "device_elements") {
       SC_ASSIGN_OR_RETURN(o.device_elements, count(kMaxCount));
+    } else if (key == "trainer_elements") {
+      SC_ASSIGN_OR_RETURN(o.trainer_elements, count(kMaxCount));
     } else if (key == "nnz") {
       SC_ASSIGN_OR_RETURN(o.nnz, count(kMaxCount));
     } else if (key == "bytes_sent") {
@@ -183,6 +186,7 @@ Expected<policies::NodeObservation> parse_observation(std::string_view text) {
     }  // unknown keys: from a newer peer; ignored
   }
   if (o.device_elements > o.elements) return data_loss("observation: device_elements exceeds elements");
+  if (o.trainer_elements > o.elements) return data_loss("observation: trainer_elements exceeds elements");
   if (o.magnitude_elements == 0) {
     o.magnitude_hist.clear();  // bins without their population: unusable
     o.gradient_hist.clear();
@@ -275,6 +279,7 @@ void ObservationCollector::on_tensor_step(const TensorStepRecord& r, const Decis
   ++records_;
   o.elements += r.elements;
   if (r.on_device) o.device_elements += r.elements;
+  if (r.trainer_reduced) o.trainer_elements += r.elements;
   o.nnz += r.nnz;
   o.bytes_sent += r.bytes_sent;
   o.dense_bytes += r.dense_bytes;

@@ -44,6 +44,7 @@ struct TensorStepRecord {
   uint32_t tensors_in_job = 1;  // tensors registered: a step is complete after this many records
   uint64_t elements = 0;
   bool on_device = false;  // compressed on a GPU (the device path), not by the host's cores
+  bool trainer_reduced = false;  // a dense step the trainers all-reduced (dense_collective=trainer)
   bool ok = true;
   policies::Plan plan;
   uint64_t nnz = 0;

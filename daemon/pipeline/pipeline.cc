@@ -673,6 +673,7 @@ void Pipeline::observe_step(TensorState& t, const StepJob& job, const Decision& 
   rec.tensors_in_job = static_cast<uint32_t>(tensors_.size());
   rec.elements = t.spec.count;
   rec.on_device = t.device != nullptr;
+  rec.trainer_reduced = result.trainer_reduces;
   rec.ok = ok;
   rec.plan = plan;
   rec.nnz = ok ? result.nnz : 0;

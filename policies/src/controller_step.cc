@@ -122,6 +122,12 @@ constexpr double kFollowed = 1.5;
 // `compute_time` metric, else the DDP hook's own timing (`hook_compute_time`, CPU buckets and the
 // device path); a trainer with neither gets no such guard.
 constexpr size_t kComputeBaseSteps = 30;
+// v11: dense steps the trainers all-reduce themselves (dense_collective=trainer; the DDP hook over
+// NCCL or gloo) send nothing through the daemons: their exchange is in the step's period, not in
+// JobObservation::exchange_s. Such a ring step's record is its period less the overhead the
+// other steps measured (the hook and its copies), and it neither feeds that overhead nor the
+// daemons' ring cost per element. On NVLink the daemons' own ring cost ~420 ms a step where the
+// trainers' NCCL all-reduce costs a few: the ring candidate is then the trainers'.
 // v5: the first answer after the dense warm-up goes to the ring on the model's word about the
 // sparse plan only where the ring is cheaper by more than this (the model's sparse price was 13 %
 // off a real small job's measured one); else the sparse plan is measured first.
@@ -527,7 +533,7 @@ class StepController final : public Controller {
       encode_ = smooth_log(encode_, o.encode_s / n, kCostSmoothing);
       const double entries = static_cast<double>(w > 1 ? w - 1 : 0) * o.nnz;
       if (o.decode_s > 0 && entries > 0) decode_ = smooth_log(decode_, o.decode_s / entries, kCostSmoothing);
-    } else if (all_dense) {
+    } else if (all_dense && o.trainer_elements < o.elements) {  // v11: the daemons' own ring only
       const double ring = o.encode_s + o.decode_s + o.reduce_s;
       if (ring > 0) ring_ = smooth_log(ring_, ring / n, kCostSmoothing);
     }
@@ -536,7 +542,8 @@ class StepController final : public Controller {
   // The plan this step ran (from its selected counts: dense, or the candidate density whose top-k
   // counts match), its measured time into that plan's record, and the model's error on it.
   void observe_step(const JobObservation& o, double q, double top, kernels::Format format, uint32_t w) {
-    if (o.nodes < w || o.exchange_s <= 0) return;  // incomplete: not a whole step's time
+    const bool by_trainers = o.elements > 0 && o.trainer_elements >= o.elements;  // v11
+    if (o.nodes < w || (o.exchange_s <= 0 && !by_trainers)) return;  // incomplete: not a whole step's time
     Plan ran;
     if (std::all_of(o.tensors.begin(), o.tensors.end(), [](const auto& t) { return t.nnz >= t.elements; })) {
       ran = {true, 1.0};
@@ -566,8 +573,11 @@ class StepController final : public Controller {
     // copies) adds the step's overhead, which every plan pays: prices add it to records and
     // model alike. Records stay on the parts: the period also holds the trainer's evaluations
     // and a loaded host's pauses, which would void records on noise.
-    const double measured = compute() + o.encode_s + o.exchange_s;
-    if (o.period_s > 0) {
+    double measured = compute() + o.encode_s + o.exchange_s;
+    if (by_trainers) {
+      if (!(o.period_s > 0)) return;  // the exchange is in the period only
+      measured = std::max(o.period_s - overhead_, measured);
+    } else if (o.period_s > 0) {
       // The median of the last kOverheadSteps: a trainer's evaluation every few steps is not a
       // cost of any plan.
       if (gaps_.size() == kOverheadSteps) gaps_.erase(gaps_.begin());

@@ -48,6 +48,7 @@ JobObservation merge_observations(std::span<const NodeObservation> nodes, uint32
   j.step = nodes.front().step;
   j.elements = nodes.front().elements;
   j.device_elements = nodes.front().device_elements;
+  j.trainer_elements = nodes.front().trainer_elements;
   double loss_sum = 0, target_sum = 0;
   int losses = 0, targets = 0;
   double goodput = std::numeric_limits<double>::infinity();
@@ -69,6 +70,7 @@ JobObservation merge_observations(std::span<const NodeObservation> nodes, uint32
       j.threshold = std::max(j.threshold, n.threshold);
     }
     j.device_elements = std::min(j.device_elements, n.device_elements);
+    j.trainer_elements = std::min(j.trainer_elements, n.trainer_elements);
     j.nnz += static_cast<double>(n.nnz) / static_cast<double>(nodes.size());
     j.bytes_sent = std::max(j.bytes_sent, n.bytes_sent);
     j.exchange_s = std::max(j.exchange_s, n.exchange_s);

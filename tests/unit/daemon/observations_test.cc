@@ -163,6 +163,25 @@ TEST(ObservationText, DeviceElementsRoundTripAndTheJobsAreTheLeastOfItsNodes) {
   EXPECT_EQ(bad.status().code(), Code::kDataLoss);
 }
 
+TEST(ObservationText, TrainerElementsRoundTripAndTheJobsAreTheLeastOfItsNodes) {
+  // Elements of dense steps the trainers all-reduced (dense_collective=trainer): their exchange
+  // is in the step's period, not in exchange_s (the step controller times them by the period).
+  policies::NodeObservation n;
+  n.elements = 500;
+  n.trainer_elements = 500;
+  auto back = parse_observation(format_observation(n));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->trainer_elements, 500u);
+  policies::NodeObservation ring = n;
+  ring.rank = 1;
+  ring.trainer_elements = 0;
+  EXPECT_EQ(policies::merge_observations(std::vector<policies::NodeObservation>{n, ring}, 2).trainer_elements, 0u);
+  EXPECT_EQ(policies::merge_observations(std::vector<policies::NodeObservation>{n, n}, 2).trainer_elements, 500u);
+  auto bad = parse_observation("elements 10\ntrainer_elements 11\n");
+  ASSERT_FALSE(bad.ok()) << "more elements reduced by the trainers than the node has";
+  EXPECT_EQ(bad.status().code(), Code::kDataLoss);
+}
+
 TEST(StepPeriod, SecondsBetweenConsecutiveStepsOnly) {
   StepPeriod p;
   const Clock::time_point t0{std::chrono::seconds(100)};

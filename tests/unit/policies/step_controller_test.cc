@@ -153,6 +153,10 @@ struct Plant {
   uint64_t contend_steps = 6;
   double contend = 1.0;
   bool on_device = false;          // every node compresses on a GPU (the device path)
+  // dense_collective=trainer: the ring is the trainers' own all-reduce, `trainer_ring` seconds a
+  // step, in no link sample and not in the daemons' exchange time (the period holds it).
+  bool trainers_reduce = false;
+  double trainer_ring = 0;
   bool ran_before = false;
   ControlKnobs last_knobs;
   uint64_t seed = 1;
@@ -179,6 +183,7 @@ struct Plant {
   // The true time a plan adds to a step at link `beta` (the controller's model, with the truth).
   double true_price(bool dense, double d, double beta) const {
     double t = compute + overhead;
+    if (dense && trainers_reduce) return t + trainer_ring;
     for (uint64_t n : tensors) {
       if (dense) {
         t += ring * static_cast<double>(n) + 2.0 * (world - 1) * link(beta, ring_chunk(n)) + (n == tensors[0] ? ring_hidden : 0);
@@ -218,6 +223,12 @@ struct Plant {
       o.tensors.push_back({id, n, kept, -1});
       o.elements += n;
       o.nnz += static_cast<double>(kept);
+      if (!k.compression && trainers_reduce) {
+        o.encode_s += 1e-6;    // the share: residual + sum on the device
+        o.exchange_s += 1e-6;  // nothing sent
+        o.trainer_elements += n;
+        continue;
+      }
       for (uint32_t from = 0; from < world; ++from) {
         for (uint32_t to = 0; to < world; ++to) {
           if (from == to) continue;
@@ -254,7 +265,8 @@ struct Plant {
     o.exchange_s *= load;
     if (on_device) o.device_elements = o.elements;
     if (spike_every > 0 && s >= spike_every && s % spike_every == 0) o.exchange_s *= spike;
-    if (report_period) o.period_s = o.compute_s + o.encode_s + o.exchange_s + overhead * jitter();
+    const double trainers = !k.compression && trainers_reduce ? trainer_ring * jitter() : 0.0;
+    if (report_period) o.period_s = o.compute_s + o.encode_s + o.exchange_s + trainers + overhead * jitter();
     return o;
   }
 };
@@ -754,6 +766,41 @@ TEST(StepController, OnGpusASparsePlanThatHasNotRunIsPricedByAGpusPriorNotTheHos
   ASSERT_FALSE(h.decisions.empty());
   EXPECT_LE(h.decisions[0], 6u);
   EXPECT_FALSE(h.in_force[8].compression) << "the host's prior says ring";
+}
+
+TEST(StepController, ARingTheTrainersReduceIsTimedByTheStepsPeriod) {
+  // v11, dense_collective=trainer: the warm-up's dense steps go through the trainers' own
+  // all-reduce, which the daemons do not time (their exchange is ~0); the period holds it. The
+  // 50 M-parameter GPU job above with 1 ms of hook overhead a step: over NVLink the trainers' NCCL
+  // ring (1.5 ms) beats the sparse step and the job goes to it after the warm-up; over a slow
+  // link (a 2.5 s ring) it stays sparse. Timed by the daemons' parts, both rings would read as the
+  // trainer's compute alone (cheaper than any sparse step) and the slow one would be taken.
+  for (const double ring_s : {0.0015, 2.5}) {
+    SCOPED_TRACE(ring_s);
+    Plant plant;
+    plant.tensors = {16'777'216, 16'777'216, 16'777'216};
+    plant.encode = 0.08e-9;
+    plant.decode = 1e-9;
+    plant.alpha = 5e-5;
+    plant.compute = 0.003;
+    plant.noise = 0.02;
+    plant.on_device = true;
+    plant.report_period = true;
+    plant.overhead = 0.001;
+    plant.trainers_reduce = true;
+    plant.trainer_ring = ring_s;
+    constexpr double kLoopback = 1.0 / 1.2e9;
+    const bool ring_wins = plant.true_price(true, 1, kLoopback) < plant.true_price(false, 0.001, kLoopback);
+    ASSERT_EQ(ring_wins, ring_s < 0.01);
+    const auto r = run_profile(plant, 0.001, 120, [](uint64_t) { return kLoopback; }, 1.3, true, 3, /*warmup=*/6);
+    EXPECT_EQ(r.in_force[119].compression, !ring_wins);
+    EXPECT_LE(r.decisions.size(), 1u) << "first decision at step " << (r.decisions.empty() ? 0 : r.decisions[0]);
+    if (ring_wins) {
+      ASSERT_EQ(r.decisions.size(), 1u);
+      EXPECT_LE(r.decisions[0], 20u);
+    }
+    expect_near_cheapest(r, 30, 120, "after the first answer");
+  }
 }
 
 TEST(StepController, ATieBetweenTheRingAndASparsePlanMovesNothingToTheRing) {

@@ -66,6 +66,9 @@ struct NodeObservation {
   uint64_t step = 0;
   uint64_t elements = 0;        // Σ tensor elements
   uint64_t device_elements = 0; // of those, compressed on a GPU (the device path)
+  // Of those, in dense steps the trainers all-reduced themselves (dense_collective=trainer): their
+  // exchange is not in exchange_s (the daemons sent nothing) but in period_s.
+  uint64_t trainer_elements = 0;
   uint64_t nnz = 0;             // Σ selected elements
   uint64_t bytes_sent = 0;      // Σ bytes this node sent for the step, headers included
   uint64_t dense_bytes = 0;     // what a dense ring would have sent
@@ -108,6 +111,7 @@ struct JobObservation {
   uint32_t nodes = 0;           // observations merged (== world_size when complete)
   uint64_t elements = 0;        // per node
   uint64_t device_elements = 0; // of those, compressed on a GPU on every node (min over nodes)
+  uint64_t trainer_elements = 0; // of those, all-reduced by the trainers on every node (min over nodes)
   double nnz = 0;               // mean selected elements per node
   uint64_t bytes_sent = 0;      // the most any node sent
   double exchange_s = 0;        // the slowest node's exchange time
