@@ -363,7 +363,7 @@ const std::vector<KnobSpec>& knobs() {
        .doc = "who reduces dense steps (compression off, a controller's dense step): ring = the daemons' ring "
               "all-reduce; trainer = the trainers' own all-reduce (NCCL, gloo), where every trainer of the job "
               "says it does (the DDP hook), else the ring",
-       .field = knob_field<&Config::dense_collective, &S::dense_collective>},
+       .field = knob_field<&Config::dense_collective, &S::dense_collective, &CS::dense_collective>},
       {.name = "tensor_overrides", .type = K::kString, .live = true, .agreed = true, .secret = false,
        .env = "", .min = 0, .max = 0, .choices = "",
        .doc = overrides_doc.c_str(),

@@ -386,12 +386,19 @@ class StepController final : public Controller {
                   h.dense_step_s * 1e3, h.dense_wait_s * 1e3, h.dense_step_s / sparse, sparse * 1e3,
                   kStartSparseFactor);
     warmup_seen_ = seen;
-    if (!(h.dense_step_s > s.step.warmup_cut * sparse)) return Status::Ok();
+    const bool cut = h.dense_step_s > s.step.warmup_cut * sparse;
+    // The ring's record from the hint: on a cut (a ring the daemons run measures itself), and
+    // (v11) where the trainers reduce dense steps themselves: the hook's dense iterations are
+    // that all-reduce, and a warm-up its own iterations shortened leaves the daemons too few ring
+    // steps to trust a record of them (the GPU jobs: 2 of the 6).
+    if (cut || s.dense_collective == Collective::kTrainerAllReduce) {
+      Record& ring = record_of({true, 1.0});
+      ring.seconds = h.dense_step_s;
+      ring.steps = kRecordTrusted;
+    }
+    if (!cut) return Status::Ok();
     cut_ = {true, h.step};
     knobs->schedule_warmup_steps = std::min(knobs->schedule_warmup_steps, cut_.at);
-    Record& ring = record_of({true, 1.0});  // only on a cut: a ring the daemons run measures itself
-    ring.seconds = h.dense_step_s;
-    ring.steps = kRecordTrusted;
     char note[320];
     std::snprintf(note, sizeof note, "step: warm-up cut before it starts: %s; step_warmup_cut %.3g", seen,
                   s.step.warmup_cut);

@@ -934,17 +934,19 @@ struct StartRun {
   ProfileRun run;
 };
 template <class Profile>
-StartRun run_with_hint(Plant& plant, uint64_t steps, Profile profile, uint64_t warmup = 6) {
-  constexpr uint64_t kFirst = 2;
+StartRun run_with_hint(Plant& plant, uint64_t steps, Profile profile, uint64_t warmup = 6, uint64_t kFirst = 2) {
   ControlKnobs base;
   base.density = 0.005;
   base.schedule_warmup_steps = warmup;
   ControllerSettings settings = step_settings(plant.world, 1.3);
   settings.active |= bit(ControllerKind::kSchedule);
   settings.schedule_warmup_steps = warmup;
+  if (plant.trainers_reduce) settings.dense_collective = Collective::kTrainerAllReduce;
   FakeJob job(settings, base);
-  // The hook's dense step: the trainer's compute and the ring's exchange (no daemon, no copies).
-  const double exchange = plant.true_price(true, 1, profile(0)) - plant.compute - plant.overhead;
+  // The hook's dense step: the trainer's compute and the ring's exchange (no daemon, no copies);
+  // with a trainers' ring given, that one (the hook's iterations run it whatever the daemons do).
+  const double exchange = plant.trainer_ring > 0 ? plant.trainer_ring
+                                                 : plant.true_price(true, 1, profile(0)) - plant.compute - plant.overhead;
   StartRun out;
   out.at_start = job.start({kFirst, plant.compute + exchange, exchange});
   out.run = run_steps(job, plant, kFirst, steps, profile, 0.005, 1.3, warmup);
@@ -983,6 +985,36 @@ TEST(StepController, TheTrainersDenseStepsOnASlowLinkCutTheWarmUpBeforeItStarts)
     EXPECT_TRUE(r.run.in_force[i].compression) << "step " << i + 2 << " ran the ring";
   }
   expect_near_cheapest(r.run, 0, r.run.excess.size(), "after the cut");
+}
+
+TEST(StepController, WhereTheTrainersReduceTheRingTheHooksDenseStepsAreItsRecord) {
+  // v11 on a GPU job over NVLink: the hook ran 4 dense iterations (the daemons' first step is 4),
+  // so the 6-step warm-up leaves the daemons two ring steps, too few to trust a record, and the
+  // ring is priced by the daemons' own host-staged ring (hundreds of ms). The hook's dense step
+  // is the trainers' ring (NCCL, 1.5 ms + the compute): its record from the start, and the job
+  // goes to it once the sparse plan is measured. The daemons' ring (dense_collective=ring) is
+  // not the hook's: its hint stays a hint and the job stays sparse.
+  for (const bool trainers : {true, false}) {
+    SCOPED_TRACE(trainers);
+    Plant plant;
+    plant.tensors = {16'777'216, 16'777'216, 16'777'216};
+    plant.encode = 0.08e-9;
+    plant.decode = 1e-9;
+    plant.alpha = 5e-5;
+    plant.compute = 0.003;
+    plant.noise = 0.02;
+    plant.on_device = true;
+    plant.report_period = true;
+    plant.overhead = 0.001;
+    plant.trainers_reduce = trainers;
+    plant.trainer_ring = 0.0015;
+    constexpr double kLoopback = 1.0 / 1.2e9;
+    const auto r = run_with_hint(plant, 80, [](uint64_t) { return kLoopback; }, 6, /*kFirst=*/4);
+    EXPECT_FALSE(r.at_start.has_value()) << "no cut: " << r.at_start->reason;
+    EXPECT_EQ(r.run.in_force.back().compression, !trainers) << r.run.status.last_reason;
+    EXPECT_LE(r.run.decisions.size(), 1u);
+    if (trainers) expect_near_cheapest(r.run, 30 - 4, 80 - 4, "after the first answer");
+  }
 }
 
 TEST(StepController, TheTrainersDenseStepsOnAFasterLinkLeaveTheWarmUp) {

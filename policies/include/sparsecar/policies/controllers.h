@@ -154,6 +154,9 @@ struct ControllerSettings {
   uint64_t controller_interval_steps = 2;  // at least this many steps between two proposals
   double controller_hysteresis = 0.1;      // relative density change needed to propose (lambda: a quarter)
   uint64_t schedule_warmup_steps = 0;      // the schedule's dense warm-up (accuracy fits its trend)
+  // Who reduces dense steps (the knob dense_collective): the step controller prices the ring by
+  // the DDP hook's own dense iterations where the trainers reduce them (v11).
+  Collective dense_collective = Collective::kRingAllReduce;
   // The link goodput estimate (goodput.h) that bandwidth and cost read.
   double goodput_smoothing = 0.3;      // EMA weight (log domain) of a new goodput / compute-time sample
   uint64_t goodput_confirm_steps = 2;  // consecutive samples beyond 2x on one side that move the
