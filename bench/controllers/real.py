@@ -264,7 +264,7 @@ def run_job(args, link, model, dargs, changes, setting):
             for k in ("density_measured", "hook_mode", "hook_failure", "compute_seconds"):
                 if k in e:
                     entry[k] = e[k]
-            if e.get("hook_dense_timing"):  # the last dense iteration, as the hook reported it to the daemon
+            if e.get("hook_dense_timing"):  # the quickest dense iteration, as the hook reported it to the daemon
                 entry["dense_step_s"], entry["dense_wait_s"] = e["hook_dense_timing"]
         if trainer_method == "sparsecar":
             try:

@@ -422,7 +422,7 @@ def run_one(args, link, model, method, trainer_args, run_dir, timeout):
 
 
 def start_hint(log_path):
-    """What rank 0's daemon got from the hook before its first step (the last dense iteration's
+    """What rank 0's daemon got from the hook before its first step (the quickest dense iteration's
     period and its wait on the all-reduce; docs/controllers.md "The warm-up before the first
     step"), or None."""
     try:
@@ -857,7 +857,7 @@ def run_and_report(args, link, model, method):
         print(f"  WARNING: {e['warning']}", flush=True)
     if e.get("start_hint"):
         h = e["start_hint"]
-        print(f"  the hook's last dense step: {h['dense_step_ms']:.3g} ms, {h['dense_wait_ms']:.3g} ms of it waiting "
+        print(f"  the hook's dense step: {h['dense_step_ms']:.3g} ms, {h['dense_wait_ms']:.3g} ms of it waiting "
               f"on the all-reduce", flush=True)
     for d in e.get("controller_decisions") or []:
         print(f"  decision: {d}", flush=True)

@@ -412,6 +412,7 @@ Status Pipeline::run_step(TensorState& t, const StepJob& job, const Decision& de
   times.encode_started = clock_.now();
   times.exchange_started = times.encode_started;
   SC_ASSIGN_OR_RETURN(const bool trainers, by_trainers(plan, job));
+  result->trainer_reduces = trainers;  // before observe_step: the controllers time such a step by its period
   if (plan.dense) {
     std::span<float> work = c.dense_input(job.local_sum, plan, job.lr);
     times.exchange_started = clock_.now();
@@ -458,7 +459,6 @@ Status Pipeline::run_step(TensorState& t, const StepJob& job, const Decision& de
                plan.dense ? std::span<const float>{} : c.selected_values(), -1, plan.dense ? -1 : residual_norm2);
   const auto reduce_started = clock_.now();
   // The average; or, reduced by the trainers, each local trainer's share of this node's part.
-  result->trainer_reduces = trainers;
   const uint32_t over = trainers ? options_.local_clients : total_trainers_;
   if (over != 1) kernels::scale(job.result, 1.0f / static_cast<float>(over));
   stats.reduce_seconds += seconds_since(clock_, reduce_started);

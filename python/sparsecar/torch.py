@@ -42,6 +42,12 @@ How it works (torch 1.13 .. 2.x; only public, long-lived hook APIs are used):
   carries that stream to DDP. No host thread waits for a GPU. A daemon built without CUDA (or
   without a GPU) refuses GPU tensors: the hook then warns once and stages through host memory
   (``summary()["path"]`` says which).
+* **Dense steps through DDP's own group, where the daemons ask.** Every submit says the hook can
+  all-reduce a dense step itself; with the daemons' ``dense_collective=trainer`` a dense step
+  comes back as this rank's share of its node's part (StepInfo.trainer_reduces, alike on every
+  rank), and after the agreement below the completion thread all-reduces those buckets over
+  DDP's process group and divides by its size (on the device path on the sync stream). On GPUs
+  that is NCCL instead of the daemons' host-staged ring.
 * **Fallback, agreed.** If the daemon is unreachable when registering or a step fails, the hook
   logs the real cause (torch itself would only say "Unable to cast ..."), warns once, and uses
   plain all-reduce from then on; ``on_error="raise"`` fails the step instead. A failure may be

@@ -90,12 +90,27 @@ INSTANTIATE_TEST_SUITE_P(Worlds, DenseTest, ::testing::Values(1u, 2u, 3u, 4u));
 // dense_collective=trainer, every node's trainers reducing: the daemons send nothing, and each
 // node hands each of its L trainers (local sum + residual) / L; the trainers' own all-reduce (a
 // sum over all W * L of them, then / (W * L), done here in float64) gives the mean the ring gives.
+// What the controllers are told of each tensor step: whether the trainers reduced it.
+class TrainerReducedRecorder final : public StepObserver {
+ public:
+  void on_tensor_step(const TensorStepRecord& r, const Decision&) override {
+    std::lock_guard<std::mutex> lock(mu);
+    seen.push_back(r.trainer_reduced);
+  }
+  void on_metric(const std::string&, double, uint64_t) override {}
+  void on_reset() override {}
+  std::mutex mu;
+  std::vector<bool> seen;
+};
+
 TEST(TrainerCollectiveTest, DenseStepsAreHandedToTheTrainersAsTheirShare) {
   const uint32_t w = 3, local = 2;
   PipelineOptions o = options(false, kernels::Selector::kTopk, 0.01);
   o.settings.dense_collective = policies::Collective::kTrainerAllReduce;
   o.local_clients = local;
   Job job(w, o);
+  TrainerReducedRecorder recorder;
+  job.nodes[1]->pipeline->set_observer(&recorder);
   const size_t n = 257;
   register_all(job, {{"w", n}});
   for (uint64_t step = 0; step < 3; ++step) {
@@ -119,6 +134,9 @@ TEST(TrainerCollectiveTest, DenseStepsAreHandedToTheTrainersAsTheirShare) {
       ASSERT_NEAR(trainers / (w * local), mean / (w * local), 1e-6) << "element " << i;
     }
   }
+  // The step controller times such steps by their period (the daemons' exchange is not theirs).
+  std::lock_guard<std::mutex> lock(recorder.mu);
+  EXPECT_EQ(recorder.seen, std::vector<bool>(3, true));
 }
 
 // Error feedback through the trainers' share: top-k steps with a dense one every third step

@@ -1017,6 +1017,25 @@ TEST(StepController, WhereTheTrainersReduceTheRingTheHooksDenseStepsAreItsRecord
   }
 }
 
+TEST(StepController, ARingTheTrainersReduceThatGetsSlowIsLeft) {
+  // v11 on the real small job's `down` (1 Gbit/s, then 50 Mbit/s from step 150): the trainers'
+  // gloo ring costs 2 ms a step at 1 Gbit/s (the sparse step 9 ms: the job goes to the ring), 80
+  // ms after the drop. The daemons send nothing on ring steps, so no link sample shows the drop:
+  // the ring's own time must, and the job goes back to a sparse plan within a few steps.
+  Plant plant = small_real_job();
+  plant.trainers_reduce = true;
+  plant.trainer_ring = 0.002;
+  plant.sparse_hidden = 0.004;
+  const auto r = run_with_hint(plant, 300, [&](uint64_t s) {
+    if (s == 150) plant.trainer_ring = 0.08;
+    return s < 150 ? kRate1G : kRate50M;
+  });
+  ASSERT_FALSE(r.run.decisions.empty()) << r.run.status.step_model;
+  EXPECT_FALSE(r.run.in_force[140 - 2].compression) << "the trainers' ring at 1 Gbit/s";
+  EXPECT_TRUE(r.run.in_force[299 - 2].compression) << "still the ring at 50 Mbit/s: " << r.run.status.step_model;
+  EXPECT_LE(decisions_in(r.run, 150, 300), 3u);
+}
+
 TEST(StepController, TheTrainersDenseStepsOnAFasterLinkLeaveTheWarmUp) {
   // 1 Gbit/s and 200 Mbit/s: the hook's dense step is 2-6x its rest, under the 9x that cuts; the
   // warm-up runs to step 6 (the in-job cut does not fire either), and the cheapest plan follows.
