@@ -376,44 +376,40 @@ Status DeviceCompressor::finish_sparse(uint32_t average_over) {
   return Status::Ok();
 }
 
-Expected<std::span<float>> DeviceCompressor::dense_input(const policies::Plan& plan) {
-  SC_CHECK(pending_ == Pending::kNone && grad_ != nullptr, "dense_input() outside a begun step");
-  SC_RETURN_IF_ERROR(ensure_dense_host());
+Status DeviceCompressor::queue_dense_sum(const policies::Plan& plan) {
+  SC_CHECK(pending_ == Pending::kNone && grad_ != nullptr, "a dense step outside a begun step");
   clear_residual_on_commit_ = false;
   if (plan.error_feedback == policies::ErrorFeedback::kOff) {
     SC_RETURN_IF_ERROR(cu::zero_async(residual_, n_ * sizeof(float), stream_));
   }
-  // work = residual + sum (a float64 sum of two floats rounds like the float addition).
+  // out = residual + sum (a float64 sum of two floats rounds like the float addition).
   const float* pair[2] = {residual_, grad_};
   if (measure_) {
     SC_RETURN_IF_ERROR(cu::norm2(grad_, n_, norms_, stream_));
     SC_RETURN_IF_ERROR(cu::copy_async(host_norms_, norms_, sizeof(double), stream_));
   }
-  SC_RETURN_IF_ERROR(cu::local_sum(out_, pair, n_, stream_));
-  SC_RETURN_IF_ERROR(cu::copy_async(host_dense_, out_, n_ * sizeof(float), stream_));
-  SC_RETURN_IF_ERROR(cu::synchronize(stream_));
-  if (measure_) last_grad_norm2_ = host_norms_[0];
-  pending_ = Pending::kDense;
-  return std::span<float>(host_dense_, n_);
+  return cu::local_sum(out_, pair, n_, stream_);
 }
 
-Status DeviceCompressor::dense_share(const policies::Plan& plan, uint32_t average_over) {
-  SC_CHECK(pending_ == Pending::kNone && grad_ != nullptr, "dense_share() outside a begun step");
-  clear_residual_on_commit_ = false;
-  if (plan.error_feedback == policies::ErrorFeedback::kOff) {
-    SC_RETURN_IF_ERROR(cu::zero_async(residual_, n_ * sizeof(float), stream_));
-  }
-  const float* pair[2] = {residual_, grad_};
-  if (measure_) {
-    SC_RETURN_IF_ERROR(cu::norm2(grad_, n_, norms_, stream_));
-    SC_RETURN_IF_ERROR(cu::copy_async(host_norms_, norms_, sizeof(double), stream_));
-  }
-  SC_RETURN_IF_ERROR(cu::local_sum(out_, pair, n_, stream_));
-  if (average_over > 1) SC_RETURN_IF_ERROR(cu::scale(out_, n_, 1.0f / static_cast<float>(average_over), stream_));
+Status DeviceCompressor::dense_summed() {
   SC_RETURN_IF_ERROR(cu::synchronize(stream_));
   if (measure_) last_grad_norm2_ = host_norms_[0];
   pending_ = Pending::kDense;
   return Status::Ok();
+}
+
+Expected<std::span<float>> DeviceCompressor::dense_input(const policies::Plan& plan) {
+  SC_RETURN_IF_ERROR(ensure_dense_host());
+  SC_RETURN_IF_ERROR(queue_dense_sum(plan));
+  SC_RETURN_IF_ERROR(cu::copy_async(host_dense_, out_, n_ * sizeof(float), stream_));
+  SC_RETURN_IF_ERROR(dense_summed());
+  return std::span<float>(host_dense_, n_);
+}
+
+Status DeviceCompressor::dense_share(const policies::Plan& plan, uint32_t average_over) {
+  SC_RETURN_IF_ERROR(queue_dense_sum(plan));
+  if (average_over > 1) SC_RETURN_IF_ERROR(cu::scale(out_, n_, 1.0f / static_cast<float>(average_over), stream_));
+  return dense_summed();
 }
 
 Status DeviceCompressor::finish_dense(uint32_t average_over) {

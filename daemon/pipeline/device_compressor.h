@@ -135,6 +135,10 @@ class DeviceCompressor {
   };
   Status allocate(int device);
   Status ensure_dense_host();
+  // A dense step's start, queued on the stream: residual + sum into the output (and ||sum||^2
+  // when measuring); dense_summed() waits for the stream and marks the step pending.
+  Status queue_dense_sum(const policies::Plan& plan);
+  Status dense_summed();
 
   const uint32_t id_;
   const TensorSpec spec_;

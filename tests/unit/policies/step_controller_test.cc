@@ -768,6 +768,25 @@ TEST(StepController, OnGpusASparsePlanThatHasNotRunIsPricedByAGpusPriorNotTheHos
   EXPECT_FALSE(h.in_force[8].compression) << "the host's prior says ring";
 }
 
+// The GPU job above (50 M parameters compressed on the GPUs, 3 ms of compute) with 1 ms of the
+// hook's overhead a step, timed by whole steps, its dense steps reduced by the trainers in
+// `trainer_ring` seconds where `trainers` (else by the daemons' ring over loopback TCP).
+Plant gpu_job_with_a_trainers_ring(double trainer_ring, bool trainers = true) {
+  Plant plant;
+  plant.tensors = {16'777'216, 16'777'216, 16'777'216};
+  plant.encode = 0.08e-9;
+  plant.decode = 1e-9;
+  plant.alpha = 5e-5;
+  plant.compute = 0.003;
+  plant.noise = 0.02;
+  plant.on_device = true;
+  plant.report_period = true;
+  plant.overhead = 0.001;
+  plant.trainers_reduce = trainers;
+  plant.trainer_ring = trainer_ring;
+  return plant;
+}
+
 TEST(StepController, ARingTheTrainersReduceIsTimedByTheStepsPeriod) {
   // v11, dense_collective=trainer: the warm-up's dense steps go through the trainers' own
   // all-reduce, which the daemons do not time (their exchange is ~0); the period holds it. The
@@ -777,18 +796,7 @@ TEST(StepController, ARingTheTrainersReduceIsTimedByTheStepsPeriod) {
   // trainer's compute alone (cheaper than any sparse step) and the slow one would be taken.
   for (const double ring_s : {0.0015, 2.5}) {
     SCOPED_TRACE(ring_s);
-    Plant plant;
-    plant.tensors = {16'777'216, 16'777'216, 16'777'216};
-    plant.encode = 0.08e-9;
-    plant.decode = 1e-9;
-    plant.alpha = 5e-5;
-    plant.compute = 0.003;
-    plant.noise = 0.02;
-    plant.on_device = true;
-    plant.report_period = true;
-    plant.overhead = 0.001;
-    plant.trainers_reduce = true;
-    plant.trainer_ring = ring_s;
+    Plant plant = gpu_job_with_a_trainers_ring(ring_s);
     constexpr double kLoopback = 1.0 / 1.2e9;
     const bool ring_wins = plant.true_price(true, 1, kLoopback) < plant.true_price(false, 0.001, kLoopback);
     ASSERT_EQ(ring_wins, ring_s < 0.01);
@@ -996,18 +1004,7 @@ TEST(StepController, WhereTheTrainersReduceTheRingTheHooksDenseStepsAreItsRecord
   // not the hook's: its hint stays a hint and the job stays sparse.
   for (const bool trainers : {true, false}) {
     SCOPED_TRACE(trainers);
-    Plant plant;
-    plant.tensors = {16'777'216, 16'777'216, 16'777'216};
-    plant.encode = 0.08e-9;
-    plant.decode = 1e-9;
-    plant.alpha = 5e-5;
-    plant.compute = 0.003;
-    plant.noise = 0.02;
-    plant.on_device = true;
-    plant.report_period = true;
-    plant.overhead = 0.001;
-    plant.trainers_reduce = trainers;
-    plant.trainer_ring = 0.0015;
+    Plant plant = gpu_job_with_a_trainers_ring(0.0015, trainers);
     constexpr double kLoopback = 1.0 / 1.2e9;
     const auto r = run_with_hint(plant, 80, [](uint64_t) { return kLoopback; }, 6, /*kFirst=*/4);
     EXPECT_FALSE(r.at_start.has_value()) << "no cut: " << r.at_start->reason;
