@@ -391,7 +391,9 @@ void expect_rejected(const Bad& b, size_t n) {
   const Status s = decode_accumulate(b.format, b.value_type, b.payload, b.nnz, out);
   EXPECT_EQ(s.code(), Code::kDataLoss) << s.to_string();
   EXPECT_NE(s.message().find(b.field), std::string::npos) << s.message();
-  if (n > 0) EXPECT_EQ(std::memcmp(out.data(), before.data(), n * sizeof(float)), 0) << "output was touched";
+  if (n > 0) {
+    EXPECT_EQ(std::memcmp(out.data(), before.data(), n * sizeof(float)), 0) << "output was touched";
+  }
 }
 
 std::vector<std::byte> good(Format f, ValueType vt = ValueType::kF32) {
