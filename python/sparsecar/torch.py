@@ -236,6 +236,7 @@ class SparsecarHook:
         # thread) and the next iteration's first bucket; host times, or CUDA events on the device path.
         self._compute_marks = {}
         self._computes = collections.deque(maxlen=100)  # the last iterations' compute (s)
+        self._held_compute = False  # the last compute sample was a lone outlier, held back
         # The dense (warm-up) iterations' timing: the quickest whole one's (step_s, wait_s) goes
         # to the daemon (_report_dense_timing).
         self._dense_t = None         # _DenseClock of this dense iteration
@@ -820,13 +821,30 @@ class SparsecarHook:
                 continue
             c = _seconds_between(m["first"], m["last"]) + _seconds_between(m["done"], m["next"])
             del marks[s]
-            if not c > 0:
+            if not c > 0 or self._lone_outlier(c):
                 continue
             self._computes.append(c)
             try:
                 self._client.report_metric("hook_compute_time", c, s)
             except sparsecar.Error as e:
                 log.warning("sparsecar: reporting the trainer's compute time failed: %s", e)
+
+    def _lone_outlier(self, c):
+        """A compute sample over _OUTLIER_FACTOR x the median of the last ones (once there are
+        _OUTLIER_BASE) is held back, once: a training loop that evaluates or checkpoints between
+        two steps shows that pause as one iteration's compute, and the daemon's smoothed compute
+        would lift every plan's price after it. The next sample decides: a normal one drops it, a
+        second outlier in a row is the host's new pace and is reported (counted in
+        stats["compute_outliers_held"] when held)."""
+        if len(self._computes) < _OUTLIER_BASE:
+            return False
+        median = sorted(self._computes)[len(self._computes) // 2]
+        if c > _OUTLIER_FACTOR * median and not self._held_compute:
+            self._held_compute = True
+            self.stats["compute_outliers_held"] += 1
+            return True
+        self._held_compute = False
+        return False
 
     # ---- momentum correction ---------------------------------------------------------------------
     def _apply_momentum(self, bucket, buf):
@@ -1069,6 +1087,8 @@ class SparsecarHook:
 
 
 _BUCKET_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_OUTLIER_BASE = 10      # compute samples before one may be held back as a lone outlier
+_OUTLIER_FACTOR = 4.0   # ... over this many times their median
 
 
 def _same_buckets(a, b):

@@ -507,6 +507,59 @@ def test_the_hook_times_the_trainers_compute_without_the_exchange(group, make_jo
     hook.close()
 
 
+class _Reports:
+    """The hook's client, recording every metric it reports (the daemon behind it is the real one)."""
+
+    def __init__(self, client):
+        self._client = client
+        self.metrics = []
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+    def report_metric(self, name, value, step):
+        self.metrics.append((name, value, step))
+        return self._client.report_metric(name, value, step)
+
+
+def test_one_pause_between_steps_is_not_the_trainers_compute_but_a_new_pace_is(group, make_job):
+    """A loop that spends 20 ms between steps, and once evaluates for 0.4 s: that iteration's
+    compute (> 4x the median of the last ones) is held back, not reported to the daemon. Two
+    slow iterations in a row are the host's new pace: the second is reported."""
+    job = make_job(nodes=1, daemon_args=["--density", "0.05"])
+    model, _ = make_models()
+    hook = sparsecar.torch.register(model, socket=job.sockets[0], lr=0.1, timeout=20, on_error="raise",
+                                    announce=None)
+    g = torch.Generator().manual_seed(4)
+    x, y = torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)
+
+    def step(pause=0.02):
+        model.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        time.sleep(pause)
+
+    for _ in range(3):
+        step()
+    assert hook.mode == "sparse", hook.failure
+    hook._client = reports = _Reports(hook._client)
+    for _ in range(14):
+        step()
+    step(0.4)  # an evaluation
+    for _ in range(4):
+        step()
+    sent = [v for name, v, _ in reports.metrics if name == "hook_compute_time"]
+    assert len(sent) >= 15 and max(sent) < 0.2, sent
+    held = hook.stats["compute_outliers_held"]
+    assert held >= 1, dict(hook.stats)  # (a loaded host may hold back a stall of its own too)
+    step(0.4)
+    step(0.4)  # slower from here on
+    step()
+    sent = [v for name, v, _ in reports.metrics if name == "hook_compute_time"]
+    assert max(sent) >= 0.4, sent
+    assert hook.stats["compute_outliers_held"] == held + 1, dict(hook.stats)
+    hook.close()
+
+
 def test_the_step_controller_prices_the_trainer_by_the_hooks_timing(sparsecard, tmp_path):
     """Two nodes whose trainers report no compute time (ddp_digits.py without
     --report-compute-time): rank 0's step controller takes the hooks' "hook_compute_time" as the
