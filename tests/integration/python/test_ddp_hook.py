@@ -460,19 +460,43 @@ def test_the_dense_clock_leaves_registering_out_of_the_period_and_takes_the_last
     assert clock.timing(12.0) == pytest.approx((2.0, 0.4))
 
 
-class _SlowExchange:
-    """The hook's client with every wait 0.1 s longer: an exchange slower than the trainer's
-    compute (a fake link in this test only; the daemon behind it is the real one)."""
+class _WatchedClient:
+    """The hook's client, recording every metric it reports and, with `slower_wait`, every wait
+    that many seconds longer: an exchange slower than the trainer's compute (a fake link in
+    these tests only; the daemon behind it is the real one)."""
 
-    def __init__(self, client):
+    def __init__(self, client, slower_wait=0.0):
         self._client = client
+        self._slower_wait = slower_wait
+        self.metrics = []
 
     def __getattr__(self, name):
         return getattr(self._client, name)
 
     def wait(self, *args, **kwargs):
-        time.sleep(0.1)
+        time.sleep(self._slower_wait)
         return self._client.wait(*args, **kwargs)
+
+    def report_metric(self, name, value, step):
+        self.metrics.append((name, value, step))
+        return self._client.report_metric(name, value, step)
+
+
+def _one_node_paced_loop(make_job, seed):
+    """A one-node job with the hook, and its training step: one fixed batch's backward, then
+    `pause` seconds outside the exchange (the rest of a training loop)."""
+    job = make_job(nodes=1, daemon_args=["--density", "0.05"])
+    model, _ = make_models()
+    hook = sparsecar.torch.register(model, socket=job.sockets[0], lr=0.1, timeout=20, on_error="raise",
+                                    announce=None)
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)
+
+    def step(pause):
+        model.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        time.sleep(pause)
+    return hook, step
 
 
 def test_the_hook_times_the_trainers_compute_without_the_exchange(group, make_job):
@@ -480,23 +504,16 @@ def test_the_hook_times_the_trainers_compute_without_the_exchange(group, make_jo
     a sparse iteration outside the exchange) and reports it as "hook_compute_time". The training
     loop spends 30 ms between steps and each exchange 100 ms more: the compute read is >= 30 ms
     and well below 130 ms (the exchange left out)."""
-    job = make_job(nodes=1, daemon_args=["--density", "0.05"])
-    model, _ = make_models()
-    hook = sparsecar.torch.register(model, socket=job.sockets[0], lr=0.1, timeout=20, on_error="raise",
-                                    announce=None)
-    g = torch.Generator().manual_seed(3)
-    x, y = torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)
+    hook, paced_step = _one_node_paced_loop(make_job, seed=3)
 
     def step():
-        model.zero_grad(set_to_none=True)
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        time.sleep(0.03)  # the rest of the training loop (an optimizer, a data loader)
+        paced_step(0.03)  # the rest of the training loop (an optimizer, a data loader)
 
     for _ in range(3):
         step()
     assert hook.mode == "sparse", hook.failure
     assert hook.summary()["compute_s"] is None  # one sparse iteration: nothing to time yet
-    hook._client = _SlowExchange(hook._client)
+    hook._client = _WatchedClient(hook._client, slower_wait=0.1)
     for _ in range(12):
         step()
     s = hook.summary()
@@ -507,41 +524,19 @@ def test_the_hook_times_the_trainers_compute_without_the_exchange(group, make_jo
     hook.close()
 
 
-class _Reports:
-    """The hook's client, recording every metric it reports (the daemon behind it is the real one)."""
-
-    def __init__(self, client):
-        self._client = client
-        self.metrics = []
-
-    def __getattr__(self, name):
-        return getattr(self._client, name)
-
-    def report_metric(self, name, value, step):
-        self.metrics.append((name, value, step))
-        return self._client.report_metric(name, value, step)
-
-
 def test_one_pause_between_steps_is_not_the_trainers_compute_but_a_new_pace_is(group, make_job):
     """A loop that spends 20 ms between steps, and once evaluates for 0.4 s: that iteration's
     compute (> 4x the median of the last ones) is held back, not reported to the daemon. Two
     slow iterations in a row are the host's new pace: the second is reported."""
-    job = make_job(nodes=1, daemon_args=["--density", "0.05"])
-    model, _ = make_models()
-    hook = sparsecar.torch.register(model, socket=job.sockets[0], lr=0.1, timeout=20, on_error="raise",
-                                    announce=None)
-    g = torch.Generator().manual_seed(4)
-    x, y = torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)
+    hook, paced_step = _one_node_paced_loop(make_job, seed=4)
 
     def step(pause=0.02):
-        model.zero_grad(set_to_none=True)
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        time.sleep(pause)
+        paced_step(pause)
 
     for _ in range(3):
         step()
     assert hook.mode == "sparse", hook.failure
-    hook._client = reports = _Reports(hook._client)
+    hook._client = reports = _WatchedClient(hook._client)
     for _ in range(14):
         step()
     step(0.4)  # an evaluation
