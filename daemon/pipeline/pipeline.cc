@@ -444,7 +444,7 @@ Status Pipeline::run_step(TensorState& t, const StepJob& job, const Decision& de
   times.exchange_ended = clock_.now();
   // Reduced by the trainers: their all-reduce sends what the ring would (the step's bytes in the
   // trainer's and the job summary's ratio); the daemon's own link sent nothing (stats).
-  result->bytes_sent = trainers ? result->dense_bytes : stats.bytes_sent;
+  result->bytes_sent = result->trainer_reduces ? result->dense_bytes : stats.bytes_sent;
   if (!s.ok()) {
     c.rollback();  // nothing lost
     broadcast_abort(ctx, id, job.step, s.message());
@@ -516,13 +516,13 @@ Status Pipeline::run_device_step(TensorState& t, const StepJob& job, const Decis
   if (!s.ok()) return fail_early(std::move(s));
   Expected<bool> trainers = by_trainers(plan, job);
   if (!trainers.ok()) return fail_early(trainers.status());
-  if (plan.dense && *trainers) {
+  result->trainer_reduces = *trainers;  // as on the host path: before observe_step
+  if (*trainers) {
     // Each local trainer's share of this node's part, on the GPU; the trainers all-reduce it.
     s = d.dense_share(plan, options_.local_clients);
     if (!s.ok()) return fail_early(std::move(s));
     times.exchange_started = clock_.now();
     result->nnz = n;
-    result->trainer_reduces = true;
   } else if (plan.dense) {
     Expected<std::span<float>> work = d.dense_input(plan);
     if (!work.ok()) return fail_early(work.status());
@@ -557,7 +557,7 @@ Status Pipeline::run_device_step(TensorState& t, const StepJob& job, const Decis
   }
   count_messages(plan, sent_format, stats);
   times.exchange_ended = clock_.now();
-  result->bytes_sent = result->trainer_reduces ? result->dense_bytes : stats.bytes_sent;  // as on the host
+  result->bytes_sent = result->trainer_reduces ? result->dense_bytes : stats.bytes_sent;
   if (!s.ok()) {
     d.rollback();  // nothing lost
     broadcast_abort(ctx, id, job.step, s.message());

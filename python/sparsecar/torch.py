@@ -322,7 +322,7 @@ class SparsecarHook:
             "density": (st["sparsecar_nnz"] / st["sparsecar_elements"]) if st["sparsecar_elements"] else None,
             "mean_step_s": (st["step_ns"] / st["step_samples"] / 1e9) if st["step_samples"] else None,
             "mean_exchange_s": (st["exchange_ns"] / st["sparse_iterations"] / 1e9) if st["sparse_iterations"] else None,
-            "compute_s": sorted(self._computes)[len(self._computes) // 2] if self._computes else None,
+            "compute_s": self._median_compute(),
             "dense_step_s": self.dense_timing[0] if self.dense_timing else None,
             "dense_wait_s": self.dense_timing[1] if self.dense_timing else None,
             "dense_steps_s": [t[0] for t in self._dense_timings],
@@ -829,6 +829,10 @@ class SparsecarHook:
             except sparsecar.Error as e:
                 log.warning("sparsecar: reporting the trainer's compute time failed: %s", e)
 
+    def _median_compute(self):
+        """The upper median of the last iterations' compute (s), or None before any."""
+        return sorted(self._computes)[len(self._computes) // 2] if self._computes else None
+
     def _lone_outlier(self, c):
         """A compute sample over _OUTLIER_FACTOR x the median of the last ones (once there are
         _OUTLIER_BASE) is held back, once: a training loop that evaluates or checkpoints between
@@ -838,8 +842,7 @@ class SparsecarHook:
         stats["compute_outliers_held"] when held)."""
         if len(self._computes) < _OUTLIER_BASE:
             return False
-        median = sorted(self._computes)[len(self._computes) // 2]
-        if c > _OUTLIER_FACTOR * median and not self._held_compute:
+        if c > _OUTLIER_FACTOR * self._median_compute() and not self._held_compute:
             self._held_compute = True
             self.stats["compute_outliers_held"] += 1
             return True
