@@ -859,6 +859,9 @@ def run_and_report(args, link, model, method):
         h = e["start_hint"]
         print(f"  the hook's dense step: {h['dense_step_ms']:.3g} ms, {h['dense_wait_ms']:.3g} ms of it waiting "
               f"on the all-reduce", flush=True)
+    hook = e.get("hook") or {}
+    if hook.get("trainer_reduced_buckets"):
+        print(f"  buckets the trainers reduced (dense_collective=trainer): {hook['trainer_reduced_buckets']}", flush=True)
     for d in e.get("controller_decisions") or []:
         print(f"  decision: {d}", flush=True)
     return e

@@ -354,7 +354,7 @@ def main(argv):
         extra["hook"] = {k: s.get(k) for k in ("mode", "iterations", "sparse_iterations", "bytes_sent",
                                                 "dense_bytes", "ratio", "density", "mean_exchange_s", "failure",
                                                 "dense_step_s", "dense_wait_s", "momentum_correction",
-                                                "compute_s")}
+                                                "compute_s", "trainer_reduced_buckets")}
         extra["hook_path"] = s.get("path")  # "device" (CUDA IPC) or "host" (staged); absent in older hooks
         extra["hook_agreement"] = s.get("agreement")  # "gloo" (side group) or "device"; absent in older hooks
         if s.get("sparse_iterations"):
