@@ -498,11 +498,11 @@ Status Client::Impl::submit(const Tensor& tensor, uint64_t step, const SubmitOpt
   s.step = step;
   s.tensor_id = tensor.id_;
   s.lr = options.lr;
-  s.flags = options.trainer_reduces ? shm::kSubmitTrainerReduces : 0;
+  s.flags = shm::submission_flags(*ctl_, options.trainer_reduces);  // not to a daemon that would refuse it
   if (!shm::ring_push(ctl_->submissions, s)) return would_block("submission ring full");
   ++outstanding_;
   e->pending = step;
-  e->trainer_reduces = options.trainer_reduces;
+  e->trainer_reduces = (s.flags & shm::kSubmitTrainerReduces) != 0;
   e->done.reset();
   uint64_t one = 1;
   if (::write(sub_efd_, &one, sizeof one) < 0 && errno != EAGAIN) {

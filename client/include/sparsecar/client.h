@@ -52,7 +52,8 @@ struct ConnectOptions {
 struct SubmitOptions {
   float lr = 0.0f;  // learning rate of this step; 0 = not given
   // This trainer all-reduces a dense step itself when the daemon asks (StepInfo::trainer_reduces):
-  // the knob dense_collective=trainer uses it where every trainer of the job says so.
+  // the knob dense_collective=trainer uses it where every trainer of the job says so. Not sent to a
+  // daemon older than the knob (it would refuse the step): that daemon never asks.
   bool trainer_reduces = false;
 };
 

@@ -87,5 +87,22 @@ TEST(ShmLayout, ControlBlockIsInitialisedAndValid) {
   EXPECT_GE(kControlBytes, sizeof(ShmControl));
 }
 
+TEST(ShmLayout, ATrainerReducesFlagGoesOnlyToADaemonThatSaysItTakesIt) {
+  // A daemon of this tree says so in the mapping it hands out.
+  auto mem = std::make_unique<ShmControl>();
+  ShmControl* ctl = init_control(mem.get());
+  EXPECT_EQ(ctl->features & kFeatureTrainerReduces, kFeatureTrainerReduces);
+  EXPECT_EQ(submission_flags(*ctl, true), kSubmitTrainerReduces);
+  EXPECT_EQ(submission_flags(*ctl, false), 0u);
+  // An older daemon's mapping: the same header, 0 where the features are (its `reserved`). It
+  // refuses any flag, so none is sent; the mapping is still valid for every other use.
+  ctl->features = 0;
+  EXPECT_TRUE(control_valid(*ctl));
+  EXPECT_EQ(submission_flags(*ctl, true), 0u);
+  // Bits a client does not know say nothing about this one.
+  ctl->features = ~kFeatureTrainerReduces;
+  EXPECT_EQ(submission_flags(*ctl, true), 0u);
+}
+
 }  // namespace
 }  // namespace sparsecar::shm

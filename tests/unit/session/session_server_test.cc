@@ -126,6 +126,27 @@ TEST_F(SessionServerTest, OneClientRoundTrip) {
   EXPECT_EQ(server_->stats().steps_completed, 3u);
 }
 
+TEST_F(SessionServerTest, ATrainerThatReducesDenseStepsSaysSoAndIsAnsweredSo) {
+  // The client sends kSubmitTrainerReduces to this tree's daemon (its mapping says it takes it;
+  // ShmLayout.ATrainerReducesFlagGoesOnlyToADaemonThatSaysItTakesIt has the older daemon's).
+  start(1);
+  pipeline_->answer_trainer_reduces = true;
+  auto client = connect();
+  ASSERT_NE(client, nullptr);
+  auto w = client->register_tensor("fc.weight", 8);
+  ASSERT_TRUE(w.ok()) << w.status().to_string();
+  for (uint64_t step = 0; step < 2; ++step) {
+    const bool reduces = step == 0;
+    ASSERT_TRUE(client->submit(**w, step, {.trainer_reduces = reduces}).ok());
+    auto info = client->wait(**w, step, 5000ms);
+    ASSERT_TRUE(info.ok()) << info.status().to_string();
+    EXPECT_EQ(info->trainer_reduces, reduces) << step;
+  }
+  ASSERT_EQ(pipeline_->job_count(), 2u);
+  EXPECT_TRUE(pipeline_->jobs[0].trainer_reduces);
+  EXPECT_FALSE(pipeline_->jobs[1].trainer_reduces);
+}
+
 TEST_F(SessionServerTest, TwoLocalClientsAreSummedInFloat64) {
   start(2);
   auto a = connect();

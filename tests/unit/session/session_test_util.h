@@ -69,9 +69,12 @@ class FakePipeline : public StepSink {
     std::vector<float> local_sum;
     std::vector<DeviceBuffer> device;  // a device tensor's buffers (StepJob::device)
     bool keepalive = false;            // StepJob::keepalive was set
+    bool trainer_reduces = false;      // StepJob::trainer_reduces
   };
 
   explicit FakePipeline(Mode mode = Mode::kHalf) : mode_(mode) {}
+  // kHalf: a job whose trainers all-reduce dense steps is answered as one (StepResult::trainer_reduces).
+  std::atomic<bool> answer_trainer_reduces{false};
   void attach(StepResultSink* sink) { sink_.store(sink); }
 
   Status register_tensor(uint32_t tensor_id, const TensorSpec& spec) override {
@@ -89,7 +92,7 @@ class FakePipeline : public StepSink {
     {
       std::lock_guard<std::mutex> lock(mu_);
       jobs.push_back({job.tensor_id, job.step, job.lr, {job.local_sum.begin(), job.local_sum.end()},
-                      {job.device.begin(), job.device.end()}, job.keepalive != nullptr});
+                      {job.device.begin(), job.device.end()}, job.keepalive != nullptr, job.trainer_reduces});
       if (mode_ == Mode::kHold) {
         held_.push_back(job);
         return;
@@ -105,6 +108,7 @@ class FakePipeline : public StepSink {
       r.bytes_sent = 8 * job.local_sum.size();
       r.dense_bytes = 4 * job.local_sum.size();
       r.nnz = job.local_sum.size();
+      r.trainer_reduces = job.trainer_reduces && answer_trainer_reduces.load();
     }
     sink_.load()->complete(r);
   }

@@ -42,6 +42,14 @@ inline constexpr uint32_t kSubmitTrainerReduces = 1;
 // submissions that carried kSubmitTrainerReduces, on every node of the job alike).
 inline constexpr uint32_t kCompletionTrainerReduces = 1;
 
+// ShmControl::features: what the daemon that made the mapping understands. The field was
+// `reserved` (0) before, so a daemon older than a feature says it lacks it; such a daemon refuses
+// any Submission flag (it fails the step), so a client sets a flag only where the feature is
+// said (submission_flags below): a new trainer on an old daemon runs as before, with the
+// daemons' ring for dense steps. Clients older than the field never read it.
+inline constexpr uint32_t kFeatureTrainerReduces = 1;  // takes kSubmitTrainerReduces
+inline constexpr uint32_t kDaemonFeatures = kFeatureTrainerReduces;
+
 struct Submission {
   uint64_t seq;        // client's running count, for diagnostics
   uint64_t step;
@@ -78,7 +86,7 @@ struct ShmControl {
   uint32_t magic;       // kShmMagic
   uint32_t version;     // kShmVersion
   uint32_t ring_slots;  // kRingSlots
-  uint32_t reserved;
+  uint32_t features;    // kFeature* bits; 0 from daemons before them (the field was reserved)
   Ring<Submission> submissions;  // client produces, daemon consumes
   Ring<Completion> completions;  // daemon produces, client consumes
 };
@@ -102,7 +110,7 @@ inline ShmControl* init_control(void* mapping) {
   ctl->magic = kShmMagic;
   ctl->version = kShmVersion;
   ctl->ring_slots = kRingSlots;
-  ctl->reserved = 0;
+  ctl->features = kDaemonFeatures;
   new (&ctl->submissions.head) std::atomic<uint64_t>(0);
   new (&ctl->submissions.tail) std::atomic<uint64_t>(0);
   new (&ctl->completions.head) std::atomic<uint64_t>(0);
@@ -113,6 +121,11 @@ inline ShmControl* init_control(void* mapping) {
 // The client checks a mapping it received before using it.
 inline bool control_valid(const ShmControl& ctl) {
   return ctl.magic == kShmMagic && ctl.version == kShmVersion && ctl.ring_slots == kRingSlots;
+}
+
+// The Submission::flags a client sends for a step, given the daemon's features.
+inline uint32_t submission_flags(const ShmControl& ctl, bool trainer_reduces) {
+  return trainer_reduces && (ctl.features & kFeatureTrainerReduces) != 0 ? kSubmitTrainerReduces : 0;
 }
 
 // Producer side: false when full (would block).
