@@ -27,7 +27,8 @@ std::string manifest_difference(const std::string& mine, const std::string& thei
   for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
     if (i >= a.size()) return who + " registered an extra tensor: '" + b[i] + "'";
     if (i >= b.size()) return who + " is missing a tensor rank 0 registered: '" + a[i] + "'";
-    if (a[i].rfind("local_clients", 0) == 0) continue;  // may differ per node
+    if (a[i].rfind("local_clients", 0) == 0) continue;    // may differ per node
+    if (a[i].rfind("trainers_reduce", 0) == 0) continue;  // ANDed over the nodes
     if (a[i] != b[i]) return who + " has '" + b[i] + "' where rank 0 has '" + a[i] + "'";
   }
   return "";
@@ -37,6 +38,20 @@ uint32_t local_clients_of(const std::string& manifest) {
   auto lines = lines_of(manifest);
   if (lines.empty() || lines[0].rfind("local_clients ", 0) != 0) return 0;
   return static_cast<uint32_t>(std::strtoul(lines[0].c_str() + 14, nullptr, 10));
+}
+
+// The manifest's "trainers_reduce 1" (Pipeline::manifest()).
+bool trainers_reduce_of(const std::string& manifest) {
+  for (const std::string& line : lines_of(manifest)) {
+    if (line.rfind("trainers_reduce ", 0) == 0) return line == "trainers_reduce 1";
+  }
+  return false;
+}
+
+// rank 0's ack head: "ok <total trainers>[ running][ trainers_reduce]".
+std::string ack_head(uint32_t total, bool running, bool trainers_reduce) {
+  return "ok " + std::to_string(total) + (running ? " running" : "") + (trainers_reduce ? " trainers_reduce" : "") +
+         "\n";
 }
 
 std::string text_of(std::span<const std::byte> payload) {
@@ -77,7 +92,7 @@ void JobAgreement::reset() {
 
 Expected<AgreedJob> JobAgreement::agree(const std::string& manifest, Clock::time_point deadline) {
   if (options_.world_size == 1) {
-    AgreedJob job{random_nonzero_u64(), options_.local_clients, false};
+    AgreedJob job{random_nonzero_u64(), options_.local_clients, false, trainers_reduce_of(manifest)};
     mailbox_->set_incarnation(job.incarnation);
     return job;
   }
@@ -93,12 +108,21 @@ Expected<AgreedJob> JobAgreement::agree_as_member(const std::string& mine, Clock
   if (text.rfind("ok ", 0) != 0) {
     return failed_precondition("nodes disagree: " + (text.rfind("error ", 0) == 0 ? text.substr(6) : text));
   }
-  // "ok <trainers>[ running]\n" + rank 0's decisions (decisions.h, snapshot).
+  // ack_head() + rank 0's decisions (decisions.h, snapshot).
   const size_t nl = text.find('\n');
-  const std::string head = text.substr(0, nl);
+  std::istringstream head(text.substr(0, nl));
+  std::string ok, word;
   AgreedJob job;
-  job.joined_running = head.size() > 8 && head.compare(head.size() - 8, 8, " running") == 0;
-  job.total_trainers = static_cast<uint32_t>(std::strtoul(head.c_str() + 3, nullptr, 10));
+  head >> ok >> job.total_trainers;
+  while (head >> word) {
+    if (word == "running") {
+      job.joined_running = true;
+    } else if (word == "trainers_reduce") {
+      job.trainers_reduce = true;
+    } else {
+      return data_loss("rank 0 sent a job agreement with an unknown word '" + word + "'");
+    }
+  }
   job.incarnation = ack.header.incarnation;
   if (job.total_trainers == 0) return data_loss("rank 0 sent a job agreement without a trainer count");
   if (job.incarnation == 0) return data_loss("rank 0 sent a job agreement without an incarnation");
@@ -116,6 +140,7 @@ Expected<AgreedJob> JobAgreement::agree_as_leader(const std::string& mine, Clock
   std::vector<uint64_t> attempts(options_.world_size, 0);
   std::vector<uint32_t> local_clients(options_.world_size, 0);
   local_clients[0] = options_.local_clients;
+  bool trainers_reduce = trainers_reduce_of(mine);
   for (uint32_t peer = 1; peer < options_.world_size; ++peer) {
     auto got = mailbox_->take(wire::Kind::kManifest, peer, 0, 0, 0, /*incarnation=*/0, deadline,
                               transport_->peer_name(peer));
@@ -129,6 +154,7 @@ Expected<AgreedJob> JobAgreement::agree_as_leader(const std::string& mine, Clock
     if (!diff.empty() && error.empty()) error = diff;
     local_clients[peer] = local_clients_of(theirs);
     total += local_clients[peer];
+    trainers_reduce = trainers_reduce && trainers_reduce_of(theirs);
   }
   if (!error.empty()) {
     // Answer the peers whose manifest is already here too, so they fail now, not at their deadline.
@@ -149,10 +175,11 @@ Expected<AgreedJob> JobAgreement::agree_as_leader(const std::string& mine, Clock
     running_.total_trainers = total;
     running_.manifest = mine;
     running_.local_clients = local_clients;
+    running_.trainers_reduce = trainers_reduce;
     running_.rejoins.resize(options_.world_size);
     for (uint32_t peer = 0; peer < options_.world_size; ++peer) running_.rejoins[peer] = mailbox_->rejoined(peer);
   }
-  const std::string verdict = error.empty() ? "ok " + std::to_string(total) + "\n" : "error " + error;
+  const std::string verdict = error.empty() ? ack_head(total, false, trainers_reduce) : "error " + error;
   auto answer_all = [&](const std::string& decisions) {
     for (uint32_t peer = 1; peer < options_.world_size; ++peer) {
       if (attempts[peer] == 0) continue;  // no manifest taken: nothing to answer
@@ -166,7 +193,7 @@ Expected<AgreedJob> JobAgreement::agree_as_leader(const std::string& mine, Clock
     answer_all("");
   }
   if (!error.empty()) return failed_precondition("nodes disagree: " + error);
-  return AgreedJob{incarnation, total, false};
+  return AgreedJob{incarnation, total, false, trainers_reduce};
 }
 
 bool JobAgreement::answer_late_manifest(uint32_t peer, const wire::WireHeader& h, std::span<const std::byte> payload) {
@@ -179,12 +206,16 @@ bool JobAgreement::answer_late_manifest(uint32_t peer, const wire::WireHeader& h
     error = "rank " + std::to_string(peer) + " has " + std::to_string(local_clients_of(theirs)) +
             " local trainer(s) where the rank it replaces had " + std::to_string(running_.local_clients[peer]);
   }
+  if (error.empty() && running_.trainers_reduce && !trainers_reduce_of(theirs)) {
+    error = "rank " + std::to_string(peer) + "'s trainers do not all-reduce dense steps themselves (trainers_reduce 0) "
+            "where the running job's all do";
+  }
   if (!error.empty()) {
     SC_LOG_ERROR("refusing rank {}'s request to join the running job: {}", peer, error);
     send(peer, wire::Kind::kManifestAck, h.incarnation, 0, "error " + error).ignore();
     return true;
   }
-  const std::string verdict = "ok " + std::to_string(running_.total_trainers) + " running\n";
+  const std::string verdict = ack_head(running_.total_trainers, true, running_.trainers_reduce);
   const uint64_t incarnation = running_.incarnation;
   if (decisions_ != nullptr) {
     decisions_->with_snapshot([&](const std::string& decisions) {

@@ -5,7 +5,10 @@
 // agreed knobs, its tensor list) under a fresh attempt nonce; rank 0 gathers all of them,
 // compares them with its own and answers every rank with "ok <total trainers>\n" + its live
 // decisions (DecisionBoard snapshot, adopted by the rank) and the job's new random incarnation,
-// or "error <first difference>". The ack echoes the attempt nonce, so an ack of an earlier
+// or "error <first difference>". Manifests must match but for two lines: `local_clients` (per
+// node) and `trainers_reduce` (whether this node's trainers all-reduce dense steps themselves):
+// the job's is the AND over the nodes, said in the ack ("ok <total> trainers_reduce"), so a job
+// whose trainers do so on some nodes only runs the daemons' ring. The ack echoes the attempt nonce, so an ack of an earlier
 // attempt is never taken. While the job runs, rank 0 answers the manifest of a rank that was
 // replaced since the agreement (Mailbox::rejoined) the same way from the running job
 // ("ok <total> running\n" + decisions, the same incarnation); any other manifest is kept for the
@@ -40,6 +43,7 @@ struct AgreedJob {
   uint64_t incarnation = 0;
   uint32_t total_trainers = 0;
   bool joined_running = false;  // this rank is a replacement that joined a job already running
+  bool trainers_reduce = false;  // every node's trainers all-reduce dense steps themselves
 };
 
 class JobAgreement {
@@ -87,6 +91,7 @@ class JobAgreement {
     std::string manifest;                 // rank 0's
     std::vector<uint32_t> local_clients;  // per rank, as each manifest said
     std::vector<uint64_t> rejoins;        // per rank: Mailbox::rejoined(rank) when agreed
+    bool trainers_reduce = false;         // AgreedJob::trainers_reduce
   };
   std::mutex mu_;
   RunningJob running_;  // guarded by mu_

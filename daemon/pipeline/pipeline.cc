@@ -924,8 +924,8 @@ std::string Pipeline::manifest() const {
   std::ostringstream os;
   os << "local_clients " << options_.local_clients << "\n";
   os << "knobs " << options_.agreed_knobs << "\n";
-  // A job whose trainers reduce dense steps themselves on one node and not on another could not
-  // run dense_collective=trainer alike everywhere: agreed like the knobs.
+  // Whether this node's trainers reduce dense steps themselves: the job's is the AND over the
+  // nodes (job_agreement.h), so dense_collective=trainer runs alike everywhere.
   os << "trainers_reduce " << (trainers_reduce_ ? 1 : 0) << "\n";
   for (const auto& t : tensors_) {
     if (!t) continue;
@@ -960,6 +960,11 @@ Status Pipeline::agree_on_job(Clock::time_point deadline) {
   SC_ASSIGN_OR_RETURN(AgreedJob job, agreement_.agree(manifest(), deadline));
   incarnation_ = job.incarnation;
   total_trainers_ = job.total_trainers;
+  if (trainers_reduce_ && !job.trainers_reduce) {
+    SC_LOG_INFO("this node's trainers all-reduce dense steps themselves, another node's do not: dense steps run "
+                "on the daemons' ring in this job");
+  }
+  trainers_reduce_ = job.trainers_reduce;
   agreed_ = true;
   SC_LOG_INFO("job agreed: {} trainers across {} nodes (incarnation {:016x})", total_trainers_, options_.world_size,
               static_cast<unsigned long long>(incarnation_));
