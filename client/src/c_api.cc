@@ -163,18 +163,31 @@ uint64_t sc_tensor_dim(const sc_tensor* tensor, uint32_t i) {
 }
 
 sc_status sc_submit(sc_client* client, sc_tensor* tensor, uint64_t step, float lr) {
+  return sc_submit_flags(client, tensor, step, lr, 0);
+}
+
+sc_status sc_submit_flags(sc_client* client, sc_tensor* tensor, uint64_t step, float lr, uint32_t flags) {
   if (client == nullptr || tensor == nullptr) {
     return record(client, sparsecar::invalid_argument("sc_submit: NULL argument"));
+  }
+  if ((flags & ~SC_SUBMIT_TRAINER_REDUCES) != 0) {
+    return record(client, sparsecar::invalid_argument("sc_submit_flags: unknown flag bits " + std::to_string(flags)));
   }
   return guarded(client, [&]() -> sc_status {
     sparsecar::SubmitOptions options;
     options.lr = lr;
+    options.trainer_reduces = (flags & SC_SUBMIT_TRAINER_REDUCES) != 0;
     return record(client, client->client->submit(*as_tensor(tensor), step, options));
   });
 }
 
 sc_status sc_wait(sc_client* client, sc_tensor* tensor, uint64_t step, int64_t timeout_ms,
                   sc_step_info* info) {
+  return sc_wait_flags(client, tensor, step, timeout_ms, info, nullptr);
+}
+
+sc_status sc_wait_flags(sc_client* client, sc_tensor* tensor, uint64_t step, int64_t timeout_ms,
+                        sc_step_info* info, uint32_t* flags) {
   if (client == nullptr || tensor == nullptr || timeout_ms < 0) {
     return record(client, sparsecar::invalid_argument("sc_wait: NULL argument or negative timeout"));
   }
@@ -187,6 +200,7 @@ sc_status sc_wait(sc_client* client, sc_tensor* tensor, uint64_t step, int64_t t
       info->dense_bytes = r->dense_bytes;
       info->nnz = r->nnz;
     }
+    if (flags != nullptr) *flags = r->trainer_reduces ? SC_STEP_TRAINER_REDUCES : 0;
     return SC_OK;
   });
 }

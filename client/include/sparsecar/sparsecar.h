@@ -34,8 +34,10 @@ extern "C" {
 
 /* 2: sc_register_tensor_shaped, sc_tensor_ndim, sc_tensor_dim (version 1 calls unchanged).
  * 3: GPU tensors by CUDA IPC handles: sc_device_handles, sc_register_device_tensor,
- *    sc_tensor_on_device (version 1 and 2 calls unchanged). */
-#define SPARSECAR_C_ABI_VERSION 3
+ *    sc_tensor_on_device (version 1 and 2 calls unchanged).
+ * 4: dense steps the trainer all-reduces itself: sc_submit_flags, sc_wait_flags,
+ *    SC_SUBMIT_TRAINER_REDUCES, SC_STEP_TRAINER_REDUCES (earlier calls unchanged). */
+#define SPARSECAR_C_ABI_VERSION 4
 
 typedef int32_t sc_status;
 enum {
@@ -57,6 +59,15 @@ enum {
 
 enum { SC_DTYPE_F32 = 0 };
 enum { SC_MAX_DIMS = 4 }; /* most dims a registered shape may have */
+
+/* sc_submit_flags: this trainer all-reduces a dense step itself when the daemon asks (the
+ * daemons' knob dense_collective=trainer, where every trainer of the job says so); not sent to a
+ * daemon older than the knob. Since ABI version 4. */
+#define SC_SUBMIT_TRAINER_REDUCES 1u
+/* sc_wait_flags: the slot holds this trainer's share of its node's contribution, not the average:
+ * sum it over every trainer of the job (an all-reduce of the trainer's own) and divide by their
+ * number. Only for a submit with SC_SUBMIT_TRAINER_REDUCES. Since ABI version 4. */
+#define SC_STEP_TRAINER_REDUCES 1u
 
 typedef struct sc_client sc_client;  /* a session with the local daemon */
 typedef struct sc_tensor sc_tensor;  /* a registered tensor; owned by its client */
@@ -131,12 +142,19 @@ uint64_t sc_tensor_dim(const sc_tensor* tensor, uint32_t i);
 /* Hands the tensor's contents for `step` to the daemon; lr = learning rate (0 = not given).
  * Non-blocking. The slot belongs to the daemon until the matching sc_wait succeeds or fails. */
 sc_status sc_submit(sc_client* client, sc_tensor* tensor, uint64_t step, float lr);
+/* sc_submit with flags: 0 or SC_SUBMIT_TRAINER_REDUCES (other bits: SC_INVALID_ARGUMENT).
+ * Since ABI version 4. */
+sc_status sc_submit_flags(sc_client* client, sc_tensor* tensor, uint64_t step, float lr, uint32_t flags);
 /* Waits up to timeout_ms for (tensor, step). SC_OK: the slot holds the averaged gradient and
  * *info (may be NULL) describes the step. Any other status is the daemon's for the step, with its
  * message, or this wait's own SC_DEADLINE_EXCEEDED: then sc_step_in_flight() is 1 and calling
  * again keeps waiting (0: the daemon failed the step with DEADLINE_EXCEEDED; it is over). */
 sc_status sc_wait(sc_client* client, sc_tensor* tensor, uint64_t step, int64_t timeout_ms,
                   sc_step_info* info);
+/* sc_wait that also says how the slot is to be read: *flags (may be NULL) is 0 or
+ * SC_STEP_TRAINER_REDUCES on SC_OK. Since ABI version 4. */
+sc_status sc_wait_flags(sc_client* client, sc_tensor* tensor, uint64_t step, int64_t timeout_ms,
+                        sc_step_info* info, uint32_t* flags);
 /* 1 while (tensor, step) was submitted and sc_wait has not returned its completion, else 0. */
 int sc_step_in_flight(sc_client* client, sc_tensor* tensor, uint64_t step);
 /* Reports a named scalar (e.g. "loss") for a step. */

@@ -41,6 +41,36 @@ TEST_F(CApiTest, RoundTripFromC) {
   EXPECT_FLOAT_EQ(pipeline_.jobs[0].lr, 0.5f);
 }
 
+// ABI version 4: a trainer that all-reduces dense steps itself says so per submit, and reads
+// per step whether the slot holds its share (the daemon asked) or the average.
+TEST_F(CApiTest, ATrainerThatReducesDenseStepsSaysSoAndReadsWhichItGot) {
+  pipeline_.answer_trainer_reduces = true;
+  sc_client* client = nullptr;
+  ASSERT_EQ(sc_connect(sock_.path().c_str(), 2000, &client), SC_OK);
+  sc_tensor* w = nullptr;
+  ASSERT_EQ(sc_register_tensor(client, "w", 8, SC_DTYPE_F32, &w), SC_OK);
+  uint32_t flags = 99;
+  ASSERT_EQ(sc_submit_flags(client, w, 0, 0.1f, SC_SUBMIT_TRAINER_REDUCES), SC_OK);
+  ASSERT_EQ(sc_wait_flags(client, w, 0, 5000, nullptr, &flags), SC_OK) << sc_client_last_error(client);
+  EXPECT_EQ(flags, SC_STEP_TRAINER_REDUCES);
+  ASSERT_EQ(sc_submit(client, w, 1, 0.1f), SC_OK);
+  ASSERT_EQ(sc_wait_flags(client, w, 1, 5000, nullptr, &flags), SC_OK) << sc_client_last_error(client);
+  EXPECT_EQ(flags, 0u);
+  {
+    std::lock_guard<std::mutex> lock(pipeline_.mu_);
+    ASSERT_EQ(pipeline_.jobs.size(), 2u);
+    EXPECT_TRUE(pipeline_.jobs[0].trainer_reduces);
+    EXPECT_FALSE(pipeline_.jobs[1].trainer_reduces);
+  }
+  // Bits this library does not know are refused before anything is submitted.
+  EXPECT_EQ(sc_submit_flags(client, w, 2, 0.1f, 2u), SC_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(sc_client_last_error(client)).find("unknown flag"), std::string::npos);
+  EXPECT_EQ(sc_step_in_flight(client, w, 2), 0);
+  EXPECT_EQ(sc_submit_flags(nullptr, w, 2, 0.1f, 0), SC_INVALID_ARGUMENT);
+  EXPECT_EQ(sc_wait_flags(client, nullptr, 2, 10, nullptr, &flags), SC_INVALID_ARGUMENT);
+  sc_client_close(client);
+}
+
 // The daemon's DEADLINE_EXCEEDED (a peer did not deliver) ends the step and keeps its message;
 // the wait's own timeout leaves the step in flight. sc_step_in_flight tells them apart.
 TEST_F(CApiTest, TheDaemonsDeadlineIsNotTheWaitsOwn) {
