@@ -8,10 +8,11 @@
 // or "error <first difference>". Manifests must match but for two lines: `local_clients` (per
 // node) and `trainers_reduce` (whether this node's trainers all-reduce dense steps themselves):
 // the job's is the AND over the nodes, said in the ack ("ok <total> trainers_reduce"), so a job
-// whose trainers do so on some nodes only runs the daemons' ring. The ack echoes the attempt nonce, so an ack of an earlier
-// attempt is never taken. While the job runs, rank 0 answers the manifest of a rank that was
-// replaced since the agreement (Mailbox::rejoined) the same way from the running job
-// ("ok <total> running\n" + decisions, the same incarnation); any other manifest is kept for the
+// whose trainers do so on some nodes only runs the daemons' ring. The ack echoes the attempt
+// nonce, so an ack of an earlier attempt is never taken. While the job runs, rank 0 answers the
+// manifest of a rank that was replaced since the agreement (Mailbox::rejoined) the same way from
+// the running job ("ok <total> running[ trainers_reduce]\n" + decisions, the same incarnation;
+// refused if its trainers do not reduce where the job's do); any other manifest is kept for the
 // next agreement, as before.
 //
 // Threads: agree() on the pipeline thread; answer_late_manifest() on the transport thread (the
