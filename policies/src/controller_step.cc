@@ -128,6 +128,9 @@ constexpr size_t kComputeBaseSteps = 30;
 // other steps measured (the hook and its copies), and it neither feeds that overhead nor the
 // daemons' ring cost per element. On NVLink the daemons' own ring cost ~420 ms a step where the
 // trainers' NCCL all-reduce costs a few: the ring candidate is then the trainers'.
+// v12: no link samples from a step the trainers reduced (any of its tensors): the daemons' small
+// messages then queue behind the trainers' all-reduce on the same link (~40 ms at 1 Gbit/s on a
+// GPU job), and a fit of them priced every sparse plan 10x over.
 // v5: the first answer after the dense warm-up goes to the ring on the model's word about the
 // sparse plan only where the ring is cheaper by more than this (the model's sparse price was 13 %
 // off a real small job's measured one); else the sparse plan is measured first.
@@ -184,7 +187,10 @@ class StepController final : public Controller {
     const uint32_t w = s.world_size;
     const uint64_t changes_before = link_changes();
     const double in_force_modelled_before = decided_ && !tensors_.empty() ? model_seconds(in_force_, w, knobs->format) : 0;
-    feed_links(o, s.step.forget);
+    // v12: a step the trainers reduced put their all-reduce on the link; what the daemons sent
+    // meanwhile (observations, decisions: small messages) waited behind it in the queue, and is
+    // not what their own exchange meets (a fit of it priced a 12 ms sparse step at 131 ms).
+    if (o.trainer_elements == 0) feed_links(o, s.step.forget);
     on_device_ = o.elements > 0 && o.device_elements >= o.elements;
     observe_compute(o, w);
     if (o.compute_s > 0) {

@@ -157,6 +157,10 @@ struct Plant {
   // step, in no link sample and not in the daemons' exchange time (the period holds it).
   bool trainers_reduce = false;
   double trainer_ring = 0;
+  // On a step the trainers reduce, the daemons' own small messages (observations, decisions) that
+  // cross the link wait this long behind the trainers' all-reduce in the shaper's queue; the
+  // receivers time them like any message (link samples of 256 bytes).
+  double queued_behind_trainers = 0;
   bool ran_before = false;
   ControlKnobs last_knobs;
   uint64_t seed = 1;
@@ -227,6 +231,13 @@ struct Plant {
         o.encode_s += 1e-6;    // the share: residual + sum on the device
         o.exchange_s += 1e-6;  // nothing sent
         o.trainer_elements += n;
+        if (queued_behind_trainers > 0 && id == 0) {
+          for (uint32_t from = 0; from < world; ++from) {
+            for (uint32_t to = 0; to < world; ++to) {
+              if (from != to) o.link_samples.push_back({from, to, 256, link(beta, 256) + queued_behind_trainers * jitter()});
+            }
+          }
+        }
         continue;
       }
       for (uint32_t from = 0; from < world; ++from) {
@@ -1031,6 +1042,36 @@ TEST(StepController, ARingTheTrainersReduceThatGetsSlowIsLeft) {
   EXPECT_FALSE(r.run.in_force[140 - 2].compression) << "the trainers' ring at 1 Gbit/s";
   EXPECT_TRUE(r.run.in_force[299 - 2].compression) << "still the ring at 50 Mbit/s: " << r.run.status.step_model;
   EXPECT_LE(decisions_in(r.run, 150, 300), 3u);
+}
+
+TEST(StepController, MessagesQueuedBehindTheTrainersRingDoNotPriceTheSparsePlan) {
+  // v12, the GPU Fashion-MNIST job at 1 Gbit/s (2.4 M parameters in 3 buckets): the warm-up's
+  // dense steps are the trainers' NCCL all-reduce (77 ms a step), and the daemons' only messages
+  // then are their observations, queued ~40 ms behind it in the shaper. Fitted as the link, they
+  // priced a sparse step at 131 ms where it takes ~12, and the job took the trainers' ring for
+  // good (its time to accuracy 8.5x the daemons' ring's: docs/benchmarks.md, Run P). Samples of a
+  // step the trainers reduce are not the daemons' link: the job must stay sparse.
+  Plant plant;
+  plant.tensors = {1'000'000, 1'000'000, 407'114};
+  plant.encode = 0.1e-9;
+  plant.decode = 1e-9;
+  plant.alpha = 2e-4;
+  plant.compute = 0.0101;  // the hook's dense step less its wait (the run's: 85.8 - 75.7 ms)
+  plant.noise = 0.02;
+  plant.on_device = true;
+  plant.report_period = true;
+  plant.overhead = 0.002;
+  plant.trainers_reduce = true;
+  plant.trainer_ring = 0.077;
+  plant.queued_behind_trainers = 0.04;
+  ASSERT_LT(1.3 * plant.true_price(false, 0.005, kRate1G), plant.true_price(true, 1, kRate1G)) << "sparse is cheaper";
+  const auto r = run_with_hint(plant, 120, [](uint64_t) { return kRate1G; });
+  EXPECT_FALSE(r.at_start.has_value()) << "the hook's dense step is under 3x its rest's sparse price: no cut";
+  for (uint64_t s = 6; s < 120; ++s) {
+    EXPECT_TRUE(r.run.in_force[s - 2].compression) << "step " << s << " ran the trainers' ring: "
+                                                   << r.run.status.last_reason;
+  }
+  expect_near_cheapest(r.run, 30 - 2, 120 - 2, "after the warm-up");
 }
 
 TEST(StepController, TheTrainersDenseStepsOnAFasterLinkLeaveTheWarmUp) {
