@@ -356,7 +356,7 @@ StepResult Pipeline::process(const StepJob& job) {
   // Before anything else: from here on rank 0 never decides a change effective before step+2.
   Decision decision = decisions_ ? decisions_->at_step(job.step) : Decision{};
   if (!agreed_) {
-    trainers_reduce_ = job.trainer_reduces;
+    node_trainers_reduce_ = job.trainer_reduces;
     Status agreed = agree_on_job(clock_.now() + options_.join_timeout);
     if (!agreed.ok()) {
       r.status = agreed;
@@ -926,7 +926,7 @@ std::string Pipeline::manifest() const {
   os << "knobs " << options_.agreed_knobs << "\n";
   // Whether this node's trainers reduce dense steps themselves: the job's is the AND over the
   // nodes (job_agreement.h), so dense_collective=trainer runs alike everywhere.
-  os << "trainers_reduce " << (trainers_reduce_ ? 1 : 0) << "\n";
+  os << "trainers_reduce " << (node_trainers_reduce_ ? 1 : 0) << "\n";
   for (const auto& t : tensors_) {
     if (!t) continue;
     // "tensor <id> <count> shape=<d0>x<d1>... <name>" (shape=none without one): the shape must
@@ -960,7 +960,7 @@ Status Pipeline::agree_on_job(Clock::time_point deadline) {
   SC_ASSIGN_OR_RETURN(AgreedJob job, agreement_.agree(manifest(), deadline));
   incarnation_ = job.incarnation;
   total_trainers_ = job.total_trainers;
-  if (trainers_reduce_ && !job.trainers_reduce) {
+  if (node_trainers_reduce_ && !job.trainers_reduce) {
     SC_LOG_INFO("this node's trainers all-reduce dense steps themselves, another node's do not: dense steps run "
                 "on the daemons' ring in this job");
   }

@@ -278,10 +278,11 @@ class Pipeline final : public StepSink {
   bool restored_ = false;     // residuals came from a checkpoint in this job (restore())
   uint64_t incarnation_ = 0;  // the agreed job's incarnation (mailbox.h); 0 until agreed
   uint32_t total_trainers_ = 0;
-  // Whether the job's trainers all-reduce dense steps themselves: this node's (the job's first
-  // step's StepJob::trainer_reduces, in the manifest) until the agreement, then the AND over every
-  // node's (AgreedJob::trainers_reduce, equal on every node); and whether the knob asking for it
+  // Whether this node's trainers all-reduce dense steps themselves (the job's first step's
+  // StepJob::trainer_reduces; its manifest line), and whether the job's all do (the AND over the
+  // nodes, AgreedJob::trainers_reduce: equal on every node); and whether the knob asking for it
   // without them was logged in this job.
+  bool node_trainers_reduce_ = false;
   bool trainers_reduce_ = false;
   bool ring_instead_logged_ = false;
   JobProgress progress_;           // the progress lines and the job summary (progress.h)

@@ -100,13 +100,20 @@ TEST(JobAgreementTest, ManifestsThatDifferElsewhereAreStillRefused) {
   }
 }
 
-TEST(JobAgreementTest, AReplacementMustReduceWhereTheRunningJobsTrainersDo) {
-  Nodes nodes(2);
-  for (const auto& job : nodes.agree({manifest(1, true), manifest(2, true)})) {
+// Two nodes agree (rank 0's trainers reducing or not, rank 1's reducing), then rank 1 is lost
+// and a replacement process takes its place.
+void agree_then_replace_rank_1(Nodes& nodes, bool rank0_reduces) {
+  for (const auto& job : nodes.agree({manifest(1, rank0_reduces), manifest(2, true)})) {
     ASSERT_TRUE(job.ok()) << job.status().to_string();
-    ASSERT_TRUE(job->trainers_reduce);
+    ASSERT_EQ(job->trainers_reduce, rank0_reduces);
   }
   nodes.replace(1);
+}
+
+TEST(JobAgreementTest, AReplacementMustReduceWhereTheRunningJobsTrainersDo) {
+  Nodes nodes(2);
+  agree_then_replace_rank_1(nodes, true);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
   auto refused = nodes.agree_one(1, manifest(2, false));
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), Code::kFailedPrecondition) << refused.status().to_string();
@@ -120,11 +127,8 @@ TEST(JobAgreementTest, AReplacementMustReduceWhereTheRunningJobsTrainersDo) {
 
 TEST(JobAgreementTest, AReplacementThatReducesJoinsAJobThatDoesNotAsOneThatDoesNot) {
   Nodes nodes(2);
-  for (const auto& job : nodes.agree({manifest(1, false), manifest(2, true)})) {
-    ASSERT_TRUE(job.ok()) << job.status().to_string();
-    ASSERT_FALSE(job->trainers_reduce);
-  }
-  nodes.replace(1);
+  agree_then_replace_rank_1(nodes, false);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
   auto joined = nodes.agree_one(1, manifest(2, true));
   ASSERT_TRUE(joined.ok()) << joined.status().to_string();
   EXPECT_TRUE(joined->joined_running);
