@@ -620,8 +620,10 @@ def parse(argv):
     d.add_argument("--device-path", choices=("auto", "off", "require"), help="the hook's device_path= (auto: GPU "
                    "buffers by CUDA IPC when the daemon takes them, else host staging; off: host staging; require: "
                    "fail without); default: the hook's own")
-    d.add_argument("--momentum-correction", action="store_true", help="sparsecar methods: the hook takes the "
-                   "trainers' SGD momentum over (DGC's momentum correction; python/README.md)")
+    d.add_argument("--momentum-correction", action=argparse.BooleanOptionalAction, default=True,
+                   help="sparsecar methods: the hook takes the trainers' SGD momentum over (DGC's momentum "
+                   "correction; python/README.md), as the README advises for the adaptive controllers "
+                   "(default: on; --no-momentum-correction: the trainers' own SGD momentum)")
     d.add_argument("--kernel-threads", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)))
     d.add_argument("--daemon-arg", action="append", default=[], help="extra sparsecard flag (repeatable), "
                    "e.g. --daemon-arg=--density-min=0.001")

@@ -70,6 +70,8 @@ def test_harness_cpu_capped(sparsecard, tmp_path):
         assert e["local_ranks"] == 1 and e["world"] == 2 and e["params_checked_ranks"] == 2, e
     sc, dense = runs["sparsecar"], runs["dense"]
     assert sc["hook"]["mode"] == "sparse" and sc["hook"]["failure"] is None, sc["hook"]
+    for m in ("sparsecar", "sparsecar_adaptive"):  # the harness's default: the hook takes the SGD momentum over
+        assert runs[m]["hook"]["momentum_correction"] == 0.9, (m, runs[m]["hook"])
     assert sc["daemon_local_clients"] == [{"expected": 1, "connected": 1}] * 2, sc["daemon_local_clients"]
     assert 0 < sc["payload_bytes_per_step"] < dense["dense_ring_bytes_per_step"]
     assert sc["link_bytes"] < dense["link_bytes"], (sc["link_bytes"], dense["link_bytes"])
@@ -91,7 +93,8 @@ def test_harness_cpu_two_local_ranks(sparsecard, tmp_path):
         pytest.skip("needs root and network namespaces")
     pytest.importorskip("torch")
     r, log = _harness(sparsecard, tmp_path, ["--local-ranks", "2", "--methods", "sparsecar", "--steps", "3",
-                                             "--min-steps", "3", "--warmup", "3", "--momentum-correction"], timeout=80)
+                                             "--min-steps", "3", "--warmup", "3", "--no-momentum-correction"],
+                      timeout=80)
     assert r["topology"] == {"nodes": 2, "local_ranks": 2, "world": 4, "gpus": None}, r["topology"]
     [e] = r["runs"]
     assert e["status"] == "ok", e.get("message")
@@ -106,7 +109,7 @@ def test_harness_cpu_two_local_ranks(sparsecard, tmp_path):
     for x in ranks:
         assert x["hook"]["mode"] == "sparse" and x["hook"]["failure"] is None, x["hook"]
         assert x["hook"]["sparse_iterations"] >= 3, x["hook"]
-        assert x["hook"]["momentum_correction"] == 0.9, x["hook"]  # the trainers' SGD momentum, taken over
+        assert x["hook"]["momentum_correction"] is None, x["hook"]  # --no-momentum-correction: the trainers' own
     # each node's daemon was started for 2 local clients and both of its trainers connected
     assert e["daemon_local_clients"] == [{"expected": 2, "connected": 2}] * 2, e["daemon_local_clients"]
     for node in range(2):
