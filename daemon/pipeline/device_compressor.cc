@@ -15,6 +15,8 @@ namespace cu = kernels::cuda;
 namespace {
 
 constexpr size_t kAlign = 256;
+// The budget controller's two magnitude histograms (measure_magnitudes).
+constexpr size_t kHistogramBytes = 2 * cu::kMagnitudeHistogramBins * sizeof(uint64_t);
 
 size_t align_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 
@@ -62,12 +64,13 @@ DeviceCompressor::~DeviceCompressor() {
   }
   for (void* p : {static_cast<void*>(residual_), static_cast<void*>(out_), static_cast<void*>(sum_),
                   static_cast<void*>(index_), static_cast<void*>(value_), static_cast<void*>(counters_),
-                  static_cast<void*>(norms_),
+                  static_cast<void*>(norms_), static_cast<void*>(hists_),
                   static_cast<void*>(payload_), static_cast<void*>(upload_), static_cast<void*>(verdicts_),
                   static_cast<void*>(stage_), select_ws_, encode_ws_, decode_ws_}) {
     cu::device_free(p);
   }
-  for (void* p : {static_cast<void*>(host_counters_), static_cast<void*>(host_norms_), static_cast<void*>(host_payload_),
+  for (void* p : {static_cast<void*>(host_counters_), static_cast<void*>(host_norms_),
+                  static_cast<void*>(host_hists_), static_cast<void*>(host_payload_),
                   static_cast<void*>(host_upload_), static_cast<void*>(host_verdicts_),
                   static_cast<void*>(host_dense_)}) {
     cu::host_free_pinned(p);
@@ -85,8 +88,8 @@ size_t DeviceCompressor::capacity(uint64_t n) { return static_cast<size_t>(std::
 uint64_t DeviceCompressor::footprint_bytes(const TensorSpec& spec, uint32_t world_size) {
   const uint64_t n = spec.count;
   const uint64_t bound = payload_bound(n, capacity(n));
-  // Pinned: the payload, the peers' uploads, the dense ring buffer.
-  return bound * std::max<uint32_t>(world_size, 1) + n * sizeof(float) + 4 * kAlign;
+  // Pinned: the payload, the peers' uploads, the dense ring buffer, the budget's histograms.
+  return bound * std::max<uint32_t>(world_size, 1) + n * sizeof(float) + kHistogramBytes + 5 * kAlign;
 }
 
 policies::Plan DeviceCompressor::device_plan(const policies::Plan& plan, std::string* why) {
@@ -203,6 +206,33 @@ Status DeviceCompressor::allocate(int device) {
   return Status::Ok();
 }
 
+Status DeviceCompressor::ensure_histograms() {
+  if (hists_ == nullptr) SC_RETURN_IF_ERROR(alloc_device(&hists_, kHistogramBytes));
+  if (host_hists_ == nullptr) SC_RETURN_IF_ERROR(alloc_pinned(&host_hists_, kHistogramBytes));
+  return Status::Ok();
+}
+
+Status DeviceCompressor::queue_histograms() {
+  SC_RETURN_IF_ERROR(ensure_histograms());
+  uint64_t* magnitude = hists_;
+  uint64_t* gradient = hists_ + cu::kMagnitudeHistogramBins;
+  SC_RETURN_IF_ERROR(cu::zero_async(hists_, kHistogramBytes, stream_));
+  SC_RETURN_IF_ERROR(cu::magnitude_histogram_add(residual_, n_, nullptr, magnitude, stream_));
+  SC_RETURN_IF_ERROR(cu::magnitude_histogram_add(value_, capacity_, counters_, magnitude, stream_));
+  SC_RETURN_IF_ERROR(cu::magnitude_histogram_add(grad_, n_, nullptr, gradient, stream_));
+  return cu::copy_async(host_hists_, hists_, kHistogramBytes, stream_);
+}
+
+std::span<const uint64_t> DeviceCompressor::last_magnitude_hist() const {
+  if (!magnitudes_measured_) return {};
+  return {host_hists_, cu::kMagnitudeHistogramBins};
+}
+
+std::span<const uint64_t> DeviceCompressor::last_gradient_hist() const {
+  if (!magnitudes_measured_) return {};
+  return {host_hists_ + cu::kMagnitudeHistogramBins, cu::kMagnitudeHistogramBins};
+}
+
 Status DeviceCompressor::ensure_dense_host() {
   if (host_dense_ != nullptr) return Status::Ok();
   return alloc_pinned(&host_dense_, n_ * sizeof(float));
@@ -228,6 +258,7 @@ Status DeviceCompressor::begin(std::span<const DeviceBuffer> inputs) {
   queued_.clear();
   uploaded_ = 0;
   last_grad_norm2_ = last_residual_norm2_ = -1;
+  magnitudes_measured_ = false;
   for (const DeviceBuffer& b : inputs) {
     if (b.device == device_) SC_RETURN_IF_ERROR(cu::stream_wait_event(stream_, b.ready_event));
   }
@@ -305,12 +336,15 @@ Expected<DeviceCompressor::Encoded> DeviceCompressor::compress(const policies::P
                         cu::Workspace{encode_ws_, encode_ws_bytes_}, stream_);
   if (s.ok()) s = cu::copy_async(host_counters_, counters_, 3 * sizeof(uint64_t), stream_);
   if (s.ok() && measure_) s = cu::copy_async(host_norms_, norms_, sizeof(double), stream_);
+  // The selection has run: the residual it leaves, what it took, and the local sum.
+  if (s.ok() && measure_magnitudes_) s = queue_histograms();
   if (s.ok()) s = cu::synchronize(stream_);
   if (!s.ok()) {
     rollback();
     return s;
   }
   if (measure_) last_grad_norm2_ = host_norms_[0];
+  magnitudes_measured_ = measure_magnitudes_;
   const uint64_t count = std::min<uint64_t>(host_counters_[0], capacity_);
   const uint64_t bytes = host_counters_[1];
   const uint64_t nnz = host_counters_[2];
@@ -439,6 +473,7 @@ void DeviceCompressor::rollback() {
   }
   if (!s.ok()) SC_LOG_ERROR("tensor '{}': giving the step back to the device residual failed: {}", spec_.name, s.to_string());
   pending_ = Pending::kNone;
+  magnitudes_measured_ = false;  // a failed step's histograms describe no step
 }
 
 Status DeviceCompressor::read_residual(std::vector<float>* out) {

@@ -123,6 +123,14 @@ class DeviceCompressor {
   void measure_norms(bool on) { measure_ = on; }
   double last_grad_norm2() const { return last_grad_norm2_; }
   double last_residual_norm2() const { return last_residual_norm2_; }
+  // The budget controller's magnitude histograms (policies::magnitude_hist_add's bins), measured
+  // in compress() on the GPU: |residual + g| before the selection (the residual it leaves plus
+  // the values it selected, as the host path counts them) and |g| (the local sum). Three passes,
+  // 32 KiB to the host, so only while `budget` listens. Read after end(); empty when the step
+  // was not measured, was dense, or failed.
+  void measure_magnitudes(bool on) { measure_magnitudes_ = on; }
+  std::span<const uint64_t> last_magnitude_hist() const;
+  std::span<const uint64_t> last_gradient_hist() const;
   // Ends the step (see the header comment): `ok` writes the output into every trainer's buffer.
   // Records every done event whatever happens; returns the first CUDA error.
   Status end(std::span<const DeviceBuffer> outputs, bool ok);
@@ -135,6 +143,9 @@ class DeviceCompressor {
   };
   Status allocate(int device);
   Status ensure_dense_host();
+  Status ensure_histograms();
+  // Queues the two histograms of a selection that just ran and their copy to the host.
+  Status queue_histograms();
   // A dense step's start, queued on the stream: residual + sum into the output (and ||sum||^2
   // when measuring); dense_summed() waits for the stream and marks the step pending.
   Status queue_dense_sum(const policies::Plan& plan);
@@ -149,6 +160,8 @@ class DeviceCompressor {
   size_t payload_bound_ = 0;  // bytes of one encoded payload at most (every format, fp32)
   int device_ = -1;           // where this tensor's state lives (the first trainer's GPU)
   bool measure_ = false;
+  bool measure_magnitudes_ = false;
+  bool magnitudes_measured_ = false;  // this step's compress() histogrammed, and the step succeeded
   double last_grad_norm2_ = -1;
   double last_residual_norm2_ = -1;
   kernels::cuda::Stream stream_ = nullptr;
@@ -174,6 +187,7 @@ class DeviceCompressor {
   float* value_ = nullptr;
   uint64_t* counters_ = nullptr;  // [0] selection count, [1] payload bytes, [2] payload nnz
   double* norms_ = nullptr;       // [0] ||sum||^2, [1] ||residual||^2 (measure_norms)
+  uint64_t* hists_ = nullptr;     // magnitude, then gradient histogram (measure_magnitudes; on first use)
   std::byte* payload_ = nullptr;
   std::byte* upload_ = nullptr;   // peers' payloads, world - 1 slots of payload_bound_
   kernels::cuda::DecodeStatus* verdicts_ = nullptr;  // world entries
@@ -186,6 +200,7 @@ class DeviceCompressor {
   // Pinned host memory.
   uint64_t* host_counters_ = nullptr;
   double* host_norms_ = nullptr;
+  uint64_t* host_hists_ = nullptr;  // hists_ on the host, read after the step's synchronisation
   std::byte* host_payload_ = nullptr;
   std::byte* host_upload_ = nullptr;
   kernels::cuda::DecodeStatus* host_verdicts_ = nullptr;

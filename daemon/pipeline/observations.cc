@@ -327,19 +327,29 @@ void ObservationCollector::add_magnitudes(const TensorStepRecord& r, const Decis
     return;
   }
   if (r.plan.dense) return;  // sent whole: no lambda applies to it
-  if (r.selected.size() != r.nnz || r.residual.size() != r.elements || r.local_sum.size() != r.elements) {
-    magnitudes_incomplete_ = true;  // e.g. the device path, or scaled (random) selections
+  const bool measured = r.magnitude_hist.size() == policies::kMagnitudeBins &&
+                        r.gradient_hist.size() == policies::kMagnitudeBins;  // on the GPU
+  if (!measured &&
+      (r.selected.size() != r.nnz || r.residual.size() != r.elements || r.local_sum.size() != r.elements)) {
+    magnitudes_incomplete_ = true;  // e.g. scaled (random) selections, or a device step not measured
     return;
   }
   if (o.magnitude_hist.empty()) {
     o.magnitude_hist.assign(policies::kMagnitudeBins, 0);
     o.gradient_hist.assign(policies::kMagnitudeBins, 0);
   }
-  // Pre-selection |residual + g|: what stayed (the residual after the commit) plus what left
-  // (the selected values); the selected coordinates' own residual (zero) lands in the lowest bins.
-  policies::magnitude_hist_add(o.magnitude_hist, r.residual);
-  policies::magnitude_hist_add(o.magnitude_hist, r.selected);
-  policies::magnitude_hist_add(o.gradient_hist, r.local_sum);
+  if (measured) {
+    for (uint32_t b = 0; b < policies::kMagnitudeBins; ++b) {
+      o.magnitude_hist[b] += r.magnitude_hist[b];
+      o.gradient_hist[b] += r.gradient_hist[b];
+    }
+  } else {
+    // Pre-selection |residual + g|: what stayed (the residual after the commit) plus what left
+    // (the selected values); the selected coordinates' own residual (zero) lands in the lowest bins.
+    policies::magnitude_hist_add(o.magnitude_hist, r.residual);
+    policies::magnitude_hist_add(o.magnitude_hist, r.selected);
+    policies::magnitude_hist_add(o.gradient_hist, r.local_sum);
+  }
   o.magnitude_elements += r.elements;
   // The `threshold` knob in force, not the tensor's own lambda (per-tensor scales divide it):
   // the controller moves the knob.

@@ -10,8 +10,8 @@
 // Measurements cost nothing unless a controller needs them: norms (two passes over the tensor)
 // only while a rank-0 controller is active in the decision in force, the selection repeat (one
 // more pass and a bitmap per tensor) only while `frequency` is, the magnitude histograms (two
-// more passes, over the residual and the local sum, plus the selected values) only while `budget`
-// is.
+// more passes, over the residual and the local sum, plus the selected values; a device tensor's
+// made on its GPU, DeviceCompressor::measure_magnitudes) only while `budget` is.
 //
 // Threads: on_tensor_step/on_reset on the pipeline thread; on_metric on the session thread
 // (guarded by a mutex). Messages go out through the Transport (any thread may send).
@@ -65,6 +65,11 @@ struct TensorStepRecord {
   // Device tensors: their squared norms measured on the GPU (the spans are empty); < 0: from the spans.
   double grad_norm2 = -1;
   double residual_norm2 = -1;
+  // Device tensors while `budget` listens: the step's magnitude histograms measured on the GPU
+  // (policies::kMagnitudeBins each: |residual + g| before the selection, and |g|); empty when not
+  // measured (the host path: made from the spans above).
+  std::span<const uint64_t> magnitude_hist;
+  std::span<const uint64_t> gradient_hist;
 };
 
 // The pipeline's view of whoever watches its steps (tests record plans through it).

@@ -512,6 +512,7 @@ Status Pipeline::run_device_step(TensorState& t, const StepJob& job, const Decis
   }
   Status s;
   d.measure_norms(controllers_listen(decision));
+  d.measure_magnitudes(budget_listens(decision));
   if (!ahead) s = d.begin(job.device);
   if (!s.ok()) return fail_early(std::move(s));
   Expected<bool> trainers = by_trainers(plan, job);
@@ -574,7 +575,7 @@ Status Pipeline::run_device_step(TensorState& t, const StepJob& job, const Decis
   SC_LOG_DEBUG("tensor {} step {} on the GPU: written back in {:.3f} ms; {:.3f} ms in all", id, job.step,
                seconds_since(clock_, end_started) * 1e3, seconds_since(clock_, times.encode_started) * 1e3);
   observe_step(t, job, decision, plan, true, *result, stats, times, {}, {}, {}, d.last_grad_norm2(),
-               d.last_residual_norm2());
+               d.last_residual_norm2(), d.last_magnitude_hist(), d.last_gradient_hist());
   // A device residual is measured on the GPU only while a controller listens (else 0 here).
   finish_step(t, plan, *result, stats, plan.dense ? 0.0 : std::max(0.0, d.last_residual_norm2()));
   return Status::Ok();
@@ -586,8 +587,13 @@ bool Pipeline::controllers_listen(const Decision& decision) {
     listen_config_ = decision.config;
     auto active = policies::parse_controllers(decision.config->controller);
     listen_ = active.ok() && (*active & policies::job_level_controllers()) != 0;
+    listen_budget_ = active.ok() && policies::has(*active, policies::ControllerKind::kBudget);
   }
   return listen_;
+}
+
+bool Pipeline::budget_listens(const Decision& decision) {
+  return controllers_listen(decision) && listen_budget_;
 }
 
 void Pipeline::prepare_next_device_step(uint32_t current) {
@@ -665,7 +671,8 @@ void Pipeline::count_messages(const policies::Plan& plan, kernels::Format sent, 
 void Pipeline::observe_step(TensorState& t, const StepJob& job, const Decision& decision, const policies::Plan& plan,
                             bool ok, const StepResult& result, const ExchangeStats& stats, const StepTimes& times,
                             std::span<const float> local_sum, std::span<const float> residual,
-                            std::span<const float> selected, double grad_norm2, double residual_norm2) {
+                            std::span<const float> selected, double grad_norm2, double residual_norm2,
+                            std::span<const uint64_t> magnitude_hist, std::span<const uint64_t> gradient_hist) {
   if (!observer_) return;
   TensorStepRecord rec;
   rec.tensor_id = t.id;
@@ -690,6 +697,8 @@ void Pipeline::observe_step(TensorState& t, const StepJob& job, const Decision& 
   rec.selected = selected;
   rec.grad_norm2 = grad_norm2;
   rec.residual_norm2 = residual_norm2;
+  rec.magnitude_hist = magnitude_hist;
+  rec.gradient_hist = gradient_hist;
   observer_->on_tensor_step(rec, decision);
 }
 

@@ -216,9 +216,13 @@ class Pipeline final : public StepSink {
   void observe_step(TensorState& t, const StepJob& job, const Decision& decision, const policies::Plan& plan, bool ok,
                     const StepResult& result, const ExchangeStats& stats, const StepTimes& times,
                     std::span<const float> local_sum, std::span<const float> residual,
-                    std::span<const float> selected, double grad_norm2 = -1, double residual_norm2 = -1);
+                    std::span<const float> selected, double grad_norm2 = -1, double residual_norm2 = -1,
+                    std::span<const uint64_t> magnitude_hist = {}, std::span<const uint64_t> gradient_hist = {});
   // Whether a job-level controller runs under `decision` (it needs the norms measured).
   bool controllers_listen(const Decision& decision);
+  // Whether `budget` runs under `decision` (it needs the magnitude histograms; the host path's
+  // ObservationCollector makes them from the record's spans, the device path on the GPU).
+  bool budget_listens(const Decision& decision);
   // A successful step's metrics (residual_norm2: as record_step_metrics' norm2).
   void finish_step(TensorState& t, const policies::Plan& plan, const StepResult& result, const ExchangeStats& stats,
                    double residual_norm2);
@@ -272,6 +276,7 @@ class Pipeline final : public StepSink {
   std::shared_ptr<const Config> plan_config_;  // the decision config plan_settings_ came from
   std::shared_ptr<const Config> listen_config_;  // controllers_listen() parsed this one
   bool listen_ = false;
+  bool listen_budget_ = false;
   policies::PlanSettings plan_settings_;       // options.settings until a decision config arrives
   OverridesCache overrides_cache_;             // tensor_overrides parsed once per distinct text
   bool agreed_ = false;

@@ -36,6 +36,9 @@ Status local_sum(float*, std::span<const float* const>, size_t, Stream) { return
 Status scatter_add(const DeviceSelection&, float*, size_t, Stream) { return unavailable_here("cuda::scatter_add"); }
 Status scale(float*, size_t, float, Stream) { return unavailable_here("cuda::scale"); }
 Status norm2(const float*, size_t, double*, Stream) { return unavailable_here("cuda::norm2"); }
+Status magnitude_histogram_add(const float*, size_t, const uint64_t*, uint64_t*, Stream) {
+  return unavailable_here("cuda::magnitude_histogram_add");
+}
 size_t select_workspace_bytes(size_t) { return 0; }
 
 Status ef_threshold(float*, const float*, size_t, float, bool, const DeviceSelection&, Workspace, Stream) {

@@ -1,5 +1,6 @@
 // cuda.h's element-wise helpers of the daemon's device path: the node's local sum, giving a
-// selection back to its residual, scaling, and the squared norm the controllers measure. Grid-stride passes; validation on the host first.
+// selection back to its residual, scaling, and what the controllers measure (the squared norm,
+// the magnitude histogram). Grid-stride passes; validation on the host first.
 #include <cuda_runtime.h>
 
 #include <string>
@@ -66,7 +67,36 @@ __global__ void norm2_kernel(const float* __restrict__ x, size_t n, double* __re
   if (threadIdx.x == 0) atomicAdd(out, part[0]);
 }
 
+// Each block counts its grid-stride share in shared memory (8 KiB of 32-bit bins: a block sees
+// far fewer than 2^32 values), then adds its nonzero bins to the 64-bit global ones.
+constexpr unsigned kHistogramShift = 20;
+__global__ void magnitude_histogram_kernel(const float* __restrict__ x, size_t n, const uint64_t* __restrict__ count,
+                                           unsigned long long* __restrict__ hist) {
+  __shared__ unsigned int bins[kMagnitudeHistogramBins];
+  for (unsigned b = threadIdx.x; b < kMagnitudeHistogramBins; b += blockDim.x) bins[b] = 0;
+  __syncthreads();
+  const size_t m = count != nullptr && *count < n ? static_cast<size_t>(*count) : n;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < m;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    atomicAdd(&bins[(__float_as_uint(x[i]) & 0x7fffffffu) >> kHistogramShift], 1u);
+  }
+  __syncthreads();
+  for (unsigned b = threadIdx.x; b < kMagnitudeHistogramBins; b += blockDim.x) {
+    if (bins[b] != 0) atomicAdd(&hist[b], static_cast<unsigned long long>(bins[b]));
+  }
+}
+
 }  // namespace
+
+Status magnitude_histogram_add(const float* x, size_t n, const uint64_t* count, uint64_t* hist, Stream stream) {
+  static_assert((0x7fffffffu >> kHistogramShift) + 1 == kMagnitudeHistogramBins);
+  static_assert(sizeof(unsigned long long) == sizeof(uint64_t));
+  if (hist == nullptr || (n > 0 && x == nullptr)) return invalid_argument("cuda::magnitude_histogram_add: null buffer");
+  if (n == 0) return Status::Ok();
+  magnitude_histogram_kernel<<<detail::stride_blocks(n, kThreads), kThreads, 0, stream>>>(
+      x, n, count, reinterpret_cast<unsigned long long*>(hist));
+  return cuda_status("magnitude_histogram_kernel", cudaGetLastError());
+}
 
 Status norm2(const float* x, size_t n, double* out, Stream stream) {
   if (out == nullptr || (n > 0 && x == nullptr)) return invalid_argument("cuda::norm2: null buffer");

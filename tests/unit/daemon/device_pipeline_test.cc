@@ -7,6 +7,7 @@
 // test runs everywhere.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <ostream>
@@ -15,6 +16,8 @@
 
 #include "daemon/pipeline/device_compressor.h"
 #include "sparsecar/kernels/cuda.h"
+#include "sparsecar/kernels/select.h"
+#include "sparsecar/policies/observations.h"
 #include "tests/unit/daemon/pipeline_job.h"
 
 namespace sparsecar {
@@ -286,6 +289,69 @@ TEST(DevicePipelineNode, TwoTrainersOnTwoGpusEqualTheHostPath) {
 TEST(DevicePipelineNode, TwoTrainersOnTwoGpusGetTheirSharesAsOnTheHost) {
   if (cu::device_count() < 2) GTEST_SKIP() << "needs 2 GPUs (" << cu::device_count() << " here)";
   two_trainers_on_two_gpus(false, true);
+}
+
+// The budget controller's histograms measured on the GPU (DeviceCompressor::measure_magnitudes)
+// against the plain count: before the selection every coordinate has |residual + g|; after it the
+// selected ones sit in the residual as zeros and their values in the selection, so the magnitude
+// histogram is the count of |residual + g| plus k zeros, whichever k were taken, and the gradient
+// histogram the count of |g|. Two steps: the second's residual is the first's unsent part.
+std::vector<uint64_t> plain_bins(const std::vector<float>& x) {
+  std::vector<uint64_t> h(policies::kMagnitudeBins, 0);
+  for (float v : x) {
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    ++h[(bits & 0x7fffffffu) >> 20];
+  }
+  return h;
+}
+
+TEST(DeviceCompressorHistograms, EqualThePlainCountOfTheStep) {
+  SKIP_WITHOUT_GPU();
+  const size_t n = 100003;
+  const double density = 0.01;
+  const size_t k = kernels::topk_count(n, density);
+  DeviceCompressor d(0, TensorSpec{"fc.weight", n}, 1);
+  DeviceTensor t(n);
+  ASSERT_NE(t.buffer.data, nullptr);
+  policies::Plan plan;
+  plan.dense = false;
+  plan.selector = kernels::Selector::kTopk;
+  plan.params.density = density;
+  plan.format = kernels::Format::kCoo;
+  std::vector<float> residual(n, 0.0f);  // the host's copy of what the device's should hold
+  for (uint64_t step = 1; step <= 3; ++step) {
+    const std::vector<float> g = fakes::random_vector(n, 77 + static_cast<uint32_t>(step));
+    t.write(g);
+    d.measure_magnitudes(step != 3);  // step 3: not measured, nothing to read
+    const std::span<const DeviceBuffer> bufs(&t.buffer, 1);
+    ASSERT_TRUE(d.begin(bufs).ok());
+    auto e = d.compress(plan);
+    ASSERT_TRUE(e.ok()) << e.status().to_string();
+    ASSERT_EQ(e->selected, k);
+    d.commit();
+    ASSERT_TRUE(d.end(bufs, true).ok());
+    std::vector<float> acc(n);
+    for (size_t i = 0; i < n; ++i) acc[i] = residual[i] + g[i];
+    if (step == 3) {
+      EXPECT_TRUE(d.last_magnitude_hist().empty());
+      EXPECT_TRUE(d.last_gradient_hist().empty());
+      continue;
+    }
+    std::vector<uint64_t> want = plain_bins(acc);
+    want[0] += k;
+    const auto mh = d.last_magnitude_hist();
+    const auto gh = d.last_gradient_hist();
+    EXPECT_EQ(std::vector<uint64_t>(mh.begin(), mh.end()), want) << "step " << step;
+    EXPECT_EQ(std::vector<uint64_t>(gh.begin(), gh.end()), plain_bins(g)) << "step " << step;
+    // The next step's residual: acc without its k largest magnitudes (random normals: no ties).
+    std::vector<size_t> order(n);
+    for (size_t i = 0; i < n; ++i) order[i] = i;
+    std::nth_element(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
+                     [&](size_t a, size_t b) { return std::fabs(acc[a]) > std::fabs(acc[b]); });
+    residual = acc;
+    for (size_t j = 0; j < k; ++j) residual[order[j]] = 0.0f;
+  }
 }
 
 // Without a GPU a device step fails at once with an error that says why, on every node (the peers

@@ -6,11 +6,20 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <cstring>
 #include <limits>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include "daemon/config/config.h"
+#include "daemon/transport/wire.h"
+#include "tests/unit/daemon/fake_transport.h"
 
 namespace sparsecar {
 namespace {
@@ -232,6 +241,109 @@ TEST(ObservationText, BadHistogramBinsAreRefused) {
   auto o = parse_observation("mh5 3\ngh5 1\n");
   ASSERT_TRUE(o.ok());
   EXPECT_TRUE(o->magnitude_hist.empty());
+}
+
+// Rank 0's side of a FakeNetwork: the observations its peers send, parsed.
+class ObservationInbox final : public MessageSink {
+ public:
+  void on_message(uint32_t, std::span<const std::byte> header, std::span<const std::byte> payload) override {
+    wire::WireHeader h{};
+    ASSERT_GE(header.size(), sizeof h);
+    std::memcpy(&h, header.data(), sizeof h);
+    if (h.kind != static_cast<uint16_t>(wire::Kind::kObservation)) return;
+    auto o = parse_observation(std::string_view(reinterpret_cast<const char*>(payload.data()), payload.size()));
+    ASSERT_TRUE(o.ok()) << o.status().to_string();
+    std::lock_guard<std::mutex> lock(mu_);
+    got_.push_back(*o);
+    cv_.notify_all();
+  }
+  void on_peer_failed(uint32_t, const Status&) override {}
+  std::vector<policies::NodeObservation> wait_for(size_t n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, std::chrono::seconds(10), [&] { return got_.size() >= n; });
+    return got_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<policies::NodeObservation> got_;
+};
+
+TEST(ObservationCollector, BudgetHistogramsFromTheGpuAddUpAsTheHostsDo) {
+  // A node with two tensors under `budget`: one compressed by the host (the collector bins its
+  // spans), one on a GPU (the record carries the bins the device measured). The node's
+  // observation holds both: here the device's bins are the plain count of the same values, so
+  // the sum must equal binning every span on the host. A device step without its bins (measured
+  // off, or a failed histogram) drops the step's histograms, as any tensor the collector cannot
+  // bin does.
+  fakes::FakeNetwork net(2);
+  ObservationInbox inbox;
+  net.attach(0, &inbox);
+  ObservationCollector collector(1, 7, net.transport(1), nullptr);
+  auto config = std::make_shared<Config>();
+  config->controller = "budget";
+  Decision decision;
+  decision.config = config;
+
+  const std::vector<float> host_residual = {0.0f, -0.25f, 3.0f, 0.0f};  // after the commit
+  const std::vector<float> host_selected = {-7.5f, 12.0f};
+  const std::vector<float> host_sum = {1.0f, -0.5f, 2.0f, 9.0f};
+  const std::vector<float> dev_residual = {0.125f, 0.0f, -1e-3f, 5.0f, 0.0f, 2.5f};
+  const std::vector<float> dev_selected = {40.0f};
+  const std::vector<float> dev_sum = {0.5f, -8.0f, 1e-30f, 4.0f, 3.0f, -2.0f};
+  std::vector<uint64_t> dev_mh(policies::kMagnitudeBins, 0), dev_gh(policies::kMagnitudeBins, 0);
+  for (const auto* v : {&dev_residual, &dev_selected}) {
+    for (float x : *v) ++dev_mh[(std::bit_cast<uint32_t>(x) & 0x7fffffffu) >> 20];
+  }
+  for (float x : dev_sum) ++dev_gh[(std::bit_cast<uint32_t>(x) & 0x7fffffffu) >> 20];
+
+  auto record = [&](uint32_t id, uint64_t step, bool device, bool with_bins) {
+    TensorStepRecord r;
+    r.tensor_id = id;
+    r.step = step;
+    r.tensors_in_job = 2;
+    r.plan.dense = false;
+    r.plan.selector = kernels::Selector::kThreshold;
+    if (!device) {
+      r.elements = host_sum.size();
+      r.nnz = host_selected.size();
+      r.local_sum = host_sum;
+      r.residual = host_residual;
+      r.selected = host_selected;
+    } else {
+      r.elements = dev_sum.size();
+      r.nnz = dev_selected.size();
+      r.on_device = true;
+      r.grad_norm2 = 1;
+      r.residual_norm2 = 1;
+      if (with_bins) {
+        r.magnitude_hist = dev_mh;
+        r.gradient_hist = dev_gh;
+      }
+    }
+    collector.on_tensor_step(r, decision);
+  };
+  record(0, 5, false, false);
+  record(1, 5, true, true);
+  record(0, 6, false, false);
+  record(1, 6, true, false);
+  const auto got = inbox.wait_for(2);
+  ASSERT_EQ(got.size(), 2u);
+
+  std::vector<uint64_t> want_mh(policies::kMagnitudeBins, 0), want_gh(policies::kMagnitudeBins, 0);
+  for (const auto* v : {&host_residual, &host_selected, &dev_residual, &dev_selected}) {
+    policies::magnitude_hist_add(want_mh, *v);
+  }
+  for (const auto* v : {&host_sum, &dev_sum}) policies::magnitude_hist_add(want_gh, *v);
+  EXPECT_EQ(got[0].step, 5u);
+  EXPECT_EQ(got[0].magnitude_elements, host_sum.size() + dev_sum.size());
+  EXPECT_EQ(got[0].magnitude_hist, want_mh);
+  EXPECT_EQ(got[0].gradient_hist, want_gh);
+  EXPECT_EQ(got[0].device_elements, dev_sum.size());
+  EXPECT_EQ(got[1].step, 6u);
+  EXPECT_EQ(got[1].magnitude_elements, 0u) << "a device step without its bins: no histograms for the step";
+  EXPECT_TRUE(got[1].magnitude_hist.empty());
 }
 
 }  // namespace

@@ -209,6 +209,51 @@ TEST(CudaElementwise, Norm2EqualsTheFloat64SumOfSquares) {
   EXPECT_FALSE(cu::norm2(nullptr, 4, nullptr, nullptr).ok());
 }
 
+// The plain count, one value at a time: the bin is the top 11 bits of |x|'s IEEE pattern.
+std::vector<uint64_t> plain_magnitude_histogram(const std::vector<float>& x, size_t m) {
+  std::vector<uint64_t> h(cu::kMagnitudeHistogramBins, 0);
+  for (size_t i = 0; i < m; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &x[i], sizeof bits);
+    ++h[(bits & 0x7fffffffu) >> 20];
+  }
+  return h;
+}
+
+TEST(CudaElementwise, MagnitudeHistogramEqualsThePlainCount) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(11);
+  const float specials[] = {0.0f, -0.0f, std::numeric_limits<float>::denorm_min(), -1e-40f,
+                            std::numeric_limits<float>::min(), 1.0f, -1.0f, 1.1f, 1.2f, -3e38f,
+                            std::numeric_limits<float>::max(), std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()};
+  for (size_t n : {size_t{1}, size_t{14}, size_t{4095}, size_t{1} << 20, (size_t{1} << 22) + 3}) {
+    std::vector<float> x = make_data(n, Data::kNormal, rng);
+    for (size_t j = 0; j < std::size(specials) && j < n; ++j) x[(j * 7919) % n] = specials[j];
+    DeviceBuffer<float> dx(n);
+    DeviceBuffer<uint64_t> hist(cu::kMagnitudeHistogramBins);
+    DeviceBuffer<uint64_t> count(1);
+    dx.upload(x);
+    hist.upload(std::vector<uint64_t>(cu::kMagnitudeHistogramBins, 0));
+    // Whole array, then (added) its first m by a device count: the histograms pool.
+    const size_t m = n / 3;
+    count.upload({static_cast<uint64_t>(m)});
+    ASSERT_TRUE(cu::magnitude_histogram_add(dx.get(), n, nullptr, hist.get(), nullptr).ok());
+    ASSERT_TRUE(cu::magnitude_histogram_add(dx.get(), n, count.get(), hist.get(), nullptr).ok());
+    std::vector<uint64_t> want = plain_magnitude_histogram(x, n);
+    const std::vector<uint64_t> first = plain_magnitude_histogram(x, m);
+    for (size_t b = 0; b < want.size(); ++b) want[b] += first[b];
+    EXPECT_EQ(hist.download(cu::kMagnitudeHistogramBins), want) << "n=" << n;
+    // A count above n stops at n.
+    hist.upload(std::vector<uint64_t>(cu::kMagnitudeHistogramBins, 0));
+    count.upload({static_cast<uint64_t>(n) + 5});
+    ASSERT_TRUE(cu::magnitude_histogram_add(dx.get(), n, count.get(), hist.get(), nullptr).ok());
+    EXPECT_EQ(hist.download(cu::kMagnitudeHistogramBins), plain_magnitude_histogram(x, n)) << "n=" << n;
+  }
+  EXPECT_FALSE(cu::magnitude_histogram_add(nullptr, 4, nullptr, nullptr, nullptr).ok());
+  EXPECT_TRUE(cu::magnitude_histogram_add(nullptr, 0, nullptr, reinterpret_cast<uint64_t*>(8), nullptr).ok());
+}
+
 TEST(CudaSelect, EfThresholdEqualsCpu) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(1);

@@ -110,6 +110,12 @@ Status scale(float* x, size_t n, float factor, Stream stream);
 // sums atomically: the order, and so the last bits, vary from run to run — a measurement (the
 // controllers' ||g||² and ||e||²), not a result.
 Status norm2(const float* x, size_t n, double* out, Stream stream);
+// The budget controller's magnitude histogram (policies::magnitude_hist_add on the host, the same
+// bins): hist[(bits(x[i]) & 0x7fffffff) >> 20] += 1 for i < m, m = n, or min(n, *count) where
+// `count` (a device counter, e.g. a selection's) is given. `hist` is kMagnitudeHistogramBins
+// device counters, added to (not zeroed): two calls pool two arrays.
+inline constexpr size_t kMagnitudeHistogramBins = 2048;
+Status magnitude_histogram_add(const float* x, size_t n, const uint64_t* count, uint64_t* hist, Stream stream);
 
 // Workspace bytes every selection function below needs for a tensor of n elements.
 size_t select_workspace_bytes(size_t n);
