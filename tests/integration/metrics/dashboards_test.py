@@ -19,7 +19,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,13 +28,10 @@ import urllib.request
 
 import yaml
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from ports import free_ports  # noqa: E402  (tests/integration/ports.py)
+
 procs = []
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(cmd, log):
@@ -123,8 +119,8 @@ def main():
     tmp = tempfile.mkdtemp(prefix="sparsecar-metrics-")
     failures = []
     try:
-        coordinator = f"127.0.0.1:{free_port()}"
-        metrics_ports = [free_port(), free_port()]
+        coordinator_port, *metrics_ports, prom_port = free_ports(4)
+        coordinator = f"127.0.0.1:{coordinator_port}"
         for r in range(2):
             start([args.sparsecard, "--rank", str(r), "--world-size", "2", "--coordinator", coordinator,
                    "--socket", f"{tmp}/rank-{r}.sock", "--metrics-listen", f"127.0.0.1:{metrics_ports[r]}",
@@ -137,7 +133,6 @@ def main():
         status = json.loads(ctl(0, "--json", "status").stdout)
         assert status["result"]["metrics_port"] == metrics_ports[0], status
 
-        prom_port = free_port()
         prom = f"127.0.0.1:{prom_port}"
         rules = os.path.join(args.dashboards, "prometheus", "alerts.yml")
         shutil.copy(rules, f"{tmp}/alerts.yml")

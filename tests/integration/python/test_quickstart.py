@@ -8,28 +8,26 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 
 import pytest
 
 pytest.importorskip("torch")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
+from ports import free_ports  # noqa: E402  (tests/integration/ports.py)
 
 
 def test_quickstart_runs_end_to_end(sparsecard, tmp_path):
     ctl = os.environ.get("SPARSECARCTL")
     if not ctl:
         pytest.skip("SPARSECARCTL (path of the sparsecarctl binary) is not set")
+    coordinator, master, metrics_0, metrics_1, prometheus = free_ports(5)
     env = dict(os.environ, SPARSECARD=sparsecard, SPARSECARCTL=ctl, QUICKSTART_DIR=str(tmp_path / "qs"),
-               COORDINATOR_PORT=str(free_port()), MASTER_PORT=str(free_port()),
-               METRICS_PORT_0=str(free_port()), METRICS_PORT_1=str(free_port()),
-               PROMETHEUS_PORT=str(free_port()), STEPS="20", PYTHON=os.environ.get("PYTHON", "/usr/bin/python3"))
+               COORDINATOR_PORT=str(coordinator), MASTER_PORT=str(master),
+               METRICS_PORT_0=str(metrics_0), METRICS_PORT_1=str(metrics_1),
+               PROMETHEUS_PORT=str(prometheus), STEPS="20", PYTHON=os.environ.get("PYTHON", "/usr/bin/python3"))
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "SPARSECAR_SOCKET",
               "SPARSECAR_CONTROL", "SPARSECAR_COORDINATOR", "SPARSECAR_NODE_RANK", "SPARSECAR_NNODES"):
         env.pop(k, None)
