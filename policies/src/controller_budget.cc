@@ -40,6 +40,15 @@
 // The gains were tuned on two plants (tests/unit/policies/budget_calibration_test.cc: noisy
 // gradients shrinking 30x, and swinging step to step; bench/controllers: logistic regression,
 // strongly drifting gradients).
+// v5: back to top-k at the target while the gradient's own scale (|g|'s quantile at the target: the
+// difference of its log's means over the last two 30-step halves, per step; a real minibatch
+// gradient's size swings several-fold from step to step, which an EMA of per-step changes
+// mistakes for a trend) moves more than 2 % a step, up or down, after the hand-over; the
+// threshold again (a fresh start-up: at least 6 top-k steps, a new first lambda) once it moves
+// less than 1.5 %. Under error feedback the residuals pile up just under lambda, so where lambda
+// must follow a gradient shrinking a few % a step, one 7 % below the exact quantile sent 5-40x
+// the target and one 1 % above it nearly nothing (budget_calibration_test: 1000x over 300 steps
+// sent 3.2x the target on average; a GPU job whose gradients collapsed sent 3.5x).
 // Without histograms (an older peer, or a step some tensor did not cover) it falls back to v1's
 // closed loop on the measured volume (Newton steps in log lambda), its moves bounded the same way.
 #include "controller_internal.h"
@@ -47,8 +56,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <deque>
 #include <memory>
 #include <optional>
+#include <utility>
 
 namespace sparsecar::policies {
 namespace {
@@ -66,6 +77,9 @@ constexpr double kSmooth = 0.5;           // EMA weight of a new wanted log lamb
 constexpr double kPaybackSteps = 30;      // a density budget's excess volume is paid back over this many steps,
 constexpr uint64_t kPaybackFrom = 4;      // counted from this many steps after the first calibrated lambda
 constexpr double kBiasLimit = 2.08;       // |bias| <= log 8 (the density aimed at within 8x of the target)
+constexpr double kGuardTrend = 0.02;      // v5: top-k again while |g|'s scale moves more than this a step,
+constexpr double kGuardHandover = 0.015;  // and the threshold again once it moves less than this
+constexpr size_t kScaleHalf = 30;         // steps in each half of the scale's trend window
 
 // The per-step change of a log quantile between the steps it was seen at (the gradient's trend,
 // the residuals' climb).
@@ -89,7 +103,7 @@ class LogRate {
 class BudgetController final : public Controller {
  public:
   ControllerKind kind() const override { return ControllerKind::kBudget; }
-  uint32_t version() const override { return 4; }
+  uint32_t version() const override { return 5; }
   Status update(const ControlContext& ctx, ControlKnobs* knobs) override {
     const auto& s = ctx.settings;
     const auto& o = ctx.obs;
@@ -124,7 +138,8 @@ class BudgetController final : public Controller {
       // loop below holds each step's density at the target in log terms, and where the volume
       // swings from step to step (a real gradient's size does) the mean is well above it.
       const double rate = s.budget.density * static_cast<double>(o.elements);
-      if (calibrated_ && o.step >= calibrated_effective_ + kPaybackFrom) debt_ += o.nnz - rate;
+      // (v5: also under the top-k a fast-moving gradient brought back, which aims at the same.)
+      if ((calibrated_ || guarded_) && o.step >= calibrated_effective_ + kPaybackFrom) debt_ += o.nnz - rate;
       target_rate = std::clamp(rate - debt_ / kPaybackSteps, 0.25 * rate, 2.0 * rate);
     } else if (done < s.budget.steps && by_bytes) {
       if (bytes_per_element_ <= 0) {
@@ -142,6 +157,18 @@ class BudgetController final : public Controller {
     const double max_move = std::max(s.budget.max_move, 1.0 + 1e-6);
     const bool has_hist = o.magnitude_elements > 0 && o.magnitude_hist.size() == kMagnitudeBins &&
                           o.gradient_hist.size() == kMagnitudeBins && o.elements > 0;
+    // v5: a gradient whose scale moves fast takes the job back to top-k at the target.
+    if (has_hist && target_rate > 0) {
+      track_scale(o, std::clamp(target_rate / static_cast<double>(o.elements), 0.0, 1.0));
+      if (calibrated_ && std::fabs(scale_trend_) > kGuardTrend) {
+        calibrated_ = false;
+        guarded_ = true;
+        topk_steps_ = 0;
+        climb_rate_ = LogRate{};
+        has_climb_ = false;
+        climb_ = 0;
+      }
+    }
     // v4 start-up: top-k at the target while the residuals' magnitudes climb fast (the k-th
     // magnitude is the lambda of that step, with no decision latency); the threshold once the
     // climb has slowed, its first lambda that magnitude extrapolated over the latency.
@@ -150,10 +177,16 @@ class BudgetController final : public Controller {
       if (!hand_over(o, target)) {
         knobs->selector = kernels::Selector::kTopk;
         knobs->density = target;
-        char note[160];
-        std::snprintf(note, sizeof note,
-                      "budget: step %llu, top-k at the target %.3g %% while |r+g|'s quantile climbs %+.1f %% a step",
-                      static_cast<unsigned long long>(o.step), 100.0 * target, 100.0 * std::expm1(climb_));
+        char note[200];
+        if (guarded_) {
+          std::snprintf(note, sizeof note,
+                        "budget: step %llu, top-k at the target %.3g %% while |g|'s quantile moves %+.1f %% a step",
+                        static_cast<unsigned long long>(o.step), 100.0 * target, 100.0 * std::expm1(scale_trend_));
+        } else {
+          std::snprintf(note, sizeof note,
+                        "budget: step %llu, top-k at the target %.3g %% while |r+g|'s quantile climbs %+.1f %% a step",
+                        static_cast<unsigned long long>(o.step), 100.0 * target, 100.0 * std::expm1(climb_));
+        }
         add_decision_note(ctx.status, note);
         return Status::Ok();
       }
@@ -198,7 +231,36 @@ class BudgetController final : public Controller {
       }
     }
     ++topk_steps_;
+    if (guarded_) {
+      // v5: not before the gradient's scale has slowed (and then as the start-up hands over).
+      if (std::fabs(scale_trend_) > kGuardHandover) return false;
+      if (topk_steps_ >= kTopkMinSteps && climb_ <= kHandoverClimb) {
+        guarded_ = false;
+        return true;
+      }
+      return false;
+    }
     return (topk_steps_ >= kTopkMinSteps && climb_ <= kHandoverClimb) || topk_steps_ >= kTopkMaxSteps;
+  }
+
+  // v5: the per-step change of log |g|'s quantile at the target over the last 2 x kScaleHalf
+  // steps with histograms (0 until there are that many): the difference of the two halves' means
+  // over the difference of their mean steps. Every step with histograms (calibrate()'s trend_
+  // runs only under the threshold and follows a single step's change).
+  void track_scale(const JobObservation& o, double target) {
+    const double qg = magnitude_quantile(o.gradient_hist, static_cast<double>(o.magnitude_elements), target);
+    if (!(qg > 0) || !std::isfinite(qg)) return;
+    scale_.push_back({static_cast<double>(o.step), std::log(qg)});
+    if (scale_.size() > 2 * kScaleHalf) scale_.pop_front();
+    if (scale_.size() < 2 * kScaleHalf) return;
+    double s0 = 0, v0 = 0, s1 = 0, v1 = 0;
+    for (size_t i = 0; i < kScaleHalf; ++i) {
+      s0 += scale_[i].first;
+      v0 += scale_[i].second;
+      s1 += scale_[kScaleHalf + i].first;
+      v1 += scale_[kScaleHalf + i].second;
+    }
+    if (s1 > s0) scale_trend_ = (v1 - v0) / (s1 - s0);
   }
 
   // v2: lambda from the step's magnitude distributions.
@@ -320,6 +382,10 @@ class BudgetController final : public Controller {
   bool has_climb_ = false;
   double climb_ = 0;  // its EMA
   uint64_t topk_steps_ = 0;
+  // v5: the gradient's scale, every step: (step, log |g|'s quantile) of the last 2 x kScaleHalf.
+  std::deque<std::pair<double, double>> scale_;
+  double scale_trend_ = 0;
+  bool guarded_ = false;  // back under top-k because the scale moved fast (until it slows)
   struct Seen {
     double q = 0, at = 0, aim = 0;  // the last step's quantiles (at the aim, at the sent density) and the aim
   } seen_;

@@ -345,6 +345,37 @@ TEST(BudgetCalibrationTest, MomentumSmoothedGradientsTopKStartThenTheTargetOnAve
               std::exp(tr.largest_move()));
 }
 
+TEST(BudgetCalibrationTest, GradientsCollapsingFastGoBackToTopKAndTheVolumeHolds) {
+  // Gradients shrinking 1e6x over 300 steps (4.6 % a step; a GPU job that memorised its batch saw
+  // its gradients fall to ~1e-10): under error feedback the residuals pile up just under lambda,
+  // and a lambda two steps old - 7 % under the exact quantile, or 1 % over it - sent 5-40x the
+  // target or nothing; v4 sent 5.3x the target over the run. v5 goes back to top-k at the target
+  // while |g|'s scale moves more than 2 % a step (over two 30-step halves), and the volume holds.
+  const double d = 0.001;
+  ControllerSettings s = budget_settings();
+  s.budget.density = d;
+  ControlKnobs base;
+  base.density = d;
+  FakeJob job(s, base);
+  const uint64_t steps = 300;
+  const Trace tr = run(job, 200000, steps, 1e6, d, 0.3, /*drift=*/1.0);
+  ASSERT_TRUE(tr.threshold_from.has_value());
+  uint64_t topk_again = 0;  // steps under top-k after the threshold had taken over
+  for (uint64_t t = *tr.threshold_from; t < steps; ++t) topk_again += tr.lambda[t] == 0 ? 1 : 0;
+  const double whole = window(tr.density, 0, steps);
+  double late = 0;  // the most one step sends once top-k is back: the aim, within [1/4, 2]x the target
+  for (uint64_t t = 150; t < steps; ++t) late = std::max(late, tr.density[t] / d);
+  EXPECT_GT(topk_again, 100u) << "the scale's fall took the job back to top-k";
+  EXPECT_LT(off(whole, d), 0.05) << "mean density over the run " << whole;
+  EXPECT_LE(late, 2.0 + 1e-3) << "one step of the last 150 sent " << late << "x the target";
+  EXPECT_LE(tr.largest_move(), std::log(2.0) + 1e-9);
+  std::printf("[trace] gradients collapsing 1e6x in %llu steps, density %.3g: threshold from step %llu, %llu steps "
+              "back under top-k, mean over the run %.4g (%+.1f %%), one step of the last 150 at most %.2fx the target, "
+              "decisions %zu\n",
+              static_cast<unsigned long long>(steps), d, static_cast<unsigned long long>(*tr.threshold_from),
+              static_cast<unsigned long long>(topk_again), whole, 100 * (whole / d - 1), late, job.decisions.size());
+}
+
 TEST(BudgetCalibrationTest, AFixedLambdaOnTheSameTraceIsFrontLoaded) {
   // The baseline the calibration removes: the static threshold at step 0's exact 0.5 % quantile.
   ControllerSettings s = budget_settings();
