@@ -47,8 +47,9 @@
 // threshold again (a fresh start-up: at least 6 top-k steps, a new first lambda) once it moves
 // less than 1.5 %. Under error feedback the residuals pile up just under lambda, so where lambda
 // must follow a gradient shrinking a few % a step, one 7 % below the exact quantile sent 5-40x
-// the target and one 1 % above it nearly nothing (budget_calibration_test: 1000x over 300 steps
-// sent 3.2x the target on average; a GPU job whose gradients collapsed sent 3.5x).
+// the target and one 1 % above it nearly nothing (budget_calibration_test: gradients shrinking
+// 1e6x over 300 steps, 5.3x the target over the run under v4; a GPU job whose gradients
+// collapsed, 3.5x).
 // Without histograms (an older peer, or a step some tensor did not cover) it falls back to v1's
 // closed loop on the measured volume (Newton steps in log lambda), its moves bounded the same way.
 #include "controller_internal.h"
