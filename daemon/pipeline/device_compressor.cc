@@ -7,6 +7,7 @@
 #include "sparsecar/kernels/codec.h"
 #include "sparsecar/kernels/select.h"
 #include "sparsecar/kernels/selectors.h"
+#include "sparsecar/policies/observations.h"
 
 namespace sparsecar {
 
@@ -15,7 +16,9 @@ namespace cu = kernels::cuda;
 namespace {
 
 constexpr size_t kAlign = 256;
-// The budget controller's two magnitude histograms (measure_magnitudes).
+// The budget controller's two magnitude histograms (measure_magnitudes): the GPU's bins are the
+// observation's (the kernel's shift, 20, is checked against its bin count in elementwise.cu).
+static_assert(cu::kMagnitudeHistogramBins == policies::kMagnitudeBins);
 constexpr size_t kHistogramBytes = 2 * cu::kMagnitudeHistogramBins * sizeof(uint64_t);
 
 size_t align_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
