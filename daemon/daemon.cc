@@ -162,6 +162,7 @@ Expected<std::unique_ptr<Daemon>> Daemon::start(const Config& config) {
   p.step_timeout = std::chrono::milliseconds(config.step_timeout_ms);
   p.join_timeout = std::chrono::milliseconds(config.join_timeout_ms);
   p.kernel_threads = config.kernel_threads;
+  p.trainer_lease = config.trainer_lease;
   p.progress_interval = std::chrono::milliseconds(static_cast<int64_t>(config.progress_log_seconds * 1000.0));
   parts->pipeline = std::make_unique<Pipeline>(p, parts->net, parts->mailbox.get(), parts->metrics.get(),
                                                parts->decisions.get(), clock);

@@ -28,7 +28,7 @@ rank agrees (one MAX all-reduce, outside the clock) on how many steps fit in --b
 --min-steps and --steps. Reported: median, p10, p90 and mean in ms over the timed steps.
 
 Bytes: dense_ring_bytes_per_step = 2(W-1)/W x parameter bytes, what a ring all-reduce sends per
-rank. For sparsecar, payload_bytes_per_step = the hook summary's bytes_sent / sparse iterations:
+rank. For sparsecar, payload_bytes_per_step = the hook summary's bytes_sent / its sparse and leased iterations:
 the encoded payload this node's daemon sent, i.e. the bytes that cross PCIe per step once the
 buckets are registered as device tensors (payload only, no dense copy) — issue 13's "PCIe bytes
 per step". That holds on the hook's device path; hook_path is the summary's "path": "device"
@@ -354,11 +354,13 @@ def main(argv):
         extra["hook"] = {k: s.get(k) for k in ("mode", "iterations", "sparse_iterations", "bytes_sent",
                                                 "dense_bytes", "ratio", "density", "mean_exchange_s", "failure",
                                                 "dense_step_s", "dense_wait_s", "momentum_correction",
-                                                "compute_s", "trainer_reduced_buckets")}
+                                                "compute_s", "trainer_reduced_buckets", "leases",
+                                                "leased_iterations")}
         extra["hook_path"] = s.get("path")  # "device" (CUDA IPC) or "host" (staged); absent in older hooks
         extra["hook_agreement"] = s.get("agreement")  # "gloo" (side group) or "device"; absent in older hooks
-        if s.get("sparse_iterations"):
-            extra["payload_bytes_per_step"] = s["bytes_sent"] / s["sparse_iterations"]
+        through = (s.get("sparse_iterations") or 0) + (s.get("leased_iterations") or 0)
+        if through:  # a leased iteration counts the ring's bytes, as its granting step did
+            extra["payload_bytes_per_step"] = s["bytes_sent"] / through
         hook.close()
     emit(extra)  # before the teardown: a hanging destroy must not lose the results (the runner stops it)
     if hook is not None and extra["hook"]["mode"] != "sparse":

@@ -87,6 +87,7 @@ class Client::Impl {
     std::optional<uint64_t> pending;      // step submitted and not yet answered
     std::optional<shm::Completion> done;  // its completion, popped while waiting for another
     bool trainer_reduces = false;         // the pending submission's SubmitOptions::trainer_reduces
+    bool takes_lease = false;             // ... and its takes_lease, as sent
   };
 
   ~Impl();
@@ -498,11 +499,12 @@ Status Client::Impl::submit(const Tensor& tensor, uint64_t step, const SubmitOpt
   s.step = step;
   s.tensor_id = tensor.id_;
   s.lr = options.lr;
-  s.flags = shm::submission_flags(*ctl_, options.trainer_reduces);  // not to a daemon that would refuse it
+  s.flags = shm::submission_flags(*ctl_, options.trainer_reduces, options.takes_lease);  // not to a daemon that would refuse it
   if (!shm::ring_push(ctl_->submissions, s)) return would_block("submission ring full");
   ++outstanding_;
   e->pending = step;
   e->trainer_reduces = (s.flags & shm::kSubmitTrainerReduces) != 0;
+  e->takes_lease = (s.flags & shm::kSubmitTakesLease) != 0;
   e->done.reset();
   uint64_t one = 1;
   if (::write(sub_efd_, &one, sizeof one) < 0 && errno != EAGAIN) {
@@ -554,12 +556,13 @@ Expected<StepInfo> Client::Impl::wait(const Tensor& tensor, uint64_t step, milli
       e->done.reset();
       e->pending.reset();
       if (c.code != 0) return wire_status(c.code, c.message, sizeof c.message);
-      if ((c.flags & ~shm::kCompletionTrainerReduces) != 0 || c.reserved != 0 ||
-          ((c.flags & shm::kCompletionTrainerReduces) != 0 && !e->trainer_reduces)) {
-        return fail(data_loss(fmt::format("tensor '{}': step {}: completion flags {:#x} (reserved {:#x}) were not asked for",
-                                          tensor.name_, static_cast<unsigned long long>(step), c.flags, c.reserved)));
+      const bool reduces = (c.flags & shm::kCompletionTrainerReduces) != 0;
+      if ((c.flags & ~shm::kCompletionTrainerReduces) != 0 || (reduces && !e->trainer_reduces) ||
+          (c.lease_steps != 0 && !(reduces && e->takes_lease))) {
+        return fail(data_loss(fmt::format("tensor '{}': step {}: completion flags {:#x} (lease {}) were not asked for",
+                                          tensor.name_, static_cast<unsigned long long>(step), c.flags, c.lease_steps)));
       }
-      return StepInfo{c.step, c.bytes_sent, c.dense_bytes, c.nnz, (c.flags & shm::kCompletionTrainerReduces) != 0};
+      return StepInfo{c.step, c.bytes_sent, c.dense_bytes, c.nnz, reduces, c.lease_steps};
     }
     if (!st.ok()) return st;
     if (!dead_.ok()) return dead_;

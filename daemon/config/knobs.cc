@@ -364,6 +364,14 @@ const std::vector<KnobSpec>& knobs() {
               "all-reduce; trainer = the trainers' own all-reduce (NCCL, gloo), where every trainer of the job "
               "says it does (the DDP hook), else the ring",
        .field = knob_field<&Config::dense_collective, &S::dense_collective, &CS::dense_collective>},
+      {.name = "trainer_lease", .type = K::kUint, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 0, .max = 1000, .choices = "",
+       .doc = "dense_collective=trainer: with a trainer-reduced dense step the daemon tells the trainer how many "
+              "of the next steps are trainer-reduced dense steps as well under the decision in force (at most "
+              "this many, and 2^(n-1) for the n-th such step in a row); the DDP hook all-reduces those itself without a round trip through the daemon, and "
+              "a decision made meanwhile takes effect after them (0 = every step through the daemon; nodes need not "
+              "agree: the trainers take the least lease of the job)",
+       .field = knob_field<&Config::trainer_lease>},
       {.name = "tensor_overrides", .type = K::kString, .live = true, .agreed = true, .secret = false,
        .env = "", .min = 0, .max = 0, .choices = "",
        .doc = overrides_doc.c_str(),

@@ -71,6 +71,7 @@ struct Config {
   double clip_norm = 0;                   // > 0: local gradient clipping to this L2 norm
   std::string lr_rescale = "off";         // off|new_over_old|old_over_new
   std::string dense_collective = "ring";  // ring|trainer: who reduces dense plans (policies/plan.h)
+  uint64_t trainer_lease = 16;            // trainer-reduced dense steps a trainer may run unasked
   std::string tensor_overrides;           // "GLOB: key=value, ...; GLOB: ..." (policies/overrides.h)
   // Encoding of the selection (kernels/codec.h). Receivers decode whatever arrives, so nodes need
   // not agree; `auto` takes the smallest exact size per message.

@@ -211,11 +211,13 @@ double trainer_compute_s(const std::map<std::string, double>& metrics) {
   return -1;
 }
 
-double StepPeriod::on_finish(uint64_t step, Clock::time_point now) {
-  const bool follows = has_last_ && step == last_step_ + 1 && now > last_;
-  const double seconds = follows ? std::chrono::duration<double>(now - last_).count() : 0.0;
+double StepPeriod::on_finish(uint64_t step, Clock::time_point now, uint32_t lease) {
+  const bool follows = has_last_ && step > last_step_ && step - last_step_ <= uint64_t{lease_} + 1 && now > last_;
+  const double seconds =
+      follows ? std::chrono::duration<double>(now - last_).count() / static_cast<double>(step - last_step_) : 0.0;
   has_last_ = true;
   last_step_ = step;
+  lease_ = lease;
   last_ = now;
   return seconds;
 }
@@ -273,7 +275,9 @@ void ObservationCollector::on_tensor_step(const TensorStepRecord& r, const Decis
     current_->step = r.step;
     records_ = 0;
     magnitudes_incomplete_ = false;
+    lease_ = r.lease_steps;
   }
+  lease_ = std::min(lease_, r.lease_steps);
   expected_records_ = r.tensors_in_job;
   auto& o = *current_;
   ++records_;
@@ -362,8 +366,11 @@ void ObservationCollector::finish(const Decision& decision) {
   if (!current_) return;
   policies::NodeObservation o = std::move(*current_);
   current_.reset();
+  // A step missing a tensor's record may have leased less than lease_ (the trainers take the
+  // least over the tensors): then no gap after it counts as leased.
+  const uint32_t lease = records_ >= expected_records_ ? lease_ : 0;
   records_ = 0;
-  o.period_s = period_.on_finish(o.step, clock_.now());
+  o.period_s = period_.on_finish(o.step, clock_.now(), lease);
   if (magnitudes_incomplete_) {
     // A tensor of the step is missing from them: its quantiles would be another population's.
     o.magnitude_hist.clear();

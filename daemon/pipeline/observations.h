@@ -45,6 +45,7 @@ struct TensorStepRecord {
   uint64_t elements = 0;
   bool on_device = false;  // compressed on a GPU (the device path), not by the host's cores
   bool trainer_reduced = false;  // a dense step the trainers all-reduced (dense_collective=trainer)
+  uint32_t lease_steps = 0;      // StepResult::lease_steps: the trainers may skip this many next steps
   bool ok = true;
   policies::Plan plan;
   uint64_t nnz = 0;
@@ -96,16 +97,21 @@ Expected<policies::NodeObservation> parse_observation(std::string_view text);
 double trainer_compute_s(const std::map<std::string, double>& metrics);
 
 // NodeObservation::period_s: the wall time between two consecutive steps finishing on a node.
+// After a step that leased the trainers the next `lease` steps (StepResult::lease_steps), the
+// next step seen may be any of the `lease + 1` after it: the trainers ran the ones between
+// themselves, and the period is the mean over all of them.
 class StepPeriod {
  public:
-  // Step `step` finished at `now`: seconds since step - 1 finished, or 0 (the first step seen,
-  // a gap in the steps, a clock that did not move forward).
-  double on_finish(uint64_t step, Clock::time_point now);
+  // Step `step` finished at `now`: seconds since step - 1 finished (or the mean per step since
+  // the last one, across the steps it leased), or 0 (the first step seen, a gap in the steps, a
+  // clock that did not move forward). `lease`: the steps after `step` the trainers may skip.
+  double on_finish(uint64_t step, Clock::time_point now, uint32_t lease = 0);
   void reset() { has_last_ = false; }
 
  private:
   bool has_last_ = false;
   uint64_t last_step_ = 0;
+  uint32_t lease_ = 0;
   Clock::time_point last_;
 };
 
@@ -141,6 +147,7 @@ class ObservationCollector final : public StepObserver {
   uint32_t records_ = 0;
   uint32_t expected_records_ = 0;
   bool magnitudes_incomplete_ = false;  // a record of the current step could not be histogrammed
+  uint32_t lease_ = 0;  // the least StepResult::lease_steps of the current step's records
   std::map<uint32_t, std::vector<uint64_t>> last_selected_;  // tensor -> bitmap of last step's zeros
   uint64_t finished_ = 0;
   StepPeriod period_;

@@ -67,6 +67,8 @@ struct Pipeline::TensorState {
   }
   bool has_step = false;
   uint64_t last_step = 0;
+  // Trainer-reduced steps in a row, this one included (the lease's slow start: trainer_lease()).
+  uint32_t trainer_steps = 0;
   // Latest step, for metrics and status (pipeline thread).
   uint64_t last_selected = 0;
   double last_norm2 = 0;
@@ -413,6 +415,8 @@ Status Pipeline::run_step(TensorState& t, const StepJob& job, const Decision& de
   times.exchange_started = times.encode_started;
   SC_ASSIGN_OR_RETURN(const bool trainers, by_trainers(plan, job));
   result->trainer_reduces = trainers;  // before observe_step: the controllers time such a step by its period
+  t.trainer_steps = trainers ? t.trainer_steps + 1 : 0;
+  if (trainers && job.takes_lease) result->lease_steps = trainer_lease(t, job, decision);
   if (plan.dense) {
     std::span<float> work = c.dense_input(job.local_sum, plan, job.lr);
     times.exchange_started = clock_.now();
@@ -518,6 +522,8 @@ Status Pipeline::run_device_step(TensorState& t, const StepJob& job, const Decis
   Expected<bool> trainers = by_trainers(plan, job);
   if (!trainers.ok()) return fail_early(trainers.status());
   result->trainer_reduces = *trainers;  // as on the host path: before observe_step
+  t.trainer_steps = *trainers ? t.trainer_steps + 1 : 0;
+  if (*trainers && job.takes_lease) result->lease_steps = trainer_lease(t, job, decision);
   if (*trainers) {
     // Each local trainer's share of this node's part, on the GPU; the trainers all-reduce it.
     s = d.dense_share(plan, options_.local_clients);
@@ -681,7 +687,7 @@ void Pipeline::observe_step(TensorState& t, const StepJob& job, const Decision& 
   rec.elements = t.spec.count;
   rec.on_device = t.device != nullptr;
   rec.trainer_reduced = result.trainer_reduces;
-  rec.ok = ok;
+  rec.lease_steps = ok ? result.lease_steps : 0;
   rec.plan = plan;
   rec.nnz = ok ? result.nnz : 0;
   rec.bytes_sent = stats.bytes_sent;
@@ -963,6 +969,25 @@ Expected<bool> Pipeline::by_trainers(const policies::Plan& plan, const StepJob& 
                                "all-reduces dense steps itself");
   }
   return true;
+}
+
+uint32_t Pipeline::trainer_lease(const TensorState& t, const StepJob& job, const Decision& decision) {
+  const uint64_t knob = decision.config ? decision.config->trainer_lease : options_.trainer_lease;
+  // A slow start: 1, 2, 4, ... with each trainer-reduced step in a row, so that a decision made
+  // early in a run of them (the step controller cutting the schedule's warm-up after its first
+  // steps) waits for few skipped steps; the whole knob once such steps have gone on a while.
+  const uint64_t most = std::min(knob, uint64_t{1} << std::min<uint32_t>(std::max<uint32_t>(t.trainer_steps, 1) - 1, 20));
+  StepJob next;
+  next.tensor_id = job.tensor_id;
+  uint32_t lease = 0;
+  // A decision made after this one takes effect at its step (rank 0's highest started + 2) or,
+  // where the trainers skip that step, at the first step they submit after the lease.
+  for (; lease < most; ++lease) {
+    next.step = job.step + lease + 1;
+    const policies::Plan plan = plan_for(observation(t, next), decision);
+    if (!plan.dense || plan.collective != policies::Collective::kTrainerAllReduce) break;
+  }
+  return lease;
 }
 
 Status Pipeline::agree_on_job(Clock::time_point deadline) {

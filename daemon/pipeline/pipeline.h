@@ -116,6 +116,8 @@ struct PipelineOptions {
   uint32_t kernel_threads = 1;  // > 1: the pipeline owns a kernels::ThreadPool of this size
   // progress_log_seconds at start; a decision epoch that changes it takes over (progress.h).
   std::chrono::milliseconds progress_interval{10000};
+  // The knob trainer_lease without a decision board (with one, the decision in force has it).
+  uint64_t trainer_lease = 0;
 };
 
 class Pipeline final : public StepSink {
@@ -235,6 +237,11 @@ class Pipeline final : public StepSink {
   // every node (the plan's knob and trainers_reduce_ are agreed). kFailedPrecondition when the
   // job's trainers said they reduce and this step's did not.
   Expected<bool> by_trainers(const policies::Plan& plan, const StepJob& job);
+  // A trainer-reduced step of a job that takes leases: how many of the tensor's next steps (at
+  // most the knob trainer_lease, and 2^(n-1) for the n-th such step in a row) are
+  // trainer-reduced dense steps too under `decision` (the plan is a function of the decision and
+  // the step; StepResult::lease_steps).
+  uint32_t trainer_lease(const TensorState& t, const StepJob& job, const Decision& decision);
   void fail_queued(std::deque<Command>& queue, const std::string& why);
   // Pipeline thread (or stop() after it ended): logs the job's summary line, folds its totals into
   // the daemon's and starts fresh ones.

@@ -89,6 +89,8 @@ struct StepJob {
   std::shared_ptr<const void> keepalive = {};
   // Every local trainer said it all-reduces a dense step itself (shm::kSubmitTrainerReduces).
   bool trainer_reduces = false;
+  // ... and reads StepResult::lease_steps (shm::kSubmitTakesLease).
+  bool takes_lease = false;
 };
 
 struct StepResult {
@@ -103,6 +105,9 @@ struct StepResult {
   // `result` holds each trainer's share of this node's contribution (dense_collective=trainer):
   // the trainers reduce it themselves (shm::kCompletionTrainerReduces).
   bool trainer_reduces = false;
+  // With trainer_reduces, for a job with takes_lease: the next this many steps of the tensor are
+  // trainer-reduced dense steps as well under the decision in force (Completion::lease_steps).
+  uint32_t lease_steps = 0;
 };
 
 // The pipeline as the session sees it. All calls come from the session thread and never block.

@@ -570,6 +570,7 @@ void SessionServer::Impl::push_completion(Connection& c, uint32_t tensor_id, uin
     comp.dense_bytes = info->dense_bytes;
     comp.nnz = info->nnz;
     comp.flags = info->trainer_reduces ? shm::kCompletionTrainerReduces : 0;
+    comp.lease_steps = info->trainer_reduces ? info->lease_steps : 0;
   }
   proto::set_field(comp.message, sizeof comp.message, st.message());
   if (!c.post_completion(comp)) {

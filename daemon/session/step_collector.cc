@@ -54,6 +54,7 @@ struct StepCollector::Tensor {
   uint64_t collect_step = 0;
   std::vector<std::pair<uint32_t, float>> submitters;  // client id, lr
   bool collect_reduces = true;  // every submitter so far set kSubmitTrainerReduces
+  bool collect_lease = true;    // ... and kSubmitTakesLease
   // Handed to the pipeline.
   bool in_flight = false;
   uint64_t flight_step = 0;
@@ -284,8 +285,10 @@ void StepCollector::submit(uint32_t client, const shm::Submission& s) {
     SC_LOG_WARN("{}: submission refused: {}", label_of(client), st.message());
     clients_sink_->post(client, s.tensor_id, s.step, st, nullptr);
   };
-  if ((s.flags & ~shm::kSubmitTrainerReduces) != 0 || s.reserved != 0) {
-    return reject(invalid_argument("submission has unknown flags or a non-zero reserved field"));
+  if ((s.flags & ~shm::kSubmitFlags) != 0 || s.reserved != 0 ||
+      ((s.flags & shm::kSubmitTakesLease) != 0 && (s.flags & shm::kSubmitTrainerReduces) == 0)) {
+    return reject(invalid_argument("submission has unknown flags (or takes a lease without reducing dense steps) or a "
+                                   "non-zero reserved field"));
   }
   if (!std::isfinite(s.lr) || s.lr < 0.0f) {
     return reject(
@@ -333,9 +336,11 @@ void StepCollector::submit(uint32_t client, const shm::Submission& s) {
     t.collect_step = s.step;
     t.submitters.clear();
     t.collect_reduces = true;
+    t.collect_lease = true;
   }
   t.submitters.emplace_back(client, s.lr);
   t.collect_reduces = t.collect_reduces && (s.flags & shm::kSubmitTrainerReduces) != 0;
+  t.collect_lease = t.collect_lease && (s.flags & shm::kSubmitTakesLease) != 0;
   if (t.submitters.size() >= options_.local_clients) dispatch(t);
 }
 
@@ -410,6 +415,7 @@ void StepCollector::dispatch(Tensor& t) {
   job.step = t.collect_step;
   job.lr = t.submitters.front().second;
   job.trainer_reduces = t.collect_reduces;
+  job.takes_lease = t.collect_reduces && t.collect_lease;
   job.generation = generation_;
   t.in_flight = true;
   t.flight_step = t.collect_step;

@@ -167,21 +167,23 @@ class Client:
                                        offset=int(offset), ready_event=ready_event, done_event=done_event,
                                        shape=None if shape is None else tuple(shape))
 
-    def submit(self, tensor, step, lr=0.0, data=None, trainer_reduces=False):
+    def submit(self, tensor, step, lr=0.0, data=None, trainer_reduces=False, takes_lease=False):
         """Hands the slot's contents for `step` to the daemon (non-blocking). With `data` (a NumPy
         array or torch tensor of the same size) the slot is filled from it first.
         trainer_reduces=True says this trainer all-reduces a dense step itself when the daemon
         answers with StepInfo.trainer_reduces (the knob dense_collective=trainer, where every
         trainer of the job says so; the DDP hook does): the slot then holds this trainer's share,
-        to be summed over every trainer and divided by their number."""
+        to be summed over every trainer and divided by their number. takes_lease=True (with
+        trainer_reduces) asks for StepInfo.lease_steps: how many of the next steps the trainer may
+        all-reduce itself without submitting them (the knob trainer_lease)."""
         if data is not None:
             copy_into(tensor.array(), data)
-        self._c.submit(tensor, int(step), float(lr), bool(trainer_reduces))
+        self._c.submit(tensor, int(step), float(lr), bool(trainer_reduces), bool(takes_lease))
 
     def wait(self, tensor, step, timeout=30.0, out=None):
         """Waits for (tensor, step); then the slot holds the averaged gradient. With `out` the
         average is also copied into it. Returns a StepInfo (bytes_sent, dense_bytes, nnz,
-        trainer_reduces)."""
+        trainer_reduces, lease_steps)."""
         info = self._c.wait(tensor, int(step), float(timeout))
         if out is not None:
             copy_out(tensor.array(), out)

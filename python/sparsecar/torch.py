@@ -48,6 +48,15 @@ How it works (torch 1.13 .. 2.x; only public, long-lived hook APIs are used):
   rank), and after the agreement below the completion thread all-reduces those buckets over
   DDP's process group and divides by its size (on the device path on the sync stream). On GPUs
   that is NCCL instead of the daemons' host-staged ring.
+* **Leases.** Such a step also says how many of the next steps are trainer-reduced dense steps
+  as well under the decision in force (StepInfo.lease_steps: 1, 2, 4, ... with each such step in
+  a row, at most the daemons' knob ``trainer_lease``, default 16). The agreement below carries the least lease of every slice on
+  every rank, and the next that many iterations all-reduce every bucket over DDP's group at once,
+  as DDP's own hook does, without submitting them: no round trip through the daemon, no
+  agreement (on GPUs the round trip, not the all-reduce, made a trainer-reduced step cost what a
+  sparse one does). The daemons take the next submitted step, whatever its number; a decision
+  they made meanwhile takes effect there. A lease only ever skips dense steps, which need
+  nothing of the daemon (its residual was handed over with the step that granted it).
 * **Fallback, agreed.** If the daemon is unreachable when registering or a step fails, the hook
   logs the real cause (torch itself would only say "Unable to cast ..."), warns once, and uses
   plain all-reduce from then on; ``on_error="raise"`` fails the step instead. A failure may be
@@ -231,6 +240,13 @@ class SparsecarHook:
         self._per_tensor = {}        # name -> [steps, elements, nnz, bytes_sent, dense_bytes]
         self._t_iteration = None     # monotonic time of this iteration's first sparse bucket
         self._t_prev_iteration = None
+        # Leases (dense_collective=trainer): iterations still to all-reduce without the daemon, as
+        # every rank agreed (set by the completion thread before the granting iteration's last
+        # future; read by the hook at the next iteration's first bucket), whether this iteration is
+        # one, and the granting step's dense bytes (what each leased iteration's all-reduce sends).
+        self._lease_left = 0
+        self._leased = False
+        self._lease_bytes = 0
         # The trainer's compute per sparse iteration (_time_compute): step -> {"first", "last",
         # "done", "next"}: its first and last buckets, its averages back (set by the completion
         # thread) and the next iteration's first bucket; host times, or CUDA events on the device path.
@@ -288,9 +304,11 @@ class SparsecarHook:
         side group, "device": DDP's group), iterations (every DDP iteration hooked, restored ones included), sparse_iterations,
         dense_buckets (warm-up and fallback), sparse_buckets (through the daemon),
         trainer_reduced_buckets (of those, dense steps the daemon handed back for this process
-        group's own all-reduce: dense_collective=trainer), tensors (registered), bytes_sent / dense_bytes (the
-        daemon's report for this node: wire bytes vs. what a dense ring all-reduce would have
-        sent), ratio (dense_bytes / bytes_sent; None before any sparse step), density (selected /
+        group's own all-reduce: dense_collective=trainer), leases / leased_iterations (leases taken,
+        and the iterations all-reduced under them without the daemon: see "Leases"), tensors
+        (registered), bytes_sent / dense_bytes (the daemon's report for this node: wire bytes vs.
+        what a dense ring all-reduce would have sent; a leased iteration counts what the
+        trainer-reduced step that granted it counted, the ring's bytes), ratio (dense_bytes / bytes_sent; None before any sparse step), density (selected /
         elements), mean_step_s (wall time from one sparse iteration's first bucket to the next
         one's: forward + backward + optimizer), mean_exchange_s (first bucket handed to the
         daemon to the iteration's averages back), compute_s (the median over the last 100
@@ -304,7 +322,9 @@ class SparsecarHook:
         {steps, elements, nnz, density, bytes_sent, dense_bytes}. On a node with several ranks
         each rank sees the whole node's bytes."""
         st = self.stats
-        sent, dense = st["sparsecar_bytes"], st["sparsecar_dense_equivalent_bytes"]
+        # A leased iteration sends what the trainer-reduced step that granted it did (the ring's bytes).
+        sent = st["sparsecar_bytes"] + st["leased_dense_bytes"]
+        dense = st["sparsecar_dense_equivalent_bytes"] + st["leased_dense_bytes"]
         out = {
             "mode": self.mode,
             "path": self.path,
@@ -314,6 +334,8 @@ class SparsecarHook:
             "dense_buckets": st["dense_buckets"],
             "sparse_buckets": st["sparse_buckets"],
             "trainer_reduced_buckets": st["trainer_reduced_buckets"],
+            "leases": st["leases"],
+            "leased_iterations": st["leased_iterations"],
             "failed_steps": st["failed_steps"],
             "tensors": sum(len(v) for v in self._slices.values()),
             "bytes_sent": sent,
@@ -489,17 +511,24 @@ class SparsecarHook:
         self.agreement = want
 
     def _all_ranks_ok(self, ok, device):
-        """MIN all-reduce of one flag: on the CPU through the gloo side group, or on `device` (the
-        device DDP's gradients live on, which the group's backend serves: NCCL refuses CPU
+        """Whether every rank says ok (see _agree)."""
+        return self._agree(ok, 0, device)[0]
+
+    def _agree(self, ok, lease, device):
+        """MIN all-reduce of (ok, lease): whether every rank is ok, and the least lease any rank
+        was granted (0 unless all are ok). On the CPU through the gloo side group, or on `device`
+        (the device DDP's gradients live on, which the group's backend serves: NCCL refuses CPU
         tensors, gloo takes both)."""
+        values = [1 if ok else 0, int(lease) if ok else 0]
         if self._agree_group is not None:
-            flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
+            flag = torch.tensor(values, dtype=torch.int32)
             dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._agree_group)
-            return bool(flag.item())
-        with _on_device(device):
-            flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.process_group)
-            return bool(flag.item())
+        else:
+            with _on_device(device):
+                flag = torch.tensor(values, dtype=torch.int32, device=device)
+                dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.process_group)
+        all_ok, least = flag.tolist()
+        return bool(all_ok), int(least) if all_ok else 0
 
     def _current_lr(self):
         if self.optimizer is not None:
@@ -661,9 +690,10 @@ class SparsecarHook:
     def _world(self):
         return dist.get_world_size(group=self.process_group)
 
-    def _allreduce_async(self, buf):
-        self.stats["dense_elements"] += buf.numel()
-        self.stats["dense_buckets"] += 1
+    def _allreduce_async(self, buf, count=True):
+        if count:  # the warm-up's and the fallback's (a lease counts its own)
+            self.stats["dense_elements"] += buf.numel()
+            self.stats["dense_buckets"] += 1
         world = self._world()
         work = dist.all_reduce(buf, group=self.process_group, async_op=True)
         clock = self._dense_t if self.mode == "warmup" else None
@@ -705,7 +735,13 @@ class SparsecarHook:
                 self._dense_t = _DenseClock(buf, first) if self.mode == "warmup" else None
             if self.mode == "sparse" and self._step_failed:
                 self.mode = "fallback"
-            if self.mode == "sparse":
+            self._leased = self.mode == "sparse" and self._lease_left > 0
+            if self._leased:
+                self._lease_left -= 1
+                self.stats["leased_iterations"] += 1
+                self.stats["leased_dense_bytes"] += self._lease_bytes
+                self._t_prev_iteration = None  # mean_step_s: the daemon's iterations, each after one
+            elif self.mode == "sparse":
                 now = time.monotonic()
                 if self._t_prev_iteration is not None:
                     self.stats["step_ns"] += int((now - self._t_prev_iteration) * 1e9)
@@ -729,6 +765,13 @@ class SparsecarHook:
                 if clock is not None:
                     clock.hook_end = _mark(buf)
             return fut
+        if self._leased:
+            # A step of the daemons' lease: DDP's own all-reduce, no round trip (see "Leases").
+            self.stats["leased_buckets"] += 1
+            fut = self._allreduce_async(buf, count=False)
+            if last:
+                self.iteration += 1
+            return fut
         if self.mode == "sparse":
             if not self._dense_timing_sent:
                 self._report_dense_timing(step)
@@ -750,11 +793,11 @@ class SparsecarHook:
                         for sl in slices:
                             sl.stage.copy_(flat[sl.offset:sl.offset + sl.numel])
                             sl.ready.record(stream)
-                            self._client.submit(sl.tensor, step, lr=lr, trainer_reduces=True)
+                            self._client.submit(sl.tensor, step, lr=lr, trainer_reduces=True, takes_lease=True)
                     else:
                         for sl in slices:
                             sparsecar.copy_into(sl.tensor.array(), flat[sl.offset:sl.offset + sl.numel])
-                            self._client.submit(sl.tensor, step, lr=lr, trainer_reduces=True)
+                            self._client.submit(sl.tensor, step, lr=lr, trainer_reduces=True, takes_lease=True)
                     self._jobs.put(("sparse", index, buf, fut, step, last))
                 except sparsecar.Error as e:
                     self._fail_step(f"submitting bucket {index} step {step} failed: {e}")
@@ -1037,7 +1080,13 @@ class SparsecarHook:
         """Every rank learns whether every rank got every bucket of this iteration, then all use
         the daemon's averages or all all-reduce the original gradients."""
         mine_ok = all(infos is not None for _, _, _, _, _, infos in pending)
-        all_ok = self._all_ranks_ok(mine_ok, pending[-1][2].device)
+        lease = _lease_of(pending) if mine_ok else 0
+        all_ok, lease = self._agree(mine_ok, lease, pending[-1][2].device)
+        # Before any future is fulfilled: the hook reads it at the next iteration's first bucket.
+        self._lease_left = lease
+        if lease:
+            self._lease_bytes = sum(info.dense_bytes for _, _, _, _, _, infos in pending for info in infos)
+            self.stats["leases"] += 1
         if not all_ok:
             if mine_ok:
                 self._fail_step("another rank's sparsecar step failed in this iteration; every rank "
@@ -1087,6 +1136,15 @@ class SparsecarHook:
                 fut.set_exception(RuntimeError(f"sparsecar DDP hook: bucket {index} step {step}: {self.failure}"))
             else:
                 fut.set_result(self._allreduce_now(buf))  # the original gradient: copy_out never ran
+
+
+def _lease_of(pending):
+    """The iteration's lease (see "Leases"): the least StepInfo.lease_steps over its slices when
+    every one was handed back for the trainers to reduce, else 0."""
+    infos = [info for _, _, _, _, _, infos in pending if infos is not None for info in infos]
+    if not infos or not all(info.trainer_reduces for info in infos):
+        return 0
+    return min(info.lease_steps for info in infos)
 
 
 _BUCKET_DTYPES = (torch.float32, torch.float16, torch.bfloat16)

@@ -72,6 +72,7 @@ struct PyTensor {
 struct PyStepInfo {
   uint64_t step = 0, bytes_sent = 0, dense_bytes = 0, nnz = 0;
   bool trainer_reduces = false;
+  uint32_t lease_steps = 0;
 };
 
 class PyClient {
@@ -172,7 +173,7 @@ class PyClient {
     return PyTensor{s_, *t, view_shape};
   }
 
-  void submit(const PyTensor& t, uint64_t step, float lr, bool trainer_reduces) {
+  void submit(const PyTensor& t, uint64_t step, float lr, bool trainer_reduces, bool takes_lease) {
     Session& s = live_for(t);
     sparsecar::Status st;
     {
@@ -180,6 +181,7 @@ class PyClient {
       sparsecar::SubmitOptions o;
       o.lr = lr;
       o.trainer_reduces = trainer_reduces;
+      o.takes_lease = takes_lease;
       st = s.client->submit(*t.tensor, step, o);
     }
     check(st);
@@ -228,7 +230,7 @@ class PyClient {
       }
       raise_status(r.status());
     }
-    return PyStepInfo{r->step, r->bytes_sent, r->dense_bytes, r->nnz, r->trainer_reduces};
+    return PyStepInfo{r->step, r->bytes_sent, r->dense_bytes, r->nnz, r->trainer_reduces, r->lease_steps};
   }
 
   void report_metric(const std::string& name, double value, uint64_t step) {
@@ -333,11 +335,17 @@ PYBIND11_MODULE(_sparsecar, m) {
       .def_readonly("trainer_reduces", &PyStepInfo::trainer_reduces,
                     "the tensor holds this trainer's share, not the average: all-reduce (sum) it over every "
                     "trainer and divide by their number (only after submit(..., trainer_reduces=True))")
+      .def_readonly("lease_steps", &PyStepInfo::lease_steps,
+                    "with trainer_reduces: the next this many steps of the tensor are trainer-reduced dense "
+                    "steps too, which the trainer may all-reduce without submitting them (every trainer of the "
+                    "job skipping the same ones: the least over all trainers and tensors); only after "
+                    "submit(..., trainer_reduces=True, takes_lease=True), else 0")
       .def("__repr__", [](const PyStepInfo& i) {
-        return sparsecar::strfmt("StepInfo(step=%llu, bytes_sent=%llu, dense_bytes=%llu, nnz=%llu%s)",
+        const std::string lease = i.lease_steps ? sparsecar::strfmt(", lease_steps=%u", i.lease_steps) : "";
+        return sparsecar::strfmt("StepInfo(step=%llu, bytes_sent=%llu, dense_bytes=%llu, nnz=%llu%s%s)",
                                  static_cast<unsigned long long>(i.step), static_cast<unsigned long long>(i.bytes_sent),
                                  static_cast<unsigned long long>(i.dense_bytes), static_cast<unsigned long long>(i.nnz),
-                                 i.trainer_reduces ? ", trainer_reduces=True" : "");
+                                 i.trainer_reduces ? ", trainer_reduces=True" : "", lease.c_str());
       });
 
   py::class_<PyTensor>(m, "Tensor", "A registered tensor: a float32 shared-memory slot.")
@@ -358,7 +366,7 @@ PYBIND11_MODULE(_sparsecar, m) {
            py::arg("device_uuid"), py::arg("mem_handle"), py::arg("offset"), py::arg("ready_event"),
            py::arg("done_event"), py::arg("shape") = py::none())
       .def("submit", &PyClient::submit, py::arg("tensor"), py::arg("step"), py::arg("lr") = 0.0f,
-           py::arg("trainer_reduces") = false)
+           py::arg("trainer_reduces") = false, py::arg("takes_lease") = false)
       .def("wait", &PyClient::wait, py::arg("tensor"), py::arg("step"), py::arg("timeout") = 30.0)
       .def("report_metric", &PyClient::report_metric, py::arg("name"), py::arg("value"), py::arg("step"))
       .def("close", &PyClient::close)

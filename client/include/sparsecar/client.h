@@ -55,6 +55,9 @@ struct SubmitOptions {
   // the knob dense_collective=trainer uses it where every trainer of the job says so. Not sent to a
   // daemon older than the knob (it would refuse the step): that daemon never asks.
   bool trainer_reduces = false;
+  // With trainer_reduces: this trainer reads StepInfo::lease_steps (dense steps it may reduce
+  // without submitting them). Not sent to a daemon older than leases.
+  bool takes_lease = false;
 };
 
 // What the daemon reports with a successful step.
@@ -67,6 +70,12 @@ struct StepInfo {
   // over every trainer of the job (an all-reduce of its own) and divide by their number. Only
   // for a submit with SubmitOptions::trainer_reduces.
   bool trainer_reduces = false;
+  // With trainer_reduces, for a submit with SubmitOptions::takes_lease: the next this many steps
+  // of the tensor are dense steps the trainers reduce as well (the knob trainer_lease), so the
+  // trainer may all-reduce them itself without submitting them (every trainer of the job must
+  // skip the same steps: take the minimum over all of them, and over the tensors of a step); its
+  // next submit may name any later step. Skipping fewer, or none, is always right. Else 0.
+  uint32_t lease_steps = 0;
 };
 
 // Where a GPU tensor is, as CUDA IPC handles (the bytes of the CUDA types; this header needs no

@@ -93,16 +93,29 @@ def test_four_ranks_two_daemons_match_plain_allreduce(sparsecard, tmp_path):
     assert sc["rank_checksum_spread"] == 0.0
 
 
-def test_dense_steps_reduced_by_the_trainers_match_plain_allreduce(sparsecard, tmp_path):
+@pytest.mark.parametrize("lease", [0, 16])
+def test_dense_steps_reduced_by_the_trainers_match_plain_allreduce(sparsecard, tmp_path, lease):
     """dense_collective=trainer on 2 daemons x 2 ranks: every dense step comes back as each
     rank's share of its node's part, the hook all-reduces it over gloo, and the model ends where
-    plain DDP's does (the same 1e-5 bound as the daemons' ring above); every rank identical."""
+    plain DDP's does (the same 1e-5 bound as the daemons' ring above); every rank identical.
+    With the knob trainer_lease (default 16) every step is a trainer-reduced dense one here, so a
+    step through the daemons leases the next 1, 2, 4, 8, 16 (doubling to the knob): of the 23
+    steps after the hook's 2 dense ones, steps 2, 4, 7, 12 and 21 go through the daemons, the
+    other 18 (3, 5-6, 8-11, 13-20, 22-24: 3 of 21's 16) are all-reduced by the hook alone; with
+    0 every step goes through the daemons."""
     s = _ddp_digits(sparsecard, tmp_path, ["--methods", "dense,sparsecar", "--compression", "off", "--steps", "25",
-                                           "--timeout", "240", "--daemon-arg=--dense-collective=trainer"],
+                                           "--timeout", "240", "--daemon-arg=--dense-collective=trainer",
+                                           f"--daemon-arg=--trainer-lease={lease}"],
                     timeout=300)
     sc = s["methods"]["sparsecar"]
-    assert sc["hook_mode"] == "sparse" and sc["hook"]["sparse_buckets"] >= 23, sc["hook"]
-    assert sc["hook"].get("trainer_reduced_buckets") == sc["hook"]["sparse_buckets"], sc["hook"]
+    hook = sc["hook"]
+    through, leased = (23, 0) if lease == 0 else (5, 18)
+    assert sc["hook_mode"] == "sparse" and hook["sparse_iterations"] == through, hook
+    assert hook.get("leased_iterations", 0) == leased and hook.get("leases", 0) == (through if lease else 0), hook
+    buckets = hook["sparse_buckets"] // through
+    assert buckets >= 1 and hook["sparse_buckets"] == through * buckets, hook
+    assert hook.get("leased_buckets", 0) == leased * buckets, hook
+    assert hook.get("trainer_reduced_buckets") == hook["sparse_buckets"], hook
     assert sc["max_abs_diff_vs_dense"] < 1e-5
     assert sc["rank_checksum_spread"] == 0.0
 

@@ -104,5 +104,21 @@ TEST(ShmLayout, ATrainerReducesFlagGoesOnlyToADaemonThatSaysItTakesIt) {
   EXPECT_EQ(submission_flags(*ctl, true), 0u);
 }
 
+TEST(ShmLayout, ALeaseIsAskedForOnlyWithReducingAndFromADaemonThatSaysItGrantsThem) {
+  auto mem = std::make_unique<ShmControl>();
+  ShmControl* ctl = init_control(mem.get());
+  EXPECT_EQ(ctl->features & kFeatureLease, kFeatureLease);
+  EXPECT_EQ(submission_flags(*ctl, true, true), kSubmitTrainerReduces | kSubmitTakesLease);
+  EXPECT_EQ(submission_flags(*ctl, false, true), 0u);  // a lease is of trainer-reduced steps only
+  EXPECT_EQ(submission_flags(*ctl, true, false), kSubmitTrainerReduces);
+  // A daemon that reduces by the trainers but grants no leases (the tree before them).
+  ctl->features = kFeatureTrainerReduces;
+  EXPECT_EQ(submission_flags(*ctl, true, true), kSubmitTrainerReduces);
+  ctl->features = 0;
+  EXPECT_EQ(submission_flags(*ctl, true, true), 0u);
+  // The field was `reserved`: the completion's size and the message's offset are unchanged.
+  static_assert(offsetof(Completion, lease_steps) == 44);
+}
+
 }  // namespace
 }  // namespace sparsecar::shm

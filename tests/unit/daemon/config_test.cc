@@ -167,7 +167,8 @@ TEST(KnobSettingsTest, EveryPolicyKnobReachesTheSettings) {
       "log_level", "progress_log_seconds", "ucx_tls", "ucx_net_devices", "kernel_threads", "mailbox_max_bytes",
       "tensor_memory_budget_bytes",
       "session_handshake_timeout_ms", "controller_metric", "step_timeout_ms", "join_timeout_ms",
-      "peer_down_grace_ms", "accept_replacements"};
+      "peer_down_grace_ms", "accept_replacements",
+      "trainer_lease"};  // the pipeline reads it from the decision in force (Pipeline::trainer_lease)
   const AllSettings defaults = all_settings(Config{});
   for (const KnobSpec& spec : knob_table()) {
     SCOPED_TRACE(spec.name);

@@ -19,6 +19,7 @@
 
 #include "daemon/config/config.h"
 #include "daemon/transport/wire.h"
+#include "tests/unit/common/fake_clock.h"
 #include "tests/unit/daemon/fake_transport.h"
 
 namespace sparsecar {
@@ -208,6 +209,19 @@ TEST(StepPeriod, SecondsBetweenConsecutiveStepsOnly) {
       << "unknown periods are not sent";
 }
 
+// A step that leased the trainers its next steps (StepResult::lease_steps): the next step seen
+// may come after any of them, and the period is the mean per step since the last one seen.
+TEST(StepPeriod, AcrossALeaseTheMeanPerStep) {
+  StepPeriod p;
+  const Clock::time_point t0{std::chrono::seconds(100)};
+  EXPECT_EQ(p.on_finish(2, t0, 5), 0.0);
+  EXPECT_DOUBLE_EQ(p.on_finish(8, t0 + std::chrono::milliseconds(60), 5), 0.010) << "steps 3-7 leased: 60 ms / 6";
+  EXPECT_DOUBLE_EQ(p.on_finish(11, t0 + std::chrono::milliseconds(90), 0), 0.010) << "took 2 of the 5: 30 ms / 3";
+  EXPECT_EQ(p.on_finish(13, t0 + std::chrono::milliseconds(110), 0), 0.0) << "step 11 leased nothing: 12 is lost";
+  EXPECT_EQ(p.on_finish(20, t0 + std::chrono::milliseconds(200), 2), 0.0) << "past the lease of step 13 (none)";
+  EXPECT_EQ(p.on_finish(24, t0 + std::chrono::milliseconds(240), 0), 0.0) << "past the lease of step 20 (2)";
+}
+
 TEST(TrainerCompute, TheTrainersOwnReportWinsOverTheHooksTiming) {
   EXPECT_EQ(trainer_compute_s({}), -1) << "nothing reported: unknown";
   EXPECT_EQ(trainer_compute_s({{"loss", 0.3}}), -1);
@@ -344,6 +358,43 @@ TEST(ObservationCollector, BudgetHistogramsFromTheGpuAddUpAsTheHostsDo) {
   EXPECT_EQ(got[1].step, 6u);
   EXPECT_EQ(got[1].magnitude_elements, 0u) << "a device step without its bins: no histograms for the step";
   EXPECT_TRUE(got[1].magnitude_hist.empty());
+}
+
+
+// The period after a leased step: the trainers skip the least lease of the step's tensors (the
+// DDP hook takes the least over its slices), so a gap longer than that is no lease's.
+TEST(ObservationCollector, APeriodAcrossALeaseIsTheMeanOverTheStepsOfTheLeastTensorsLease) {
+  fakes::FakeNetwork net(2);
+  ObservationInbox inbox;
+  net.attach(0, &inbox);
+  testing::FakeClock clock;
+  ObservationCollector collector(1, 7, net.transport(1), nullptr, clock);
+  Decision decision;
+  decision.config = std::make_shared<Config>();
+  auto step = [&](uint64_t s, uint32_t lease0, uint32_t lease1) {
+    for (uint32_t id = 0; id < 2; ++id) {
+      TensorStepRecord r;
+      r.tensor_id = id;
+      r.step = s;
+      r.tensors_in_job = 2;
+      r.elements = 4;
+      r.nnz = 4;
+      r.plan.dense = true;
+      r.trainer_reduced = true;
+      r.lease_steps = id == 0 ? lease0 : lease1;
+      collector.on_tensor_step(r, decision);
+    }
+  };
+  step(2, 9, 4);                                 // tensor 1 leases steps 3-6 only
+  clock.advance(std::chrono::milliseconds(50));
+  step(7, 4, 4);                                 // 50 ms over 5 steps
+  clock.advance(std::chrono::milliseconds(60));
+  step(13, 0, 0);                                // 8-11 leased, 12 not: not a period
+  const auto got = inbox.wait_for(3);
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[0].period_s, 0.0);
+  EXPECT_DOUBLE_EQ(got[1].period_s, 0.010);
+  EXPECT_EQ(got[2].period_s, 0.0) << "step 13 came after step 7's least lease (4) ran out";
 }
 
 }  // namespace

@@ -65,7 +65,7 @@ inline std::vector<float> random_vector(size_t n, uint32_t seed) {
 inline std::vector<StepResult> run_step(PipelineJob& job, uint32_t tensor, uint64_t step,
                                         const std::vector<std::vector<float>>& inputs,
                                         std::vector<std::vector<float>>& outputs,
-                                        const std::vector<bool>& reduces = {}) {
+                                        const std::vector<bool>& reduces = {}, bool takes_lease = false) {
   const uint32_t w = static_cast<uint32_t>(job.nodes.size());
   outputs.assign(w, std::vector<float>(inputs[0].size(), std::nanf("")));
   for (uint32_t r = 0; r < w; ++r) {
@@ -75,6 +75,7 @@ inline std::vector<StepResult> run_step(PipelineJob& job, uint32_t tensor, uint6
     j.local_sum = inputs[r];
     j.result = outputs[r];
     j.trainer_reduces = r < reduces.size() && reduces[r];
+    j.takes_lease = j.trainer_reduces && takes_lease;
     job.nodes[r]->pipeline->submit(j);
   }
   std::vector<StepResult> out;

@@ -222,6 +222,112 @@ TEST(TrainerCollectiveTest, TheDenseShareCarriesTheResidualOfTheSparseSteps) {
   for (auto& node : nodes) node->pipeline->stop();
 }
 
+// Leases: a trainer-reduced step tells how many of the next steps are trainer-reduced dense too
+// under the decision in force (the schedule's warm-up: steps 0-11 dense here), at most
+// trainer_lease (3) and 2^(n-1) for the n-th such step in a row; the trainers skip them, and the
+// daemons take the next step they submit, whatever its number. Expected from the rule: step 0
+// (1st) -> 1; step 2 (2nd) -> 2; step 5 (3rd) -> 3, the knob; step 9 (4th) -> 2, steps 10 and
+// 11 (12 is sparse); step 12 -> none (sparse); step 15 -> none.
+TEST(TrainerCollectiveTest, ALeaseCoversTheTrainerReducedStepsAheadAndTheNextStepMayComeAfterIt) {
+  const uint32_t w = 2;
+  const size_t n = 100;
+  FakeNetwork net(w);
+  struct N {
+    std::unique_ptr<Mailbox> mailbox;
+    std::unique_ptr<DecisionBoard> board;
+    std::unique_ptr<Pipeline> pipeline;
+    Results results;
+  };
+  std::vector<std::unique_ptr<N>> nodes;
+  for (uint32_t r = 0; r < w; ++r) {
+    auto& node = nodes.emplace_back(std::make_unique<N>());
+    Config c;
+    c.rank = r;
+    c.world_size = w;
+    c.selector_params.density = 0.05;
+    c.controller = "schedule";
+    c.schedule_warmup_steps = 12;
+    c.dense_collective = "trainer";
+    c.trainer_lease = 3;
+    node->mailbox = std::make_unique<Mailbox>(0, w, nullptr);
+    node->board = std::make_unique<DecisionBoard>(c, net.transport(r));
+    node->mailbox->set_control_handler([b = node->board.get()](uint32_t peer, const wire::WireHeader& h,
+                                                               std::span<const std::byte> p) { b->on_message(peer, h, p); });
+    net.attach(r, node->mailbox.get());
+    PipelineOptions o;
+    o.rank = r;
+    o.world_size = w;
+    o.agreed_knobs = agreed_knobs(c);
+    o.step_timeout = 5000ms;
+    o.join_timeout = 5000ms;
+    node->pipeline = std::make_unique<Pipeline>(o, net.transport(r), node->mailbox.get(), nullptr, node->board.get());
+    node->pipeline->set_result_sink(&node->results);
+    node->pipeline->start();
+    ASSERT_TRUE(node->pipeline->register_tensor(0, {"w", n}).ok());
+  }
+  struct Want {
+    uint64_t step;
+    bool takes_lease;
+    bool reduced;
+    uint32_t lease;
+  };
+  for (const Want& want : {Want{0, true, true, 1}, Want{2, true, true, 2}, Want{5, true, true, 3},
+                           Want{9, true, true, 2}, Want{12, true, false, 0}, Want{15, true, false, 0}}) {
+    std::vector<std::vector<float>> in, out(w, std::vector<float>(n, std::nanf("")));
+    for (uint32_t r = 0; r < w; ++r) {
+      in.push_back(random_vector(n, 13 * static_cast<uint32_t>(want.step) + r));
+      StepJob j;
+      j.tensor_id = 0;
+      j.step = want.step;
+      j.local_sum = in[r];
+      j.result = out[r];
+      j.trainer_reduces = true;
+      j.takes_lease = want.takes_lease;
+      nodes[r]->pipeline->submit(j);
+    }
+    for (uint32_t r = 0; r < w; ++r) {
+      const StepResult res = nodes[r]->results.wait(0, want.step);
+      ASSERT_TRUE(res.status.ok()) << "step " << want.step << ": " << res.status.to_string();
+      EXPECT_EQ(res.trainer_reduces, want.reduced) << "step " << want.step;
+      EXPECT_EQ(res.lease_steps, want.lease) << "step " << want.step;
+      if (want.reduced) {
+        for (size_t i = 0; i < n; ++i) ASSERT_EQ(out[r][i], in[r][i]) << "one trainer's share is the node's part";
+      }
+    }
+  }
+  for (auto& node : nodes) node->pipeline->stop();
+}
+
+// Compression off: every step is a trainer-reduced dense one, so the lease doubles from 1 with
+// each step through the daemons up to the knob (steps 0, 2, 5, 10, 19: 1, 2, 4, 8, 8); none for
+// trainers that do not take leases, none with the knob at 0 (without a decision board the
+// pipeline's options hold the knob).
+TEST(TrainerCollectiveTest, TheLeaseDoublesToTheKnobWhereEveryStepIsDenseAndNoneUnasked) {
+  struct Case {
+    uint64_t knob;
+    bool takes_lease;
+    std::vector<uint32_t> want;
+  };
+  for (const Case& c : {Case{8, true, {1, 2, 4, 8, 8}}, Case{8, false, {0, 0, 0, 0, 0}},
+                        Case{0, true, {0, 0, 0, 0, 0}}}) {
+    PipelineOptions o = options(false, kernels::Selector::kTopk, 0.01);
+    o.settings.dense_collective = policies::Collective::kTrainerAllReduce;
+    o.trainer_lease = c.knob;
+    Job job(2, o);
+    register_all(job, {{"w", 64}});
+    std::vector<std::vector<float>> in{random_vector(64, 1), random_vector(64, 2)}, out;
+    uint64_t step = 0;
+    for (uint32_t want : c.want) {
+      for (const auto& r : run_step(job, 0, step, in, out, {true, true}, c.takes_lease)) {
+        ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+        EXPECT_TRUE(r.trainer_reduces);
+        EXPECT_EQ(r.lease_steps, want) << "knob " << c.knob << " takes " << c.takes_lease << " step " << step;
+      }
+      step += uint64_t{want} + 1;  // the trainers skip the lease
+    }
+  }
+}
+
 // The knob without trainers that reduce: the daemons' ring runs the step (the average, as
 // always), also where the trainers reduce on one node and not on another (the job's is the AND
 // over the nodes, so both nodes run the ring, not each its own way).

@@ -147,6 +147,47 @@ TEST_F(SessionServerTest, ATrainerThatReducesDenseStepsSaysSoAndIsAnsweredSo) {
   EXPECT_FALSE(pipeline_->jobs[1].trainer_reduces);
 }
 
+// A lease reaches a trainer that takes one (and only with a step it reduces); a daemon that sends
+// one unasked is refused by the client (an older client refuses any such field, so the daemon
+// must never send it unasked).
+TEST_F(SessionServerTest, ALeaseGoesOnlyToATrainerThatTakesOne) {
+  start(1);
+  pipeline_->answer_trainer_reduces = true;
+  pipeline_->answer_lease = 7;
+  auto client = connect();
+  ASSERT_NE(client, nullptr);
+  auto w = client->register_tensor("fc.weight", 8);
+  ASSERT_TRUE(w.ok()) << w.status().to_string();
+  struct Case {
+    SubmitOptions options;
+    bool reduces;
+    uint32_t lease;
+  };
+  const Case cases[] = {{{.trainer_reduces = true, .takes_lease = true}, true, 7},
+                        {{.trainer_reduces = true}, true, 0},
+                        {{.takes_lease = true}, false, 0}};  // a lease without reducing is not asked for
+  uint64_t step = 0;
+  for (const Case& c : cases) {
+    ASSERT_TRUE(client->submit(**w, step, c.options).ok());
+    auto info = client->wait(**w, step, 5000ms);
+    ASSERT_TRUE(info.ok()) << info.status().to_string();
+    EXPECT_EQ(info->trainer_reduces, c.reduces) << step;
+    EXPECT_EQ(info->lease_steps, c.lease) << step;
+    EXPECT_EQ(pipeline_->jobs[step].takes_lease, c.options.trainer_reduces && c.options.takes_lease) << step;
+    ++step;
+  }
+  // 11 steps may be skipped: the client gets the next one at any later number.
+  step += 10;
+  ASSERT_TRUE(client->submit(**w, step, {.trainer_reduces = true, .takes_lease = true}).ok());
+  ASSERT_TRUE(client->wait(**w, step, 5000ms).ok());
+  pipeline_->lease_unasked = true;
+  ASSERT_TRUE(client->submit(**w, ++step, {.trainer_reduces = true}).ok());
+  auto info = client->wait(**w, step, 5000ms);
+  ASSERT_FALSE(info.ok());
+  EXPECT_EQ(info.status().code(), Code::kDataLoss) << info.status().to_string();
+  EXPECT_NE(info.status().message().find("lease 7"), std::string::npos) << info.status().message();
+}
+
 TEST_F(SessionServerTest, TwoLocalClientsAreSummedInFloat64) {
   start(2);
   auto a = connect();

@@ -70,11 +70,16 @@ class FakePipeline : public StepSink {
     std::vector<DeviceBuffer> device;  // a device tensor's buffers (StepJob::device)
     bool keepalive = false;            // StepJob::keepalive was set
     bool trainer_reduces = false;      // StepJob::trainer_reduces
+    bool takes_lease = false;          // StepJob::takes_lease
   };
 
   explicit FakePipeline(Mode mode = Mode::kHalf) : mode_(mode) {}
   // kHalf: a job whose trainers all-reduce dense steps is answered as one (StepResult::trainer_reduces).
   std::atomic<bool> answer_trainer_reduces{false};
+  // ... with this lease (StepResult::lease_steps), also to a job that did not ask for one when
+  // lease_unasked (a daemon that breaks the protocol: the client must refuse it).
+  std::atomic<uint32_t> answer_lease{0};
+  std::atomic<bool> lease_unasked{false};
   void attach(StepResultSink* sink) { sink_.store(sink); }
 
   Status register_tensor(uint32_t tensor_id, const TensorSpec& spec) override {
@@ -92,7 +97,8 @@ class FakePipeline : public StepSink {
     {
       std::lock_guard<std::mutex> lock(mu_);
       jobs.push_back({job.tensor_id, job.step, job.lr, {job.local_sum.begin(), job.local_sum.end()},
-                      {job.device.begin(), job.device.end()}, job.keepalive != nullptr, job.trainer_reduces});
+                      {job.device.begin(), job.device.end()}, job.keepalive != nullptr, job.trainer_reduces,
+                      job.takes_lease});
       if (mode_ == Mode::kHold) {
         held_.push_back(job);
         return;
@@ -109,6 +115,7 @@ class FakePipeline : public StepSink {
       r.dense_bytes = 4 * job.local_sum.size();
       r.nnz = job.local_sum.size();
       r.trainer_reduces = job.trainer_reduces && answer_trainer_reduces.load();
+      if (r.trainer_reduces && (job.takes_lease || lease_unasked.load())) r.lease_steps = answer_lease.load();
     }
     sink_.load()->complete(r);
   }

@@ -32,6 +32,7 @@ class RecordingPipeline : public StepSink {
     std::vector<float> local_sum;
     std::span<float> result;
     bool trainer_reduces = false;
+    bool takes_lease = false;
   };
   struct Failed {
     uint32_t tensor_id;
@@ -45,7 +46,7 @@ class RecordingPipeline : public StepSink {
   }
   void submit(const StepJob& job) override {
     jobs.push_back({job.tensor_id, job.step, job.lr, job.generation, {job.local_sum.begin(), job.local_sum.end()},
-                    job.result, job.trainer_reduces});
+                    job.result, job.trainer_reduces, job.takes_lease});
   }
   void report_metric(const std::string&, double, uint64_t) override {}
   void reset() override {}
@@ -335,6 +336,31 @@ TEST_F(StepCollectorTest, TrainerReducesIsSaidByEveryLocalSubmitter) {
   EXPECT_FALSE(pipeline_.jobs[2].trainer_reduces);
 }
 
+// A step is leased (StepJob::takes_lease) only if every local trainer reduces it and takes leases.
+TEST_F(StepCollectorTest, TakesLeaseIsSaidByEveryLocalSubmitter) {
+  make(2);
+  join(1);
+  join(2);
+  uint32_t t = registered(1, "w", 2);
+  registered(2, "w", 2);
+  const uint32_t both = shm::kSubmitTrainerReduces | shm::kSubmitTakesLease;
+  const uint32_t flags[][2] = {{both, both}, {both, shm::kSubmitTrainerReduces}, {shm::kSubmitTrainerReduces, both},
+                               {both, 0}};
+  const bool leased[] = {true, false, false, false};
+  for (uint64_t step = 0; step < 4; ++step) {
+    submit(1, t, step, 0.0f, flags[step][0]);
+    submit(2, t, step, 0.0f, flags[step][1]);
+    ASSERT_EQ(pipeline_.jobs.size(), step + 1);
+    EXPECT_EQ(pipeline_.jobs[step].takes_lease, leased[step]) << step;
+    answer(step);
+  }
+  // The next step may be any later one (the trainers ran the leased ones themselves).
+  submit(1, t, 20, 0.0f, both);
+  submit(2, t, 20, 0.0f, both);
+  ASSERT_EQ(pipeline_.jobs.size(), 5u);
+  EXPECT_EQ(pipeline_.jobs[4].step, 20u);
+}
+
 // ---- bad submissions -----------------------------------------------------------------------------
 
 TEST_F(StepCollectorTest, BadSubmissionsAreRefusedWithTheirReason) {
@@ -354,9 +380,11 @@ TEST_F(StepCollectorTest, BadSubmissionsAreRefusedWithTheirReason) {
 
   shm::Submission s{};
   s.tensor_id = t;
-  s.flags = 2;  // not a flag (kSubmitTrainerReduces is 1)
-  collector_->submit(1, s);
-  EXPECT_EQ(last().code, Code::kInvalidArgument);
+  for (uint32_t flags : {shm::kSubmitTakesLease, 4u, 0x80000000u}) {  // a lease without reducing; not flags
+    s.flags = flags;
+    collector_->submit(1, s);
+    EXPECT_EQ(last().code, Code::kInvalidArgument) << flags;
+  }
   s.flags = 0;
   s.reserved = 5;
   collector_->submit(1, s);
@@ -365,7 +393,7 @@ TEST_F(StepCollectorTest, BadSubmissionsAreRefusedWithTheirReason) {
     submit(1, t, 0, lr);
     EXPECT_EQ(last().code, Code::kInvalidArgument) << lr;
   }
-  EXPECT_EQ(counters().submissions_rejected.load(), 7u);
+  EXPECT_EQ(counters().submissions_rejected.load(), 9u);  // 2 unknown tensors, 3 flags, reserved, 3 lr
   EXPECT_TRUE(pipeline_.jobs.empty());
 
   submit(1, t, 5);

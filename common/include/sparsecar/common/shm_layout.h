@@ -36,6 +36,10 @@ inline constexpr size_t kErrorTextBytes = 192;   // NUL-terminated, truncated
 // Submission::flags: the trainer all-reduces a step the daemon answers with
 // kCompletionTrainerReduces itself (Completion::flags). Other bits: 0.
 inline constexpr uint32_t kSubmitTrainerReduces = 1;
+// Submission::flags, with kSubmitTrainerReduces only: the trainer reads Completion::lease_steps
+// (a client older than the field refuses a non-zero one, so the daemon fills it only when asked).
+inline constexpr uint32_t kSubmitTakesLease = 2;
+inline constexpr uint32_t kSubmitFlags = kSubmitTrainerReduces | kSubmitTakesLease;
 // Completion::flags: the mapping holds this trainer's share of its node's contribution (local
 // sum + residual, over the node's trainers), not the average: the trainer sums it over all
 // trainers of the job and divides by their number (dense_collective=trainer; only answered to
@@ -48,13 +52,14 @@ inline constexpr uint32_t kCompletionTrainerReduces = 1;
 // said (submission_flags below): a new trainer on an old daemon runs as before, with the
 // daemons' ring for dense steps. Clients older than the field never read it.
 inline constexpr uint32_t kFeatureTrainerReduces = 1;  // takes kSubmitTrainerReduces
-inline constexpr uint32_t kDaemonFeatures = kFeatureTrainerReduces;
+inline constexpr uint32_t kFeatureLease = 2;           // takes kSubmitTakesLease
+inline constexpr uint32_t kDaemonFeatures = kFeatureTrainerReduces | kFeatureLease;
 
 struct Submission {
   uint64_t seq;        // client's running count, for diagnostics
   uint64_t step;
   uint32_t tensor_id;  // as returned at registration
-  uint32_t flags;      // kSubmitTrainerReduces or 0
+  uint32_t flags;      // kSubmitTrainerReduces, | kSubmitTakesLease, or 0
   float lr;            // learning rate of this step (0 = not given)
   uint32_t reserved;
 };
@@ -68,7 +73,12 @@ struct Completion {
   uint64_t dense_bytes;      // what a dense exchange of the same step would have sent
   uint64_t nnz;              // elements this node selected (== count when dense)
   uint32_t flags;            // kCompletionTrainerReduces or 0
-  uint32_t reserved;
+  // With kCompletionTrainerReduces, to a submission with kSubmitTakesLease: the next this many
+  // steps of the tensor are dense steps the trainers reduce as well under the decision in force
+  // (the knob trainer_lease bounds it), so a trainer may all-reduce them itself without
+  // submitting them; the daemon takes any later step next. A lease only ever saves the round
+  // trip: taking fewer of its steps, or none, is always right. 0 otherwise (it was `reserved`).
+  uint32_t lease_steps;
   char message[kErrorTextBytes];  // error text when code != 0
 };
 static_assert(sizeof(Completion) == 240);
@@ -124,8 +134,9 @@ inline bool control_valid(const ShmControl& ctl) {
 }
 
 // The Submission::flags a client sends for a step, given the daemon's features.
-inline uint32_t submission_flags(const ShmControl& ctl, bool trainer_reduces) {
-  return trainer_reduces && (ctl.features & kFeatureTrainerReduces) != 0 ? kSubmitTrainerReduces : 0;
+inline uint32_t submission_flags(const ShmControl& ctl, bool trainer_reduces, bool takes_lease = false) {
+  if (!trainer_reduces || (ctl.features & kFeatureTrainerReduces) == 0) return 0;
+  return kSubmitTrainerReduces | (takes_lease && (ctl.features & kFeatureLease) != 0 ? kSubmitTakesLease : 0);
 }
 
 // Producer side: false when full (would block).
