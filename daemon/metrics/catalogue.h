@@ -25,7 +25,9 @@ inline constexpr std::string_view kMetricPrefix = "sparsecar_";
 
 inline constexpr MetricSpec kMetricCatalogue[] = {
     {"build_info", MetricType::kGauge, "version", "Build information (value 1)"},
-    {"steps_total", MetricType::kCounter, "result", "Tensor steps completed, by result"},
+    {"steps_total", MetricType::kCounter, "result",
+     "Tensor steps completed, by result (leased: all-reduced by the trainers under a lease, counted at the next "
+     "step through the daemon)"},
     {"step_duration_seconds", MetricType::kHistogram, "",
      "Time from taking a tensor step off the queue to its result"},
     {"stage_duration_seconds", MetricType::kHistogram, "stage",

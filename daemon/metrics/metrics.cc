@@ -148,6 +148,7 @@ Metrics::Metrics(std::shared_ptr<prometheus::Registry> registry, std::unique_ptr
                  const MetricsOptions& options)
     : steps_ok(f->steps->Add({{"result", "ok"}})),
       steps_failed(f->steps->Add({{"result", "error"}})),
+      steps_leased(f->steps->Add({{"result", "leased"}})),
       dense_equivalent_bytes(f->dense_bytes->Add({})),
       elements_selected(f->elements->Add({{"kind", "selected"}})),
       elements_total(f->elements->Add({{"kind", "all"}})),

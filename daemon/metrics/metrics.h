@@ -99,6 +99,7 @@ class Metrics {
   // --- steps (pipeline thread)
   prometheus::Counter& steps_ok;
   prometheus::Counter& steps_failed;
+  prometheus::Counter& steps_leased;  // result="leased": steps the trainers ran under a lease
   prometheus::Counter& dense_equivalent_bytes;
   prometheus::Counter& elements_selected;
   prometheus::Counter& elements_total;

@@ -69,6 +69,7 @@ struct Pipeline::TensorState {
   uint64_t last_step = 0;
   // Trainer-reduced steps in a row, this one included (the lease's slow start: trainer_lease()).
   uint32_t trainer_steps = 0;
+  uint32_t lease = 0;  // the last step's StepResult::lease_steps (steps_total{result="leased"})
   // Latest step, for metrics and status (pipeline thread).
   uint64_t last_selected = 0;
   double last_norm2 = 0;
@@ -375,8 +376,13 @@ StepResult Pipeline::process(const StepJob& job) {
     broadcast_abort(exchange_context(decision.epoch), job.tensor_id, job.step, r.status.message());
     return r;
   }
+  // The steps between this one and the tensor's last that the trainers ran under its lease.
+  if (metrics_ && t.has_step && job.step - t.last_step - 1 <= t.lease && job.step > t.last_step + 1) {
+    metrics_->steps_leased.Increment(static_cast<double>(job.step - t.last_step - 1));
+  }
   t.has_step = true;
   t.last_step = job.step;
+  t.lease = 0;
   {
     std::lock_guard<std::mutex> lock(stats_mu_);
     if (!stats_.has_step || job.step > stats_.last_step) stats_.last_step = job.step;
@@ -385,6 +391,7 @@ StepResult Pipeline::process(const StepJob& job) {
   }
   release.armed = job.device.empty() ? false : !t.device;  // a device tensor's step ends in run_step()
   r.status = run_step(t, job, decision, &r);
+  if (r.status.ok()) t.lease = r.lease_steps;
   if (!r.status.ok()) {
     r.status = r.status.with_context("tensor '" + spec.name + "' step " + std::to_string(job.step));
     SC_LOG_WARN("{}", r.status.to_string());

@@ -16,6 +16,7 @@
 #include "daemon/collective/collective.h"
 #include "daemon/collective/mailbox.h"
 #include "daemon/config/knobs.h"
+#include "daemon/metrics/metrics.h"
 #include "daemon/pipeline/decisions.h"
 #include "daemon/pipeline/observations.h"
 #include "daemon/pipeline/pipeline.h"
@@ -233,6 +234,7 @@ TEST(TrainerCollectiveTest, ALeaseCoversTheTrainerReducedStepsAheadAndTheNextSte
   const size_t n = 100;
   FakeNetwork net(w);
   struct N {
+    std::unique_ptr<Metrics> metrics;
     std::unique_ptr<Mailbox> mailbox;
     std::unique_ptr<DecisionBoard> board;
     std::unique_ptr<Pipeline> pipeline;
@@ -260,7 +262,9 @@ TEST(TrainerCollectiveTest, ALeaseCoversTheTrainerReducedStepsAheadAndTheNextSte
     o.agreed_knobs = agreed_knobs(c);
     o.step_timeout = 5000ms;
     o.join_timeout = 5000ms;
-    node->pipeline = std::make_unique<Pipeline>(o, net.transport(r), node->mailbox.get(), nullptr, node->board.get());
+    node->metrics = Metrics::create("off").value();
+    node->pipeline =
+        std::make_unique<Pipeline>(o, net.transport(r), node->mailbox.get(), node->metrics.get(), node->board.get());
     node->pipeline->set_result_sink(&node->results);
     node->pipeline->start();
     ASSERT_TRUE(node->pipeline->register_tensor(0, {"w", n}).ok());
@@ -296,6 +300,11 @@ TEST(TrainerCollectiveTest, ALeaseCoversTheTrainerReducedStepsAheadAndTheNextSte
     }
   }
   for (auto& node : nodes) node->pipeline->stop();
+  // Skipped under a lease: 1 (0 -> 2), 2 (2 -> 5), 3 (5 -> 9), 2 (9 -> 12); 13-14 were not leased.
+  for (auto& node : nodes) {
+    const std::string text = node->metrics->scrape_text();
+    EXPECT_NE(text.find(R"(sparsecar_steps_total{result="leased"} 8)"), std::string::npos) << text;
+  }
 }
 
 // Compression off: every step is a trainer-reduced dense one, so the lease doubles from 1 with
