@@ -110,6 +110,7 @@ TEST_P(DevicePipeline, EqualsTheHostPathBitForBit) {
   PipelineOptions o = options(c.compression, c.selector, c.density, c.threshold);
   o.settings.format = c.format;
   if (c.trainers_reduce) o.settings.dense_collective = policies::Collective::kTrainerAllReduce;
+  o.trainer_lease = 3;  // trainer-reduced steps 1-4 in a row lease 1, 2, 3, 3 (doubling, the knob)
   PipelineJob host(kWorld, o);
   PipelineJob device(kWorld, o);
   for (uint32_t r = 0; r < kWorld; ++r) {
@@ -127,7 +128,8 @@ TEST_P(DevicePipeline, EqualsTheHostPathBitForBit) {
     std::vector<std::vector<float>> inputs;
     for (uint32_t r = 0; r < kWorld; ++r) inputs.push_back(fakes::random_vector(n, 1000 * static_cast<uint32_t>(step) + r));
     std::vector<std::vector<float>> expected;
-    auto host_results = fakes::run_step(host, 0, step, inputs, expected, std::vector<bool>(kWorld, c.trainers_reduce));
+    auto host_results =
+        fakes::run_step(host, 0, step, inputs, expected, std::vector<bool>(kWorld, c.trainers_reduce), true);
     for (auto& res : host_results) ASSERT_TRUE(res.status.ok()) << res.status.to_string();
 
     for (uint32_t r = 0; r < kWorld; ++r) {
@@ -137,6 +139,7 @@ TEST_P(DevicePipeline, EqualsTheHostPathBitForBit) {
       j.step = step;
       j.device = std::span<const DeviceBuffer>(&tensors[r]->buffer, 1);
       j.trainer_reduces = c.trainers_reduce;
+      j.takes_lease = c.trainers_reduce;
       device.nodes[r]->pipeline->submit(j);
     }
     for (uint32_t r = 0; r < kWorld; ++r) {
@@ -144,6 +147,8 @@ TEST_P(DevicePipeline, EqualsTheHostPathBitForBit) {
       ASSERT_TRUE(res.status.ok()) << "rank " << r << ": " << res.status.to_string();
       EXPECT_EQ(res.trainer_reduces, host_results[r].trainer_reduces);
       EXPECT_EQ(res.trainer_reduces, c.trainers_reduce && !c.compression);
+      EXPECT_EQ(res.lease_steps, host_results[r].lease_steps);
+      EXPECT_EQ(res.lease_steps, res.trainer_reduces ? std::min<uint32_t>(3, 1u << (step - 1)) : 0u) << step;
       EXPECT_EQ(res.nnz, host_results[r].nnz) << "rank " << r << " step " << step;
       EXPECT_EQ(res.bytes_sent, host_results[r].bytes_sent) << "rank " << r << " step " << step;
       const std::vector<float> got = tensors[r]->read();
