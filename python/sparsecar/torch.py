@@ -741,6 +741,7 @@ class SparsecarHook:
                 self.stats["leased_iterations"] += 1
                 self.stats["leased_dense_bytes"] += self._lease_bytes
                 self._t_prev_iteration = None  # mean_step_s: the daemon's iterations, each after one
+                self._mark_next(step, buf)
             elif self.mode == "sparse":
                 now = time.monotonic()
                 if self._t_prev_iteration is not None:
@@ -845,22 +846,21 @@ class SparsecarHook:
         path: CUDA events, read an iteration later once the GPU has passed them (queried, never
         waited on). Staged CUDA buckets: not timed. Not after a failed or fallback iteration (no
         averages back)."""
-        if buf.is_cuda and self.path != "device":
-            return
         marks = self._compute_marks
-        first = _mark(buf) if buf.is_cuda else now
-        prev = marks.get(step - 1)
-        if prev is not None and "last" in prev and "done" in prev:
-            prev["next"] = first
+        first = self._mark_next(step, buf, now)
+        if first is None:
+            return
         marks[step] = {"first": first}
         for s in sorted(marks):
             m = marks[s]
-            if s < step - 2 or (s < step and "next" not in m):
-                del marks[s]  # never completed (a failed iteration), or its events not passed in time
+            if s < step and "next" not in m:
+                del marks[s]  # never completed (a failed iteration)
                 continue
             if "next" not in m:
                 continue
             if buf.is_cuda and not all(m[k].query() for k in ("first", "last", "done", "next")):
+                if s < step - 2:
+                    del marks[s]  # its events not passed in time
                 continue
             c = _seconds_between(m["first"], m["last"]) + _seconds_between(m["done"], m["next"])
             del marks[s]
@@ -871,6 +871,19 @@ class SparsecarHook:
                 self._client.report_metric("hook_compute_time", c, s)
             except sparsecar.Error as e:
                 log.warning("sparsecar: reporting the trainer's compute time failed: %s", e)
+
+    def _mark_next(self, step, buf, now=None):
+        """This iteration's first bucket: the mark (None for staged CUDA buckets, which are not
+        timed), also the "next" of the iteration before if its averages are back. A leased
+        iteration marks only that: the iteration that granted the lease is timed up to it and
+        reported at the next iteration through the daemon."""
+        if buf.is_cuda and self.path != "device":
+            return None
+        first = _mark(buf) if buf.is_cuda else (time.monotonic() if now is None else now)
+        prev = self._compute_marks.get(step - 1)
+        if prev is not None and "last" in prev and "done" in prev:
+            prev["next"] = first
+        return first
 
     def _median_compute(self):
         """The upper median of the last iterations' compute (s), or None before any."""

@@ -116,6 +116,9 @@ def test_dense_steps_reduced_by_the_trainers_match_plain_allreduce(sparsecard, t
     assert buckets >= 1 and hook["sparse_buckets"] == through * buckets, hook
     assert hook.get("leased_buckets", 0) == leased * buckets, hook
     assert hook.get("trainer_reduced_buckets") == hook["sparse_buckets"], hook
+    # The trainer's compute is still timed: an iteration that granted a lease up to the first
+    # bucket of the leased one after it, reported at the next step through the daemons.
+    assert sc["hook_compute_s"] is not None and sc["hook_compute_s"] > 0, sc["hook_compute_s"]
     assert sc["max_abs_diff_vs_dense"] < 1e-5
     assert sc["rank_checksum_spread"] == 0.0
 
