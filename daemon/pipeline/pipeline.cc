@@ -70,6 +70,8 @@ struct Pipeline::TensorState {
   // Trainer-reduced steps in a row, this one included (the lease's slow start: trainer_lease()).
   uint32_t trainer_steps = 0;
   uint32_t lease = 0;  // the last step's StepResult::lease_steps (steps_total{result="leased"})
+  Clock::time_point handled{};  // when the pipeline took the last step
+  double pace = 0;              // seconds per trainer-reduced step, smoothed (follow_lease); 0 unknown
   // Latest step, for metrics and status (pipeline thread).
   uint64_t last_selected = 0;
   double last_norm2 = 0;
@@ -376,10 +378,7 @@ StepResult Pipeline::process(const StepJob& job) {
     broadcast_abort(exchange_context(decision.epoch), job.tensor_id, job.step, r.status.message());
     return r;
   }
-  // The steps between this one and the tensor's last that the trainers ran under its lease.
-  if (metrics_ && t.has_step && job.step - t.last_step - 1 <= t.lease && job.step > t.last_step + 1) {
-    metrics_->steps_leased.Increment(static_cast<double>(job.step - t.last_step - 1));
-  }
+  follow_lease(t, job);
   t.has_step = true;
   t.last_step = job.step;
   t.lease = 0;
@@ -976,6 +975,28 @@ Expected<bool> Pipeline::by_trainers(const policies::Plan& plan, const StepJob& 
                                "all-reduces dense steps itself");
   }
   return true;
+}
+
+void Pipeline::follow_lease(TensorState& t, const StepJob& job) {
+  const auto now = clock_.now();
+  const bool follows =
+      t.has_step && t.trainer_steps > 0 && job.step > t.last_step && job.step - t.last_step - 1 <= t.lease;
+  if (!follows) {
+    t.pace = 0;
+  } else if (const uint64_t gap = job.step - t.last_step; metrics_ && gap > 1) {
+    metrics_->steps_leased.Increment(static_cast<double>(gap - 1));
+  }
+  if (follows && now > t.handled) {
+    const uint64_t gap = job.step - t.last_step;
+    const double per_step = std::chrono::duration<double>(now - t.handled).count() / static_cast<double>(gap);
+    if (t.pace > 0 && per_step > kLeaseSlowerRestarts * t.pace) {
+      SC_LOG_DEBUG("tensor '{}' step {}: the trainer-reduced steps took {:.3g} ms each, {:.3g} before: the lease "
+                   "starts again from 1", t.spec.name, job.step, per_step * 1e3, t.pace * 1e3);
+      t.trainer_steps = 0;
+    }
+    t.pace = t.pace > 0 ? 0.75 * t.pace + 0.25 * per_step : per_step;
+  }
+  t.handled = now;
 }
 
 uint32_t Pipeline::trainer_lease(const TensorState& t, const StepJob& job, const Decision& decision) {

@@ -242,6 +242,12 @@ class Pipeline final : public StepSink {
   // trainer-reduced dense steps too under `decision` (the plan is a function of the decision and
   // the step; StepResult::lease_steps).
   uint32_t trainer_lease(const TensorState& t, const StepJob& job, const Decision& decision);
+  // Before a step of `t` is run: the steps the trainers ran under the last one's lease
+  // (steps_total{result="leased"}), and their pace: trainer-reduced steps that got
+  // kLeaseSlowerRestarts x slower per step than before (the trainers' link slowed, or a pause)
+  // restart the lease's slow start, so that the controllers see the next steps soon.
+  void follow_lease(TensorState& t, const StepJob& job);
+  static constexpr double kLeaseSlowerRestarts = 2.0;
   void fail_queued(std::deque<Command>& queue, const std::string& why);
   // Pipeline thread (or stop() after it ended): logs the job's summary line, folds its totals into
   // the daemon's and starts fresh ones.

@@ -101,17 +101,20 @@ def test_dense_steps_reduced_by_the_trainers_match_plain_allreduce(sparsecard, t
     With the knob trainer_lease (default 16) every step is a trainer-reduced dense one here, so a
     step through the daemons leases the next 1, 2, 4, 8, 16 (doubling to the knob): of the 23
     steps after the hook's 2 dense ones, steps 2, 4, 7, 12 and 21 go through the daemons, the
-    other 18 (3, 5-6, 8-11, 13-20, 22-24: 3 of 21's 16) are all-reduced by the hook alone; with
-    0 every step goes through the daemons."""
+    other 18 (3, 5-6, 8-11, 13-20, 22-24: 3 of 21's 16) are all-reduced by the hook alone. A
+    step that comes 2x slower than the trainers' pace restarts the doubling (a stall on a
+    loaded box can), but every step through the daemons leases at least the next one: at least
+    11 leased. With 0 every step goes through the daemons."""
     s = _ddp_digits(sparsecard, tmp_path, ["--methods", "dense,sparsecar", "--compression", "off", "--steps", "25",
                                            "--timeout", "240", "--daemon-arg=--dense-collective=trainer",
                                            f"--daemon-arg=--trainer-lease={lease}"],
                     timeout=300)
     sc = s["methods"]["sparsecar"]
     hook = sc["hook"]
-    through, leased = (23, 0) if lease == 0 else (5, 18)
-    assert sc["hook_mode"] == "sparse" and hook["sparse_iterations"] == through, hook
-    assert hook.get("leased_iterations", 0) == leased and hook.get("leases", 0) == (through if lease else 0), hook
+    through, leased = hook["sparse_iterations"], hook.get("leased_iterations", 0)
+    assert sc["hook_mode"] == "sparse" and through + leased == 23, hook
+    assert (leased == 0) if lease == 0 else (11 <= leased <= 18), hook
+    assert hook.get("leases", 0) == (through if lease else 0), hook
     buckets = hook["sparse_buckets"] // through
     assert buckets >= 1 and hook["sparse_buckets"] == through * buckets, hook
     assert hook.get("leased_buckets", 0) == leased * buckets, hook

@@ -18,6 +18,7 @@
 #include "sparsecar/kernels/cuda.h"
 #include "sparsecar/kernels/select.h"
 #include "sparsecar/policies/observations.h"
+#include "tests/unit/common/fake_clock.h"
 #include "tests/unit/daemon/pipeline_job.h"
 
 namespace sparsecar {
@@ -111,8 +112,10 @@ TEST_P(DevicePipeline, EqualsTheHostPathBitForBit) {
   o.settings.format = c.format;
   if (c.trainers_reduce) o.settings.dense_collective = policies::Collective::kTrainerAllReduce;
   o.trainer_lease = 3;  // trainer-reduced steps 1-4 in a row lease 1, 2, 3, 3 (doubling, the knob)
-  PipelineJob host(kWorld, o);
-  PipelineJob device(kWorld, o);
+  // A clock that does not move: no trainers' pace, so no restart of the leases' slow start.
+  testing::FakeClock clock;
+  PipelineJob host(kWorld, o, {}, clock);
+  PipelineJob device(kWorld, o, {}, clock);
   for (uint32_t r = 0; r < kWorld; ++r) {
     ASSERT_TRUE(host.nodes[r]->pipeline->register_tensor(0, TensorSpec{"fc.weight", n}).ok());
     TensorSpec spec{"fc.weight", n};

@@ -25,8 +25,9 @@ struct PipelineNode {
 struct PipelineJob {
   // `base` is every node's options; rank and world size are filled in per node.
   // `before_start` (optional) sees each node's pipeline before it starts (test hooks).
+  // `clock` (default the steady clock) must outlive the job.
   explicit PipelineJob(uint32_t world, PipelineOptions base = {},
-                       const std::function<void(Pipeline&)>& before_start = {})
+                       const std::function<void(Pipeline&)>& before_start = {}, const Clock& clock = steady_clock())
       : net(world) {
     for (uint32_t r = 0; r < world; ++r) {
       auto& n = nodes.emplace_back(std::make_unique<PipelineNode>());
@@ -34,9 +35,9 @@ struct PipelineJob {
       o.rank = r;
       o.world_size = world;
       if (o.agreed_knobs.empty()) o.agreed_knobs = "compression=test";
-      n->mailbox = std::make_unique<Mailbox>(o.job_id, world, nullptr);
+      n->mailbox = std::make_unique<Mailbox>(o.job_id, world, nullptr, Mailbox::kDefaultMaxBytesPerPeer, clock);
       net.attach(r, n->mailbox.get());
-      n->pipeline = std::make_unique<Pipeline>(o, net.transport(r), n->mailbox.get(), nullptr);
+      n->pipeline = std::make_unique<Pipeline>(o, net.transport(r), n->mailbox.get(), nullptr, nullptr, clock);
       n->pipeline->set_result_sink(&n->results);
       if (before_start) before_start(*n->pipeline);
       n->pipeline->start();

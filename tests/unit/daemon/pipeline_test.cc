@@ -22,6 +22,7 @@
 #include "daemon/pipeline/pipeline.h"
 #include "daemon/transport/wire.h"
 #include "sparsecar/kernels/codec.h"
+#include "tests/unit/common/fake_clock.h"
 #include "tests/unit/daemon/fake_transport.h"
 #include "tests/unit/daemon/pipeline_job.h"
 #include "tests/unit/daemon/step_results.h"
@@ -232,6 +233,7 @@ TEST(TrainerCollectiveTest, TheDenseShareCarriesTheResidualOfTheSparseSteps) {
 TEST(TrainerCollectiveTest, ALeaseCoversTheTrainerReducedStepsAheadAndTheNextStepMayComeAfterIt) {
   const uint32_t w = 2;
   const size_t n = 100;
+  testing::FakeClock clock;  // 5 ms a step: an even pace (a slower one restarts the slow start)
   FakeNetwork net(w);
   struct N {
     std::unique_ptr<Metrics> metrics;
@@ -251,8 +253,8 @@ TEST(TrainerCollectiveTest, ALeaseCoversTheTrainerReducedStepsAheadAndTheNextSte
     c.schedule_warmup_steps = 12;
     c.dense_collective = "trainer";
     c.trainer_lease = 3;
-    node->mailbox = std::make_unique<Mailbox>(0, w, nullptr);
-    node->board = std::make_unique<DecisionBoard>(c, net.transport(r));
+    node->mailbox = std::make_unique<Mailbox>(0, w, nullptr, Mailbox::kDefaultMaxBytesPerPeer, clock);
+    node->board = std::make_unique<DecisionBoard>(c, net.transport(r), clock);
     node->mailbox->set_control_handler([b = node->board.get()](uint32_t peer, const wire::WireHeader& h,
                                                                std::span<const std::byte> p) { b->on_message(peer, h, p); });
     net.attach(r, node->mailbox.get());
@@ -263,8 +265,8 @@ TEST(TrainerCollectiveTest, ALeaseCoversTheTrainerReducedStepsAheadAndTheNextSte
     o.step_timeout = 5000ms;
     o.join_timeout = 5000ms;
     node->metrics = Metrics::create("off").value();
-    node->pipeline =
-        std::make_unique<Pipeline>(o, net.transport(r), node->mailbox.get(), node->metrics.get(), node->board.get());
+    node->pipeline = std::make_unique<Pipeline>(o, net.transport(r), node->mailbox.get(), node->metrics.get(),
+                                                node->board.get(), clock);
     node->pipeline->set_result_sink(&node->results);
     node->pipeline->start();
     ASSERT_TRUE(node->pipeline->register_tensor(0, {"w", n}).ok());
@@ -275,8 +277,11 @@ TEST(TrainerCollectiveTest, ALeaseCoversTheTrainerReducedStepsAheadAndTheNextSte
     bool reduced;
     uint32_t lease;
   };
+  uint64_t last = 0;
   for (const Want& want : {Want{0, true, true, 1}, Want{2, true, true, 2}, Want{5, true, true, 3},
                            Want{9, true, true, 2}, Want{12, true, false, 0}, Want{15, true, false, 0}}) {
+    clock.advance(std::chrono::milliseconds(5 * (want.step - last)));
+    last = want.step;
     std::vector<std::vector<float>> in, out(w, std::vector<float>(n, std::nanf("")));
     for (uint32_t r = 0; r < w; ++r) {
       in.push_back(random_vector(n, 13 * static_cast<uint32_t>(want.step) + r));
@@ -322,7 +327,8 @@ TEST(TrainerCollectiveTest, TheLeaseDoublesToTheKnobWhereEveryStepIsDenseAndNone
     PipelineOptions o = options(false, kernels::Selector::kTopk, 0.01);
     o.settings.dense_collective = policies::Collective::kTrainerAllReduce;
     o.trainer_lease = c.knob;
-    Job job(2, o);
+    testing::FakeClock clock;  // still: no pace, so no restart of the slow start (the test after this one)
+    Job job(2, o, {}, clock);
     register_all(job, {{"w", 64}});
     std::vector<std::vector<float>> in{random_vector(64, 1), random_vector(64, 2)}, out;
     uint64_t step = 0;
@@ -334,6 +340,35 @@ TEST(TrainerCollectiveTest, TheLeaseDoublesToTheKnobWhereEveryStepIsDenseAndNone
       }
       step += uint64_t{want} + 1;  // the trainers skip the lease
     }
+  }
+}
+
+// The trainers' pace under leases (a fake clock, one node, every step trainer-reduced, knob 16):
+// 5 ms a step while the lease doubles (steps 0, 2, 5, 10: leases 1, 2, 4, 8); then the trainers'
+// steps take 20 ms each (their link slowed): step 19 comes 4x slower per step than the smoothed
+// 5 ms, over the 2x that restarts the slow start, so it leases 1; step 21 (20 ms against the
+// smoothed 8.75) again 1; step 23 (20 against 11.6) is not 2x slower: 2.
+TEST(TrainerCollectiveTest, StepsThatGotSlowerUnderALeaseStartItAgainFromOne) {
+  testing::FakeClock clock;
+  PipelineOptions o = options(false, kernels::Selector::kTopk, 0.01);
+  o.settings.dense_collective = policies::Collective::kTrainerAllReduce;
+  o.trainer_lease = 16;
+  Job job(1, o, {}, clock);
+  register_all(job, {{"w", 64}});
+  std::vector<std::vector<float>> in{random_vector(64, 1)}, out;
+  struct Want {
+    uint64_t step;
+    double ms_per_step;  // the trainers' time per step since the last step seen
+    uint32_t lease;
+  };
+  uint64_t last = 0;
+  for (const Want& w : {Want{0, 0, 1}, Want{2, 5, 2}, Want{5, 5, 4}, Want{10, 5, 8}, Want{19, 20, 1},
+                        Want{21, 20, 1}, Want{23, 20, 2}}) {
+    clock.advance(std::chrono::microseconds(static_cast<int64_t>(w.ms_per_step * 1000 * (w.step - last))));
+    last = w.step;
+    auto results = run_step(job, 0, w.step, in, out, {true}, true);
+    ASSERT_TRUE(results[0].status.ok()) << results[0].status.to_string();
+    EXPECT_EQ(results[0].lease_steps, w.lease) << "step " << w.step;
   }
 }
 
