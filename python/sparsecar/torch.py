@@ -50,13 +50,14 @@ How it works (torch 1.13 .. 2.x; only public, long-lived hook APIs are used):
   that is NCCL instead of the daemons' host-staged ring.
 * **Leases.** Such a step also says how many of the next steps are trainer-reduced dense steps
   as well under the decision in force (StepInfo.lease_steps: 1, 2, 4, ... with each such step in
-  a row, at most the daemons' knob ``trainer_lease``, default 16). The agreement below carries the least lease of every slice on
-  every rank, and the next that many iterations all-reduce every bucket over DDP's group at once,
-  as DDP's own hook does, without submitting them: no round trip through the daemon, no
-  agreement (on GPUs the round trip, not the all-reduce, made a trainer-reduced step cost what a
-  sparse one does). The daemons take the next submitted step, whatever its number; a decision
-  they made meanwhile takes effect there. A lease only ever skips dense steps, which need
-  nothing of the daemon (its residual was handed over with the step that granted it).
+  a row, at most the daemons' knob ``trainer_lease``, default 16). The agreement below carries
+  the least lease of every slice on every rank, and the next that many iterations all-reduce
+  every bucket over DDP's group at once, as DDP's own hook does, without submitting them: no
+  round trip through the daemon, no agreement (on GPUs the round trip, not the all-reduce, made
+  a trainer-reduced step cost what a sparse one does). The daemons take the next submitted step,
+  whatever its number; a decision they made meanwhile takes effect there. A lease only ever
+  skips dense steps, which need nothing of the daemon (its residual was handed over with the
+  step that granted it).
 * **Fallback, agreed.** If the daemon is unreachable when registering or a step fails, the hook
   logs the real cause (torch itself would only say "Unable to cast ..."), warns once, and uses
   plain all-reduce from then on; ``on_error="raise"`` fails the step instead. A failure may be
@@ -308,8 +309,8 @@ class SparsecarHook:
         and the iterations all-reduced under them without the daemon: see "Leases"), tensors
         (registered), bytes_sent / dense_bytes (the daemon's report for this node: wire bytes vs.
         what a dense ring all-reduce would have sent; a leased iteration counts what the
-        trainer-reduced step that granted it counted, the ring's bytes), ratio (dense_bytes / bytes_sent; None before any sparse step), density (selected /
-        elements), mean_step_s (wall time from one sparse iteration's first bucket to the next
+        trainer-reduced step that granted it counted, the ring's bytes), ratio (dense_bytes /
+        bytes_sent; None before any sparse step), density (selected / elements), mean_step_s (wall time from one sparse iteration's first bucket to the next
         one's: forward + backward + optimizer), mean_exchange_s (first bucket handed to the
         daemon to the iteration's averages back), compute_s (the median over the last 100
         sparse iterations of their time outside the exchange, each reported to the daemon as
