@@ -310,8 +310,9 @@ class SparsecarHook:
         (registered), bytes_sent / dense_bytes (the daemon's report for this node: wire bytes vs.
         what a dense ring all-reduce would have sent; a leased iteration counts what the
         trainer-reduced step that granted it counted, the ring's bytes), ratio (dense_bytes /
-        bytes_sent; None before any sparse step), density (selected / elements), mean_step_s (wall time from one sparse iteration's first bucket to the next
-        one's: forward + backward + optimizer), mean_exchange_s (first bucket handed to the
+        bytes_sent; None before any sparse step), density (selected / elements), mean_step_s
+        (wall time from one sparse iteration's first bucket to the next one's: forward + backward
+        + optimizer; not across a lease), mean_exchange_s (first bucket handed to the
         daemon to the iteration's averages back), compute_s (the median over the last 100
         sparse iterations of their time outside the exchange, each reported to the daemon as
         "hook_compute_time": host times on CPU buckets, CUDA events on the device path; None for
