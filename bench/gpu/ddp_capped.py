@@ -591,7 +591,8 @@ def parse(argv):
                    help="trainer processes (GPUs) per node: the world is 2 x N processes, each node's "
                    "sparsecard gets --local-clients N (default 1)")
     t.add_argument("--gpus", default=None, help="2 x N GPU indices, node 0's N first (default 0,...,2N-1; "
-                   "e.g. N = 2: 0,1,2,3 = node 0 on 0,1 and node 1 on 2,3)")
+                   "e.g. N = 2: 0,1,2,3 = node 0 on 0,1 and node 1 on 2,3; one GPU for both nodes, 0,0, "
+                   "with --backend gloo only)")
     t.add_argument("--python", default=sys.executable, help="interpreter with torch for the trainers")
     t.add_argument("--pythonpath", help="directory holding the sparsecar package (default <build-dir>/python)")
     t.add_argument("--backend", help="ddp_trainer.py --backend (default nccl on cuda, gloo on cpu)")
@@ -671,8 +672,11 @@ def parse(argv):
     if len(args.gpus) != NODES * args.local_ranks:
         p.error(f"--gpus takes {NODES * args.local_ranks} indices ({NODES} nodes x --local-ranks "
                 f"{args.local_ranks}), got {len(args.gpus)}")
-    if len(set(args.gpus)) != len(args.gpus):
-        p.error("--gpus lists a GPU twice (one trainer per GPU)")
+    if len(set(args.gpus)) != len(args.gpus) and args.backend != "gloo":
+        # A machine of one GPU can still run both nodes (the daemons' CUDA IPC and the hook work
+        # there), but NCCL refuses two ranks on one GPU.
+        p.error("--gpus lists a GPU twice: NCCL takes one rank per GPU (two trainers may share one "
+                "with --backend gloo)")
     if args.bin:
         args.sparsecard = os.path.join(args.bin, "sparsecard")
         lib = os.path.join(os.path.dirname(os.path.abspath(args.bin)), "lib")
@@ -710,14 +714,14 @@ def preflight(args):
          "if sys.argv[2] == '1':\n"
          "    try:\n        import sparsecar.torch\n"
          "    except Exception as e:\n        print(repr(e), file=sys.stderr); sys.exit(5)\n",
-         args.device, "1" if uses_sparsecar else "0", str(len(args.gpus))],
+         args.device, "1" if uses_sparsecar else "0", str(len(set(args.gpus)))],
         capture_output=True, text=True,
         env=dict(os.environ, LD_LIBRARY_PATH=args.orig_ld_library_path,
                  PYTHONPATH=os.pathsep.join(p for p in (args.pythonpath, os.environ.get("PYTHONPATH")) if p)))
     last = probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else ""
     if probe.returncode == 4:
-        errors.append(f"--device cuda needs {len(args.gpus)} GPUs visible to torch (2 nodes x --local-ranks "
-                      f"{args.local_ranks})")
+        errors.append(f"--device cuda needs {len(set(args.gpus))} GPUs visible to torch (--gpus "
+                      f"{','.join(args.gpus)})")
     elif probe.returncode == 5:
         errors.append(f"{args.python} cannot import sparsecar.torch (--pythonpath {args.pythonpath}): {last}")
     elif probe.returncode != 0:
