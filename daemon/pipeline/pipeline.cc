@@ -694,6 +694,7 @@ void Pipeline::observe_step(TensorState& t, const StepJob& job, const Decision& 
   rec.on_device = t.device != nullptr;
   rec.trainer_reduced = result.trainer_reduces;
   rec.lease_steps = ok ? result.lease_steps : 0;
+  rec.ok = ok;
   rec.plan = plan;
   rec.nnz = ok ? result.nnz : 0;
   rec.bytes_sent = stats.bytes_sent;

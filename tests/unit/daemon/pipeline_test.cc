@@ -630,10 +630,28 @@ TEST(FailureTest, KilledPeerFailsTheStepNamingIt) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, 4s) << "a dead peer must be noticed before the deadline";
 }
 
+// What the controllers are told of each tensor step: its step and whether it succeeded.
+class OutcomeRecorder final : public StepObserver {
+ public:
+  void on_tensor_step(const TensorStepRecord& r, const Decision&) override {
+    std::lock_guard<std::mutex> lock(mu);
+    seen.emplace_back(r.step, r.ok);
+  }
+  void on_metric(const std::string&, double, uint64_t) override {}
+  void on_reset() override {}
+  std::mutex mu;
+  std::vector<std::pair<uint64_t, bool>> seen;
+};
+
 TEST(FailureTest, SilentPeerRunsIntoTheDeadlineNamingIt) {
   PipelineOptions o = options(true, kernels::Selector::kTopk, 0.1);
   o.step_timeout = 300ms;
-  Job job(2, o);
+  OutcomeRecorder recorder;
+  bool first = true;  // node 0's pipeline comes first
+  Job job(2, o, [&](Pipeline& p) {
+    if (first) p.set_observer(&recorder);
+    first = false;
+  });
   register_all(job, {{"w", 100}});
   std::vector<std::vector<float>> in(2, random_vector(100, 6)), out;
   for (auto& r : run_step(job, 0, 0, in, out)) ASSERT_TRUE(r.status.ok());
@@ -645,6 +663,10 @@ TEST(FailureTest, SilentPeerRunsIntoTheDeadlineNamingIt) {
   EXPECT_EQ(res.status.code(), Code::kDeadlineExceeded) << res.status.to_string();
   EXPECT_NE(res.status.message().find("rank 1"), std::string::npos);
   EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
+  // The controllers are told the step failed (they must not take its times or selection).
+  std::lock_guard<std::mutex> lock(recorder.mu);
+  const std::vector<std::pair<uint64_t, bool>> want = {{0, true}, {1, false}};
+  EXPECT_EQ(recorder.seen, want);
 }
 
 TEST(FailureTest, CorruptPayloadIsRejectedCountedAndFailsTheStep) {
