@@ -368,9 +368,9 @@ const std::vector<KnobSpec>& knobs() {
        .env = "", .min = 0, .max = 1000, .choices = "",
        .doc = "dense_collective=trainer: with a trainer-reduced dense step the daemon tells the trainer how many "
               "of the next steps are trainer-reduced dense steps as well under the decision in force (at most "
-              "this many, and 2^(n-1) for the n-th such step in a row); the DDP hook all-reduces those itself without a round trip through the daemon, and "
-              "a decision made meanwhile takes effect after them (0 = every step through the daemon; nodes need not "
-              "agree: the trainers take the least lease of the job)",
+              "this many, and 2^(n-1) for the n-th such step in a row); the DDP hook all-reduces those itself "
+              "without a round trip through the daemon, and a decision made meanwhile takes effect after them "
+              "(0 = every step through the daemon; nodes need not agree: the trainers take the least lease)",
        .field = knob_field<&Config::trainer_lease>},
       {.name = "tensor_overrides", .type = K::kString, .live = true, .agreed = true, .secret = false,
        .env = "", .min = 0, .max = 0, .choices = "",
