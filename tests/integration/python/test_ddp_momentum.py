@@ -95,11 +95,14 @@ def capture_buckets(monkeypatch, log):
     monkeypatch.setattr(sparsecar.torch, "_hook_entry", entry)
 
 
-def test_dense_steps_are_sgd_with_momentum(group, make_job, monkeypatch):
+@pytest.mark.parametrize("collective", ["ring", "trainer"])
+def test_dense_steps_are_sgd_with_momentum(group, make_job, monkeypatch, collective):
     """Compression off: every step is dense (2 warm-up all-reduces by the hook, then the daemon's
     dense ring), so the hook with the momentum moved out of the optimizer must train exactly as
-    torch's SGD(momentum=0.9) on an undistributed model, and as a float64 reference."""
-    job = make_job(nodes=1, daemon_args=["--compression", "off"])
+    torch's SGD(momentum=0.9) on an undistributed model, and as a float64 reference. With
+    dense_collective=trainer the daemon hands the steps back for the hook's all-reduce and leases
+    the next ones (1, 2, 4: steps 3, 5-6, 8 run without the daemon): the same training."""
+    job = make_job(nodes=1, daemon_args=["--compression", "off", "--dense-collective", collective])
     log = []
     capture_buckets(monkeypatch, log)
     model = DDP(make_net())
@@ -110,12 +113,15 @@ def test_dense_steps_are_sgd_with_momentum(group, make_job, monkeypatch):
     ref = make_net()
     ref_opt = torch.optim.SGD(ref.parameters(), lr=LR, momentum=M)
     ref64 = Float64MomentumSGD(make_net())
-    for step in range(7):
+    for step in range(9):
         train_step(model, opt, step)
         train_step(ref, ref_opt, step)
         ref64.step(step)
         assert_params_match(model, ref, ref64, step)
-    assert hook.mode == "sparse" and hook.stats["sparse_buckets"] >= 5 and hook.stats["failed_steps"] == 0
+    st = hook.stats
+    assert hook.mode == "sparse" and st["failed_steps"] == 0
+    assert st["sparse_buckets"] + st["leased_buckets"] >= 7, st
+    assert (st["leased_iterations"] >= 3) if collective == "trainer" else (st["leased_iterations"] == 0), st
     assert hook.stats["sparsecar_nnz"] == hook.stats["sparsecar_elements"]  # the daemon ran dense steps
     # DDP's rebuild reordered the bucket after iteration 0: the velocity followed its parameters.
     assert log[0]["params"] != log[1]["params"] and sorted(log[0]["params"]) == sorted(log[1]["params"])
