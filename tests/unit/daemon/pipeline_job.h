@@ -10,6 +10,9 @@
 #include <vector>
 
 #include "daemon/collective/mailbox.h"
+#include "daemon/config/knobs.h"
+#include "daemon/metrics/metrics.h"
+#include "daemon/pipeline/decisions.h"
 #include "daemon/pipeline/pipeline.h"
 #include "tests/unit/daemon/fake_transport.h"
 #include "tests/unit/daemon/step_results.h"
@@ -17,7 +20,9 @@
 namespace sparsecar::fakes {
 
 struct PipelineNode {
+  std::unique_ptr<Metrics> metrics;        // with a board (below) only
   std::unique_ptr<Mailbox> mailbox;
+  std::unique_ptr<DecisionBoard> board;    // with a board only: the plans follow its decisions
   std::unique_ptr<Pipeline> pipeline;
   StepResults results;
 };
@@ -25,9 +30,12 @@ struct PipelineNode {
 struct PipelineJob {
   // `base` is every node's options; rank and world size are filled in per node.
   // `before_start` (optional) sees each node's pipeline before it starts (test hooks).
-  // `clock` (default the steady clock) must outlive the job.
+  // `clock` (default the steady clock) must outlive the job. `board` (optional): every node gets a
+  // DecisionBoard holding these knobs (rank and world size set per node; the agreed knobs are
+  // theirs) and its own Metrics, and the plans come from the board's decisions, not base.settings.
   explicit PipelineJob(uint32_t world, PipelineOptions base = {},
-                       const std::function<void(Pipeline&)>& before_start = {}, const Clock& clock = steady_clock())
+                       const std::function<void(Pipeline&)>& before_start = {}, const Clock& clock = steady_clock(),
+                       const Config* board = nullptr)
       : net(world) {
     for (uint32_t r = 0; r < world; ++r) {
       auto& n = nodes.emplace_back(std::make_unique<PipelineNode>());
@@ -36,8 +44,19 @@ struct PipelineJob {
       o.world_size = world;
       if (o.agreed_knobs.empty()) o.agreed_knobs = "compression=test";
       n->mailbox = std::make_unique<Mailbox>(o.job_id, world, nullptr, Mailbox::kDefaultMaxBytesPerPeer, clock);
+      if (board != nullptr) {
+        Config c = *board;
+        c.rank = r;
+        c.world_size = world;
+        o.agreed_knobs = agreed_knobs(c);
+        n->metrics = Metrics::create("off").value();
+        n->board = std::make_unique<DecisionBoard>(c, net.transport(r), clock);
+        n->mailbox->set_control_handler([b = n->board.get()](uint32_t peer, const wire::WireHeader& h,
+                                                             std::span<const std::byte> p) { b->on_message(peer, h, p); });
+      }
       net.attach(r, n->mailbox.get());
-      n->pipeline = std::make_unique<Pipeline>(o, net.transport(r), n->mailbox.get(), nullptr, nullptr, clock);
+      n->pipeline = std::make_unique<Pipeline>(o, net.transport(r), n->mailbox.get(), n->metrics.get(), n->board.get(),
+                                               clock);
       n->pipeline->set_result_sink(&n->results);
       if (before_start) before_start(*n->pipeline);
       n->pipeline->start();

@@ -141,51 +141,6 @@ TEST(TrainerCollectiveTest, DenseStepsAreHandedToTheTrainersAsTheirShare) {
   EXPECT_EQ(recorder.seen, std::vector<bool>(3, true));
 }
 
-// Nodes whose plans come from a decision board (the knobs of `config`, rank and world size set
-// per node), each with its metrics, one tensor "w" of `n` elements registered; `clock` (the
-// mailboxes', boards' and pipelines') must outlive the job.
-struct BoardJob {
-  struct Node {
-    std::unique_ptr<Metrics> metrics;
-    std::unique_ptr<Mailbox> mailbox;
-    std::unique_ptr<DecisionBoard> board;
-    std::unique_ptr<Pipeline> pipeline;
-    Results results;
-  };
-  BoardJob(uint32_t w, const Config& config, uint32_t local, size_t n, const Clock& clock = steady_clock())
-      : net(w) {
-    for (uint32_t r = 0; r < w; ++r) {
-      auto& node = nodes.emplace_back(std::make_unique<Node>());
-      Config c = config;
-      c.rank = r;
-      c.world_size = w;
-      node->metrics = Metrics::create("off").value();
-      node->mailbox = std::make_unique<Mailbox>(0, w, nullptr, Mailbox::kDefaultMaxBytesPerPeer, clock);
-      node->board = std::make_unique<DecisionBoard>(c, net.transport(r), clock);
-      node->mailbox->set_control_handler([b = node->board.get()](uint32_t peer, const wire::WireHeader& h,
-                                                                 std::span<const std::byte> p) { b->on_message(peer, h, p); });
-      net.attach(r, node->mailbox.get());
-      PipelineOptions o;
-      o.rank = r;
-      o.world_size = w;
-      o.local_clients = local;
-      o.agreed_knobs = agreed_knobs(c);
-      o.step_timeout = 5000ms;
-      o.join_timeout = 5000ms;
-      node->pipeline = std::make_unique<Pipeline>(o, net.transport(r), node->mailbox.get(), node->metrics.get(),
-                                                  node->board.get(), clock);
-      node->pipeline->set_result_sink(&node->results);
-      node->pipeline->start();
-      EXPECT_TRUE(node->pipeline->register_tensor(0, {"w", n}).ok());
-    }
-  }
-  ~BoardJob() {
-    for (auto& node : nodes) node->pipeline->stop();
-  }
-  std::vector<std::unique_ptr<Node>> nodes;
-  FakeNetwork net;  // after `nodes`: its delivery thread stops before a mailbox goes
-};
-
 // Error feedback through the trainers' share: top-k steps with a dense one every third step
 // (the schedule controller), reduced by the trainers. The dense step hands over the residual the
 // sparse ones left, so after it everything every node ever put in has been applied once:
@@ -199,7 +154,12 @@ TEST(TrainerCollectiveTest, TheDenseShareCarriesTheResidualOfTheSparseSteps) {
   c.controller = "schedule";
   c.schedule_dense_every = 3;
   c.dense_collective = "trainer";
-  BoardJob job(w, c, local, n);
+  PipelineOptions o;
+  o.local_clients = local;
+  o.step_timeout = 5000ms;
+  o.join_timeout = 5000ms;
+  Job job(w, o, {}, steady_clock(), &c);
+  register_all(job, {{"w", n}});
   auto& nodes = job.nodes;
   std::vector<double> put_in(n, 0.0), applied(n, 0.0);
   for (uint64_t step = 0; step < 6; ++step) {  // steps 2 and 5 are dense
@@ -257,7 +217,11 @@ TEST(TrainerCollectiveTest, ALeaseCoversTheTrainerReducedStepsAheadAndTheNextSte
   c.schedule_warmup_steps = 12;
   c.dense_collective = "trainer";
   c.trainer_lease = 3;
-  BoardJob job(w, c, 1, n, clock);
+  PipelineOptions o;
+  o.step_timeout = 5000ms;
+  o.join_timeout = 5000ms;
+  Job job(w, o, {}, clock, &c);
+  register_all(job, {{"w", n}});
   auto& nodes = job.nodes;
   struct Want {
     uint64_t step;
