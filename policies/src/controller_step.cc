@@ -131,6 +131,14 @@ constexpr size_t kComputeBaseSteps = 30;
 // v12: no link samples from a step the trainers reduced (any of its tensors): the daemons' small
 // messages then queue behind the trainers' all-reduce on the same link (~40 ms at 1 Gbit/s on a
 // GPU job), and a fit of them priced every sparse plan 10x over.
+// v13: the trainers' ring (dense_collective=trainer) is not the daemons': gloo or NCCL over the
+// trainers' ranks moves other bytes in other rounds than the model's ring of daemons, so its model
+// may be far off (a real small job at a steady 200 Mbit/s priced it at 9.4 ms after a records'
+// void, took it on that word and measured 24.6 ms). While its record is trusted (and no link fit
+// changed for kChangeConfirmSteps steps) the controller keeps the ratio of that record to the
+// model, both less the trainer's compute; a rate change voids the record, not the ratio, and the
+// trainers' ring is then priced as the model at the new rate times it (the fit of the link moves
+// with the rate, and both rings' bytes scale with it).
 // v5: the first answer after the dense warm-up goes to the ring on the model's word about the
 // sparse plan only where the ring is cheaper by more than this (the model's sparse price was 13 %
 // off a real small job's measured one); else the sparse plan is measured first.
@@ -178,7 +186,7 @@ struct Record {
 class StepController final : public Controller {
  public:
   ControllerKind kind() const override { return ControllerKind::kStep; }
-  uint32_t version() const override { return 9; }
+  uint32_t version() const override { return 10; }
 
   Status update(const ControlContext& ctx, ControlKnobs* knobs) override {
     const auto& s = ctx.settings;
@@ -186,11 +194,13 @@ class StepController final : public Controller {
     if (cut_.on) knobs->schedule_warmup_steps = std::min(knobs->schedule_warmup_steps, cut_.at);
     const uint32_t w = s.world_size;
     const uint64_t changes_before = link_changes();
-    const double in_force_modelled_before = decided_ && !tensors_.empty() ? model_seconds(in_force_, w, knobs->format) : 0;
+    const double in_force_modelled_before =
+        (decided_ || has_ran_) && !tensors_.empty() ? model_seconds(running(), w, knobs->format) : 0;
     // v12: a step the trainers reduced put their all-reduce on the link; what the daemons sent
     // meanwhile (observations, decisions: small messages) waited behind it in the queue, and is
     // not what their own exchange meets (a fit of it priced a 12 ms sparse step at 131 ms).
     if (o.trainer_elements == 0) feed_links(o, s.step.forget);
+    if (link_changes() != changes_before) last_link_change_step_ = o.step;
     on_device_ = o.elements > 0 && o.device_elements >= o.elements;
     observe_compute(o, w);
     if (o.compute_s > 0) {
@@ -211,8 +221,11 @@ class StepController final : public Controller {
     // plan's sizes): the link changed rate and the other plans' records are stale — if, within
     // kChangeConfirmSteps steps, the plan in force's own time moved as the new fit says it
     // should. A fit of small messages restarts behind a shaper's burst (its bucket running dry
-    // and refilling) while no step costs more.
-    if (link_changes() != changes_before && decided_ && o.step > last_decision_step_ + 2 * s.step.hold_steps &&
+    // and refilling) while no step costs more. v13: also before any decision (a job whose warm-up
+    // was cut before it started runs the operator's plan without one; a rise then voided nothing
+    // unless that plan's own time halved, and the trainers' ring kept its record from the slow link).
+    if (link_changes() != changes_before && (decided_ || has_ran_) &&
+        o.step > last_decision_step_ + 2 * s.step.hold_steps &&
         in_force_modelled_before > 0) {
       restart_ = {true, o.step, in_force_modelled_before};
     }
@@ -220,16 +233,17 @@ class StepController final : public Controller {
       restart_.pending = false;
     }
     if (restart_.pending) {
-      const double predicted = std::log(model_seconds(in_force_, w, knobs->format) / restart_.modelled_before);
+      const double predicted = std::log(model_seconds(running(), w, knobs->format) / restart_.modelled_before);
       const double seen = recent_change();
       if (std::fabs(predicted) >= std::log(kFollowed) && seen * predicted > 0 &&
           std::fabs(seen) >= std::max(0.5 * std::fabs(predicted), std::log(kFollowed))) {
         if (!host_load_moved(seen > 0 ? 1 : -1)) {
-          void_records_but(in_force_, o.step, "a link fit restarted and the plan in force's time followed");
+          void_records_but(running(), o.step, "a link fit restarted and the plan in force's time followed");
         }
         restart_.pending = false;
       }
     }
+    learn_trainers_ring(s, o.step, knobs->format);
 
     // Start-up: the ring first where it is allowed (the link fits learn a large size from it);
     // else, once a link is known, a probe of a second size if none separated alpha from beta.
@@ -450,6 +464,9 @@ class StepController final : public Controller {
     ctx.status->step_model = std::string("ends the schedule's dense warm-up at step ") + std::to_string(cut_.at);
     return true;
   }
+
+  // The plan in force: this controller's decision, else the plan the last observed step ran.
+  const Plan& running() const { return decided_ ? in_force_ : last_ran_; }
 
   // This controller's plan, once it decided one, over what the chain asked for.
   void apply(ControlKnobs* knobs) const {
@@ -706,11 +723,25 @@ class StepController final : public Controller {
     return t;
   }
 
+  // v13: the ratio of the trainers' ring's record to its model (both less the trainer's compute),
+  // taken while both stand for the same link: a trusted record and no link fit change for
+  // kChangeConfirmSteps steps (a restart may be a rate change whose void comes later).
+  void learn_trainers_ring(const ControllerSettings& s, uint64_t step, kernels::Format format) {
+    if (s.dense_collective != Collective::kTrainerAllReduce || !any_link_known() || restart_.pending) return;
+    if (link_changes() > 0 && step <= last_link_change_step_ + kChangeConfirmSteps) return;
+    const Record* r = trusted_record({true, 1.0});
+    if (r == nullptr) return;
+    const double modelled = model_seconds({true, 1.0}, s.world_size, format) - compute();
+    if (modelled > 0) trainers_ring_ratio_ = std::max(r->seconds - compute(), 0.0) / modelled;
+  }
+
   Candidate candidate(const Plan& p, uint32_t w, kernels::Format format, const ControllerSettings& s) const {
     Candidate c{p, 0, false, 0};
     if (const Record* r = trusted_record(p)) {
       c.seconds = r->seconds;
       c.measured = true;
+    } else if (p.dense && s.dense_collective == Collective::kTrainerAllReduce && trainers_ring_ratio_ >= 0) {
+      c.seconds = compute() + trainers_ring_ratio_ * std::max(model_seconds(p, w, format) - compute(), 0.0);
     } else {
       const double m = model_seconds(p, w, format);
       c.seconds = std::max(m + (p.dense ? ring_error_ : sparse_error_).seconds, 0.5 * m);
@@ -768,14 +799,19 @@ class StepController final : public Controller {
                     r.seconds * 1e3);
       measured += buf;
     }
-    char buf[640];
+    char trainers[64] = "";
+    if (trainers_ring_ratio_ >= 0) {
+      std::snprintf(trainers, sizeof trainers, " (the trainers' ring %.3gx its model)", trainers_ring_ratio_);
+    }
+    char buf[704];
     std::snprintf(buf, sizeof buf,
                   "links: alpha %.3g ms, %.4g MB/s (slowest of %zu, %llu rate changes); per element: encode "
-                  "%.3g ns%s, ring %.3g ns%s; decode %.3g ns/entry%s; trainer %.3g ms, overhead %.3g ms; measured: %s; "
+                  "%.3g ns%s, ring %.3g ns%s%s; decode %.3g ns/entry%s; trainer %.3g ms, overhead %.3g ms; measured: %s; "
                   "sparse steps worth 1/%.3g; in force %s (%.3g ms/step%s); best %s (%.3g ms%s, price %.3g ms, "
                   "cheapest %.3g ms)",
                   alpha * 1e3, beta > 0 ? 1e-6 / beta : 0.0, links_.size(), static_cast<unsigned long long>(link_changes()),
                   encode_cost() * 1e9, encode_ > 0 ? "" : " (prior)", ring_cost() * 1e9, ring_ > 0 ? "" : " (prior)",
+                  trainers,
                   decode_cost() * 1e9, decode_ > 0 ? "" : " (prior)", compute() * 1e3, overhead_ * 1e3,
                   measured.empty() ? "nothing yet" : measured.c_str(), std::max(dense_worth, 1.0),
                   decided_ ? plan_name(now.plan).c_str() : "as asked", now.seconds * 1e3, now.measured ? "" : ", modelled",
@@ -817,6 +853,8 @@ class StepController final : public Controller {
   double encode_ = 0, decode_ = 0, ring_ = 0;  // seconds per element / entry; 0: not measured
   bool on_device_ = false;  // every node compresses every tensor on a GPU (the encode prior's)
   double compute_s_ = 0;
+  double trainers_ring_ratio_ = -1;  // v13: the trainers' ring's record / its model; < 0: not known
+  uint64_t last_link_change_step_ = 0;
   std::vector<double> computes_;  // the trainer's compute time of the last steps (host_load_moved)
   double overhead_ = 0;      // median period_s - (compute + encode + exchange): what every step pays
   std::vector<double> gaps_;  // the last kOverheadSteps of those differences
