@@ -131,14 +131,16 @@ constexpr size_t kComputeBaseSteps = 30;
 // v12: no link samples from a step the trainers reduced (any of its tensors): the daemons' small
 // messages then queue behind the trainers' all-reduce on the same link (~40 ms at 1 Gbit/s on a
 // GPU job), and a fit of them priced every sparse plan 10x over.
-// v13: the trainers' ring (dense_collective=trainer) is not the daemons': gloo or NCCL over the
-// trainers' ranks moves other bytes in other rounds than the model's ring of daemons, so its model
-// may be far off (a real small job at a steady 200 Mbit/s priced it at 9.4 ms after a records'
-// void, took it on that word and measured 24.6 ms). While its record is trusted (and no link fit
-// changed for kChangeConfirmSteps steps) the controller keeps the ratio of that record to the
-// model, both less the trainer's compute; a rate change voids the record, not the ratio, and the
-// trainers' ring is then priced as the model at the new rate times it (the fit of the link moves
-// with the rate, and both rings' bytes scale with it).
+// v13: a ring whose record a void dropped is priced by the model times what the model missed of
+// it, as a ratio, not by the model alone. The model's ring is wrong by a factor: behind a shaper's
+// burst the fit of few-KB sparse messages says the ring's chunks are nearly free (a real small
+// job at a steady 50 Mbit/s priced its ring at 12.8 ms after a void on noise, tried it and
+// measured 70.2 ms), and the trainers' ring (dense_collective=trainer: gloo or NCCL over the
+// trainers' ranks) moves other bytes in other rounds than the daemons' (one priced at 9.4 ms,
+// measured 24.6). While the ring's record is trusted (and no link fit changed for
+// kChangeConfirmSteps steps) the controller keeps the ratio of that record to the model, both
+// less the trainer's compute; a void drops the record, not the ratio. The additive model error
+// (v3, voided with the records) stays for sparse plans, and for the ring until a ratio is known.
 // v5: the first answer after the dense warm-up goes to the ring on the model's word about the
 // sparse plan only where the ring is cheaper by more than this (the model's sparse price was 13 %
 // off a real small job's measured one); else the sparse plan is measured first.
@@ -243,7 +245,7 @@ class StepController final : public Controller {
         restart_.pending = false;
       }
     }
-    learn_trainers_ring(s, o.step, knobs->format);
+    learn_ring_ratio(s, o.step, knobs->format);
 
     // Start-up: the ring first where it is allowed (the link fits learn a large size from it);
     // else, once a link is known, a probe of a second size if none separated alpha from beta.
@@ -723,16 +725,16 @@ class StepController final : public Controller {
     return t;
   }
 
-  // v13: the ratio of the trainers' ring's record to its model (both less the trainer's compute),
-  // taken while both stand for the same link: a trusted record and no link fit change for
+  // v13: the ratio of the ring's record to its model (both less the trainer's compute), taken
+  // while both stand for the same link: a trusted record and no link fit change for
   // kChangeConfirmSteps steps (a restart may be a rate change whose void comes later).
-  void learn_trainers_ring(const ControllerSettings& s, uint64_t step, kernels::Format format) {
-    if (s.dense_collective != Collective::kTrainerAllReduce || !any_link_known() || restart_.pending) return;
+  void learn_ring_ratio(const ControllerSettings& s, uint64_t step, kernels::Format format) {
+    if (!any_link_known() || restart_.pending) return;
     if (link_changes() > 0 && step <= last_link_change_step_ + kChangeConfirmSteps) return;
     const Record* r = trusted_record({true, 1.0});
     if (r == nullptr) return;
     const double modelled = model_seconds({true, 1.0}, s.world_size, format) - compute();
-    if (modelled > 0) trainers_ring_ratio_ = std::max(r->seconds - compute(), 0.0) / modelled;
+    if (modelled > 0) ring_ratio_ = std::max(r->seconds - compute(), 0.0) / modelled;
   }
 
   Candidate candidate(const Plan& p, uint32_t w, kernels::Format format, const ControllerSettings& s) const {
@@ -740,8 +742,8 @@ class StepController final : public Controller {
     if (const Record* r = trusted_record(p)) {
       c.seconds = r->seconds;
       c.measured = true;
-    } else if (p.dense && s.dense_collective == Collective::kTrainerAllReduce && trainers_ring_ratio_ >= 0) {
-      c.seconds = compute() + trainers_ring_ratio_ * std::max(model_seconds(p, w, format) - compute(), 0.0);
+    } else if (p.dense && ring_ratio_ >= 0) {
+      c.seconds = compute() + ring_ratio_ * std::max(model_seconds(p, w, format) - compute(), 0.0);
     } else {
       const double m = model_seconds(p, w, format);
       c.seconds = std::max(m + (p.dense ? ring_error_ : sparse_error_).seconds, 0.5 * m);
@@ -799,20 +801,17 @@ class StepController final : public Controller {
                     r.seconds * 1e3);
       measured += buf;
     }
-    char trainers[64] = "";
-    if (trainers_ring_ratio_ >= 0) {
-      std::snprintf(trainers, sizeof trainers, " (the trainers' ring %.3gx its model)", trainers_ring_ratio_);
-    }
+    char ratio[64] = "";
+    if (ring_ratio_ >= 0) std::snprintf(ratio, sizeof ratio, "; the ring %.3gx its model", ring_ratio_);
     char buf[704];
     std::snprintf(buf, sizeof buf,
                   "links: alpha %.3g ms, %.4g MB/s (slowest of %zu, %llu rate changes); per element: encode "
-                  "%.3g ns%s, ring %.3g ns%s%s; decode %.3g ns/entry%s; trainer %.3g ms, overhead %.3g ms; measured: %s; "
+                  "%.3g ns%s, ring %.3g ns%s; decode %.3g ns/entry%s; trainer %.3g ms, overhead %.3g ms%s; measured: %s; "
                   "sparse steps worth 1/%.3g; in force %s (%.3g ms/step%s); best %s (%.3g ms%s, price %.3g ms, "
                   "cheapest %.3g ms)",
                   alpha * 1e3, beta > 0 ? 1e-6 / beta : 0.0, links_.size(), static_cast<unsigned long long>(link_changes()),
                   encode_cost() * 1e9, encode_ > 0 ? "" : " (prior)", ring_cost() * 1e9, ring_ > 0 ? "" : " (prior)",
-                  trainers,
-                  decode_cost() * 1e9, decode_ > 0 ? "" : " (prior)", compute() * 1e3, overhead_ * 1e3,
+                  decode_cost() * 1e9, decode_ > 0 ? "" : " (prior)", compute() * 1e3, overhead_ * 1e3, ratio,
                   measured.empty() ? "nothing yet" : measured.c_str(), std::max(dense_worth, 1.0),
                   decided_ ? plan_name(now.plan).c_str() : "as asked", now.seconds * 1e3, now.measured ? "" : ", modelled",
                   plan_name(best.plan).c_str(), best.seconds * 1e3, best.measured ? "" : ", modelled", best.price * 1e3,
@@ -853,7 +852,7 @@ class StepController final : public Controller {
   double encode_ = 0, decode_ = 0, ring_ = 0;  // seconds per element / entry; 0: not measured
   bool on_device_ = false;  // every node compresses every tensor on a GPU (the encode prior's)
   double compute_s_ = 0;
-  double trainers_ring_ratio_ = -1;  // v13: the trainers' ring's record / its model; < 0: not known
+  double ring_ratio_ = -1;  // v13: the ring's record / its model, less compute; < 0: not known
   uint64_t last_link_change_step_ = 0;
   std::vector<double> computes_;  // the trainer's compute time of the last steps (host_load_moved)
   double overhead_ = 0;      // median period_s - (compute + encode + exchange): what every step pays
