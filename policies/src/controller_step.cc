@@ -139,8 +139,9 @@ constexpr size_t kComputeBaseSteps = 30;
 // trainers' ranks) moves other bytes in other rounds than the daemons' (one priced at 9.4 ms,
 // measured 24.6). While the ring's record is trusted (and no link fit changed for
 // kChangeConfirmSteps steps) the controller keeps the ratio of that record to the model, both
-// less the trainer's compute; a void drops the record, not the ratio. The additive model error
-// (v3, voided with the records) stays for sparse plans, and for the ring until a ratio is known.
+// less the trainer's compute; a void drops the record, not the ratio, and a void on a slower link
+// floors the ring's price (void_records_but). The additive model error (v3, voided with the
+// records) stays for sparse plans, and for the ring until a ratio is known.
 // v5: the first answer after the dense warm-up goes to the ring on the model's word about the
 // sparse plan only where the ring is cheaper by more than this (the model's sparse price was 13 %
 // off a real small job's measured one); else the sparse plan is measured first.
@@ -240,7 +241,8 @@ class StepController final : public Controller {
       if (std::fabs(predicted) >= std::log(kFollowed) && seen * predicted > 0 &&
           std::fabs(seen) >= std::max(0.5 * std::fabs(predicted), std::log(kFollowed))) {
         if (!host_load_moved(seen > 0 ? 1 : -1)) {
-          void_records_but(running(), o.step, "a link fit restarted and the plan in force's time followed");
+          void_records_but(running(), o.step, std::exp(seen),
+                           "a link fit restarted and the plan in force's time followed");
         }
         restart_.pending = false;
       }
@@ -643,8 +645,9 @@ class StepController final : public Controller {
         r.off_steps = 0;
         r.far_steps = 0;
         if (host_load_moved(side)) return;  // the host, not the link: outliers, the record stays
+        const double moved = off_seconds / r.seconds;
         r.seconds = off_seconds;
-        void_records_but(ran, o.step,
+        void_records_but(ran, o.step, moved,
                          side > 0 ? (by_far ? "the ring got 4x slower" : "the plan in force got 2x slower")
                                   : (by_far ? "the ring got 4x faster" : "the plan in force got 2x faster"));
         return;
@@ -693,7 +696,18 @@ class StepController final : public Controller {
   }
 
   // A link changed rate: what the other plans measured is stale, and so is the model's error.
-  void void_records_but(const Plan& keep, uint64_t step, const char* why) {
+  // v13: `moved` is the plan in force's time after / before the change. A link that got slower
+  // makes no ring faster than it measured before, times the plan in force's slowdown (a ring is
+  // at least as bound to the link as a sparse step): that floors the ring's price until it is
+  // measured again or the link gets faster. Behind a shaper's burst the model's ring barely moves
+  // with the rate (a real small job's `down`: 9.1 ms modelled at 50 Mbit/s, 65.7 ms measured).
+  void void_records_but(const Plan& keep, uint64_t step, double moved, const char* why) {
+    const Record* ring = trusted_record({true, 1.0});
+    if (keep.dense || !(moved > 1)) {
+      ring_floor_ = 0;
+    } else {
+      ring_floor_ = (ring != nullptr ? ring->seconds : ring_floor_) * moved;
+    }
     std::erase_if(records_, [&](const Record& r) { return !r.plan.same(keep); });
     explore_ = true;
     kept_ = 0;
@@ -749,6 +763,7 @@ class StepController final : public Controller {
       c.seconds = std::max(m + (p.dense ? ring_error_ : sparse_error_).seconds, 0.5 * m);
       if (!p.dense) c.seconds = std::max(c.seconds, bound_from_records(p.density));
     }
+    if (!c.measured && p.dense) c.seconds = std::max(c.seconds, ring_floor_);  // v13
     c.seconds += overhead_;
     c.price = c.seconds * (p.dense ? 1.0 : std::max(s.step.dense_worth, 1.0));
     return c;
@@ -801,8 +816,11 @@ class StepController final : public Controller {
                     r.seconds * 1e3);
       measured += buf;
     }
-    char ratio[64] = "";
-    if (ring_ratio_ >= 0) std::snprintf(ratio, sizeof ratio, "; the ring %.3gx its model", ring_ratio_);
+    char ratio[96] = "";
+    if (ring_ratio_ >= 0 || ring_floor_ > 0) {
+      std::snprintf(ratio, sizeof ratio, "; the ring %.3gx its model, >= %.3g ms", std::max(ring_ratio_, 0.0),
+                    ring_floor_ * 1e3);
+    }
     char buf[704];
     std::snprintf(buf, sizeof buf,
                   "links: alpha %.3g ms, %.4g MB/s (slowest of %zu, %llu rate changes); per element: encode "
@@ -853,6 +871,7 @@ class StepController final : public Controller {
   bool on_device_ = false;  // every node compresses every tensor on a GPU (the encode prior's)
   double compute_s_ = 0;
   double ring_ratio_ = -1;  // v13: the ring's record / its model, less compute; < 0: not known
+  double ring_floor_ = 0;   // v13: no voided ring costs less after the link got slower
   uint64_t last_link_change_step_ = 0;
   std::vector<double> computes_;  // the trainer's compute time of the last steps (host_load_moved)
   double overhead_ = 0;      // median period_s - (compute + encode + exchange): what every step pays
