@@ -816,9 +816,11 @@ class StepController final : public Controller {
                     r.seconds * 1e3);
       measured += buf;
     }
-    char ratio[96] = "";
-    if (ring_ratio_ >= 0 || ring_floor_ > 0) {
-      std::snprintf(ratio, sizeof ratio, "; the ring %.3gx its model, >= %.3g ms", std::max(ring_ratio_, 0.0),
+    char ratio[96] = "";  // v13: what prices a ring without a record
+    int at = 0;
+    if (ring_ratio_ >= 0) at = std::snprintf(ratio, sizeof ratio, "; the ring %.3gx its model", ring_ratio_);
+    if (ring_floor_ > 0) {
+      std::snprintf(ratio + at, sizeof ratio - static_cast<size_t>(at), "%s >= %.3g ms", at > 0 ? "," : "; the ring",
                     ring_floor_ * 1e3);
     }
     char buf[704];
