@@ -266,6 +266,7 @@ def run_job(args, link, model, dargs, changes, setting):
                     entry[k] = e[k]
             if e.get("hook_dense_timing"):  # the quickest dense iteration, as the hook reported it to the daemon
                 entry["dense_step_s"], entry["dense_wait_s"] = e["hook_dense_timing"]
+                entry["dense_timings_s"] = e.get("hook_dense_timings")  # every whole dense iteration's
         if trainer_method == "sparsecar":
             try:
                 with open(os.path.join(job.dir, "sparsecard-0.log"), errors="replace") as f:

@@ -220,6 +220,8 @@ def trainer(args):
             entry["hook_mode"] = hook_state.mode
             entry["hook_failure"] = hook_state.failure
             entry["hook_dense_timing"] = hook_state.dense_timing  # (step s, wait s) reported to the daemon
+            summary = hook_state.summary()
+            entry["hook_dense_timings"] = list(zip(summary["dense_steps_s"], summary["dense_waits_s"]))
             entry["hook_compute_s"] = hook_state.summary()["compute_s"]  # the hook's timing of this trainer
             hook_state.close()
         if method == "powersgd":
@@ -376,7 +378,8 @@ def summarize(args, ranks, total_wall):
             total = warm + wire
             detail = {"daemon_wire_bytes": wire, "dense_warmup_bytes": warm, "hook": hook,
                       "hook_mode": e["hook_mode"], "hook_failure": e["hook_failure"],
-                      "hook_dense_timing": e.get("hook_dense_timing"), "hook_compute_s": e.get("hook_compute_s"),
+                      "hook_dense_timing": e.get("hook_dense_timing"),
+                      "hook_dense_timings": e.get("hook_dense_timings"), "hook_compute_s": e.get("hook_compute_s"),
                       "density_measured": (hook.get("sparsecar_nnz", 0) / hook["sparsecar_elements"])
                       if hook.get("sparsecar_elements") else None}
         s["methods"][m] = dict(accuracy=e["accuracy"], bytes=int(total), wall_seconds=e["wall_seconds"],

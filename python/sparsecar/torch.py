@@ -254,7 +254,7 @@ class SparsecarHook:
         self._compute_marks = {}
         self._computes = collections.deque(maxlen=100)  # the last iterations' compute (s)
         self._held_compute = False  # the last compute sample was a lone outlier, held back
-        # The dense (warm-up) iterations' timing: the quickest whole one's (step_s, wait_s) goes
+        # The dense (warm-up) iterations' timing: _start_timing() of them goes
         # to the daemon (_report_dense_timing).
         self._dense_t = None         # _DenseClock of this dense iteration
         self._dense_pending = []     # (_DenseClock, the next iteration's first mark): not yet read
@@ -276,16 +276,13 @@ class SparsecarHook:
 
     @property
     def dense_timing(self):
-        """(period_s, exchange_wait_s) of the quickest whole dense iteration, or None. One
-        iteration is one sample on a host that other ranks share: a stall in it (a 2-core box once
-        read 24.8 ms, 22.2 of it waiting, where 11-16 ms is usual) would price the link at what the
-        stall cost, and the daemon cuts its warm-up on this one reading; the quickest of them is the
-        link's and the trainer's cost without the stall. On a GPU the marks are CUDA events:
-        reading them first waits until the GPU has passed them."""
+        """(period_s, exchange_wait_s) of the dense iterations as the daemon weighs them, or None:
+        _start_timing() of every whole one. On a GPU the marks are CUDA events: reading them first
+        waits until the GPU has passed them."""
         for clock, next_first in self._dense_pending:
             self._dense_timings.append(clock.timing(next_first))
         self._dense_pending = []
-        return min(self._dense_timings, key=lambda t: t[0]) if self._dense_timings else None
+        return _start_timing(self._dense_timings)
 
     @property
     def active(self):
@@ -317,9 +314,10 @@ class SparsecarHook:
         sparse iterations of their time outside the exchange, each reported to the daemon as
         "hook_compute_time": host times on CPU buckets, CUDA events on the device path; None for
         staged GPU buckets), dense_step_s / dense_wait_s (the quickest dense
-        iteration's period and its wait on the all-reduce after its last bucket, reported to the
-        daemon before the first sparse step), dense_steps_s (every whole dense iteration's
-        period, in order), momentum_correction (the SGD momentum the hook
+        iteration's period and the all-reduce's share of it, that period less the least time a
+        dense iteration spent outside the all-reduce; reported to the daemon before the first
+        sparse step), dense_steps_s / dense_waits_s (every whole dense
+        iteration's period and wait, in order), momentum_correction (the SGD momentum the hook
         applies, None without it). per_tensor=True adds "per_tensor": name ->
         {steps, elements, nnz, density, bytes_sent, dense_bytes}. On a node with several ranks
         each rank sees the whole node's bytes."""
@@ -350,6 +348,7 @@ class SparsecarHook:
             "dense_step_s": self.dense_timing[0] if self.dense_timing else None,
             "dense_wait_s": self.dense_timing[1] if self.dense_timing else None,
             "dense_steps_s": [t[0] for t in self._dense_timings],
+            "dense_waits_s": [t[1] for t in self._dense_timings],
             "failure": self.failure,
             "momentum_correction": self.momentum,
         }
@@ -821,9 +820,9 @@ class SparsecarHook:
         return fut
 
     def _report_dense_timing(self, step):
-        """Before the first step through sparsecar: the quickest dense iteration's period and how long
-        it waited on the all-reduce after its last bucket (the same link the daemons use), as the
-        metrics "dense_step_s" and "dense_wait_s". The daemon's step controller reads them before
+        """Before the first step through sparsecar: the quickest dense iteration's period and the
+        all-reduce's share of it (the same link the daemons use; _start_timing), as the metrics
+        "dense_step_s" and "dense_wait_s". The daemon's step controller reads them before
         its first step: on a link where a dense step costs several sparse ones it ends the
         schedule's dense warm-up there (docs/controllers.md, "The warm-up before the first step")."""
         self._dense_timing_sent = True
@@ -1228,6 +1227,26 @@ def _move_momentum_out_of(optimizer, m):
     log.info("sparsecar: momentum correction: the DDP hook applies SGD momentum %g per bucket before "
              "compressing (DGC); the optimizer's momentum is set to 0%s", m,
              f" and its {dropped} momentum buffers dropped" if dropped else "")
+
+
+def _start_timing(timings):
+    """What the daemon's step controller weighs before its first step, from the dense iterations'
+    (period_s, exchange_wait_s): the quickest period, and the exchange's share of it, that period
+    less the least time any of them spent outside the exchange (its "rest": the trainer's compute
+    and the hook's work around it). None without a timing.
+
+    Each iteration is one sample on a host that other ranks share, and a stall only ever adds: a
+    stall in an iteration (a 2-core box once read 24.8 ms, 22.2 of it waiting, where 11-16 ms is
+    usual) would price the link at what it cost, hence the quickest period; and the rest of an
+    iteration is the trainer's compute plus whatever else ran then (the first iteration's read
+    18-32 ms on that box where the second read 4-14 ms and a sparse iteration's compute 3-4 ms),
+    which the daemon triples into a sparse step's price: the least rest. Both are the link's and
+    the trainer's own cost without the stalls."""
+    if not timings:
+        return None
+    period = min(t[0] for t in timings)
+    rest = min(t[0] - t[1] for t in timings)
+    return (period, min(max(period - rest, 0.0), period))
 
 
 def _mark(buf):

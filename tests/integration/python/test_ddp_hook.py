@@ -441,7 +441,8 @@ def test_the_dense_iterations_timing_reaches_the_daemon_before_the_first_sparse_
 def test_a_stalled_dense_iteration_does_not_price_the_link(group, make_job):
     """The hook reports its quickest dense iteration, not its last: a 0.3 s stall after the last
     dense iteration's backward (another process holding the core, on a shared host) is in that
-    iteration's period and nowhere else, and the daemon must not read the link as 0.3 s a step."""
+    iteration's period and rest and nowhere else, and the daemon must read neither the link nor
+    the trainer's compute as 0.3 s a step."""
     job = make_job(nodes=1, daemon_args=["--density", "0.05"])
     model, ref = make_models()
     hook = sparsecar.torch.register(model, socket=job.sockets[0], lr=0.1, timeout=20, on_error="raise",
@@ -457,6 +458,8 @@ def test_a_stalled_dense_iteration_does_not_price_the_link(group, make_job):
     assert s["dense_steps_s"][1] >= 0.3, s
     assert s["dense_step_s"] == min(s["dense_steps_s"]) < 0.3, s
     assert 0 <= s["dense_wait_s"] < s["dense_step_s"], s
+    rests = [p - w for p, w in zip(s["dense_steps_s"], s["dense_waits_s"])]
+    assert s["dense_step_s"] - s["dense_wait_s"] == pytest.approx(min(rests)) and min(rests) < 0.3, s
     hook.close()
 
 
@@ -477,6 +480,25 @@ def test_the_dense_clock_leaves_registering_out_of_the_period_and_takes_the_last
     assert period == pytest.approx(1.7) and wait == pytest.approx(0.4)
     clock.hook_end = 10.6
     assert clock.timing(12.0) == pytest.approx((2.0, 0.4))
+
+
+def test_the_start_timing_takes_the_quickest_period_and_the_least_rest():
+    """What the daemon weighs before its first step (it prices a sparse step at 3x the rest, the
+    period less the wait): stalls only add, so the quickest period and the least rest of any
+    dense iteration, which need not be the same iteration's. The numbers are a 2-core box's first
+    two dense iterations at 50 Mbit/s (a first iteration's rest 25.8 ms, the second's 5.7): with
+    the quickest iteration's own wait the rest read 25.8 ms, a sparse step 77 ms, and the warm-up
+    stayed; with the least rest 84.5 ms is 4.9x a sparse step of 17.1 ms."""
+    start = sparsecar.torch._start_timing
+    assert start([]) is None
+    assert start([(0.030, 0.020)]) == pytest.approx((0.030, 0.020))
+    period, wait = start([(0.0845, 0.0587), (0.0851, 0.0794)])
+    assert period == pytest.approx(0.0845)
+    assert period - wait == pytest.approx(0.0851 - 0.0794)
+    # The quickest with the least rest: its own timing.
+    assert start([(0.040, 0.010), (0.020, 0.015)]) == pytest.approx((0.020, 0.015))
+    # No wait at all: the least rest is a whole period, the wait 0.
+    assert start([(0.012, 0.0), (0.010, 0.0)]) == pytest.approx((0.010, 0.0))
 
 
 class _WatchedClient:
