@@ -264,7 +264,7 @@ def run_job(args, link, model, dargs, changes, setting):
             for k in ("density_measured", "hook_mode", "hook_failure", "compute_seconds"):
                 if k in e:
                     entry[k] = e[k]
-            if e.get("hook_dense_timing"):  # the quickest dense iteration, as the hook reported it to the daemon
+            if e.get("hook_dense_timing"):  # as the hook reported it to the daemon (_start_timing)
                 entry["dense_step_s"], entry["dense_wait_s"] = e["hook_dense_timing"]
                 entry["dense_timings_s"] = e.get("hook_dense_timings")  # every whole dense iteration's
         if trainer_method == "sparsecar":

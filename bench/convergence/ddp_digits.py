@@ -222,7 +222,7 @@ def trainer(args):
             entry["hook_dense_timing"] = hook_state.dense_timing  # (step s, wait s) reported to the daemon
             summary = hook_state.summary()
             entry["hook_dense_timings"] = list(zip(summary["dense_steps_s"], summary["dense_waits_s"]))
-            entry["hook_compute_s"] = hook_state.summary()["compute_s"]  # the hook's timing of this trainer
+            entry["hook_compute_s"] = summary["compute_s"]  # the hook's timing of this trainer
             hook_state.close()
         if method == "powersgd":
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook

@@ -1238,9 +1238,10 @@ def _start_timing(timings):
     Each iteration is one sample on a host that other ranks share, and a stall only ever adds: a
     stall in an iteration (a 2-core box once read 24.8 ms, 22.2 of it waiting, where 11-16 ms is
     usual) would price the link at what it cost, hence the quickest period; and the rest of an
-    iteration is the trainer's compute plus whatever else ran then (the first iteration's read
-    18-32 ms on that box where the second read 4-14 ms and a sparse iteration's compute 3-4 ms),
-    which the daemon triples into a sparse step's price: the least rest. Both are the link's and
+    iteration is the trainer's compute plus whatever else ran then (on that box the first
+    iteration's read 5-32 ms, above the second's 4-14 ms in 17 of 18 jobs, where a sparse
+    iteration's compute read 2-5 ms), which the daemon triples into a sparse step's price: the
+    least rest. Both are the link's and
     the trainer's own cost without the stalls."""
     if not timings:
         return None
