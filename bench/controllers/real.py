@@ -228,7 +228,8 @@ def run_job(args, link, model, dargs, changes, setting):
                             "PYTHONPATH": os.pathsep.join([args.pythonpath] + [p for p in [env.get("PYTHONPATH")] if p])})
                 out = os.path.join(job.dir, f"trainer-{rank}.json")
                 outs.append(out)
-                argv = [PY, os.path.join(ROOT, "bench", "convergence", "ddp_digits.py"), "--trainer", "--out", out,
+                argv = args.trainer_prefix + [args.python, os.path.join(ROOT, "bench", "convergence", "ddp_digits.py"),
+                                              "--trainer", "--out", out,
                         "--socket", job.sockets[node]] + ddp_digits._forward(dargs) + trainer_extra
                 if rank == 0:
                     argv += ["--progress", progress]
@@ -410,6 +411,12 @@ def parse(argv):
     p.add_argument("--build-dir", help="Release build holding daemon/sparsecard and python/ (the extension)")
     p.add_argument("--sparsecard", help="default: <build-dir>/daemon/sparsecard")
     p.add_argument("--pythonpath", help="default: <build-dir>/python")
+    p.add_argument("--python", default=PY, help="the trainers' interpreter, with torch (default %(default)s)")
+    p.add_argument("--lib", help="shared libraries of sparsecard, ip and tc only (a bundle built on another machine: "
+                   "bench/controllers/device-run); the trainers keep the LD_LIBRARY_PATH this script started with")
+    p.add_argument("--deadline-s", type=float, default=0,
+                   help="> 0: no seed of a model starts past this many seconds from the start, or where the last "
+                        "seed's time would end it past them (the report holds the seeds that ran)")
     p.add_argument("--dataset", default="digits", choices=("digits", "fmnist"),
                    help="the job's data: scikit-learn's digits, or Fashion-MNIST (Debian's dataset-fashion-mnist; "
                         "a job the controllers were not tuned on)")
@@ -436,19 +443,28 @@ def parse(argv):
     p.add_argument("--seeds", type=int, default=1,
                    help="run every job with trainer seeds 1..N (each seed's own dense run is its reference); the "
                         "checks take the median time to target and gaps over the seeds, the worst seed's decisions")
+    p.add_argument("--seed-from", type=int, default=1,
+                   help="the first trainer seed (seeds FROM .. FROM+N-1): one run's seeds in several calls, joined "
+                        "by --reanalyse A.json,B.json")
     p.add_argument("--target-margin-pp", type=float, default=0.0,
                    help="time to (the dense run's final accuracy - this many pp) instead of to the final accuracy "
                         "itself, which sits on the curve's plateau (the issue's measure: 0; works with --reanalyse)")
     p.add_argument("--out", default="bench-controllers-real.json")
     p.add_argument("--keep-logs", action="store_true")
-    p.add_argument("--reanalyse", metavar="JSON", help="recompute the metrics and checks of a report (no jobs)")
+    p.add_argument("--reanalyse", metavar="JSON[,JSON...]",
+                   help="recompute the metrics and checks of a report (no jobs); several: their seeds joined "
+                        "(the same models, profiles and settings; the first one's config)")
     args = p.parse_args(argv)
     if not 0 <= args.target_margin_pp < 100:
         p.error("--target-margin-pp must be in [0, 100)")
     if args.reanalyse:
         return args
-    if args.seeds < 1:
-        p.error("--seeds must be >= 1")
+    if args.seeds < 1 or args.seed_from < 1:
+        p.error("--seeds and --seed-from must be >= 1")
+    if args.deadline_s < 0:
+        p.error("--deadline-s must be >= 0")
+    if args.lib and not os.path.isdir(args.lib):
+        p.error(f"--lib {args.lib}: no such directory")
     if any(a.split("=")[0] == "--seed" for a in args.trainer_arg):
         p.error("--trainer-arg=--seed: use --seeds (the bench sets each job's seed)")
     if not args.build_dir and not (args.sparsecard and args.pythonpath):
@@ -485,6 +501,13 @@ def main(argv):
         if not os.path.exists(path):
             print(f"bench controllers --real: {path} missing (build sparsecard and sparsecar_python)", file=sys.stderr)
             return 2
+    # The bundle's libraries go to every child of this script (sparsecard, ip, tc) but the trainers:
+    # its Debian libz, libnuma ... must not shadow the machine's own under Python and torch.
+    args.trainer_prefix = []
+    if args.lib:
+        orig = os.environ.get("LD_LIBRARY_PATH", "")
+        os.environ["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (os.path.abspath(args.lib), orig) if p)
+        args.trainer_prefix = ["env", f"LD_LIBRARY_PATH={orig}"] if orig else ["env", "-u", "LD_LIBRARY_PATH"]
     t_start = time.monotonic()
     report = {"config": {"models": {}, "settings": args.settings,
                          "adaptive_args": args.adaptive_args, "adaptive_trainer_args": args.adaptive_trainer_args,
@@ -497,7 +520,7 @@ def main(argv):
         rates = sorted({"1gbit", "500mbit", "50mbit", args.steady_rate})
         for r in rates:  # the caps hold, and set_rate moves them
             link.set_rate(r)
-            report["link_check_mbit"][r] = round(link.measure(PY, seconds=1.5), 1)
+            report["link_check_mbit"][r] = round(link.measure(args.trainer_prefix + [args.python], seconds=1.5), 1)
         print("link check (one TCP stream): " + ", ".join(f"{r} {v} Mbit/s" for r, v in report["link_check_mbit"].items()),
               flush=True)
         for model in args.models:
@@ -509,9 +532,19 @@ def main(argv):
                 cfg["phase_s"] = args.phase_s
             report["config"]["models"][model] = cfg
             by_seed = {}
-            for seed in range(1, args.seeds + 1):
+            last_seed = args.seed_from + args.seeds - 1
+            for seed in range(args.seed_from, last_seed + 1):
+                now = time.monotonic() - t_start
+                if args.deadline_s and (now > args.deadline_s or (by_seed and now + last > args.deadline_s)):
+                    print(f"  {model}: seeds {seed}..{last_seed} skipped: --deadline-s {args.deadline_s:g} "
+                          f"({now:.0f} s so far)", flush=True)
+                    report["config"].setdefault("skipped", []).append(f"{model} seeds {seed}..{last_seed}")
+                    break
                 by_seed[seed] = run_model(args, link, model, cfg, seed, t_start)
-            report["models"][model] = by_seed[1] if args.seeds == 1 else {
+                last = time.monotonic() - t_start - now
+            if not by_seed:
+                continue
+            report["models"][model] = by_seed[1] if list(by_seed) == [1] else {
                 "dense_curves_agree": all(m["dense_curves_agree"] for m in by_seed.values()),
                 "seeds": {str(k): v for k, v in by_seed.items()}}
     report["config"]["wall_s"] = time.monotonic() - t_start
@@ -567,10 +600,15 @@ def run_model(args, link, model, cfg, seed, t_start):
 
 
 def reanalyse(args):
-    """--reanalyse FILE: the metrics and checks again from a report's raw data (curves, step
-    times, rate changes, decisions), e.g. after a change to real_metrics.py; no jobs run."""
-    with open(args.reanalyse) as f:
-        report = json.load(f)
+    """--reanalyse FILE[,FILE...]: the metrics and checks again from a report's raw data (curves,
+    step times, rate changes, decisions), e.g. after a change to real_metrics.py; no jobs run.
+    Several reports (one run's seeds in several calls, --seed-from) are joined first."""
+    paths = args.reanalyse.split(",")
+    reports = []
+    for path in paths:
+        with open(path) as f:
+            reports.append(json.load(f))
+    report = join_reports(reports, paths) if len(reports) > 1 else reports[0]
     for model, m in each_seed(report):
         ref = m.get("dense_reference")
         if ref is None:  # reports written before the reference was stored
@@ -588,8 +626,30 @@ def reanalyse(args):
         report["config"]["target_margin_pp"] = args.target_margin_pp
         for pr in m["profiles"].values():
             pr.pop("checks", None)
-    report["config"]["reanalysed_from"] = os.path.basename(args.reanalyse)
+    report["config"]["reanalysed_from"] = ",".join(os.path.basename(p) for p in paths)
     return finish(args, report)
+
+
+def join_reports(reports, names):
+    """One report holding every seed of `reports` (each model's seeds by number; a report of one
+    seed 1 holds that seed's part itself). The config is the first report's. Raises SystemExit on
+    reports that do not fit together: other models, or a seed in two of them."""
+    joined = {"config": dict(reports[0]["config"]), "link_check_mbit": reports[0].get("link_check_mbit", {}),
+              "models": {}}
+    for report, name in zip(reports, names):
+        if set(report["models"]) != set(reports[0]["models"]):
+            raise SystemExit(f"--reanalyse: {name} has models {sorted(report['models'])}, "
+                             f"{names[0]} {sorted(reports[0]['models'])}")
+        for model, m in report["models"].items():
+            seeds = m["seeds"] if "seeds" in m else {"1": m}
+            into = joined["models"].setdefault(model, {"dense_curves_agree": True, "seeds": {}})
+            for seed, part in seeds.items():
+                if seed in into["seeds"]:
+                    raise SystemExit(f"--reanalyse: seed {seed} of {model} is in two reports ({name})")
+                into["seeds"][seed] = part
+                into["dense_curves_agree"] = into["dense_curves_agree"] and part["dense_curves_agree"]
+    joined["config"]["wall_s"] = sum(r["config"].get("wall_s", 0) for r in reports)
+    return joined
 
 
 def each_seed(report):

@@ -127,13 +127,15 @@ class CappedLink:
         return _run(["tc", "-n", self.ns[node], "-s", "qdisc", "show", "dev", self.dev[node]]).stdout
 
     def measure(self, python, seconds=2.0):
-        """Goodput of one TCP stream from node 0 to node 1 in Mbit/s (checks that the cap holds)."""
+        """Goodput of one TCP stream from node 0 to node 1 in Mbit/s (checks that the cap holds).
+        `python`: the interpreter, or an argv that starts one (e.g. ["env", "-u", "VAR", "python3"])."""
         port = 5201
-        rx = subprocess.Popen(self.exec_argv(1, [python, "-c", _RX, self.addr[1], str(port)]),
+        python = [python] if isinstance(python, str) else list(python)
+        rx = subprocess.Popen(self.exec_argv(1, [*python, "-c", _RX, self.addr[1], str(port)]),
                               stdout=subprocess.PIPE, text=True, start_new_session=True)
         try:
             time.sleep(0.5)
-            tx = subprocess.run(self.exec_argv(0, [python, "-c", _TX, self.addr[1], str(port), str(seconds)]),
+            tx = subprocess.run(self.exec_argv(0, [*python, "-c", _TX, self.addr[1], str(port), str(seconds)]),
                                 capture_output=True, text=True, timeout=seconds + 30)
             if tx.returncode != 0:
                 raise RuntimeError(f"link check sender failed: {tx.stderr.strip()}")
