@@ -531,11 +531,11 @@ def main(argv):
             if args.phase_s:
                 cfg["phase_s"] = args.phase_s
             report["config"]["models"][model] = cfg
-            by_seed = {}
+            by_seed, last = {}, 0.0  # last: the last seed's seconds
             last_seed = args.seed_from + args.seeds - 1
             for seed in range(args.seed_from, last_seed + 1):
                 now = time.monotonic() - t_start
-                if args.deadline_s and (now > args.deadline_s or (by_seed and now + last > args.deadline_s)):
+                if args.deadline_s and (now > args.deadline_s or now + last > args.deadline_s):
                     print(f"  {model}: seeds {seed}..{last_seed} skipped: --deadline-s {args.deadline_s:g} "
                           f"({now:.0f} s so far)", flush=True)
                     report["config"].setdefault("skipped", []).append(f"{model} seeds {seed}..{last_seed}")
