@@ -47,6 +47,7 @@ Usage (root): real.py --build-dir BUILD [--short] [--models small,large] [--prof
 import argparse
 import json
 import os
+import platform
 import shlex
 import signal
 import sys
@@ -208,7 +209,9 @@ def run_job(args, link, model, dargs, changes, setting):
     dargs.methods = trainer_method
     daemon_args = daemon_args_for(args, setting) if trainer_method == "sparsecar" else []
     trainer_extra = list(args.trainer_arg) + (shlex.split(args.adaptive_trainer_args) if setting == "adaptive" else [])
-    entry = {"setting": setting, "daemon_args": daemon_args, "trainer_args": trainer_extra}
+    # The host's load before the job: jobs of one run are compared, so a busy neighbour shows here.
+    entry = {"setting": setting, "daemon_args": daemon_args, "trainer_args": trainer_extra,
+             "loadavg_before": round(os.getloadavg()[0], 2)}
     link.set_rate(changes[0][1])
     sent0 = capped.qdisc_sent(link)
     t_spawn = time.monotonic()
@@ -484,6 +487,17 @@ def parse(argv):
     return args
 
 
+def machine():
+    """What the jobs ran on: the CPU model, the kernel and Python (the report states the machine)."""
+    cpu = "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "?")
+    except OSError:
+        pass
+    return {"cpu": cpu, "kernel": platform.release(), "python": platform.python_version()}
+
+
 def _interrupt(signum, _frame):
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
@@ -514,6 +528,7 @@ def main(argv):
                          "trainer_args": args.trainer_arg, "daemon_args": args.daemon_arg,
                          "settle_steps": args.settle_steps, "job_timeout_s": args.job_timeout,
                          "steady_rate": args.steady_rate, "short": args.short, "cpus": os.cpu_count(),
+                         "machine": machine(), "loadavg_start": os.getloadavg(),
                          "target_margin_pp": args.target_margin_pp},
               "link_check_mbit": {}, "models": {}}
     with CappedLink("1gbit", min_burst=CHANGING_MIN_BURST) as link:
@@ -521,6 +536,9 @@ def main(argv):
         for r in rates:  # the caps hold, and set_rate moves them
             link.set_rate(r)
             report["link_check_mbit"][r] = round(link.measure(args.trainer_prefix + [args.python], seconds=1.5), 1)
+        m = report["config"]["machine"]
+        print(f"machine: {os.cpu_count()} CPUs ({m['cpu']}), kernel {m['kernel']}, Python {m['python']}, load "
+              f"{report['config']['loadavg_start'][0]:.2f}", flush=True)
         print("link check (one TCP stream): " + ", ".join(f"{r} {v} Mbit/s" for r, v in report["link_check_mbit"].items()),
               flush=True)
         for model in args.models:

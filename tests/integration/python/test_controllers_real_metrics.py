@@ -262,3 +262,34 @@ def test_the_static_run_of_the_same_plan_is_top_k_at_the_controllers_density():
     assert rm.static_of(["--selector", "threshold", "--density", "0.005"], d) is None
     assert rm.static_of(["--density", "0.003"], d) is None                      # no such static setting
     assert rm.static_of(["--density", "x"], d) is None and rm.static_of([], d) is None
+
+
+def _report(seeds, models=("small",)):
+    """A report as real.py writes it: one seed 1 holds the model's part itself, else "seeds"."""
+    def part(seed):
+        return {"dense_curves_agree": seed != 3, "profiles": {"down": {"settings": {"marker": seed}}}}
+    out = {"config": {"wall_s": 10.0 * len(seeds)}, "models": {}}
+    for m in models:
+        out["models"][m] = part(1) if list(seeds) == [1] else {
+            "dense_curves_agree": all(s != 3 for s in seeds), "seeds": {str(s): part(s) for s in seeds}}
+    return out
+
+
+def test_reports_of_one_run_in_several_calls_join_by_seed():
+    import real  # noqa: E402  (bench/controllers/real.py: stdlib only at import)
+    joined = real.join_reports([_report([1]), _report([2, 3])], ["a.json", "b.json"])
+    seeds = joined["models"]["small"]["seeds"]
+    assert sorted(seeds) == ["1", "2", "3"]
+    assert [seeds[s]["profiles"]["down"]["settings"]["marker"] for s in ("1", "2", "3")] == [1, 2, 3]
+    assert joined["models"]["small"]["dense_curves_agree"] is False  # seed 3's curves differ
+    assert joined["config"]["wall_s"] == 30.0
+    assert real.join_reports([_report([1]), _report([2])], ["a", "b"])["models"]["small"]["dense_curves_agree"]
+
+
+def test_reports_that_do_not_fit_together_are_refused():
+    import pytest
+    import real  # noqa: E402
+    with pytest.raises(SystemExit, match="seed 2 of small is in two reports"):
+        real.join_reports([_report([2, 4]), _report([2])], ["a.json", "b.json"])
+    with pytest.raises(SystemExit, match="has models"):
+        real.join_reports([_report([1]), _report([2], models=("small", "large"))], ["a.json", "b.json"])
