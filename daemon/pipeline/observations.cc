@@ -245,6 +245,7 @@ void ObservationCollector::on_metric(const std::string& name, double value, uint
 
 void ObservationCollector::on_reset() {
   current_.reset();
+  ready_.clear();  // the finished job's: the next job's steps start again at 0
   period_.reset();
   records_ = 0;
   last_selected_.clear();
@@ -402,12 +403,20 @@ void ObservationCollector::finish(const Decision& decision) {
     }
   }
   ++finished_;
-  if (runner_) {
-    runner_->add(o);
-    runner_->poll();
-  } else {
-    send_to_rank0(o);
+  ready_.push_back(std::move(o));
+}
+
+void ObservationCollector::after_complete() {
+  if (ready_.empty()) return;
+  for (const policies::NodeObservation& o : ready_) {
+    if (runner_) {
+      runner_->add(o);
+    } else {
+      send_to_rank0(o);
+    }
   }
+  ready_.clear();
+  if (runner_) runner_->poll();
 }
 
 void ObservationCollector::send_to_rank0(const policies::NodeObservation& o) {

@@ -83,6 +83,9 @@ class StepObserver {
   virtual void on_metric(const std::string& name, double value, uint64_t step) = 0;
   // Pipeline thread: job reset.
   virtual void on_reset() = 0;
+  // Pipeline thread, after a tensor step's result went to its trainer: the work the step need not
+  // wait for (rank 0's controllers, an observation's send to rank 0). A wrapper forwards it.
+  virtual void after_complete() {}
 };
 
 // NodeObservation <-> the kObservation payload ("key value" lines, "lk peer bytes seconds" lines
@@ -125,6 +128,10 @@ class ObservationCollector final : public StepObserver {
   void on_tensor_step(const TensorStepRecord& record, const Decision& decision) override;
   void on_metric(const std::string& name, double value, uint64_t step) override;
   void on_reset() override;
+  // The observations of the steps that finished since the last call go to rank 0's controllers
+  // (runner_->poll(): ~0.1 ms of pricing a step) or are sent to rank 0. Not in on_tensor_step:
+  // the step's result would wait for them (the pipeline completes a step after observing it).
+  void after_complete() override;
 
   // Observations finished so far (for tests and status).
   uint64_t finished() const { return finished_; }
@@ -144,6 +151,7 @@ class ObservationCollector final : public StepObserver {
 
   // Pipeline thread.
   std::optional<policies::NodeObservation> current_;
+  std::vector<policies::NodeObservation> ready_;  // finished, for after_complete()
   uint32_t records_ = 0;
   uint32_t expected_records_ = 0;
   bool magnitudes_incomplete_ = false;  // a record of the current step could not be histogrammed

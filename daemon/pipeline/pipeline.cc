@@ -323,6 +323,9 @@ void Pipeline::run() {
         }
       }
       sink_->complete(r);
+      // The controllers' share of the step (rank 0 prices it; the others send it there) runs
+      // while the trainers compute the next one, not before they get this one's result.
+      if (observer_) observer_->after_complete();
     }
   }
 }

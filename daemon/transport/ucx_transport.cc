@@ -239,6 +239,7 @@ class UcxTransport::Impl {
     uint64_t send_seq = 0;
     uint64_t recv_max = 0;
     std::bitset<kReplayWindow> recv_seen;
+    uint32_t untimed_sends = 0;  // progress thread: sends since the last timed one (set_timed_sends)
     std::array<std::byte, kRouteBytes> bye_header{};  // the sealed bye of stop()
   };
 
@@ -669,8 +670,12 @@ class UcxTransport::Impl {
       param.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
       param.flags = UCP_AM_SEND_FLAG_EAGER;
     } else if (op->req.am_id == kAmId && op->req.payload_len > 0 && timed_sends_.load(std::memory_order_relaxed)) {
-      param.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;  // receivers time every message (set_timed_sends)
-      param.flags = UCP_AM_SEND_FLAG_RNDV;
+      // The receiver times one message in kTimedSendEvery to it (set_timed_sends).
+      if (p.untimed_sends == 0) {
+        param.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+        param.flags = UCP_AM_SEND_FLAG_RNDV;
+      }
+      p.untimed_sends = (p.untimed_sends + 1) % kTimedSendEvery;
     }
     param.cb.send = &Impl::on_send_done;
     param.user_data = op;

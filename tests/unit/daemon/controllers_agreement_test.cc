@@ -43,8 +43,23 @@ class Recorder final : public StepObserver {
   }
   void on_metric(const std::string& name, double value, uint64_t step) override { next_->on_metric(name, value, step); }
   void on_reset() override { next_->on_reset(); }
+  void after_complete() override {
+    next_->after_complete();
+    completed.fetch_add(1);
+  }
+  // Waits (bounded) until the pipeline ran after_complete() `n` times in all: a tensor step's
+  // observation work (rank 0's controllers) runs after its result went out.
+  bool wait_completed(uint64_t n) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (completed.load() < n) {
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    return true;
+  }
 
   std::mutex mu_;
+  std::atomic<uint64_t> completed{0};
   std::map<std::pair<uint32_t, uint64_t>, std::pair<uint32_t, std::string>> plans;
 
  private:
@@ -146,7 +161,14 @@ struct Job {
                                      << res.status.to_string();
       }
     }
+    // The step is over once every node also did its observation work (as a trainer's next step
+    // would find it): the tests read and reset the controllers between steps.
+    completed_tensor_steps += kTensors.size();
+    for (uint32_t r = 0; r < nodes.size(); ++r) {
+      ASSERT_TRUE(nodes[r]->recorder->wait_completed(completed_tensor_steps)) << "rank " << r << " step " << s;
+    }
   }
+  uint64_t completed_tensor_steps = 0;
   std::atomic<int> histogram_observations{0};  // peers' observations with budget histograms
   // Members die in reverse order: `net` stops delivering before any node's mailbox is freed.
   std::vector<std::unique_ptr<Node>> nodes;

@@ -272,9 +272,9 @@ class ObservationInbox final : public MessageSink {
     cv_.notify_all();
   }
   void on_peer_failed(uint32_t, const Status&) override {}
-  std::vector<policies::NodeObservation> wait_for(size_t n) {
+  std::vector<policies::NodeObservation> wait_for(size_t n, std::chrono::milliseconds within = std::chrono::seconds(10)) {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, std::chrono::seconds(10), [&] { return got_.size() >= n; });
+    cv_.wait_for(lock, within, [&] { return got_.size() >= n; });
     return got_;
   }
 
@@ -337,6 +337,7 @@ TEST(ObservationCollector, BudgetHistogramsFromTheGpuAddUpAsTheHostsDo) {
       }
     }
     collector.on_tensor_step(r, decision);
+    collector.after_complete();  // as the pipeline does once the step's result went out
   };
   record(0, 5, false, false);
   record(1, 5, true, true);
@@ -361,6 +362,47 @@ TEST(ObservationCollector, BudgetHistogramsFromTheGpuAddUpAsTheHostsDo) {
 }
 
 
+// A node's observation of a step leaves for rank 0 only in after_complete(), which the pipeline
+// calls once the step's result went to its trainer: the step does not wait for it.
+TEST(ObservationCollector, AnObservationLeavesAfterTheStepsResultNotBefore) {
+  fakes::FakeNetwork net(2);
+  ObservationInbox inbox;
+  net.attach(0, &inbox);
+  ObservationCollector collector(1, 7, net.transport(1), nullptr);
+  Decision decision;
+  decision.config = std::make_shared<Config>();
+  auto record = [&](uint32_t id, uint64_t step) {
+    TensorStepRecord r;
+    r.tensor_id = id;
+    r.step = step;
+    r.tensors_in_job = 2;
+    r.elements = 4;
+    r.nnz = 4;
+    r.plan.dense = true;
+    collector.on_tensor_step(r, decision);
+  };
+  record(0, 3);
+  record(1, 3);  // the step's last tensor: the observation is finished ...
+  EXPECT_EQ(collector.finished(), 1u);
+  EXPECT_TRUE(inbox.wait_for(1, std::chrono::milliseconds(200)).empty()) << "... but not sent yet";
+  collector.after_complete();
+  auto got = inbox.wait_for(1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].step, 3u);
+  EXPECT_EQ(got[0].elements, 8u);
+  collector.after_complete();  // nothing new: nothing sent
+  record(0, 4);
+  record(1, 4);                // step 4 finished, not yet sent, when its job ends:
+  collector.on_reset();        // a reset drops what the finished job left ...
+  record(0, 0);
+  record(1, 0);
+  collector.after_complete();  // ... and the next job's first step goes alone
+  got = inbox.wait_for(2);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[1].step, 0u);
+  EXPECT_TRUE(inbox.wait_for(3, std::chrono::milliseconds(200)).size() == 2u);
+}
+
 // The period after a leased step: the trainers skip the least lease of the step's tensors (the
 // DDP hook takes the least over its slices), so a gap longer than that is no lease's.
 TEST(ObservationCollector, APeriodAcrossALeaseIsTheMeanOverTheStepsOfTheLeastTensorsLease) {
@@ -383,6 +425,7 @@ TEST(ObservationCollector, APeriodAcrossALeaseIsTheMeanOverTheStepsOfTheLeastTen
       r.trainer_reduced = true;
       r.lease_steps = id == 0 ? lease0 : lease1;
       collector.on_tensor_step(r, decision);
+      collector.after_complete();
     }
   };
   step(2, 9, 4);                                 // tensor 1 leases steps 3-6 only

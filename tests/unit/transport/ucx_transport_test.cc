@@ -318,17 +318,18 @@ TEST_P(UcxTransportTest, FourRanksExchangeEmptySmallAndLargeMessages) {
   exchange_all(GetParam(), 4, {0, 72, 16u << 20});
 }
 
-// The step controller's link samples: with timed sends every message, however small, goes
-// rendezvous and its receiver times it (one busy period per message sent alone, its bytes the
-// header and payload); without, small messages go eagerly and give no sample.
+// The step controller's link samples: with timed sends one message in kTimedSendEvery to a peer,
+// however small, goes rendezvous and its receiver times it (one busy period per message sent
+// alone, its bytes the header and payload); the others, and every small message without timed
+// sends, go eagerly and give no sample.
 TEST_P(UcxTransportTest, TimedSendsLetTheReceiverTimeMessagesOfAnySize) {
   Job job;
   start_job(job, GetParam(), 2, 42);
   if (HasFatalFailure()) return;
   std::vector<TestHeader> headers;
   std::vector<std::vector<std::byte>> payloads;
-  headers.reserve(8);
-  payloads.reserve(8);
+  headers.reserve(2 + 2 * kTimedSendEvery + 1);
+  payloads.reserve(2 + 2 * kTimedSendEvery + 1);
   uint32_t seq = 0;
   auto send_one = [&](size_t size) {
     headers.push_back(TestHeader{kTestMagic, 0, seq, 0, size});
@@ -346,13 +347,14 @@ TEST_P(UcxTransportTest, TimedSendsLetTheReceiverTimeMessagesOfAnySize) {
   send_one(4096);
   EXPECT_TRUE(job.transports[1]->drain_receive_samples().empty()) << "small eager messages are not timed";
   job.transports[0]->set_timed_sends(true);
-  for (size_t size : {100u, 4096u, 50'000u}) send_one(size);
+  // One small send in kTimedSendEvery is timed, the first one included: sizes 100 + i, so that
+  // each sample names the message it timed.
+  for (uint32_t i = 0; i < 2 * kTimedSendEvery + 1; ++i) send_one(100 + i);
   const std::vector<ReceiveSample> samples = job.transports[1]->drain_receive_samples();
   ASSERT_EQ(samples.size(), 3u);
-  const size_t sizes[] = {100, 4096, 50'000};
   for (size_t i = 0; i < 3; ++i) {
     EXPECT_EQ(samples[i].peer, 0u);
-    EXPECT_EQ(samples[i].bytes, sizes[i] + sizeof(TestHeader));
+    EXPECT_EQ(samples[i].bytes, 100 + i * kTimedSendEvery + sizeof(TestHeader)) << "sample " << i;
     EXPECT_GT(samples[i].seconds, 0.0);
     EXPECT_LT(samples[i].seconds, 10.0);
   }
