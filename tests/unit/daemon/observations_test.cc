@@ -362,6 +362,18 @@ TEST(ObservationCollector, BudgetHistogramsFromTheGpuAddUpAsTheHostsDo) {
 }
 
 
+// A dense tensor step of 4 elements, one of a job's 2 tensors.
+TensorStepRecord dense_record(uint32_t id, uint64_t step) {
+  TensorStepRecord r;
+  r.tensor_id = id;
+  r.step = step;
+  r.tensors_in_job = 2;
+  r.elements = 4;
+  r.nnz = 4;
+  r.plan.dense = true;
+  return r;
+}
+
 // A node's observation of a step leaves for rank 0 only in after_complete(), which the pipeline
 // calls once the step's result went to its trainer: the step does not wait for it.
 TEST(ObservationCollector, AnObservationLeavesAfterTheStepsResultNotBefore) {
@@ -371,16 +383,7 @@ TEST(ObservationCollector, AnObservationLeavesAfterTheStepsResultNotBefore) {
   ObservationCollector collector(1, 7, net.transport(1), nullptr);
   Decision decision;
   decision.config = std::make_shared<Config>();
-  auto record = [&](uint32_t id, uint64_t step) {
-    TensorStepRecord r;
-    r.tensor_id = id;
-    r.step = step;
-    r.tensors_in_job = 2;
-    r.elements = 4;
-    r.nnz = 4;
-    r.plan.dense = true;
-    collector.on_tensor_step(r, decision);
-  };
+  auto record = [&](uint32_t id, uint64_t step) { collector.on_tensor_step(dense_record(id, step), decision); };
   record(0, 3);
   record(1, 3);  // the step's last tensor: the observation is finished ...
   EXPECT_EQ(collector.finished(), 1u);
@@ -415,13 +418,7 @@ TEST(ObservationCollector, APeriodAcrossALeaseIsTheMeanOverTheStepsOfTheLeastTen
   decision.config = std::make_shared<Config>();
   auto step = [&](uint64_t s, uint32_t lease0, uint32_t lease1) {
     for (uint32_t id = 0; id < 2; ++id) {
-      TensorStepRecord r;
-      r.tensor_id = id;
-      r.step = s;
-      r.tensors_in_job = 2;
-      r.elements = 4;
-      r.nnz = 4;
-      r.plan.dense = true;
+      TensorStepRecord r = dense_record(id, s);
       r.trainer_reduced = true;
       r.lease_steps = id == 0 ? lease0 : lease1;
       collector.on_tensor_step(r, decision);

@@ -1,0 +1,92 @@
+#!/usr/bin/python3
+"""What a job-level controller costs a step, the plan unchanged: two sparsecard nodes on loopback,
+one sparsecar_load_trainer each (one tensor, a fixed sleep as the trainer's compute), the same
+static top-k plan under `--controller static` (the baseline) and under the step controller held
+to that plan (`--controller step` with one candidate: no ring, density_max = the density), each
+pair of jobs run back to back and repeated; the cost is the paired difference of their mean step
+times (ms per step over the whole run, the trainers' start-up included alike).
+
+    bench/controllers/overhead.py --sparsecard BIN [--sparsecard LABEL=BIN ...]
+                                  --load-trainer BUILD/tests/integration/metrics/sparsecar_load_trainer
+                                  [--steps 1500] [--reps 6] [--elements 85000] [--compute-ms 1]
+
+Several --sparsecard builds are interleaved within each repetition (e.g. before and after a
+change). Prints one row per build: the baseline's median ms/step, the controller's, the median
+of the paired differences (us/step) and their ratio, and the machine. Docs: docs/controllers.md,
+"Timed sends and the controllers' work after the step"."""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "convergence"))
+from localjob import LocalJob  # noqa: E402
+
+CONFIGS = {
+    "static": ["--controller", "static", "--selector", "topk"],
+    "step": ["--controller", "step", "--selector", "topk", "--step-allow-dense", "off"],
+}
+
+
+def run_job(sparsecard, args, config):
+    """Mean ms per step of one job (both trainers' wall time from spawning them)."""
+    daemon_args = CONFIGS[config] + ["--density", repr(args.density)]
+    if config == "step":
+        daemon_args += ["--density-max", repr(args.density)]
+    with LocalJob(sparsecard, nodes=2, local_clients=1, daemon_args=daemon_args) as job:
+        job.start_daemons()
+        t0 = time.monotonic()
+        procs = [job.spawn(f"trainer {r}", [args.load_trainer, job.sockets[r], str(args.steps), str(args.compute_ms),
+                                            str(args.elements)], env=job.daemon_env()) for r in range(2)]
+        for p in procs:
+            p.wait()
+        seconds = time.monotonic() - t0
+        failed = [p.returncode for p in procs if p.returncode != 0]
+        if failed:
+            raise SystemExit(f"overhead.py: a load trainer failed (exit {failed[0]}); logs in {job.dir}")
+    return seconds / args.steps * 1e3
+
+
+def main(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sparsecard", action="append", required=True, metavar="[LABEL=]BIN")
+    p.add_argument("--load-trainer", required=True)
+    p.add_argument("--steps", type=int, default=1500)
+    p.add_argument("--reps", type=int, default=6)
+    p.add_argument("--elements", type=int, default=85000, help="the one tensor's elements (the digits MLP's ~85 k)")
+    p.add_argument("--compute-ms", type=int, default=1, help="the trainer's compute per step (a sleep, whole ms)")
+    p.add_argument("--density", type=float, default=0.005)
+    args = p.parse_args(argv)
+    if args.steps < 1 or args.reps < 1 or args.elements < 1 or args.compute_ms < 0 or not 0 < args.density <= 1:
+        p.error("--steps, --reps and --elements must be >= 1, --compute-ms >= 0, --density in (0, 1]")
+    builds = {}
+    for item in args.sparsecard:
+        label, _, path = item.rpartition("=")
+        label = label or os.path.basename(os.path.dirname(os.path.dirname(os.path.abspath(path)))) or path
+        if not os.access(path, os.X_OK):
+            p.error(f"--sparsecard {path}: not an executable")
+        builds[label] = path
+    if not os.access(args.load_trainer, os.X_OK):
+        p.error(f"--load-trainer {args.load_trainer}: not an executable")
+    times = {(b, c): [] for b in builds for c in CONFIGS}
+    for rep in range(args.reps):
+        for b, path in builds.items():
+            for c in CONFIGS:
+                times[(b, c)].append(run_job(path, args, c))
+        print(f"repetition {rep + 1}/{args.reps}: " + ", ".join(
+            f"{b} {c} {times[(b, c)][-1]:.3f}" for b in builds for c in CONFIGS) + " ms/step", flush=True)
+    print(f"\n{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}; {args.steps} steps x {args.reps} repetitions, "
+          f"{args.elements} elements, {args.compute_ms} ms compute, top-k {args.density:g}")
+    print(f"{'build':<16} {'static ms':>9} {'step ms':>9} {'step - static us (paired median)':>33} {'ratio':>6}")
+    for b in builds:
+        base = statistics.median(times[(b, "static")])
+        ctl = statistics.median(times[(b, "step")])
+        diff = statistics.median(s - t for s, t in zip(times[(b, "step")], times[(b, "static")]))
+        print(f"{b:<16} {base:>9.3f} {ctl:>9.3f} {diff * 1e3:>33.0f} {ctl / base:>6.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
