@@ -88,10 +88,10 @@ class Transport {
 };
 
 // A timed small send costs a round trip more than an eager one. On the 2-core test box (two
-// sparsecar_load_trainer nodes on loopback, 2.1 ms steps; docs/controllers.md "Timed sends") the
-// step controller's job cost 124 us a step more than a static one while every send was timed,
-// 49 us with one in 4. One in 4 still gives the link fits a sample of each peer every few steps
-// (a step without one changes no fit).
+// sparsecar_load_trainer nodes on loopback, 2.1 ms steps; docs/controllers.md "Timed sends and
+// the controllers' work after the step") the step controller's job cost 124 us a step more than
+// a static one while every send was timed, 49 us with one in 4. One in 4 still gives the link
+// fits a sample of each peer every few steps (a step without one changes no fit).
 inline constexpr uint32_t kTimedSendEvery = 4;
 
 }  // namespace sparsecar
