@@ -231,9 +231,9 @@ def run_job(args, link, model, dargs, changes, setting):
                             "PYTHONPATH": os.pathsep.join([args.pythonpath] + [p for p in [env.get("PYTHONPATH")] if p])})
                 out = os.path.join(job.dir, f"trainer-{rank}.json")
                 outs.append(out)
-                argv = args.trainer_prefix + [args.python, os.path.join(ROOT, "bench", "convergence", "ddp_digits.py"),
-                                              "--trainer", "--out", out,
-                        "--socket", job.sockets[node]] + ddp_digits._forward(dargs) + trainer_extra
+                trainer = os.path.join(ROOT, "bench", "convergence", "ddp_digits.py")
+                argv = (args.trainer_prefix + [args.python, trainer, "--trainer", "--out", out, "--socket", job.sockets[node]]
+                        + ddp_digits._forward(dargs) + trainer_extra)
                 if rank == 0:
                     argv += ["--progress", progress]
                 procs.append(job.spawn(f"trainer rank {rank}", link.exec_argv(node, argv), env=env,
