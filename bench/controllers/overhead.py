@@ -22,7 +22,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "convergence"))
-from localjob import LocalJob  # noqa: E402
+from localjob import LocalJob, machine  # noqa: E402
 
 CONFIGS = {
     "static": ["--controller", "static", "--selector", "topk"],
@@ -77,7 +77,8 @@ def main(argv):
                 times[(b, c)].append(run_job(path, args, c))
         print(f"repetition {rep + 1}/{args.reps}: " + ", ".join(
             f"{b} {c} {times[(b, c)][-1]:.3f}" for b in builds for c in CONFIGS) + " ms/step", flush=True)
-    print(f"\n{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}; {args.steps} steps x {args.reps} repetitions, "
+    m = machine()
+    print(f"\n{m['cpus']} CPUs ({m['cpu']}), kernel {m['kernel']}, load {os.getloadavg()[0]:.2f}; {args.steps} steps x {args.reps} repetitions, "
           f"{args.elements} elements, {args.compute_ms} ms compute, top-k {args.density:g}")
     print(f"{'build':<16} {'static ms':>9} {'step ms':>9} {'step - static us (paired median)':>33} {'ratio':>6}")
     for b in builds:

@@ -47,7 +47,6 @@ Usage (root): real.py --build-dir BUILD [--short] [--models small,large] [--prof
 import argparse
 import json
 import os
-import platform
 import shlex
 import signal
 import sys
@@ -63,7 +62,7 @@ import capped  # noqa: E402  (start_daemons, qdisc_sent, the fixed ports)
 import ddp_digits  # noqa: E402
 import real_metrics as rm  # noqa: E402
 from capped_net import CHANGING_MIN_BURST, CappedLink  # noqa: E402
-from localjob import JobError, LocalJob  # noqa: E402
+from localjob import JobError, LocalJob, machine  # noqa: E402
 
 PY = "/usr/bin/python3"
 
@@ -487,17 +486,6 @@ def parse(argv):
     return args
 
 
-def machine():
-    """What the jobs ran on: the CPU model, the kernel and Python (the report states the machine)."""
-    cpu = "?"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "?")
-    except OSError:
-        pass
-    return {"cpu": cpu, "kernel": platform.release(), "python": platform.python_version()}
-
-
 def _interrupt(signum, _frame):
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
@@ -537,7 +525,7 @@ def main(argv):
             link.set_rate(r)
             report["link_check_mbit"][r] = round(link.measure(args.trainer_prefix + [args.python], seconds=1.5), 1)
         m = report["config"]["machine"]
-        print(f"machine: {os.cpu_count()} CPUs ({m['cpu']}), kernel {m['kernel']}, Python {m['python']}, load "
+        print(f"machine: {m['cpus']} CPUs ({m['cpu']}), kernel {m['kernel']}, Python {m['python']}, load "
               f"{report['config']['loadavg_start'][0]:.2f}", flush=True)
         print("link check (one TCP stream): " + ", ".join(f"{r} {v} Mbit/s" for r, v in report["link_check_mbit"].items()),
               flush=True)

@@ -11,15 +11,40 @@ Standard library only; runs under Debian's /usr/bin/python3.
 """
 
 import os
+import platform
+import re
 import shutil
 import signal
 import socket
+import subprocess
 import tempfile
 import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
 from procset import ProcessError, ProcessSet  # noqa: E402
+
+
+def machine():
+    """What a benchmark ran on, for its report: host, CPUs and their model, kernel, Python, and
+    the GPUs and their links where nvidia-smi answers."""
+    info = {"host": platform.node(), "cpus": os.cpu_count(), "cpu": None, "kernel": platform.release(),
+            "python": platform.python_version()}
+    if shutil.which("nvidia-smi"):
+        r = subprocess.run(["nvidia-smi", "--query-gpu=index,name,driver_version,memory.total", "--format=csv,noheader"],
+                           capture_output=True, text=True)
+        if r.returncode == 0:
+            info["gpus"] = [line.strip() for line in r.stdout.splitlines() if line.strip()]
+        t = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True)
+        if t.returncode == 0:
+            info["gpu_topology"] = t.stdout
+    try:
+        with open("/proc/cpuinfo") as f:
+            m = re.search(r"model name\s*:\s*(.*)", f.read())
+            info["cpu"] = m.group(1).strip() if m else None
+    except OSError:
+        pass
+    return info
 
 
 class JobError(ProcessError):

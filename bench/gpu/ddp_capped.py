@@ -57,7 +57,6 @@ JSON is rewritten after every run.
 import argparse
 import json
 import os
-import platform
 import re
 import shlex
 import shutil
@@ -74,7 +73,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench", "convergence"))
 
 from capped import decisions  # noqa: E402
 from capped_net import CappedLink, rate_bits  # noqa: E402
-from localjob import JobError, LocalJob, tail  # noqa: E402
+from localjob import JobError, LocalJob, machine, tail  # noqa: E402
 
 FMNIST_MODELS = ("fmnist_cnn", "fmnist_resnet")  # the tta part's models (ddp_trainer.py)
 
@@ -438,25 +437,6 @@ def start_hint(log_path):
 
 
 # ---- reporting ----------------------------------------------------------------------------------
-def machine():
-    info = {"host": platform.node(), "cpus": os.cpu_count(), "python": sys.version.split()[0]}
-    if shutil.which("nvidia-smi"):
-        r = subprocess.run(["nvidia-smi", "--query-gpu=index,name,driver_version,memory.total", "--format=csv,noheader"],
-                           capture_output=True, text=True)
-        if r.returncode == 0:
-            info["gpus"] = [line.strip() for line in r.stdout.splitlines() if line.strip()]
-        t = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True)
-        if t.returncode == 0:
-            info["gpu_topology"] = t.stdout
-    try:
-        with open("/proc/cpuinfo") as f:
-            m = re.search(r"model name\s*:\s*(.*)", f.read())
-            info["cpu"] = m.group(1).strip() if m else None
-    except OSError:
-        pass
-    return info
-
-
 def add_ratios(runs):
     """Per (model, rate): every method's median step time over dense's and over PowerSGD's."""
     base = {}
