@@ -131,7 +131,8 @@ class Pipeline final : public StepSink {
 
   // Must be called before start().
   void set_result_sink(StepResultSink* sink) { sink_ = sink; }
-  // Optional; before start(). Sees every tensor step and trainer metric (observations.h).
+  // Optional; before start(). Sees every tensor step and trainer metric (observations.h); must
+  // outlive the pipeline thread (it is called until stop() returns).
   void set_observer(StepObserver* observer) { observer_ = observer; }
   void start();
   // Answers queued jobs with kAborted, stops the thread. Idempotent.

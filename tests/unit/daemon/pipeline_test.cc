@@ -110,9 +110,11 @@ TEST(TrainerCollectiveTest, DenseStepsAreHandedToTheTrainersAsTheirShare) {
   PipelineOptions o = options(false, kernels::Selector::kTopk, 0.01);
   o.settings.dense_collective = policies::Collective::kTrainerAllReduce;
   o.local_clients = local;
-  Job job(w, o);
-  TrainerReducedRecorder recorder;
-  job.nodes[1]->pipeline->set_observer(&recorder);
+  TrainerReducedRecorder recorder;  // outlives the job: the pipelines call it until they stop
+  uint32_t node = 0;
+  Job job(w, o, [&](Pipeline& p) {
+    if (node++ == 1) p.set_observer(&recorder);
+  });
   const size_t n = 257;
   register_all(job, {{"w", n}});
   for (uint64_t step = 0; step < 3; ++step) {
@@ -380,9 +382,12 @@ class LinkRecorder final : public StepObserver {
 
 TEST(LinkGoodputTest, LargeSendsAreTimedFromPostToCompletionSmallOnesAreLeftOut) {
   for (const bool dense : {true, false}) {
-    Job job(2, options(!dense, kernels::Selector::kTopk, 0.01));
-    LinkRecorder rec;
-    job.nodes[0]->pipeline->set_observer(&rec);
+    LinkRecorder rec;  // outlives the job: the pipelines call it until they stop
+    bool first = true;
+    Job job(2, options(!dense, kernels::Selector::kTopk, 0.01), [&](Pipeline& p) {
+      if (first) p.set_observer(&rec);
+      first = false;
+    });
     // Dense: two ring chunks of 200 KB (rendezvous-sized). Sparse: 1,000 x 8 bytes (eager).
     const size_t n = 100'000;
     register_all(job, {{"w", n}});
