@@ -30,6 +30,12 @@ CURVE_GAP_PP = 5.0        # never more than 5 pp below the dense curve at the sa
 # is the evaluation noise allowed between two runs (one test image of the digits set is 0.28 pp).
 DIP_WINDOW_STEPS = 50
 DIP_NOISE_PP = 1.0
+# The paired checks' interval: two-sided 90 % (Student's t on the log of per-seed ratios).
+PAIRED_LEVEL = 0.90
+# t's 0.95 quantile by degrees of freedom (1..30; beyond, the normal's 1.645).
+_T95 = (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812, 1.796, 1.782, 1.771, 1.761,
+        1.753, 1.746, 1.740, 1.734, 1.729, 1.725, 1.721, 1.717, 1.714, 1.711, 1.708, 1.706, 1.703, 1.701,
+        1.699, 1.697)
 
 
 def time_to_accuracy(curve, target):
@@ -267,7 +273,8 @@ def seeds_checks(profile, runs, static_settings, adaptive):
     gap_below_dense_pp, attributed, saw_profile, status). Times to target and the final and curve
     gaps are the medians over the seeds (one seed's curve near the plateau crosses the target a
     hundred steps early or late); the decision bounds hold for the worst seed: every seed's
-    decisions are the controller's."""
+    decisions are the controller's. After the median time checks, the same two on the seeds
+    paired (paired_checks): where a median says FAIL, they say whether the seeds can tell."""
     settings = {s for r in runs.values() for s in r}
     tta = {s: median_time([r[s].get("time_to_target_s") for r in runs.values() if s in r]) for s in settings}
     ad = [r[adaptive] for r in runs.values() if adaptive in r]
@@ -300,6 +307,9 @@ def seeds_checks(profile, runs, static_settings, adaptive):
         else:
             c["detail"] += f" (median of {len(runs)} seeds)" if not c["check"].startswith("decisions") and \
                 not c["check"].startswith("no_decisions") else f" (worst of {len(runs)} seeds)"
+    # Beside the medians: the same comparisons with each seed its own control (paired_checks).
+    at = next(i for i, c in enumerate(out) if not c["check"].startswith("time_"))
+    out[at:at] = paired_checks(profile, runs, static_settings, adaptive, best)
     return out
 
 
@@ -312,6 +322,61 @@ def paired_ratios(runs, setting, baseline):
         a = runs[seed].get(setting, {}).get("time_to_target_s")
         b = runs[seed].get(baseline, {}).get("time_to_target_s")
         out.append((a / b, None) if a is not None and b else (None, setting if a is None else baseline))
+    return out
+
+
+def paired_interval(ratios):
+    """(geometric mean, low, high) of per-seed ratios (one setting's time over another's, same
+    seed) with the two-sided PAIRED_LEVEL interval of Student's t on their logs — what the seeds
+    say the ratio of the two settings is, each seed its own control; None with fewer than two."""
+    logs = [math.log(r) for r in ratios]
+    n = len(logs)
+    if n < 2:
+        return None
+    mean = sum(logs) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
+    t = _T95[n - 2] if n - 2 < len(_T95) else 1.645
+    half = t * sd / math.sqrt(n)
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
+def paired_checks(profile, runs, static_settings, adaptive, best):
+    """The time checks on seeds paired: the adaptive setting's time over the same seed's time of
+    a static one, summarised by paired_interval. PASS where the whole interval is inside the
+    bound, FAIL where the whole of it is outside, N/A where it straddles the bound (the seeds
+    cannot tell). Seeds where either side never reached the target are left out and counted."""
+    out = []
+
+    def summary(baseline):
+        pairs = paired_ratios(runs, adaptive, baseline)
+        ratios = [x for x, _ in pairs if x is not None]
+        missing = len(pairs) - len(ratios)
+        return paired_interval(ratios), len(ratios), missing
+
+    def text(baseline, iv, n, missing):
+        left = f"; {missing} seed(s) left out (one side never reached the target)" if missing else ""
+        if iv is None:
+            return f"adaptive / {baseline}: {n} seed(s) with both times, too few{left}"
+        g, lo, hi = iv
+        return f"adaptive / {baseline}: geometric mean {g:.3f}, {100 * PAIRED_LEVEL:.0f} % interval " \
+               f"{lo:.3f}-{hi:.3f} over {n} seeds{left}"
+
+    if best is None:
+        out.append(check("time_within_5pct_paired", None, "no static setting reached the target"))
+    else:
+        iv, n, missing = summary(best)
+        ok = None if iv is None else (True if iv[2] <= 1.0 + TTA_SLACK else (False if iv[1] > 1.0 + TTA_SLACK else None))
+        out.append(check("time_within_5pct_paired", ok, text(best, iv, n, missing) + f" (bound {1 + TTA_SLACK:.2f})"))
+    if profile in CHANGING_PROFILES:
+        parts, verdicts = [], []
+        for s in sorted(static_settings):
+            if not any(s in r for r in runs.values()):
+                continue
+            iv, n, missing = summary(s)
+            parts.append(text(s, iv, n, missing))
+            verdicts.append(None if iv is None else (True if iv[2] < 1.0 else (False if iv[1] >= 1.0 else None)))
+        ok = False if False in verdicts else (True if verdicts and all(v is True for v in verdicts) else None)
+        out.append(check("time_beats_every_static_paired", ok, "; ".join(parts) or "no static setting"))
     return out
 
 

@@ -2,6 +2,7 @@
 small hand-made curves, step times and decision logs: time to accuracy, the gap below the dense
 curve, rate changes mapped to steps, decisions attributed to a change's settle window or to a
 steady rate, and issue 14's checks. No processes, no root; well under a second."""
+import math
 import os
 import sys
 
@@ -168,6 +169,50 @@ def test_paired_ratios_take_each_seed_against_its_own_baseline_in_seed_order():
     assert rm.paired_ratios(runs, "a", "b") == [(0.25, None), (None, "a"), (None, "b"), (1.5, None)]
 
 
+def test_the_paired_interval_is_students_t_on_the_logs_of_the_ratios():
+    # Two seeds, ratios 2 and 8: the logs are ln 2 and 3 ln 2, mean 2 ln 2 (geometric mean 4),
+    # standard deviation sqrt(2) ln 2, so the half width is t(0.95, 1 df) = 6.314 times ln 2.
+    g, lo, hi = rm.paired_interval([2.0, 8.0])
+    assert math.isclose(g, 4.0) and math.isclose(lo, 4.0 * 2 ** -6.314) and math.isclose(hi, 4.0 * 2 ** 6.314)
+    # Three seeds whose logs are -a, 0, a: mean 0, sd a, half width t(0.95, 2 df) a / sqrt(3).
+    a = 0.1
+    g, lo, hi = rm.paired_interval([math.exp(-a), 1.0, math.exp(a)])
+    assert math.isclose(g, 1.0) and math.isclose(hi, math.exp(2.920 * a / math.sqrt(3)))
+    assert math.isclose(lo * hi, 1.0)
+    assert rm.paired_interval([1.3]) is None and rm.paired_interval([]) is None
+
+
+def _timed(times):
+    """runs for seeds 1..n: {seed: {setting: {"time_to_target_s": t}}} from {setting: [t, ...]}."""
+    n = len(next(iter(times.values())))
+    return {i + 1: {s: {"time_to_target_s": ts[i]} for s, ts in times.items()} for i in range(n)}
+
+
+def test_the_paired_checks_pass_fail_or_say_the_seeds_cannot_tell():
+    def statuses(times, profile="down"):
+        best = rm.best_static({s: rm.median_time(ts) for s, ts in times.items() if s != "adaptive"},
+                              [s for s in times if s != "adaptive"])[0]
+        return {c["check"]: c["status"] for c in rm.paired_checks(profile, _timed(times),
+                                                                 [s for s in times if s != "adaptive"], "adaptive", best)}
+    # Every seed 10 % slower than top-k: the interval is 1.10 wide open at both ends, all above 1.05.
+    slow = {"topk": [3.0, 5.0, 4.0], "dense": [6.0, 6.0, 6.0], "adaptive": [3.3, 5.5, 4.4]}
+    assert statuses(slow) == {"time_within_5pct_paired": "FAIL", "time_beats_every_static_paired": "FAIL"}
+    # 2 % slower on every seed: inside 5 %, but not below top-k's time.
+    close = {"topk": [3.0, 5.0, 4.0], "dense": [6.0, 6.0, 6.0], "adaptive": [3.06, 5.1, 4.08]}
+    assert statuses(close) == {"time_within_5pct_paired": "PASS", "time_beats_every_static_paired": "FAIL"}
+    # 20 % faster than both on every seed, give or take 1 %: beats both.
+    fast = {"topk": [3.0, 5.0, 4.0], "dense": [6.0, 7.0, 5.0], "adaptive": [2.4, 4.0, 3.2]}
+    fast["adaptive"][1] = 4.04
+    assert statuses(fast) == {"time_within_5pct_paired": "PASS", "time_beats_every_static_paired": "PASS"}
+    # 0.8x, 1.0x, 1.25x of top-k: the seeds cannot tell either way; steady has no beat check.
+    mixed = {"topk": [3.0, 5.0, 4.0], "adaptive": [2.4, 5.0, 5.0]}
+    assert statuses(mixed, "steady") == {"time_within_5pct_paired": "N/A"}
+    # A seed where the adaptive job never got there is left out and said so.
+    never = {"topk": [3.0, 5.0, 4.0, 4.0], "adaptive": [3.3, 5.5, 4.4, None]}
+    c = rm.paired_checks("steady", _timed(never), ["topk"], "adaptive", "topk")
+    assert c[0]["status"] == "FAIL" and "over 3 seeds; 1 seed(s) left out" in c[0]["detail"]
+
+
 def test_seeds_checks_take_medians_of_times_and_gaps_and_the_worst_seeds_decisions():
     static = ["topk0.1", "dense"]
     runs = {  # topk0.1 reaches the target at 4.4 s / never / 5.3 s; adaptive 5.0 / 4.6 / 9.0
@@ -183,7 +228,10 @@ def test_seeds_checks_take_medians_of_times_and_gaps_and_the_worst_seeds_decisio
     # Medians: topk0.1 5.3 s, dense 6.1 s, adaptive 5.0 s (beats both); shortfalls 0 / 0.4 / 0.8 pp
     # -> 0.4 pp; curve gaps 4.0 / 4.5 / 6.0 -> 4.5 pp. Seed 2 answered the change with 3 decisions;
     # no seed decided while steady.
+    # Paired, the seeds cannot tell (two pairs against topk0.1, 1.14 and 1.70; against dense 0.83,
+    # 0.75 and 1.45): both intervals straddle their bounds.
     assert s == {"time_within_5pct_of_best_static": "PASS", "time_beats_every_static": "PASS",
+                 "time_within_5pct_paired": "N/A", "time_beats_every_static_paired": "N/A",
                  "decisions_le_3_per_change": "PASS", "no_decisions_while_steady": "PASS",
                  "final_accuracy_within_0.5pp_of_dense": "PASS", "never_5pp_below_dense_curve": "PASS",
                  "no_decision_dips_below_static": "N/A"}
