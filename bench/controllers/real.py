@@ -62,7 +62,7 @@ import capped  # noqa: E402  (start_daemons, qdisc_sent, the fixed ports)
 import ddp_digits  # noqa: E402
 import real_metrics as rm  # noqa: E402
 from capped_net import CHANGING_MIN_BURST, CappedLink  # noqa: E402
-from localjob import JobError, LocalJob, machine  # noqa: E402
+from localjob import JobError, LocalJob, cpu_seconds, machine  # noqa: E402
 
 PY = "/usr/bin/python3"
 
@@ -249,6 +249,9 @@ def run_job(args, link, model, dargs, changes, setting):
             if runner.is_alive():
                 runner.join()
         entry["job_wall_s"] = time.monotonic() - t_spawn
+        # Each daemon's CPU over the job (user + system, all threads): on a box where the trainers
+        # need every core, what a controller costs them (docs/controllers.md, "Paired seeds").
+        entry["daemon_cpu_s"] = [cpu_seconds(d.pid) for d in job.daemons]
         job.stop_all()  # the daemons flush their logs as they exit
         if runner.error is not None:
             entry["status"] = "failed"

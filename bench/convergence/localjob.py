@@ -47,6 +47,26 @@ def machine():
     return info
 
 
+def cpu_seconds_of_stat(stat, ticks_per_s):
+    """User + system CPU seconds of a process (all its threads) from the text of /proc/PID/stat:
+    fields 14 and 15, counted after the command name's closing parenthesis (the name may hold
+    spaces and parentheses itself). None if the text is not such a line."""
+    rest = stat[stat.rfind(")") + 1:].split()
+    try:
+        return (int(rest[11]) + int(rest[12])) / ticks_per_s
+    except (IndexError, ValueError):
+        return None
+
+
+def cpu_seconds(pid):
+    """User + system CPU seconds process `pid` has used so far (Linux), or None where it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return cpu_seconds_of_stat(f.read(), os.sysconf("SC_CLK_TCK"))
+    except OSError:
+        return None
+
+
 class JobError(ProcessError):
     """Something of the job failed; the message names the process and quotes its log."""
 

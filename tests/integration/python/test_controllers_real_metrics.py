@@ -4,13 +4,16 @@ curve, rate changes mapped to steps, decisions attributed to a change's settle w
 steady rate, and issue 14's checks. No processes, no root; well under a second."""
 import math
 import os
+import subprocess
 import sys
+import time
 
 from conftest import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "bench", "controllers"))
 
 import real_metrics as rm  # noqa: E402
+from localjob import cpu_seconds, cpu_seconds_of_stat  # noqa: E402  (each daemon's CPU per job)
 
 DENSE = [[10, 1.0, 0.50], [20, 2.0, 0.80], [30, 3.0, 0.90], [40, 4.0, 0.95]]
 
@@ -341,3 +344,19 @@ def test_reports_that_do_not_fit_together_are_refused():
         real.join_reports([_report([2, 4]), _report([2])], ["a.json", "b.json"])
     with pytest.raises(SystemExit, match="has models"):
         real.join_reports([_report([1]), _report([2], models=("small", "large"))], ["a.json", "b.json"])
+
+
+def test_a_processs_cpu_seconds_are_its_user_and_system_ticks():
+    # Fields 14 and 15 of /proc/PID/stat (utime 150, stime 50 ticks) at 100 ticks a second; the
+    # command name may hold spaces and parentheses.
+    line = "4242 (a) b) S 1 4242 4242 0 -1 4194560 500 0 0 0 150 50 0 0 20 0 3 0 100 0 0"
+    assert cpu_seconds_of_stat(line, 100) == 2.0
+    assert cpu_seconds_of_stat("4242 (x) S 1", 100) is None
+    # This process, against what Python itself counts (the kernel's ticks: 10 ms here).
+    end = time.process_time() + 0.2
+    while time.process_time() < end:
+        pass
+    assert abs(cpu_seconds(os.getpid()) - time.process_time()) < 0.05
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    assert cpu_seconds(gone.pid) is None
