@@ -197,7 +197,7 @@ def test_the_paired_checks_pass_fail_or_say_the_seeds_cannot_tell():
                               [s for s in times if s != "adaptive"])[0]
         return {c["check"]: c["status"] for c in rm.paired_checks(profile, _timed(times),
                                                                  [s for s in times if s != "adaptive"], "adaptive", best)}
-    # Every seed 10 % slower than top-k: the interval is 1.10 wide open at both ends, all above 1.05.
+    # Every seed exactly 10 % slower than top-k: no spread, so the interval is 1.10 at both ends.
     slow = {"topk": [3.0, 5.0, 4.0], "dense": [6.0, 6.0, 6.0], "adaptive": [3.3, 5.5, 4.4]}
     assert statuses(slow) == {"time_within_5pct_paired": "FAIL", "time_beats_every_static_paired": "FAIL"}
     # 2 % slower on every seed: inside 5 %, but not below top-k's time.
