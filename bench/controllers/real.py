@@ -447,7 +447,9 @@ def parse(argv):
                    help="per job (s, from spawning it): a slower job is stopped and reported as 'timeout' with its curve so far")
     p.add_argument("--seeds", type=int, default=1,
                    help="run every job with trainer seeds 1..N (each seed's own dense run is its reference); the "
-                        "checks take the median time to target and gaps over the seeds, the worst seed's decisions")
+                        "checks take the median time to target and gaps over the seeds, the worst seed's decisions, "
+                        "and (N >= 2) the per-seed time ratios' 90 %% interval (the paired checks: a 5 %% "
+                        "question needed ~30 seeds on a 2-core box)")
     p.add_argument("--seed-from", type=int, default=1,
                    help="the first trainer seed (seeds FROM .. FROM+N-1): one run's seeds in several calls, joined "
                         "by --reanalyse A.json,B.json")
