@@ -37,7 +37,8 @@ With --seeds N every job runs with trainer seeds 1..N (data order and initialisa
 against its own dense run: one seed's time to the dense final accuracy is decided on the curve's
 plateau and moves by 100 steps or more from seed to seed (small model: static top-k 0.1 % on `up`
 took 400 steps, never, and 510). The checks then take the medians over the seeds and the worst
-seed's decisions (real_metrics.seeds_checks).
+seed's decisions, and compare each seed with itself for the time checks (per-seed ratios, a
+90 % interval: PASS or FAIL only where the seeds can tell; real_metrics.seeds_checks).
 
 Usage (root): real.py --build-dir BUILD [--short] [--models small,large] [--profiles down,up]
               [--settings dense,topk0.5,adaptive] [--adaptive-args "..."] [--trainer-arg=--momentum ...]
