@@ -59,9 +59,10 @@
 // plan it left takes the job back at once (without the hold), so a model that underprices a path
 // it has never seen (after a dense warm-up, nothing sparse has run) costs one short excursion,
 // not the rest of the job behind the hysteresis. A change that the trainer's compute time
-// followed is the host's load, not the link's rate, and voids nothing (v10). Limit: a change
-// that none of the plan in force's own messages shows (a shaper whose burst covers them) is not
-// seen until some plan sends larger ones.
+// followed is the host's load, not the link's rate, and voids nothing (v10). A rise that none of
+// the sparse plan's own messages shows (a shaper whose burst covers them) is seen by the link
+// probe (v14, watch_probes: a message of a ring chunk's size now and then, link_model.h); a drop
+// that only the probe shows is not acted on (the ring it would price is not in force).
 #include "controller_internal.h"
 
 #include <algorithm>
@@ -149,6 +150,12 @@ constexpr size_t kComputeBaseSteps = 30;
 constexpr double kModelMargin = 0.3;
 constexpr size_t kOverheadSteps = 15;  // steps whose median is the step's overhead
 constexpr double kStartSparseFactor = 3.0;  // v8: a sparse step before any ran, x a dense step's rest
+// v14: probe samples in a row, on every link that has a reference, at kProbeFaster or less of the
+// reference's time per byte make a rise of the link where the ring's chunks cross. Two: a message
+// cannot cross faster than the link lets it (a slow outlier is the noise a loaded host makes),
+// and a faster link makes the sender's next probe come sooner (it spends a share of the time).
+constexpr uint64_t kProbeConfirm = 2;
+constexpr double kProbeFaster = 0.5;
 
 // The upper median of a non-empty sample (taken by value: it is reordered).
 double median(std::vector<double> v) {
@@ -190,7 +197,7 @@ struct Record {
 class StepController final : public Controller {
  public:
   ControllerKind kind() const override { return ControllerKind::kStep; }
-  uint32_t version() const override { return 10; }
+  uint32_t version() const override { return 11; }
 
   Status update(const ControlContext& ctx, ControlKnobs* knobs) override {
     const auto& s = ctx.settings;
@@ -248,6 +255,7 @@ class StepController final : public Controller {
         restart_.pending = false;
       }
     }
+    watch_probes(s, o, knobs->format);
     learn_ring_ratio(s, o.step, knobs->format);
 
     // Start-up: the ring first where it is allowed (the link fits learn a large size from it);
@@ -437,6 +445,11 @@ class StepController final : public Controller {
   struct Link {
     uint32_t from = 0, to = 0;
     LinkFit fit;
+    // v14: the first probe-sized sample's seconds per byte since the ring's price was last set
+    // (0: none yet), and the samples in a row since at kProbeFaster of it or less (the slowest).
+    double probe_ref = 0;
+    uint64_t probe_faster = 0;
+    double probe_last = 0;
   };
 
   // v6: under the schedule's dense warm-up, once the ring is measured (and again whenever a rate
@@ -544,6 +557,69 @@ class StepController final : public Controller {
 
   bool any_link_known() const {
     return std::any_of(links_.begin(), links_.end(), [](const Link& l) { return l.fit.known(); });
+  }
+
+  // v14: the link probe. While a sparse plan is in force (and the ring is a candidate), the samples
+  // of a probe's size (link_model.h: within 2x of it; a probe, or a sparse message that large) are
+  // compared, per link, with the first one taken since the ring's price was last set (its record
+  // made, or the records voided). Two in a row at kProbeFaster of that time per byte or less, on
+  // every link that has a reference, say the link got faster where the ring's chunks cross, which
+  // no few-KB message of the sparse plan shows behind a shaper's burst. The ring's price is then
+  // scaled: its link part (the price less the trainer's compute and the ring's work per element)
+  // by the slowest link's ratio; the records are voided as on any rate change, so the first answer
+  // may go up to the ring — a move on the model's word, i.e. a trial that the ring's first
+  // measured steps keep or take back. The ring then runs and the references start again.
+  void watch_probes(const ControllerSettings& s, const JobObservation& o, kernels::Format format) {
+    if (!has_ran_ || last_ran_.dense || running().dense) {
+      if (has_ran_ && last_ran_.dense) clear_probe_refs();
+      return;
+    }
+    if (!s.step.allow_dense || o.trainer_elements > 0 || o.link_samples.empty()) return;
+    std::vector<uint64_t> elements;
+    for (const auto& t : o.tensors) elements.push_back(t.elements);
+    const uint64_t payload = link_probe_payload_bytes(elements, s.world_size);
+    if (payload == 0) return;
+    const uint64_t size = payload + kWireHeaderBytes;
+    for (const LinkPairSample& l : o.link_samples) {
+      if (2 * l.bytes < size || l.bytes > 2 * size || !(l.seconds > 0) || !std::isfinite(l.seconds)) continue;
+      Link& link = links_[link_index(l.from, l.to)];
+      const double per_byte = l.seconds / static_cast<double>(l.bytes);
+      if (!(link.probe_ref > 0)) {
+        link.probe_ref = per_byte;
+        link.probe_faster = 0;
+      } else if (per_byte <= kProbeFaster * link.probe_ref) {
+        link.probe_last = link.probe_faster == 0 ? per_byte : std::max(link.probe_last, per_byte);
+        ++link.probe_faster;
+      } else {
+        link.probe_faster = 0;
+      }
+    }
+    double ratio = 0;  // the slowest link's: the ring waits for it
+    for (const Link& l : links_) {
+      if (!(l.probe_ref > 0)) continue;
+      if (l.probe_faster < kProbeConfirm) return;
+      ratio = std::max(ratio, l.probe_last / l.probe_ref);
+    }
+    if (!(ratio > 0)) return;
+    const Candidate before = candidate({true, 1.0}, s.world_size, format, s);
+    const double fixed = compute() + ring_cost() * static_cast<double>(o.elements);
+    const double was = before.seconds - overhead_;
+    const double now = fixed + std::max(was - fixed, 0.0) * ratio;
+    char why[200];
+    std::snprintf(why, sizeof why,
+                  "the link probe: a ring chunk's size crosses %.3gx the time it did; the ring %.3g ms%s before, "
+                  "%.3g ms now (modelled)",
+                  ratio, was * 1e3, before.measured ? " measured" : " modelled", now * 1e3);
+    void_records_but(running(), o.step, /*moved=*/1.0, why);
+    ring_probed_ = now;
+  }
+
+  void clear_probe_refs() {
+    for (Link& l : links_) {
+      l.probe_ref = 0;
+      l.probe_faster = 0;
+      l.probe_last = 0;
+    }
   }
 
   // The slowest known link's time for a message of `bytes`.
@@ -710,6 +786,8 @@ class StepController final : public Controller {
       ring_floor_ = (ring != nullptr ? ring->seconds : ring_floor_) * moved;
     }
     std::erase_if(records_, [&](const Record& r) { return !r.plan.same(keep); });
+    ring_probed_ = 0;
+    clear_probe_refs();
     explore_ = true;
     kept_ = 0;
     sparse_error_ = ring_error_ = {};
@@ -757,6 +835,8 @@ class StepController final : public Controller {
     if (const Record* r = trusted_record(p)) {
       c.seconds = r->seconds;
       c.measured = true;
+    } else if (p.dense && ring_probed_ > 0) {  // v14
+      c.seconds = ring_probed_;
     } else if (p.dense && ring_ratio_ >= 0) {
       c.seconds = compute() + ring_ratio_ * std::max(model_seconds(p, w, format) - compute(), 0.0);
     } else {
@@ -817,14 +897,18 @@ class StepController final : public Controller {
                     r.seconds * 1e3);
       measured += buf;
     }
-    char ratio[96] = "";  // v13: what prices a ring without a record
+    char ratio[160] = "";  // v13, v14: what prices a ring without a record
     int at = 0;
     if (ring_ratio_ >= 0) at = std::snprintf(ratio, sizeof ratio, "; the ring %.3gx its model", ring_ratio_);
     if (ring_floor_ > 0) {
-      std::snprintf(ratio + at, sizeof ratio - static_cast<size_t>(at), "%s >= %.3g ms", at > 0 ? "," : "; the ring",
-                    ring_floor_ * 1e3);
+      at += std::snprintf(ratio + at, sizeof ratio - static_cast<size_t>(at), "%s >= %.3g ms", at > 0 ? "," : "; the ring",
+                          ring_floor_ * 1e3);
     }
-    char buf[704];
+    if (ring_probed_ > 0 && at < static_cast<int>(sizeof ratio)) {
+      std::snprintf(ratio + at, sizeof ratio - static_cast<size_t>(at), "; the ring %.3g ms by the link probe",
+                    ring_probed_ * 1e3);
+    }
+    char buf[768];
     std::snprintf(buf, sizeof buf,
                   "links: alpha %.3g ms, %.4g MB/s (slowest of %zu, %llu rate changes); per element: encode "
                   "%.3g ns%s, ring %.3g ns%s; decode %.3g ns/entry%s; trainer %.3g ms, overhead %.3g ms%s; measured: %s; "
@@ -875,6 +959,7 @@ class StepController final : public Controller {
   double compute_s_ = 0;
   double ring_ratio_ = -1;  // v13: the ring's record / its model, less compute; < 0: not known
   double ring_floor_ = 0;   // v13: no voided ring costs less after the link got slower
+  double ring_probed_ = 0;  // v14: the ring's step time as the link probe scaled it (0: none)
   uint64_t last_link_change_step_ = 0;
   std::vector<double> computes_;  // the trainer's compute time of the last steps (host_load_moved)
   double overhead_ = 0;      // median period_s - (compute + encode + exchange): what every step pays

@@ -1,8 +1,16 @@
 #include "sparsecar/policies/link_model.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace sparsecar::policies {
+
+uint64_t link_probe_payload_bytes(std::span<const uint64_t> tensor_elements, uint32_t world_size) {
+  if (world_size < 2) return 0;
+  uint64_t chunk = 0;
+  for (const uint64_t n : tensor_elements) chunk = std::max(chunk, 4 * ((n + world_size - 1) / world_size));
+  return chunk < kMinProbePayloadBytes ? 0 : std::min(chunk, kMaxProbePayloadBytes);
+}
 
 void LinkFit::accumulate(std::span<const Sample> batch, double weight_of_old) {
   w_ *= weight_of_old;

@@ -161,6 +161,9 @@ struct Plant {
   // cross the link wait this long behind the trainers' all-reduce in the shaper's queue; the
   // receivers time them like any message (link samples of 256 bytes).
   double queued_behind_trainers = 0;
+  // The daemons' link probe (link_model.h): on a sparse step whose number is a multiple of this,
+  // each node's message of a probe's size to its ring successor, timed by the receiver (0: none).
+  uint64_t probe_every = 0;
   bool ran_before = false;
   ControlKnobs last_knobs;
   uint64_t seed = 1;
@@ -266,6 +269,14 @@ struct Plant {
         const double reduce_s = ring * static_cast<double>(n) / 2 * jitter();
         o.reduce_s += reduce_s;
         o.exchange_s += 2.0 * (world - 1) * link(beta, ring_chunk(n)) * jitter() + reduce_s + (id == 0 ? ring_hidden : 0);
+      }
+    }
+    if (k.compression && probe_every > 0 && s % probe_every == 0) {
+      const uint64_t b = kWireHeaderBytes + link_probe_payload_bytes(tensors, world);
+      if (b > kWireHeaderBytes) {
+        for (uint32_t from = 0; from < world; ++from) {
+          o.link_samples.push_back({from, (from + 1) % world, b, link(beta, b) * jitter() * contending(s)});
+        }
       }
     }
     const double load = contending(s);
@@ -1193,6 +1204,84 @@ TEST(StepController, TheTrainersDenseStepsOnAFasterLinkLeaveTheWarmUp) {
     EXPECT_EQ(r.run.in_force[58 - 2].schedule_warmup_steps, 6u);
     expect_near_cheapest(r.run, 30 - 2, 60 - 2, "after the warm-up");
   }
+}
+
+// v14, the link probe. The real small job's `up` profile: 50 Mbit/s, then 1 Gbit/s, behind tbf's
+// 32 KiB burst at 10 Gbit/s. The warm-up is cut before it starts (the hook's dense step at
+// 50 Mbit/s is the ring's record); the sparse messages (a few KB) cross within the burst at either
+// rate, so nothing the sparse plan sends shows the rise. At 1 Gbit/s the ring is the cheapest plan
+// (a sparse step priced x1.3).
+Plant small_real_job_going_up(uint64_t probe_every) {
+  Plant plant = small_real_job();
+  plant.burst = 32 * 1024;
+  plant.line = 1.0 / 1.25e9;
+  plant.probe_every = probe_every;
+  return plant;
+}
+
+TEST(StepController, ARiseOnlyTheLinkProbeShowsTakesTheJobToTheRing) {
+  const auto up = [](uint64_t s) { return s < 150 ? kRate50M : kRate1G; };
+  {
+    Plant plant = small_real_job_going_up(/*probe_every=*/0);
+    ASSERT_LT(plant.true_price(true, 1, kRate1G), 1.3 * plant.true_price(false, 0.005, kRate1G));
+    ASSERT_GT(plant.true_price(true, 1, kRate50M), 3 * 1.3 * plant.true_price(false, 0.005, kRate50M));
+    const auto r = run_with_hint(plant, 400, up);
+    EXPECT_TRUE(r.run.in_force[399 - 2].compression) << "without a probe the rise is not seen: " << r.run.status.step_model;
+  }
+  Plant plant = small_real_job_going_up(/*probe_every=*/20);
+  const auto r = run_with_hint(plant, 400, up);
+  ASSERT_TRUE(r.at_start.has_value()) << "the warm-up is cut before it starts";
+  EXPECT_EQ(decisions_in(r.run, 0, 150), 1u) << "the cut only: the probes at a steady 50 Mbit/s move nothing";
+  EXPECT_TRUE(r.run.in_force[149 - 2].compression);
+  // The probes of steps 160 and 180 show the rise; the ring is tried, measured and kept.
+  EXPECT_GE(decisions_in(r.run, 150, 230), 1u);
+  EXPECT_LE(decisions_in(r.run, 150, 230), 3u);
+  EXPECT_EQ(decisions_in(r.run, 230, 400), 0u);
+  EXPECT_FALSE(r.run.in_force[399 - 2].compression) << r.run.status.step_model;
+}
+
+TEST(StepController, LinkProbesOnASteadyLinkMakeNoDecision) {
+  // 200 Mbit/s behind the burst, probes every 5 steps, ±10 % noise and a loaded host for 6 steps
+  // in every 50 (every time measured, the probes' too, x2): the ring costs ~1.5 sparse steps and
+  // the probes' times say nothing new.
+  Plant plant = small_real_job_going_up(/*probe_every=*/5);
+  plant.noise = 0.1;
+  plant.contend_every = 50;
+  plant.contend = 2.0;
+  const double rate200M = 1.0 / 25e6;
+  const auto r = run_with_hint(plant, 600, [&](uint64_t) { return rate200M; });
+  EXPECT_LE(r.run.decisions.size(), 2u) << "the cut before the start, or the warm-up's answer";
+  EXPECT_EQ(decisions_in(r.run, 40, 600), 0u) << r.run.status.step_model;
+}
+
+TEST(StepController, ARiseWhereTheRingStaysDearIsTriedOnceNotAfterEveryProbe) {
+  // As the rise above, but the ring pays 15 ms a step that no link sample shows: at 1 Gbit/s it
+  // still costs more than a sparse step's price. The probe's scaled price cannot know that; the
+  // trial measures it and goes back, and the probes after it (at the rate the ring was measured
+  // at) bring it back no more.
+  Plant plant = small_real_job_going_up(/*probe_every=*/10);
+  plant.ring_hidden = 0.015;
+  ASSERT_GT(plant.true_price(true, 1, kRate1G), 1.3 * plant.true_price(false, 0.005, kRate1G));
+  const auto r = run_with_hint(plant, 600, [](uint64_t s) { return s < 150 ? kRate50M : kRate1G; });
+  size_t ring_moves = 0;
+  for (size_t i = 1; i < r.run.in_force.size(); ++i) {
+    if (r.run.in_force[i - 1].compression && !r.run.in_force[i].compression) ++ring_moves;
+  }
+  EXPECT_EQ(ring_moves, 1u) << "one trial: the scaled price does not know the 15 ms";
+  EXPECT_EQ(decisions_in(r.run, 250, 600), 0u) << r.run.status.step_model;
+  EXPECT_TRUE(r.run.in_force[599 - 2].compression);
+}
+
+TEST(LinkProbe, ItsSizeIsTheLargestRingChunkWithinItsBounds) {
+  const std::vector<uint64_t> small = {65'536, 16'384, 10};  // a 128 KiB chunk over 2 nodes
+  EXPECT_EQ(link_probe_payload_bytes(small, 2), 4u * 32'768);
+  EXPECT_EQ(link_probe_payload_bytes(small, 3), 4u * 21'846) << "elements / world rounded up";
+  EXPECT_EQ(link_probe_payload_bytes(small, 4), 65'536u) << "a 64 KiB chunk is the least probed";
+  EXPECT_EQ(link_probe_payload_bytes(small, 5), 0u);
+  EXPECT_EQ(link_probe_payload_bytes(small, 1), 0u) << "one node: no link";
+  const std::vector<uint64_t> big = {50'000'000, 1'000};
+  EXPECT_EQ(link_probe_payload_bytes(big, 2), kMaxProbePayloadBytes);
+  EXPECT_EQ(link_probe_payload_bytes({}, 2), 0u);
 }
 
 TEST(StepController, AStartHintIsWeighedOnlyBeforeTheFirstStepWithAWarmUpAndAValidTiming) {

@@ -16,12 +16,25 @@
 // Pure: no clock; fed the same batches it gives the same fit. Thread-safety: none.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <utility>
 #include <vector>
 
 namespace sparsecar::policies {
+
+// The link probe (v14 of the step controller): while a sparse plan is in force its few-KB messages
+// cross a shaper's burst at line rate and say nothing of the rate the dense ring's chunks would
+// meet, so each node sends its ring successor one message of a ring chunk's size now and then
+// (the daemon's LinkProbe; at most `step_probe_share` of the time), which the receiver times like
+// any other. The probe's size (payload + the 80-byte wire header): the largest tensor's ring chunk
+// (4 bytes per element, elements / world_size rounded up), at most kMaxProbePayloadBytes; 0 (no
+// probe) where that chunk is below kMinProbePayloadBytes (a message the transport would not time
+// by its size alone, of a ring cheap enough to need no probe) or world_size < 2.
+inline constexpr uint64_t kMinProbePayloadBytes = 64 * 1024;
+inline constexpr uint64_t kMaxProbePayloadBytes = 4 * 1024 * 1024;
+uint64_t link_probe_payload_bytes(std::span<const uint64_t> tensor_elements, uint32_t world_size);
 
 class LinkFit {
  public:
