@@ -135,7 +135,8 @@ Expected<std::unique_ptr<Daemon>> Daemon::start(const Config& config) {
         });
   }
   parts->observations = std::make_unique<ObservationCollector>(config.rank, config.job_id, parts->net,
-                                                               parts->controllers.get());
+                                                               parts->controllers.get(), clock,
+                                                               parts->metrics.get());
   parts->mailbox->set_control_handler([board = parts->decisions.get(), runner = parts->controllers.get()](
                                           uint32_t peer, const wire::WireHeader& h, std::span<const std::byte> payload) {
     if (h.kind == static_cast<uint16_t>(wire::Kind::kObservation)) {

@@ -76,6 +76,11 @@ void Mailbox::on_message(uint32_t peer, std::span<const std::byte> header_bytes,
     return;
   }
   auto kind = static_cast<wire::Kind>(h.kind);
+  if (kind == wire::Kind::kProbe) {  // timed by the transport on its way in; nothing to keep
+    SC_LOG_DEBUG("link probe from rank {}: {} bytes", peer, payload.size());
+    if (metrics_) metrics_->probes_received.Increment();
+    return;
+  }
   if (h.kind >= static_cast<uint16_t>(wire::Kind::kDecision)) {
     ControlHandler handler;
     {

@@ -636,6 +636,13 @@ const std::vector<KnobSpec>& knobs() {
               "first steps (metrics dense_step_s, dense_wait_s: the DDP hook reports them) do: the early dense "
               "steps are worth more than later ones, but not a ring at a slow link's rate",
        .field = knob_field<&Config::step_warmup_cut, in<&CS::step, &StepS::warmup_cut>>},
+      {.name = "step_probe_share", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 0.0, .max = 0.5, .choices = "",
+       .doc = "step: while a sparse plan runs and the ring is a candidate, each node sends its ring successor a "
+              "message of a ring chunk's size now and then, timed by the receiver, so that a faster link the sparse "
+              "messages do not show (a shaper's burst covers them) prices the ring anew; the probes take at most "
+              "this share of the time (0: none)",
+       .field = knob_field<&Config::step_probe_share>},
       {.name = "step_timeout_ms", .type = K::kUint, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 10, .max = 3.6e6, .choices = "",
        .doc = "deadline for peers to deliver a step",

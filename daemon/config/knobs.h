@@ -140,6 +140,7 @@ struct Config {
   bool step_allow_dense = true;
   double step_dense_worth = 1.3;
   double step_warmup_cut = 3.0;
+  double step_probe_share = 0.02;
 
   // Deadlines.
   uint32_t step_timeout_ms = 30000;   // a step whose peers do not answer in time fails

@@ -51,6 +51,9 @@ inline constexpr MetricSpec kMetricCatalogue[] = {
      "Total error: sum over steps of the squared residual norm, per tensor group"},
     {"link_bandwidth_bytes_per_second", MetricType::kGauge, "peer",
      "Estimated send bandwidth to each peer (EWMA over sends of 64 KiB and more)"},
+    {"link_probes_total", MetricType::kCounter, "direction",
+     "Link probes (one ring chunk's size, timed by the receiver for the step controller) sent to the ring "
+     "successor and received from the predecessor"},
     {"peer_up", MetricType::kGauge, "peer", "1 while the peer is reachable, 0 once it failed"},
     {"controller_decisions_total", MetricType::kCounter, "controller,reason",
      "Knob decisions proposed from this node, by controller and reason"},

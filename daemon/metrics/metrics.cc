@@ -112,6 +112,7 @@ struct Metrics::Families {
   Family<Counter>* residual_error;
   Family<Gauge>* bandwidth;
   Family<Gauge>* peer_up;
+  Family<Counter>* probes;
   Family<Counter>* decisions;
   Family<Gauge>* epoch;
   Family<Gauge>* compression;
@@ -153,6 +154,8 @@ Metrics::Metrics(std::shared_ptr<prometheus::Registry> registry, std::unique_ptr
       elements_selected(f->elements->Add({{"kind", "selected"}})),
       elements_total(f->elements->Add({{"kind", "all"}})),
       messages_rejected(f->errors->Add({{"kind", std::string(error_kind_name(ErrorKind::kWireRejected))}})),
+      probes_sent(f->probes->Add({{"direction", "sent"}})),
+      probes_received(f->probes->Add({{"direction", "received"}})),
       connected_clients(f->clients->Add({})),
       tensor_memory_in_use(f->tensor_memory->Add({{"kind", "in_use"}})),
       tensor_memory_budget(f->tensor_memory->Add({{"kind", "budget"}})),
@@ -248,6 +251,7 @@ Expected<std::unique_ptr<Metrics>> Metrics::create(const std::string& listen, co
   f->residual_error = counter("residual_squared_norm_total");
   f->bandwidth = gauge("link_bandwidth_bytes_per_second");
   f->peer_up = gauge("peer_up");
+  f->probes = counter("link_probes_total");
   f->decisions = counter("controller_decisions_total");
   f->epoch = gauge("decision_epoch");
   f->compression = gauge("compression_enabled");

@@ -104,6 +104,8 @@ class Metrics {
   prometheus::Counter& elements_selected;
   prometheus::Counter& elements_total;
   prometheus::Counter& messages_rejected;  // = errors_total{kind="wire_rejected"}
+  prometheus::Counter& probes_sent;        // link_probes_total{direction="sent"} (its bytes: wire_bytes_sent_total)
+  prometheus::Counter& probes_received;    // link_probes_total{direction="received"}
   prometheus::Gauge& connected_clients;
   prometheus::Gauge& tensor_memory_in_use;  // sparsecar_tensor_memory_bytes{kind="in_use"}
   prometheus::Gauge& tensor_memory_budget;  // sparsecar_tensor_memory_bytes{kind="budget"}

@@ -14,6 +14,7 @@
 #include "daemon/transport/text_message.h"
 #include "daemon/transport/wire.h"
 #include "sparsecar/kernels/ef.h"
+#include "sparsecar/policies/link_model.h"
 #include "sparsecar/common/log.h"
 
 namespace sparsecar {
@@ -223,8 +224,13 @@ double StepPeriod::on_finish(uint64_t step, Clock::time_point now, uint32_t leas
 }
 
 ObservationCollector::ObservationCollector(uint32_t rank, uint64_t job_id, Transport* transport,
-                                           ControllerRunner* runner, const Clock& clock)
-    : rank_(rank), job_id_(job_id), transport_(transport), runner_(runner), clock_(clock) {}
+                                           ControllerRunner* runner, const Clock& clock, Metrics* metrics)
+    : rank_(rank),
+      job_id_(job_id),
+      transport_(transport),
+      runner_(runner),
+      clock_(clock),
+      probe_(rank, job_id, transport, metrics, clock) {}
 
 void ObservationCollector::on_metric(const std::string& name, double value, uint64_t step) {
   std::optional<policies::StartHint> hint;
@@ -247,6 +253,8 @@ void ObservationCollector::on_reset() {
   current_.reset();
   ready_.clear();  // the finished job's: the next job's steps start again at 0
   period_.reset();
+  probe_.reset();
+  probe_facts_.reset();
   records_ = 0;
   last_selected_.clear();
   {
@@ -402,12 +410,30 @@ void ObservationCollector::finish(const Decision& decision) {
       }
     }
   }
+  probe_facts_ = probe_facts(o, decision);
   ++finished_;
   ready_.push_back(std::move(o));
 }
 
+LinkProbe::StepFacts ObservationCollector::probe_facts(const policies::NodeObservation& o,
+                                                       const Decision& decision) const {
+  LinkProbe::StepFacts f;
+  f.step = o.step;
+  const Config* c = decision.config.get();
+  if (c == nullptr || transport_ == nullptr) return f;
+  const bool sparse = o.elements > 0 && o.nnz < o.elements && o.trainer_elements == 0;
+  f.wanted = policies::has(active_, policies::ControllerKind::kStep) && c->step_allow_dense && c->compression && sparse;
+  f.share = c->step_probe_share;
+  std::vector<uint64_t> elements;
+  for (const auto& t : o.tensors) elements.push_back(t.elements);
+  f.payload_bytes = policies::link_probe_payload_bytes(elements, transport_->world_size());
+  return f;
+}
+
 void ObservationCollector::after_complete() {
   if (ready_.empty()) return;
+  if (probe_facts_) probe_.after_step(*probe_facts_);
+  probe_facts_.reset();
   for (const policies::NodeObservation& o : ready_) {
     if (runner_) {
       runner_->add(o);

@@ -4,6 +4,8 @@
 //        (bytes, exchange and encode time,       │   rank 0: ControllerRunner::add() + poll()
 //         link bytes/busy time from send          └── other ranks: kObservation message to rank 0
 //         completions, norms, repeat of the selection)
+//   after each step's result (after_complete): the link probe (LinkProbe, link_probe.h) while the
+//        step controller may want the ring and a sparse plan runs
 //   session thread ── on_metric() ──► latest trainer metrics (loss, its target, compute time)
 //        (rank 0: "dense_step_s" after "dense_wait_s" ──► ControllerRunner::start_hint())
 //
@@ -28,6 +30,7 @@
 #include <vector>
 
 #include "daemon/pipeline/decisions.h"
+#include "daemon/pipeline/link_probe.h"
 #include "daemon/transport/transport.h"
 #include "sparsecar/common/clock.h"
 #include "sparsecar/common/status.h"
@@ -120,10 +123,11 @@ class StepPeriod {
 
 class ObservationCollector final : public StepObserver {
  public:
-  // `runner` is set on rank 0 only; `transport` may be null when world_size == 1.
-  // `clock` (period_s) must outlive the collector.
+  // `runner` is set on rank 0 only; `transport` may be null when world_size == 1; `metrics` (the
+  // link probe's counts) may be null. `clock` (period_s, the probe's timing) must outlive the
+  // collector and the transport's callbacks.
   ObservationCollector(uint32_t rank, uint64_t job_id, Transport* transport, ControllerRunner* runner,
-                       const Clock& clock = steady_clock());
+                       const Clock& clock = steady_clock(), Metrics* metrics = nullptr);
 
   void on_tensor_step(const TensorStepRecord& record, const Decision& decision) override;
   void on_metric(const std::string& name, double value, uint64_t step) override;
@@ -135,12 +139,15 @@ class ObservationCollector final : public StepObserver {
 
   // Observations finished so far (for tests and status).
   uint64_t finished() const { return finished_; }
+  // Link probes sent so far (for tests).
+  uint64_t probes_sent() const { return probe_.sent(); }
 
  private:
   // The budget controller's histograms (policies::NodeObservation::magnitude_hist): this
   // record's magnitudes into the current step's.
   void add_magnitudes(const TensorStepRecord& record, const Decision& decision);
   void finish(const Decision& decision);
+  LinkProbe::StepFacts probe_facts(const policies::NodeObservation& o, const Decision& decision) const;
   void send_to_rank0(const policies::NodeObservation& o);
 
   const uint32_t rank_;
@@ -161,6 +168,8 @@ class ObservationCollector final : public StepObserver {
   StepPeriod period_;
   std::shared_ptr<const Config> active_config_;  // the decision config active_ was parsed from
   policies::ControllerSet active_ = 0;
+  LinkProbe probe_;
+  std::optional<LinkProbe::StepFacts> probe_facts_;  // of the last finished step, for after_complete()
 
   // Session thread -> pipeline thread.
   std::mutex mu_;

@@ -144,6 +144,10 @@ Status validate_header(const WireHeader& h, const Expectations& expect, size_t a
     return bad("payload_bytes", std::to_string(h.payload_bytes) + " exceeds the limit of " +
                                     std::to_string(kMaxPayloadBytes));
   }
+  if (h.kind == static_cast<uint16_t>(Kind::kProbe) && h.payload_bytes > kMaxProbePayloadBytes) {
+    return bad("payload_bytes", std::to_string(h.payload_bytes) + " exceeds a probe's limit of " +
+                                    std::to_string(kMaxProbePayloadBytes));
+  }
   if (h.kind == static_cast<uint16_t>(Kind::kData)) {
     if (!known_format(h.format)) return bad("format", std::to_string(h.format) + " is unknown");
     if (!known_value_type(h.value_type)) return bad("value_type", std::to_string(h.value_type) + " is unknown");

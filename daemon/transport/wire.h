@@ -36,8 +36,12 @@ enum class Kind : uint16_t {
   kKnobReply = 7,    // rank 0 -> requester: `step` = request id; payload = "ok <epoch> <step>" or
                      // "error <message>"
   kObservation = 8,  // any rank -> rank 0: measurements for the controllers; payload = text
+  kProbe = 9,        // any rank -> its ring successor: the link probe, timed by the receiver and
+                     // dropped; payload = zeros, at most kMaxProbePayloadBytes
 };
-inline constexpr uint16_t kMaxKind = 8;
+inline constexpr uint16_t kMaxKind = 9;
+// A probe's payload is one ring chunk of the largest tensor, capped (policies/link_model.h).
+inline constexpr uint64_t kMaxProbePayloadBytes = uint64_t{4} << 20;
 
 struct WireHeader {
   uint32_t magic;          //  0

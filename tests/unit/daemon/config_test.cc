@@ -168,7 +168,8 @@ TEST(KnobSettingsTest, EveryPolicyKnobReachesTheSettings) {
       "tensor_memory_budget_bytes",
       "session_handshake_timeout_ms", "controller_metric", "step_timeout_ms", "join_timeout_ms",
       "peer_down_grace_ms", "accept_replacements",
-      "trainer_lease"};  // the pipeline reads it from the decision in force (Pipeline::trainer_lease)
+      "trainer_lease",      // the pipeline reads it from the decision in force (Pipeline::trainer_lease)
+      "step_probe_share"};  // the link probe's sender reads it from the decision in force (LinkProbe)
   const AllSettings defaults = all_settings(Config{});
   for (const KnobSpec& spec : knob_table()) {
     SCOPED_TRACE(spec.name);

@@ -207,6 +207,29 @@ TEST(MailboxIncarnation, AManifestSurvivesTheResetAndTheNewestWins) {
   EXPECT_EQ(std::string(reinterpret_cast<const char*>(got->payload.data()), got->payload.size()), "second");
 }
 
+// The link probe (link_probe.h): counted and dropped after its validation, never kept, never
+// handed to the control handler; one over its size limit is rejected like any bad message.
+TEST(MailboxProbe, AProbeIsCountedAndDroppedAndAnOversizedOneRejected) {
+  auto metrics = Metrics::create("off").value();
+  Mailbox box(kJob, 2, metrics.get());
+  std::atomic<int> control_messages{0};
+  box.set_control_handler([&](uint32_t, const wire::WireHeader&, std::span<const std::byte>) { ++control_messages; });
+  deliver(box, 1, sealed(wire::Kind::kProbe, 1, wire::WireHeader{}, std::vector<std::byte>(128 * 1024)));
+  EXPECT_EQ(box.buffered_bytes(1), 0u);
+  EXPECT_EQ(box.rejected(), 0u);
+  EXPECT_EQ(control_messages.load(), 0);
+  deliver(box, 1, sealed(wire::Kind::kProbe, 1, wire::WireHeader{},
+                         std::vector<std::byte>(wire::kMaxProbePayloadBytes + 1)));
+  EXPECT_EQ(box.rejected(), 1u);
+  Message corrupt = sealed(wire::Kind::kProbe, 1, wire::WireHeader{}, std::vector<std::byte>(64 * 1024));
+  corrupt.payload[100] = std::byte{1};  // the checksum no longer holds
+  deliver(box, 1, corrupt);
+  EXPECT_EQ(box.rejected(), 2u);
+  EXPECT_EQ(box.buffered_bytes(1), 0u);
+  const std::string text = metrics->scrape_text();
+  EXPECT_NE(text.find(R"(sparsecar_link_probes_total{direction="received"} 1)"), std::string::npos) << text;
+}
+
 }  // namespace
 }  // namespace sparsecar
 

@@ -362,6 +362,39 @@ TEST_P(UcxTransportTest, TimedSendsLetTheReceiverTimeMessagesOfAnySize) {
   for (const auto& m : job.sinks[1]->received()) EXPECT_TRUE(m.content_ok) << "seq " << m.seq;
 }
 
+// The step controller's link probe (daemon/pipeline/link_probe.h) is at least 64 KiB: its
+// receiver times it on its size alone, timed sends on or off (the daemons turn them on with the
+// step controller, one small send in kTimedSendEvery).
+TEST_P(UcxTransportTest, AMessageOfAProbesSizeIsTimedWithoutTimedSends) {
+  Job job;
+  start_job(job, GetParam(), 2, 42);
+  if (HasFatalFailure()) return;
+  std::vector<TestHeader> headers;
+  std::vector<std::vector<std::byte>> payloads;
+  headers.reserve(2);
+  payloads.reserve(2);
+  for (uint32_t seq = 0; seq < 2; ++seq) {
+    const size_t size = (64u << 10) * (seq + 1);  // the least probe, then 128 KiB
+    headers.push_back(TestHeader{kTestMagic, 0, seq, 0, size});
+    payloads.push_back(make_payload(0, seq, size));
+    Completions done;
+    ASSERT_TRUE(job.transports[0]
+                    ->send(1, std::as_bytes(std::span<const TestHeader>(&headers.back(), 1)), payloads.back(),
+                           done.callback())
+                    .ok());
+    ASSERT_TRUE(done.wait_all());
+    ASSERT_TRUE(job.sinks[1]->wait_messages(seq + 1)) << "message " << seq << " did not arrive";
+  }
+  const std::vector<ReceiveSample> samples = job.transports[1]->drain_receive_samples();
+  ASSERT_EQ(samples.size(), 2u);
+  for (uint32_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(samples[i].peer, 0u);
+    EXPECT_EQ(samples[i].bytes, (64u << 10) * (i + 1) + sizeof(TestHeader)) << "sample " << i;
+    EXPECT_GT(samples[i].seconds, 0.0);
+    EXPECT_LT(samples[i].seconds, 10.0);
+  }
+}
+
 TEST_P(UcxTransportTest, ConcurrentSendersFromManyThreads) {
   Job job;
   start_job(job, GetParam(), 2, 43);

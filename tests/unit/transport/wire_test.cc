@@ -209,6 +209,16 @@ TEST(WireTest, ValidHeaderPasses) {
   a.dense_len = 0;
   a.payload_bytes = 12;
   EXPECT_TRUE(validate_header(a, expect_job(), 12).ok());
+  // A link probe: up to 4 MiB of payload (the ring chunk it stands for is capped there).
+  WireHeader p = example_header();
+  p.kind = static_cast<uint16_t>(Kind::kProbe);
+  p.format = 0;
+  p.payload_bytes = kMaxProbePayloadBytes;
+  EXPECT_TRUE(validate_header(p, expect_job(), kMaxProbePayloadBytes).ok());
+  p.payload_bytes = kMaxProbePayloadBytes + 1;
+  const Status big = validate_header(p, expect_job(), kMaxProbePayloadBytes + 1);
+  EXPECT_EQ(big.code(), Code::kDataLoss);
+  EXPECT_NE(big.message().find("payload_bytes"), std::string::npos) << big.to_string();
 }
 
 struct Corruption {

@@ -1,0 +1,88 @@
+#include "daemon/pipeline/link_probe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <span>
+
+#include "daemon/metrics/metrics.h"
+#include "sparsecar/common/log.h"
+#include "sparsecar/policies/link_model.h"
+
+namespace sparsecar {
+
+static_assert(policies::kMaxProbePayloadBytes == wire::kMaxProbePayloadBytes,
+              "the probe's size (policies) must pass the receiver's validation (wire)");
+
+LinkProbe::LinkProbe(uint32_t rank, uint64_t job_id, Transport* transport, Metrics* metrics, const Clock& clock)
+    : rank_(rank), job_id_(job_id), transport_(transport), metrics_(metrics), clock_(clock) {}
+
+void LinkProbe::reset() {
+  next_at_ = {};
+  next_step_ = 0;
+  was_wanted_ = false;
+}
+
+bool LinkProbe::after_step(const StepFacts& f) {
+  const bool wanted = f.wanted && f.share > 0 && f.share <= 1 && f.payload_bytes > 0 &&
+                      f.payload_bytes <= wire::kMaxProbePayloadBytes && transport_ != nullptr &&
+                      transport_->world_size() > 1;
+  if (!wanted) {
+    was_wanted_ = false;
+    return false;
+  }
+  if (!was_wanted_) next_step_ = std::max(next_step_, f.step + kStartAfterSteps);  // a sparse plan starts
+  was_wanted_ = true;
+  Shared& s = *shared_;
+  if (s.in_flight.load(std::memory_order_acquire)) return false;
+  if (const int64_t done = s.done_at.exchange(-1, std::memory_order_acq_rel); done >= 0) {
+    const Clock::time_point done_at{Clock::duration(done)};
+    if (s.failed.exchange(false, std::memory_order_acq_rel)) {
+      next_at_ = done_at + kRetryAfterFailure;
+    } else {
+      const double took = std::chrono::duration<double>(done_at - posted_).count();
+      const auto spent = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(took / f.share));
+      next_at_ = posted_ + std::max<Clock::duration>(spent, kMinProbeInterval);
+    }
+  }
+  const Clock::time_point now = clock_.now();
+  if (now < next_at_ || f.step < next_step_) return false;
+
+  if (s.payload.size() != f.payload_bytes) s.payload.assign(f.payload_bytes, std::byte{0});
+  wire::WireHeader h{};
+  h.magic = wire::kMagic;
+  h.version = wire::kVersion;
+  h.kind = static_cast<uint16_t>(wire::Kind::kProbe);
+  h.job_id = job_id_;
+  h.sender_rank = rank_;
+  h.payload_bytes = s.payload.size();
+  wire::seal(h, s.payload, std::span<std::byte, wire::kHeaderBytes>(s.header));
+  const uint32_t to = (rank_ + 1) % transport_->world_size();
+  s.in_flight.store(true, std::memory_order_release);
+  posted_ = now;
+  next_step_ = f.step + kMinProbeSteps;
+  next_at_ = now + kMinProbeInterval;  // until the completion says how long it took
+  const Clock* clock = &clock_;
+  Status st = transport_->send(to, s.header, s.payload, [shared = shared_, clock](const Status& done) {
+    if (!done.ok()) {
+      SC_LOG_DEBUG("a link probe was not delivered: {}", done.to_string());
+      shared->failed.store(true, std::memory_order_release);
+    }
+    shared->done_at.store(clock->now().time_since_epoch().count(), std::memory_order_release);
+    shared->in_flight.store(false, std::memory_order_release);
+  });
+  if (!st.ok()) {
+    s.in_flight.store(false, std::memory_order_release);
+    next_at_ = now + kRetryAfterFailure;
+    SC_LOG_DEBUG("cannot send a link probe to rank {}: {}", to, st.to_string());
+    return false;
+  }
+  ++sent_;
+  SC_LOG_DEBUG("link probe {} at step {}: {} bytes to rank {}", sent_, f.step, s.payload.size(), to);
+  if (metrics_ != nullptr) {
+    metrics_->probes_sent.Increment();
+    metrics_->add_bytes_sent(to, wire::kHeaderBytes + s.payload.size());
+  }
+  return true;
+}
+
+}  // namespace sparsecar

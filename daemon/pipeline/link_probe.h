@@ -1,0 +1,88 @@
+// LinkProbe: the sender's side of the step controller's link probe (policies/link_model.h).
+//
+// While the step controller is active, the dense ring is one of its candidates and this node's
+// steps run a sparse plan, the node now and then sends its ring successor (rank + 1 mod W) one
+// wire::Kind::kProbe message of a ring chunk's size (zeros). The receiving transport times it like
+// every rendezvous message (a ReceiveSample, which reaches the controller as a link sample); the
+// receiver's mailbox validates, counts and drops it. The controller compares those samples with
+// the first one since the ring's price was last set, and prices the ring anew where the link got
+// faster for the ring's chunks: a rise that none of a sparse plan's few-KB messages shows behind a
+// shaper's burst.
+//
+// Cost: at most `share` of the time (the `step_probe_share` knob): after a probe that took d from
+// its post to its completion (the successor's transport fetched its last byte), the next one waits
+// d / share from the post, and at least kMinProbeInterval and kMinProbeSteps steps; the first comes
+// kStartAfterSteps steps after the sparse plan started. One probe in flight at a time; a send that
+// fails waits kRetryAfterFailure. Counted in sparsecar_link_probes_total{direction="sent"}, its
+// bytes in wire_bytes_sent_total.
+//
+// Time: read only through the Clock it is given (which must outlive the transport's callbacks).
+// Threads: after_step()/reset() on the pipeline thread; a probe's completion on the transport's
+// progress thread (shared state under atomics, kept alive by the callback).
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "daemon/transport/transport.h"
+#include "daemon/transport/wire.h"
+#include "sparsecar/common/clock.h"
+
+namespace sparsecar {
+
+class Metrics;
+
+class LinkProbe {
+ public:
+  static constexpr std::chrono::milliseconds kMinProbeInterval{250};
+  static constexpr std::chrono::seconds kRetryAfterFailure{5};
+  static constexpr uint64_t kMinProbeSteps = 10;
+  static constexpr uint64_t kStartAfterSteps = 3;
+
+  // What the step that just finished says about probing.
+  struct StepFacts {
+    uint64_t step = 0;
+    // The step controller is active and allows the ring, and the step ran a sparse plan through
+    // the daemons (not a dense step, not one the trainers reduced).
+    bool wanted = false;
+    double share = 0;            // step_probe_share (0: off)
+    uint64_t payload_bytes = 0;  // policies::link_probe_payload_bytes (0: no probe for these tensors)
+  };
+
+  // `transport` may be null (one node); `metrics` may be null.
+  LinkProbe(uint32_t rank, uint64_t job_id, Transport* transport, Metrics* metrics, const Clock& clock);
+
+  // After a finished step: sends a probe when one is due. Returns true when it sent one.
+  bool after_step(const StepFacts& f);
+  // A new job: the next probe waits for its sparse steps again.
+  void reset();
+  uint64_t sent() const { return sent_; }
+
+ private:
+  struct Shared {
+    std::atomic<bool> in_flight{false};
+    std::atomic<bool> failed{false};     // the last probe's completion was a failure
+    std::atomic<int64_t> done_at{-1};    // its completion's clock reading (ticks); -1: none new
+    std::array<std::byte, wire::kHeaderBytes> header{};
+    std::vector<std::byte> payload;  // zeros; resized only while no probe is in flight
+  };
+
+  uint32_t rank_;
+  uint64_t job_id_;
+  Transport* transport_;
+  Metrics* metrics_;
+  const Clock& clock_;
+  std::shared_ptr<Shared> shared_ = std::make_shared<Shared>();
+  Clock::time_point posted_{};
+  Clock::time_point next_at_{};  // the next probe not before this
+  uint64_t next_step_ = 0;       // nor before this step
+  bool was_wanted_ = false;
+  uint64_t sent_ = 0;
+};
+
+}  // namespace sparsecar
