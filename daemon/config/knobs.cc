@@ -639,7 +639,7 @@ const std::vector<KnobSpec>& knobs() {
       {.name = "step_probe_share", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 0.0, .max = 0.5, .choices = "",
        .doc = "step: while a sparse plan runs and the ring is a candidate, each node sends its ring successor a "
-              "message of a ring chunk's size now and then, timed by the receiver, so that a faster link the sparse "
+              "message of the bytes the ring sends it in a step now and then, timed by the receiver, so that a faster link the sparse "
               "messages do not show (a shaper's burst covers them) prices the ring anew; the probes take at most "
               "this share of the time (0: none)",
        .field = knob_field<&Config::step_probe_share>},

@@ -52,7 +52,7 @@ inline constexpr MetricSpec kMetricCatalogue[] = {
     {"link_bandwidth_bytes_per_second", MetricType::kGauge, "peer",
      "Estimated send bandwidth to each peer (EWMA over sends of 64 KiB and more)"},
     {"link_probes_total", MetricType::kCounter, "direction",
-     "Link probes (one ring chunk's size, timed by the receiver for the step controller) sent to the ring "
+     "Link probes (the bytes the ring sends its successor in a step, timed by the receiver for the step controller) sent to the ring "
      "successor and received from the predecessor"},
     {"peer_up", MetricType::kGauge, "peer", "1 while the peer is reachable, 0 once it failed"},
     {"controller_decisions_total", MetricType::kCounter, "controller,reason",

@@ -2,7 +2,7 @@
 //
 // While the step controller is active, the dense ring is one of its candidates and this node's
 // steps run a sparse plan, the node now and then sends its ring successor (rank + 1 mod W) one
-// wire::Kind::kProbe message of a ring chunk's size (zeros). The receiving transport times it like
+// wire::Kind::kProbe message of the bytes the ring sends it in a step (zeros). The receiving transport times it like
 // every rendezvous message (a ReceiveSample, which reaches the controller as a link sample); the
 // receiver's mailbox validates, counts and drops it. The controller compares those samples with
 // the first one since the ring's price was last set, and prices the ring anew where the link got

@@ -40,7 +40,8 @@ enum class Kind : uint16_t {
                      // dropped; payload = zeros, at most kMaxProbePayloadBytes
 };
 inline constexpr uint16_t kMaxKind = 9;
-// A probe's payload is one ring chunk of the largest tensor, capped (policies/link_model.h).
+// A probe's payload is what the ring sends a successor in a step for the largest tensor, capped
+// (policies/link_model.h).
 inline constexpr uint64_t kMaxProbePayloadBytes = uint64_t{4} << 20;
 
 struct WireHeader {

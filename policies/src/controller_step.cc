@@ -61,7 +61,7 @@
 // not the rest of the job behind the hysteresis. A change that the trainer's compute time
 // followed is the host's load, not the link's rate, and voids nothing (v10). A rise that none of
 // the sparse plan's own messages shows (a shaper whose burst covers them) is seen by the link
-// probe (v14, watch_probes: a message of a ring chunk's size now and then, link_model.h); a drop
+// probe (v14, watch_probes: a message of a ring step's bytes to the successor now and then, link_model.h); a drop
 // that only the probe shows is not acted on (the ring it would price is not in force).
 #include "controller_internal.h"
 
@@ -607,7 +607,7 @@ class StepController final : public Controller {
     const double now = fixed + std::max(was - fixed, 0.0) * ratio;
     char why[200];
     std::snprintf(why, sizeof why,
-                  "the link probe: a ring chunk's size crosses %.3gx the time it did; the ring %.3g ms%s before, "
+                  "the link probe: a ring step's bytes cross in %.3gx the time they did; the ring %.3g ms%s before, "
                   "%.3g ms now (modelled)",
                   ratio, was * 1e3, before.measured ? " measured" : " modelled", now * 1e3);
     void_records_but(running(), o.step, /*moved=*/1.0, why);

@@ -9,7 +9,8 @@ uint64_t link_probe_payload_bytes(std::span<const uint64_t> tensor_elements, uin
   if (world_size < 2) return 0;
   uint64_t chunk = 0;
   for (const uint64_t n : tensor_elements) chunk = std::max(chunk, 4 * ((n + world_size - 1) / world_size));
-  return chunk < kMinProbePayloadBytes ? 0 : std::min(chunk, kMaxProbePayloadBytes);
+  const uint64_t step = 2 * uint64_t{world_size - 1} * chunk;  // < 2^36: no overflow for any tensor on the wire
+  return step < kMinProbePayloadBytes ? 0 : std::min(step, kMaxProbePayloadBytes);
 }
 
 void LinkFit::accumulate(std::span<const Sample> batch, double weight_of_old) {

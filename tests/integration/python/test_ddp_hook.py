@@ -598,9 +598,10 @@ def test_one_pause_between_steps_is_not_the_trainers_compute_but_a_new_pace_is(g
 
 def test_the_step_controllers_link_probe_crosses_between_real_daemons(sparsecard, tmp_path):
     """A DDP job on two daemons under the default adaptive setting (the 6-step dense warm-up, then
-    top-k): once the sparse plan runs, each daemon sends its ring successor a link probe of a ring
-    chunk's size (the digits MLP's 64 x 1024 layer: 128 KiB over 2 nodes) over UCX, and the other
-    validates and drops it (both logged at debug level); the job's steps are not disturbed."""
+    top-k): once the sparse plan runs, each daemon sends its ring successor a link probe of the
+    bytes the ring would send it in a step (the digits MLP's one bucket, ~85 k elements: two
+    chunks of ~170 KB over 2 nodes) over UCX, and the other validates and drops it (both logged at
+    debug level); the job's steps are not disturbed."""
     out = tmp_path / "ddp.json"
     r = subprocess.run([sys.executable, os.path.join(BENCH, "ddp_digits.py"), "--sparsecard", sparsecard,
                         "--pythonpath", os.environ.get("PYTHONPATH", ""), "--out", str(out),
@@ -626,7 +627,7 @@ def test_the_step_controllers_link_probe_crosses_between_real_daemons(sparsecard
     sent = {rank: re.findall(r"link probe \d+ at step (\d+): (\d+) bytes to rank (\d+)", logs[rank]) for rank in (0, 1)}
     got = {rank: re.findall(r"link probe from rank (\d+): (\d+) bytes", logs[rank]) for rank in (0, 1)}
     sizes = {int(b) for rank in (0, 1) for _, b, _ in sent[rank]}
-    # One size: the largest bucket's ring chunk (4 bytes an element, half the elements each).
+    # One size: the ring's step for the largest bucket (2 chunks of half its elements, 4 bytes each).
     assert len(sizes) == 1 and 64 * 1024 <= min(sizes) <= 4 * 1024 * 1024, sent
     for rank in (0, 1):
         assert sent[rank], f"rank {rank} sent no probe"

@@ -52,7 +52,7 @@ class RecordingTransport final : public Transport {
   uint32_t rank_, world_;
 };
 
-// The small digits MLP's tensors: its largest ring chunk over 2 nodes is 128 KiB.
+// The small digits MLP's tensors: the ring sends its successor 2 chunks of 128 KiB a step over 2 nodes.
 const std::vector<uint64_t> kTensors = {65'536, 16'384, 2'560, 256, 10};
 
 LinkProbe::StepFacts sparse_step(uint64_t step, double share = 0.02) {
@@ -80,7 +80,7 @@ TEST(LinkProbe, SendsOneRingChunkToTheRingSuccessorAFewStepsIntoASparsePlan) {
   ASSERT_EQ(net.sent.size(), 1u);
   const auto& m = net.sent[0];
   EXPECT_EQ(m.peer, 2u);
-  EXPECT_EQ(m.payload.size(), 4u * 21'846) << "65 536 elements / 3 nodes, rounded up, 4 bytes each";
+  EXPECT_EQ(m.payload.size(), 4u * 4 * 21'846) << "4 chunks of 65 536 elements / 3 nodes, rounded up, 4 bytes each";
   ASSERT_EQ(m.header.size(), wire::kHeaderBytes);
   std::span<const std::byte, wire::kHeaderBytes> fixed(m.header.data(), wire::kHeaderBytes);
   const wire::WireHeader h = wire::decode_header(fixed);
@@ -92,8 +92,8 @@ TEST(LinkProbe, SendsOneRingChunkToTheRingSuccessorAFewStepsIntoASparsePlan) {
   EXPECT_EQ(probe.sent(), 1u);
   const std::string text = metrics->scrape_text();
   EXPECT_NE(text.find(R"(sparsecar_link_probes_total{direction="sent"} 1)"), std::string::npos) << text;
-  EXPECT_NE(text.find(R"(sparsecar_wire_bytes_sent_total{peer="2"} 87464)"), std::string::npos)
-      << "80 + 87 384 bytes: " << text;
+  EXPECT_NE(text.find(R"(sparsecar_wire_bytes_sent_total{peer="2"} 349616)"), std::string::npos)
+      << "80 + 349 536 bytes: " << text;
 }
 
 TEST(LinkProbe, TakesAtMostItsShareOfTheTimeOneAtATime) {

@@ -1272,12 +1272,12 @@ TEST(StepController, ARiseWhereTheRingStaysDearIsTriedOnceNotAfterEveryProbe) {
   EXPECT_TRUE(r.run.in_force[599 - 2].compression);
 }
 
-TEST(LinkProbe, ItsSizeIsTheLargestRingChunkWithinItsBounds) {
-  const std::vector<uint64_t> small = {65'536, 16'384, 10};  // a 128 KiB chunk over 2 nodes
-  EXPECT_EQ(link_probe_payload_bytes(small, 2), 4u * 32'768);
-  EXPECT_EQ(link_probe_payload_bytes(small, 3), 4u * 21'846) << "elements / world rounded up";
-  EXPECT_EQ(link_probe_payload_bytes(small, 4), 65'536u) << "a 64 KiB chunk is the least probed";
-  EXPECT_EQ(link_probe_payload_bytes(small, 5), 0u);
+TEST(LinkProbe, ItsSizeIsWhatTheRingSendsItsSuccessorInAStepWithinItsBounds) {
+  const std::vector<uint64_t> small = {65'536, 16'384, 10};  // 128 KiB chunks over 2 nodes
+  EXPECT_EQ(link_probe_payload_bytes(small, 2), 2u * 4 * 32'768) << "reduce-scatter + all-gather: 2 chunks";
+  EXPECT_EQ(link_probe_payload_bytes(small, 3), 4u * 4 * 21'846) << "4 chunks of elements / 3 rounded up";
+  EXPECT_EQ(link_probe_payload_bytes(std::vector<uint64_t>{20'000}, 2), 80'000u);
+  EXPECT_EQ(link_probe_payload_bytes(std::vector<uint64_t>{16'000}, 2), 0u) << "64 000 bytes: below 64 KiB a step";
   EXPECT_EQ(link_probe_payload_bytes(small, 1), 0u) << "one node: no link";
   const std::vector<uint64_t> big = {50'000'000, 1'000};
   EXPECT_EQ(link_probe_payload_bytes(big, 2), kMaxProbePayloadBytes);

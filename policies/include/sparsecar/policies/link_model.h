@@ -28,10 +28,13 @@ namespace sparsecar::policies {
 // cross a shaper's burst at line rate and say nothing of the rate the dense ring's chunks would
 // meet, so each node sends its ring successor one message of a ring chunk's size now and then
 // (the daemon's LinkProbe; at most `step_probe_share` of the time), which the receiver times like
-// any other. The probe's size (payload + the 80-byte wire header): the largest tensor's ring chunk
-// (4 bytes per element, elements / world_size rounded up), at most kMaxProbePayloadBytes; 0 (no
-// probe) where that chunk is below kMinProbePayloadBytes (a message the transport would not time
-// by its size alone, of a ring cheap enough to need no probe) or world_size < 2.
+// any other. Its payload: what the ring sends its successor in a step for the largest tensor,
+// 2 (world_size - 1) chunks of 4 bytes per element, elements / world_size rounded up (a shaper's
+// burst covers one chunk of a small model: the real jobs' tbf let 128 KiB through at line rate,
+// and a 170 KB probe at 50 Mbit/s measured ~0.4x what it would without), at most
+// kMaxProbePayloadBytes; 0 (no probe) where that is below kMinProbePayloadBytes (a message the
+// transport would not time by its size alone, of a ring cheap enough to need no probe) or
+// world_size < 2.
 inline constexpr uint64_t kMinProbePayloadBytes = 64 * 1024;
 inline constexpr uint64_t kMaxProbePayloadBytes = 4 * 1024 * 1024;
 uint64_t link_probe_payload_bytes(std::span<const uint64_t> tensor_elements, uint32_t world_size);
