@@ -151,11 +151,15 @@ constexpr double kModelMargin = 0.3;
 constexpr size_t kOverheadSteps = 15;  // steps whose median is the step's overhead
 constexpr double kStartSparseFactor = 3.0;  // v8: a sparse step before any ran, x a dense step's rest
 // v14: probe samples in a row, on every link that has a reference, at kProbeFaster or less of the
-// reference's time per byte make a rise of the link where the ring's chunks cross. Two: a message
-// cannot cross faster than the link lets it (a slow outlier is the noise a loaded host makes),
-// and a faster link makes the sender's next probe come sooner (it spends a share of the time).
+// reference's time per byte make a rise of the link where the ring's chunks cross; one at
+// kProbeFarFaster or less does. A message cannot cross faster than the link lets it, and the
+// reference is the fastest probe seen at the rate (a slow one is the noise a loaded host makes):
+// no noise makes one 4x faster. One probe is what a rise costs in waiting: at 50 Mbit/s behind the
+// real jobs' 128 KiB burst the small job's probe took ~35 ms, so at a share of 2 % the next came
+// ~1.7 s later (~100 of its steps).
 constexpr uint64_t kProbeConfirm = 2;
 constexpr double kProbeFaster = 0.5;
+constexpr double kProbeFarFaster = 0.25;
 
 // The upper median of a non-empty sample (taken by value: it is reordered).
 double median(std::vector<double> v) {
@@ -448,6 +452,7 @@ class StepController final : public Controller {
     // v14: the first probe-sized sample's seconds per byte since the ring's price was last set
     // (0: none yet), and the samples in a row since at kProbeFaster of it or less (the slowest).
     double probe_ref = 0;
+    uint64_t probe_seen = 0;  // samples that made the reference (kProbeConfirm before it counts)
     uint64_t probe_faster = 0;
     double probe_last = 0;
   };
@@ -561,9 +566,10 @@ class StepController final : public Controller {
 
   // v14: the link probe. While a sparse plan is in force (and the ring is a candidate), the samples
   // of a probe's size (link_model.h: within 2x of it; a probe, or a sparse message that large) are
-  // compared, per link, with the first one taken since the ring's price was last set (its record
-  // made, or the records voided). Two in a row at kProbeFaster of that time per byte or less, on
-  // every link that has a reference, say the link got faster where the ring's chunks cross, which
+  // compared, per link, with the fastest taken since the ring's price was last set (its record
+  // made, or the records voided; the first kProbeConfirm make the reference). Two in a row at kProbeFaster of that time per byte or less (one
+  // at kProbeFarFaster), on every link that has a reference, say the link got faster where the
+  // ring's chunks cross, which
   // no few-KB message of the sparse plan shows behind a shaper's burst. The ring's price is then
   // scaled: its link part (the price less the trainer's compute and the ring's work per element)
   // by the slowest link's ratio; the records are voided as on any rate change, so the first answer
@@ -584,19 +590,21 @@ class StepController final : public Controller {
       if (2 * l.bytes < size || l.bytes > 2 * size || !(l.seconds > 0) || !std::isfinite(l.seconds)) continue;
       Link& link = links_[link_index(l.from, l.to)];
       const double per_byte = l.seconds / static_cast<double>(l.bytes);
-      if (!(link.probe_ref > 0)) {
-        link.probe_ref = per_byte;
+      if (link.probe_seen < kProbeConfirm) {  // the reference: the fastest of the first samples
+        link.probe_ref = link.probe_seen == 0 ? per_byte : std::min(link.probe_ref, per_byte);
+        ++link.probe_seen;
         link.probe_faster = 0;
       } else if (per_byte <= kProbeFaster * link.probe_ref) {
         link.probe_last = link.probe_faster == 0 ? per_byte : std::max(link.probe_last, per_byte);
-        ++link.probe_faster;
+        link.probe_faster += per_byte <= kProbeFarFaster * link.probe_ref ? kProbeConfirm : 1;
       } else {
+        link.probe_ref = std::min(link.probe_ref, per_byte);  // the fastest seen at this rate
         link.probe_faster = 0;
       }
     }
     double ratio = 0;  // the slowest link's: the ring waits for it
     for (const Link& l : links_) {
-      if (!(l.probe_ref > 0)) continue;
+      if (l.probe_seen < kProbeConfirm) continue;
       if (l.probe_faster < kProbeConfirm) return;
       ratio = std::max(ratio, l.probe_last / l.probe_ref);
     }
@@ -617,6 +625,7 @@ class StepController final : public Controller {
   void clear_probe_refs() {
     for (Link& l : links_) {
       l.probe_ref = 0;
+      l.probe_seen = 0;
       l.probe_faster = 0;
       l.probe_last = 0;
     }

@@ -164,6 +164,7 @@ struct Plant {
   // The daemons' link probe (link_model.h): on a sparse step whose number is a multiple of this,
   // each node's message of a probe's size to its ring successor, timed by the receiver (0: none).
   uint64_t probe_every = 0;
+  uint64_t probe_slow_at = 0;  // the probe of this step (if any) is x8 slow: a loaded host
   bool ran_before = false;
   ControlKnobs last_knobs;
   uint64_t seed = 1;
@@ -275,7 +276,8 @@ struct Plant {
       const uint64_t b = kWireHeaderBytes + link_probe_payload_bytes(tensors, world);
       if (b > kWireHeaderBytes) {
         for (uint32_t from = 0; from < world; ++from) {
-          o.link_samples.push_back({from, (from + 1) % world, b, link(beta, b) * jitter() * contending(s)});
+          const double slow = probe_slow_at > 0 && s == probe_slow_at ? 8.0 : 1.0;
+          o.link_samples.push_back({from, (from + 1) % world, b, link(beta, b) * jitter() * contending(s) * slow});
         }
       }
     }
@@ -1252,6 +1254,20 @@ TEST(StepController, LinkProbesOnASteadyLinkMakeNoDecision) {
   const auto r = run_with_hint(plant, 600, [&](uint64_t) { return rate200M; });
   EXPECT_LE(r.run.decisions.size(), 2u) << "the cut before the start, or the warm-up's answer";
   EXPECT_EQ(decisions_in(r.run, 40, 600), 0u) << r.run.status.step_model;
+}
+
+TEST(StepController, ASlowFirstProbeIsNoReferenceForARise) {
+  // A steady 200 Mbit/s, where the ring costs ~1.5 sparse steps; the first probe (step 20) waits
+  // 8x its time on a loaded host. Measured against it alone, the next would look 8x faster, the
+  // ring's price would be scaled below a sparse step's and tried: the reference is the fastest
+  // of the first two.
+  Plant plant = small_real_job_going_up(/*probe_every=*/20);
+  plant.probe_slow_at = 20;
+  const double rate200M = 1.0 / 25e6;
+  const auto r = run_with_hint(plant, 300, [&](uint64_t) { return rate200M; });
+  ASSERT_GT(plant.true_price(true, 1, rate200M), 1.3 * plant.true_price(false, 0.005, rate200M));
+  EXPECT_EQ(decisions_in(r.run, 20, 300), 0u) << r.run.status.last_reason;
+  EXPECT_TRUE(r.run.in_force[299 - 2].compression);
 }
 
 TEST(StepController, ARiseWhereTheRingStaysDearIsTriedOnceNotAfterEveryProbe) {
