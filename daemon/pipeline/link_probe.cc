@@ -17,12 +17,15 @@ LinkProbe::LinkProbe(uint32_t rank, uint64_t job_id, Transport* transport, Metri
     : rank_(rank), job_id_(job_id), transport_(transport), metrics_(metrics), clock_(clock) {}
 
 void LinkProbe::reset() {
-  next_at_ = {};
+  posted_any_ = false;
+  took_ = received_ = 0;
+  retry_at_ = {};
   next_step_ = 0;
   was_wanted_ = false;
 }
 
 bool LinkProbe::after_step(const StepFacts& f) {
+  if (f.received_s > 0 && std::isfinite(f.received_s)) received_ = f.received_s;
   const bool wanted = f.wanted && f.share > 0 && f.share <= 1 && f.payload_bytes > 0 &&
                       f.payload_bytes <= wire::kMaxProbePayloadBytes && transport_ != nullptr &&
                       transport_->world_size() > 1;
@@ -37,15 +40,18 @@ bool LinkProbe::after_step(const StepFacts& f) {
   if (const int64_t done = s.done_at.exchange(-1, std::memory_order_acq_rel); done >= 0) {
     const Clock::time_point done_at{Clock::duration(done)};
     if (s.failed.exchange(false, std::memory_order_acq_rel)) {
-      next_at_ = done_at + kRetryAfterFailure;
+      retry_at_ = done_at + kRetryAfterFailure;
     } else {
-      const double took = std::chrono::duration<double>(done_at - posted_).count();
-      const auto spent = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(took / f.share));
-      next_at_ = posted_ + std::max<Clock::duration>(spent, kMinProbeInterval);
+      took_ = std::chrono::duration<double>(done_at - posted_).count();
     }
   }
   const Clock::time_point now = clock_.now();
-  if (now < next_at_ || f.step < next_step_) return false;
+  if (now < retry_at_ || f.step < next_step_) return false;
+  if (posted_any_) {
+    const auto spent =
+        std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(std::max(took_, received_) / f.share));
+    if (now < posted_ + std::max<Clock::duration>(spent, kMinProbeInterval)) return false;
+  }
 
   if (s.payload.size() != f.payload_bytes) s.payload.assign(f.payload_bytes, std::byte{0});
   wire::WireHeader h{};
@@ -58,9 +64,10 @@ bool LinkProbe::after_step(const StepFacts& f) {
   wire::seal(h, s.payload, std::span<std::byte, wire::kHeaderBytes>(s.header));
   const uint32_t to = (rank_ + 1) % transport_->world_size();
   s.in_flight.store(true, std::memory_order_release);
+  posted_any_ = true;
   posted_ = now;
+  took_ = 0;  // until its completion says
   next_step_ = f.step + kMinProbeSteps;
-  next_at_ = now + kMinProbeInterval;  // until the completion says how long it took
   const Clock* clock = &clock_;
   Status st = transport_->send(to, s.header, s.payload, [shared = shared_, clock](const Status& done) {
     if (!done.ok()) {
@@ -72,7 +79,7 @@ bool LinkProbe::after_step(const StepFacts& f) {
   });
   if (!st.ok()) {
     s.in_flight.store(false, std::memory_order_release);
-    next_at_ = now + kRetryAfterFailure;
+    retry_at_ = now + kRetryAfterFailure;
     SC_LOG_DEBUG("cannot send a link probe to rank {}: {}", to, st.to_string());
     return false;
   }

@@ -9,11 +9,14 @@
 // faster for the ring's chunks: a rise that none of a sparse plan's few-KB messages shows behind a
 // shaper's burst.
 //
-// Cost: at most `share` of the time (the `step_probe_share` knob): after a probe that took d from
-// its post to its completion (the successor's transport fetched its last byte), the next one waits
-// d / share from the post, and at least kMinProbeInterval and kMinProbeSteps steps; the first comes
-// kStartAfterSteps steps after the sparse plan started. One probe in flight at a time; a send that
-// fails waits kRetryAfterFailure. Counted in sparsecar_link_probes_total{direction="sent"}, its
+// Cost: at most `share` of the link's time (the `step_probe_share` knob): after a probe that took d,
+// the next one waits d / share from its post, and at least kMinProbeInterval and kMinProbeSteps
+// steps; the first comes kStartAfterSteps steps after the sparse plan started. d is the longer of
+// the send's post -> completion and the receiver-side time of the last probe that came from the
+// ring predecessor (StepFacts::received_s): a send completes once its bytes are in the kernel's
+// queues, ahead of a shaper, so on its own it said 250 ms where a probe took ~35 ms of a 50 Mbit/s
+// link, and the real small jobs ran 20-47 % slower a step at 50 Mbit/s than top-k's. One probe in
+// flight at a time; a send that fails waits kRetryAfterFailure. Counted in sparsecar_link_probes_total{direction="sent"}, its
 // bytes in wire_bytes_sent_total.
 //
 // Time: read only through the Clock it is given (which must outlive the transport's callbacks).
@@ -52,6 +55,9 @@ class LinkProbe {
     bool wanted = false;
     double share = 0;            // step_probe_share (0: off)
     uint64_t payload_bytes = 0;  // policies::link_probe_payload_bytes (0: no probe for these tensors)
+    // The receiver-side time of a message of a probe's size from the ring predecessor that arrived
+    // during the step (its probe: the links of a ring are alike), 0 when none did.
+    double received_s = 0;
   };
 
   // `transport` may be null (one node); `metrics` may be null.
@@ -78,8 +84,11 @@ class LinkProbe {
   Metrics* metrics_;
   const Clock& clock_;
   std::shared_ptr<Shared> shared_ = std::make_shared<Shared>();
+  bool posted_any_ = false;
   Clock::time_point posted_{};
-  Clock::time_point next_at_{};  // the next probe not before this
+  double took_ = 0;              // the last probe's post -> completion (s)
+  double received_ = 0;          // the predecessor's last probe, timed here (s)
+  Clock::time_point retry_at_{};  // after a failure, the next probe not before this
   uint64_t next_step_ = 0;       // nor before this step
   bool was_wanted_ = false;
   uint64_t sent_ = 0;

@@ -1,7 +1,8 @@
 // LinkProbe (daemon/pipeline/link_probe.h): when a node sends the step controller's link probe,
 // to whom, how large, and how often. A recording transport holds each send until the test
-// completes it, on a FakeClock, so the spacing (the probe's own time / share, at least 250 ms and
-// 10 steps; one in flight; 5 s after a failure) is checked against the rule, step by step.
+// completes it, on a FakeClock, so the spacing (the probe's time / share, the longer of its send's
+// and the predecessor's probe's as received here; at least 250 ms and 10 steps; one in flight; 5 s
+// after a failure) is checked against the rule, step by step.
 #include "daemon/pipeline/link_probe.h"
 
 #include <gtest/gtest.h>
@@ -133,6 +134,14 @@ TEST(LinkProbe, TakesAtMostItsShareOfTheTimeOneAtATime) {
   ASSERT_EQ(net.sent.size(), 3u);
   net.complete(2);
   for (int i = 0; i < 20; ++i) EXPECT_FALSE(probe.after_step(sparse_step(step++))) << "the clock stood still";
+  // Its send completed at once (its bytes went to the kernel's queues), but the predecessor's probe
+  // of the same size took 100 ms to arrive here: the link's time is that, the next one 5 s after.
+  const auto third = clock.now();
+  LinkProbe::StepFacts got = sparse_step(step++);
+  got.received_s = 0.1;
+  EXPECT_FALSE(probe.after_step(got));
+  wait_until(third + 5s);
+  EXPECT_EQ(net.sent.size(), 4u);
 }
 
 TEST(LinkProbe, NoProbeUnlessASparsePlanRunsWithTheRingACandidate) {
