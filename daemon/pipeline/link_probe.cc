@@ -33,7 +33,10 @@ bool LinkProbe::after_step(const StepFacts& f) {
     was_wanted_ = false;
     return false;
   }
-  if (!was_wanted_) next_step_ = std::max(next_step_, f.step + kStartAfterSteps);  // a sparse plan starts
+  if (!was_wanted_) {  // a sparse plan starts
+    next_step_ = std::max(next_step_, f.step + kStartAfterSteps);
+    start_at_ = clock_.now() + kStartAfter;
+  }
   was_wanted_ = true;
   Shared& s = *shared_;
   if (s.in_flight.load(std::memory_order_acquire)) return false;
@@ -46,7 +49,7 @@ bool LinkProbe::after_step(const StepFacts& f) {
     }
   }
   const Clock::time_point now = clock_.now();
-  if (now < retry_at_ || f.step < next_step_) return false;
+  if (now < retry_at_ || now < start_at_ || f.step < next_step_) return false;
   if (posted_any_) {
     const auto spent =
         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(std::max(took_, received_) / f.share));

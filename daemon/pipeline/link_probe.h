@@ -11,7 +11,8 @@
 //
 // Cost: at most `share` of the link's time (the `step_probe_share` knob): after a probe that took d,
 // the next one waits d / share from its post, and at least kMinProbeInterval and kMinProbeSteps
-// steps; the first comes kStartAfterSteps steps after the sparse plan started. d is the longer of
+// steps; the first comes kStartAfterSteps steps and kStartAfter after the sparse plan started (a
+// probe at 50 Mbit/s cost the real small jobs ~50-80 ms, 2-3 % of a 2.5 s job). d is the longer of
 // the send's post -> completion and the receiver-side time of the last probe that came from the
 // ring predecessor (StepFacts::received_s): a send completes once its bytes are in the kernel's
 // queues, ahead of a shaper, so on its own it said 250 ms where a probe took ~35 ms of a 50 Mbit/s
@@ -46,6 +47,7 @@ class LinkProbe {
   static constexpr std::chrono::seconds kRetryAfterFailure{5};
   static constexpr uint64_t kMinProbeSteps = 10;
   static constexpr uint64_t kStartAfterSteps = 3;
+  static constexpr std::chrono::seconds kStartAfter{1};
 
   // What the step that just finished says about probing.
   struct StepFacts {
@@ -89,6 +91,7 @@ class LinkProbe {
   double took_ = 0;              // the last probe's post -> completion (s)
   double received_ = 0;          // the predecessor's last probe, timed here (s)
   Clock::time_point retry_at_{};  // after a failure, the next probe not before this
+  Clock::time_point start_at_{};  // nor before this (kStartAfter into the sparse plan)
   uint64_t next_step_ = 0;       // nor before this step
   bool was_wanted_ = false;
   uint64_t sent_ = 0;

@@ -150,11 +150,10 @@ constexpr size_t kComputeBaseSteps = 30;
 constexpr double kModelMargin = 0.3;
 constexpr size_t kOverheadSteps = 15;  // steps whose median is the step's overhead
 constexpr double kStartSparseFactor = 3.0;  // v8: a sparse step before any ran, x a dense step's rest
-// v14: probe samples in a row, on every link that has a reference, at kProbeFaster or less of the
-// reference's time per byte make a rise of the link where the ring's chunks cross; one at
-// kProbeFarFaster or less does. A message cannot cross faster than the link lets it, and the
-// reference is the fastest probe seen at the rate (a slow one is the noise a loaded host makes):
-// no noise makes one 4x faster. One probe is what a rise costs in waiting: at 50 Mbit/s behind the
+// v14: probe samples in a row, on every link that had one, at kProbeFaster or less of the time the
+// ring's price holds for those bytes make a rise of the link where the ring's chunks cross; one at
+// kProbeFarFaster or less does. A message cannot cross faster than the link lets it (a slow one
+// is the noise a loaded host makes): no noise makes one 4x faster. One probe is what a rise costs in waiting: at 50 Mbit/s behind the
 // real jobs' 128 KiB burst the small job's probe took ~35 ms, so at a share of 2 % the next came
 // ~1.7 s later (~100 of its steps).
 constexpr uint64_t kProbeConfirm = 2;
@@ -451,10 +450,11 @@ class StepController final : public Controller {
     LinkFit fit;
     // v14: the first probe-sized sample's seconds per byte since the ring's price was last set
     // (0: none yet), and the samples in a row since at kProbeFaster of it or less (the slowest).
-    double probe_ref = 0;
-    uint64_t probe_seen = 0;  // samples that made the reference (kProbeConfirm before it counts)
+    bool probe_any = false;   // a probe-sized sample since the ring's price was last set
+    bool after_ring = false;  // set by the ring running: the first sample is the reference only
+    double probe_ref = 0;     // the fastest of them not counted faster (seconds per byte; 0: none)
     uint64_t probe_faster = 0;
-    double probe_last = 0;
+    double probe_ratio = 0;   // of those counted faster in a row, the largest ratio to its base
   };
 
   // v6: under the schedule's dense warm-up, once the ring is measured (and again whenever a rate
@@ -565,19 +565,24 @@ class StepController final : public Controller {
   }
 
   // v14: the link probe. While a sparse plan is in force (and the ring is a candidate), the samples
-  // of a probe's size (link_model.h: within 2x of it; a probe, or a sparse message that large) are
-  // compared, per link, with the fastest taken since the ring's price was last set (its record
-  // made, or the records voided; the first kProbeConfirm make the reference). Two in a row at kProbeFaster of that time per byte or less (one
-  // at kProbeFarFaster), on every link that has a reference, say the link got faster where the
-  // ring's chunks cross, which
-  // no few-KB message of the sparse plan shows behind a shaper's burst. The ring's price is then
-  // scaled: its link part (the price less the trainer's compute and the ring's work per element)
-  // by the slowest link's ratio; the records are voided as on any rate change, so the first answer
-  // may go up to the ring — a move on the model's word, i.e. a trial that the ring's first
-  // measured steps keep or take back. The ring then runs and the references start again.
+  // of a probe's size (link_model.h: within 2x of it; a probe, or a sparse message that large: the
+  // bytes the ring sends a successor in a step) are compared, per link, with what the ring's price
+  // says those bytes take (its link part: the price less the trainer's compute and the ring's work
+  // per element), or with the fastest probe since that price was last set (its record made, or
+  // the records voided) where that is less (a ring step that waits on more than its link). Two in
+  // a row at kProbeFaster of that time per byte or less (one at kProbeFarFaster), on every link
+  // that had one, say the link got faster where the ring's chunks cross, which no few-KB message
+  // of the sparse plan shows behind a shaper's burst. The ring's price is then scaled: its link
+  // part by the slowest link's ratio; the records are voided as on any rate change, so the first
+  // answer may go up to the ring — a move on the model's word, i.e. a trial that the ring's first
+  // measured steps keep or take back. The ring then runs, and the first probe after it is the
+  // reference only (a ring step may wait on more than its link: one that pays 15 ms no link
+  // sample shows would otherwise look slow to every probe, and be tried after each). (A reference
+  // of probes alone was wrong twice: one slow probe on a loaded host made the next look faster, and
+  // a rise between the first two left none slower to compare with.)
   void watch_probes(const ControllerSettings& s, const JobObservation& o, kernels::Format format) {
     if (!has_ran_ || last_ran_.dense || running().dense) {
-      if (has_ran_ && last_ran_.dense) clear_probe_refs();
+      if (has_ran_ && last_ran_.dense) clear_probe_refs(/*ring_ran=*/true);
       return;
     }
     if (!s.step.allow_dense || o.trainer_elements > 0 || o.link_samples.empty()) return;
@@ -586,48 +591,53 @@ class StepController final : public Controller {
     const uint64_t payload = link_probe_payload_bytes(elements, s.world_size);
     if (payload == 0) return;
     const uint64_t size = payload + kWireHeaderBytes;
+    // What the ring's price says a probe takes: its link part (the price less the trainer's
+    // compute and the ring's work per element) is the time of these bytes on the slowest link.
+    const Candidate before = candidate({true, 1.0}, s.world_size, format, s);
+    const double fixed = compute() + ring_cost() * static_cast<double>(o.elements);
+    const double was = before.seconds - overhead_;
+    if (!(was - fixed > 0)) return;
+    const double implied = (was - fixed) / static_cast<double>(size);  // seconds per byte
     for (const LinkPairSample& l : o.link_samples) {
       if (2 * l.bytes < size || l.bytes > 2 * size || !(l.seconds > 0) || !std::isfinite(l.seconds)) continue;
       Link& link = links_[link_index(l.from, l.to)];
       const double per_byte = l.seconds / static_cast<double>(l.bytes);
-      if (link.probe_seen < kProbeConfirm) {  // the reference: the fastest of the first samples
-        link.probe_ref = link.probe_seen == 0 ? per_byte : std::min(link.probe_ref, per_byte);
-        ++link.probe_seen;
-        link.probe_faster = 0;
-      } else if (per_byte <= kProbeFaster * link.probe_ref) {
-        link.probe_last = link.probe_faster == 0 ? per_byte : std::max(link.probe_last, per_byte);
-        link.probe_faster += per_byte <= kProbeFarFaster * link.probe_ref ? kProbeConfirm : 1;
+      const double base = link.probe_ref > 0 ? std::min(implied, link.probe_ref) : implied;
+      const bool first_after_ring = link.after_ring && !link.probe_any;
+      link.probe_any = true;
+      if (!first_after_ring && per_byte <= kProbeFaster * base) {
+        const double r = per_byte / base;
+        link.probe_ratio = link.probe_faster == 0 ? r : std::max(link.probe_ratio, r);
+        link.probe_faster += per_byte <= kProbeFarFaster * base ? kProbeConfirm : 1;
       } else {
-        link.probe_ref = std::min(link.probe_ref, per_byte);  // the fastest seen at this rate
+        link.probe_ref = link.probe_ref > 0 ? std::min(link.probe_ref, per_byte) : per_byte;
         link.probe_faster = 0;
       }
     }
     double ratio = 0;  // the slowest link's: the ring waits for it
     for (const Link& l : links_) {
-      if (l.probe_seen < kProbeConfirm) continue;
+      if (!l.probe_any) continue;
       if (l.probe_faster < kProbeConfirm) return;
-      ratio = std::max(ratio, l.probe_last / l.probe_ref);
+      ratio = std::max(ratio, l.probe_ratio);
     }
     if (!(ratio > 0)) return;
-    const Candidate before = candidate({true, 1.0}, s.world_size, format, s);
-    const double fixed = compute() + ring_cost() * static_cast<double>(o.elements);
-    const double was = before.seconds - overhead_;
-    const double now = fixed + std::max(was - fixed, 0.0) * ratio;
+    const double now = fixed + (was - fixed) * ratio;
     char why[200];
     std::snprintf(why, sizeof why,
-                  "the link probe: a ring step's bytes cross in %.3gx the time they did; the ring %.3g ms%s before, "
-                  "%.3g ms now (modelled)",
+                  "the link probe: a ring step's bytes cross in %.3gx the time the ring's price holds; the ring "
+                  "%.3g ms%s before, %.3g ms now (modelled)",
                   ratio, was * 1e3, before.measured ? " measured" : " modelled", now * 1e3);
     void_records_but(running(), o.step, /*moved=*/1.0, why);
     ring_probed_ = now;
   }
 
-  void clear_probe_refs() {
+  void clear_probe_refs(bool ring_ran) {
     for (Link& l : links_) {
+      l.after_ring = ring_ran;
+      l.probe_any = false;
       l.probe_ref = 0;
-      l.probe_seen = 0;
       l.probe_faster = 0;
-      l.probe_last = 0;
+      l.probe_ratio = 0;
     }
   }
 
@@ -796,7 +806,7 @@ class StepController final : public Controller {
     }
     std::erase_if(records_, [&](const Record& r) { return !r.plan.same(keep); });
     ring_probed_ = 0;
-    clear_probe_refs();
+    clear_probe_refs(/*ring_ran=*/false);
     explore_ = true;
     kept_ = 0;
     sparse_error_ = ring_error_ = {};

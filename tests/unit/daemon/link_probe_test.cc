@@ -1,8 +1,9 @@
 // LinkProbe (daemon/pipeline/link_probe.h): when a node sends the step controller's link probe,
 // to whom, how large, and how often. A recording transport holds each send until the test
-// completes it, on a FakeClock, so the spacing (the probe's time / share, the longer of its send's
-// and the predecessor's probe's as received here; at least 250 ms and 10 steps; one in flight; 5 s
-// after a failure) is checked against the rule, step by step.
+// completes it, on a FakeClock, so the spacing (the first 3 steps and 1 s into a sparse plan; then
+// the probe's time / share, the longer of its send's and the predecessor's probe's as received
+// here; at least 250 ms and 10 steps; one in flight; 5 s after a failure) is checked against the
+// rule, step by step.
 #include "daemon/pipeline/link_probe.h"
 
 #include <gtest/gtest.h>
@@ -75,6 +76,7 @@ TEST(LinkProbe, SendsOneRingChunkToTheRingSuccessorAFewStepsIntoASparsePlan) {
     return f;
   };
   EXPECT_FALSE(probe.after_step(facts(10)));  // the sparse plan's first step
+  clock.advance(LinkProbe::kStartAfter);
   EXPECT_FALSE(probe.after_step(facts(11)));
   EXPECT_FALSE(probe.after_step(facts(12)));
   ASSERT_TRUE(probe.after_step(facts(13))) << "LinkProbe::kStartAfterSteps after the first";
@@ -102,7 +104,9 @@ TEST(LinkProbe, TakesAtMostItsShareOfTheTimeOneAtATime) {
   RecordingTransport net(0, 2);
   LinkProbe probe(0, kJob, &net, nullptr, clock);
   uint64_t step = 0;
-  for (; net.sent.empty() && step < 10; ++step) probe.after_step(sparse_step(step));
+  while (net.sent.empty() && step < 20) {
+    if (!probe.after_step(sparse_step(step++))) clock.advance(200ms);
+  }
   ASSERT_EQ(net.sent.size(), 1u);
   const auto posted = clock.now();
   // In flight: no second one, however long it takes.
@@ -171,7 +175,8 @@ TEST(LinkProbe, AFailedProbeWaitsFiveSecondsAndANewPlanOrJobWaitsItsFirstSteps) 
   RecordingTransport net(0, 2);
   LinkProbe probe(0, kJob, &net, nullptr, clock);
   uint64_t step = 0;
-  for (; net.sent.empty(); ++step) probe.after_step(sparse_step(step));
+  for (; net.sent.empty() && step < 20; ++step, clock.advance(200ms)) probe.after_step(sparse_step(step));
+  ASSERT_EQ(net.sent.size(), 1u);
   net.complete(0, unavailable("peer down"));
   clock.advance(4900ms);
   for (int i = 0; i < 12; ++i) EXPECT_FALSE(probe.after_step(sparse_step(step++)));
@@ -187,13 +192,15 @@ TEST(LinkProbe, AFailedProbeWaitsFiveSecondsAndANewPlanOrJobWaitsItsFirstSteps) 
   step += 20;
   EXPECT_FALSE(probe.after_step(sparse_step(step++)));
   clock.advance(1s);
-  // The ring ran in between: the sparse plan's first 3 steps again.
+  // The ring ran in between: the sparse plan's first 3 steps and 1 s again.
   LinkProbe::StepFacts dense = sparse_step(step++);
   dense.wanted = false;
   EXPECT_FALSE(probe.after_step(dense));
   EXPECT_FALSE(probe.after_step(sparse_step(step++)));
   EXPECT_FALSE(probe.after_step(sparse_step(step++)));
   EXPECT_FALSE(probe.after_step(sparse_step(step++)));
+  EXPECT_FALSE(probe.after_step(sparse_step(step++))) << "not 1 s into the sparse plan yet";
+  clock.advance(LinkProbe::kStartAfter);
   EXPECT_TRUE(probe.after_step(sparse_step(step++)));
   ASSERT_EQ(net.sent.size(), 3u);
   net.complete(2);
@@ -201,6 +208,7 @@ TEST(LinkProbe, AFailedProbeWaitsFiveSecondsAndANewPlanOrJobWaitsItsFirstSteps) 
   probe.reset();
   clock.advance(1h);
   EXPECT_FALSE(probe.after_step(sparse_step(0)));
+  clock.advance(LinkProbe::kStartAfter);
   EXPECT_FALSE(probe.after_step(sparse_step(1)));
   EXPECT_FALSE(probe.after_step(sparse_step(2)));
   EXPECT_TRUE(probe.after_step(sparse_step(3)));

@@ -1240,6 +1240,12 @@ TEST(StepController, ARiseOnlyTheLinkProbeShowsTakesTheJobToTheRing) {
   EXPECT_LE(decisions_in(r.run, 150, 230), 3u);
   EXPECT_EQ(decisions_in(r.run, 230, 400), 0u);
   EXPECT_FALSE(r.run.in_force[399 - 2].compression) << r.run.status.step_model;
+  // A rise before the first probe (step 20): it is compared with what the ring's record (the
+  // hook's dense step at 50 Mbit/s) says those bytes take.
+  Plant early = small_real_job_going_up(/*probe_every=*/20);
+  const auto e = run_with_hint(early, 200, [](uint64_t s) { return s < 10 ? kRate50M : kRate1G; });
+  EXPECT_GE(decisions_in(e.run, 20, 80), 1u);
+  EXPECT_FALSE(e.run.in_force[199 - 2].compression) << e.run.status.step_model;
 }
 
 TEST(StepController, LinkProbesOnASteadyLinkMakeNoDecision) {
