@@ -30,14 +30,18 @@ def _our_namespaces(pid):
     return [line for line in out.splitlines() if line.startswith(f"sccap-{pid}-")]
 
 
-def test_capped_short(sparsecard, tmp_path):
+def _capped(sparsecard, out, *args):
+    """capped.py's command line (skips the test without root and network namespaces)."""
     if not _can_netns():
         pytest.skip("needs root and network namespaces")
+    return [sys.executable, os.path.join(BENCH, "capped.py"), "--sparsecard", sparsecard,
+            "--pythonpath", os.environ.get("PYTHONPATH", ""), "--out", str(out), *args]
+
+
+def test_capped_short(sparsecard, tmp_path):
     out = tmp_path / "capped.json"
-    p = subprocess.Popen([sys.executable, os.path.join(BENCH, "capped.py"), "--sparsecard", sparsecard,
-                          "--pythonpath", os.environ.get("PYTHONPATH", ""), "--rates", "100mbit",
-                          "--methods", "dense,sparsecar_static", "--steps", "100", "--eval-every", "20",
-                          "--timeout", "120", "--out", str(out)],
+    p = subprocess.Popen(_capped(sparsecard, out, "--rates", "100mbit", "--methods", "dense,sparsecar_static",
+                                 "--steps", "100", "--eval-every", "20", "--timeout", "120"),
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         log, _ = p.communicate(timeout=240)
@@ -64,15 +68,11 @@ def test_the_link_probe_crosses_a_capped_link(sparsecard, tmp_path):
     digits MLP's one ~85 k-element bucket: 2 chunks of ~170 KB over 2 nodes) across the shaped
     link, and the other validates and drops them (both logged at debug level; step_probe_share 0.5
     so that several fit in the job). The job's steps are not disturbed."""
-    if not _can_netns():
-        pytest.skip("needs root and network namespaces")
     out = tmp_path / "capped.json"
-    r = subprocess.run([sys.executable, os.path.join(BENCH, "capped.py"), "--sparsecard", sparsecard,
-                        "--pythonpath", os.environ.get("PYTHONPATH", ""), "--rates", "50mbit",
-                        "--methods", "dense,sparsecar", "--controller", "schedule,step", "--steps", "200",
-                        "--eval-every", "50", "--timeout", "180", "--keep-logs", "--out", str(out),
-                        "--daemon-arg=--schedule-warmup-steps=6", "--daemon-arg=--step-probe-share=0.5",
-                        "--daemon-arg=--log-level=debug"],
+    r = subprocess.run(_capped(sparsecard, out, "--rates", "50mbit", "--methods", "dense,sparsecar",
+                               "--controller", "schedule,step", "--steps", "200", "--eval-every", "50",
+                               "--timeout", "180", "--keep-logs", "--daemon-arg=--schedule-warmup-steps=6",
+                               "--daemon-arg=--step-probe-share=0.5", "--daemon-arg=--log-level=debug"),
                        capture_output=True, text=True, timeout=400)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     kept = re.findall(r"logs kept in (\S+)", r.stderr)  # the dense job's, then sparsecar's

@@ -322,27 +322,41 @@ TEST_P(UcxTransportTest, FourRanksExchangeEmptySmallAndLargeMessages) {
 // however small, goes rendezvous and its receiver times it (one busy period per message sent
 // alone, its bytes the header and payload); the others, and every small message without timed
 // sends, go eagerly and give no sample.
+// Rank 0 sends rank 1 one message at a time, each sent and received before the next; the
+// buffers live as long as the sender.
+class OneByOne {
+ public:
+  OneByOne(Job& job, size_t messages) : job_(job) {
+    headers_.reserve(messages);
+    payloads_.reserve(messages);
+  }
+  void send(size_t size) {
+    ASSERT_LT(headers_.size(), headers_.capacity()) << "the buffers would move";
+    headers_.push_back(TestHeader{kTestMagic, 0, seq_, 0, size});
+    payloads_.push_back(make_payload(0, seq_, size));
+    ++seq_;
+    Completions done;
+    ASSERT_TRUE(job_.transports[0]
+                    ->send(1, std::as_bytes(std::span<const TestHeader>(&headers_.back(), 1)), payloads_.back(),
+                           done.callback())
+                    .ok());
+    ASSERT_TRUE(done.wait_all());
+    ASSERT_TRUE(job_.sinks[1]->wait_messages(seq_)) << "message " << seq_ << " did not arrive";
+  }
+
+ private:
+  Job& job_;
+  std::vector<TestHeader> headers_;
+  std::vector<std::vector<std::byte>> payloads_;
+  uint32_t seq_ = 0;
+};
+
 TEST_P(UcxTransportTest, TimedSendsLetTheReceiverTimeMessagesOfAnySize) {
   Job job;
   start_job(job, GetParam(), 2, 42);
   if (HasFatalFailure()) return;
-  std::vector<TestHeader> headers;
-  std::vector<std::vector<std::byte>> payloads;
-  headers.reserve(2 + 2 * kTimedSendEvery + 1);
-  payloads.reserve(2 + 2 * kTimedSendEvery + 1);
-  uint32_t seq = 0;
-  auto send_one = [&](size_t size) {
-    headers.push_back(TestHeader{kTestMagic, 0, seq, 0, size});
-    payloads.push_back(make_payload(0, seq, size));
-    ++seq;
-    Completions done;
-    ASSERT_TRUE(job.transports[0]
-                    ->send(1, std::as_bytes(std::span<const TestHeader>(&headers.back(), 1)), payloads.back(),
-                           done.callback())
-                    .ok());
-    ASSERT_TRUE(done.wait_all());
-    ASSERT_TRUE(job.sinks[1]->wait_messages(seq)) << "message " << seq << " did not arrive";
-  };
+  OneByOne sender(job, 2 + 2 * kTimedSendEvery + 1);
+  auto send_one = [&](size_t size) { sender.send(size); };
   send_one(100);
   send_one(4096);
   EXPECT_TRUE(job.transports[1]->drain_receive_samples().empty()) << "small eager messages are not timed";
@@ -369,22 +383,9 @@ TEST_P(UcxTransportTest, AMessageOfAProbesSizeIsTimedWithoutTimedSends) {
   Job job;
   start_job(job, GetParam(), 2, 42);
   if (HasFatalFailure()) return;
-  std::vector<TestHeader> headers;
-  std::vector<std::vector<std::byte>> payloads;
-  headers.reserve(2);
-  payloads.reserve(2);
-  for (uint32_t seq = 0; seq < 2; ++seq) {
-    const size_t size = (64u << 10) * (seq + 1);  // the least probe, then 128 KiB
-    headers.push_back(TestHeader{kTestMagic, 0, seq, 0, size});
-    payloads.push_back(make_payload(0, seq, size));
-    Completions done;
-    ASSERT_TRUE(job.transports[0]
-                    ->send(1, std::as_bytes(std::span<const TestHeader>(&headers.back(), 1)), payloads.back(),
-                           done.callback())
-                    .ok());
-    ASSERT_TRUE(done.wait_all());
-    ASSERT_TRUE(job.sinks[1]->wait_messages(seq + 1)) << "message " << seq << " did not arrive";
-  }
+  OneByOne sender(job, 2);
+  sender.send(64u << 10);  // the least probe
+  sender.send(128u << 10);
   const std::vector<ReceiveSample> samples = job.transports[1]->drain_receive_samples();
   ASSERT_EQ(samples.size(), 2u);
   for (uint32_t i = 0; i < 2; ++i) {
