@@ -331,6 +331,7 @@ void wire_header() {
   write("wire_header", "knob_reply", wire_message(0x00, other(wire::Kind::kKnobReply, 7, 0), "ok 5 130"));
   write("wire_header", "observation", wire_message(0x00, other(wire::Kind::kObservation, 0, 0),
                                                    "step 17\ngrad_norm 3.25\nbytes_sent 40960\n"));
+  write("wire_header", "probe", wire_message(0x00, other(wire::Kind::kProbe, 0, 0), std::string(1000, '\0')));
 }
 
 // ---- rendezvous_hello: byte 0 = the fuzzer's mode, then a hello or a welcome body -----------

@@ -18,7 +18,8 @@
 //   - the mailbox rejects exactly what validate_header (with its expectations) + verify_checksum
 //     reject, or what would take a peer over its byte limit; buffered_bytes never exceeds the
 //     limit; what it accepted is taken back bit for bit (payload and header) and its account
-//     returns to 0; control kinds go to the control handler, never into take();
+//     returns to 0; control kinds go to the control handler, never into take(); a link probe goes
+//     to neither (counted and dropped);
 //   - after begin_job() or set_incarnation(another), nothing of the old incarnation is takeable
 //     (take says DEADLINE_EXCEEDED, not the message and not its abort), and the old message
 //     arriving again while another incarnation is in force is counted stale and not takeable.
@@ -68,6 +69,7 @@ void check_accepted(const wire::WireHeader& h, size_t payload_bytes) {
   CHECK(h.kind >= 1 && h.kind <= wire::kMaxKind);
   CHECK(h.payload_bytes <= wire::kMaxPayloadBytes);
   CHECK(h.payload_bytes == payload_bytes);
+  if (h.kind == static_cast<uint16_t>(wire::Kind::kProbe)) CHECK(payload_bytes <= wire::kMaxProbePayloadBytes);
   if (h.kind != static_cast<uint16_t>(wire::Kind::kData)) return;
   CHECK(h.format < static_cast<uint16_t>(kernels::kFormatCount));
   CHECK(h.value_type <= 3);
@@ -146,6 +148,10 @@ void check_mailbox(uint8_t mode, const wire::WireHeader& first, std::span<const 
     CHECK(box.buffered_bytes(peer) <= limit);
     if (!valid) {
       CHECK(rejected && !stale);
+      continue;
+    }
+    if (h.kind == static_cast<uint16_t>(wire::Kind::kProbe)) {  // counted and dropped: nothing kept
+      CHECK(!rejected && !stale);
       continue;
     }
     if (h.kind >= static_cast<uint16_t>(wire::Kind::kDecision)) {
