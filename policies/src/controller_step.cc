@@ -61,8 +61,8 @@
 // not the rest of the job behind the hysteresis. A change that the trainer's compute time
 // followed is the host's load, not the link's rate, and voids nothing (v10). A rise that none of
 // the sparse plan's own messages shows (a shaper whose burst covers them) is seen by the link
-// probe (v14, watch_probes: a message of a ring step's bytes to the successor now and then, link_model.h); a drop
-// that only the probe shows is not acted on (the ring it would price is not in force).
+// probe (v14, watch_probes: a ring step's bytes sent to the successor now and then,
+// link_model.h); a drop that only the probe shows is not acted on (the ring is not in force).
 #include "controller_internal.h"
 
 #include <algorithm>
@@ -153,9 +153,9 @@ constexpr double kStartSparseFactor = 3.0;  // v8: a sparse step before any ran,
 // v14: probe samples in a row, on every link that had one, at kProbeFaster or less of the time the
 // ring's price holds for those bytes make a rise of the link where the ring's chunks cross; one at
 // kProbeFarFaster or less does. A message cannot cross faster than the link lets it (a slow one
-// is the noise a loaded host makes): no noise makes one 4x faster. One probe is what a rise costs in waiting: at 50 Mbit/s behind the
-// real jobs' 128 KiB burst the small job's probe took ~35 ms, so at a share of 2 % the next came
-// ~1.7 s later (~100 of its steps).
+// is the noise a loaded host makes): no noise makes one 4x faster. One probe is what a rise costs
+// in waiting: at 50 Mbit/s the small real job's probe took ~50 ms, so at a share of 2 % the next
+// came ~2.5 s later.
 constexpr uint64_t kProbeConfirm = 2;
 constexpr double kProbeFaster = 0.5;
 constexpr double kProbeFarFaster = 0.25;
@@ -448,8 +448,7 @@ class StepController final : public Controller {
   struct Link {
     uint32_t from = 0, to = 0;
     LinkFit fit;
-    // v14: the first probe-sized sample's seconds per byte since the ring's price was last set
-    // (0: none yet), and the samples in a row since at kProbeFaster of it or less (the slowest).
+    // v14: the link probe's samples on this link since the ring's price was last set (watch_probes).
     bool probe_any = false;   // a probe-sized sample since the ring's price was last set
     bool after_ring = false;  // set by the ring running: the first sample is the reference only
     double probe_ref = 0;     // the fastest of them not counted faster (seconds per byte; 0: none)
