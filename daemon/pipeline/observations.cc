@@ -428,9 +428,8 @@ LinkProbe::StepFacts ObservationCollector::probe_facts(const policies::NodeObser
   for (const auto& t : o.tensors) elements.push_back(t.elements);
   const uint32_t w = transport_->world_size();
   f.payload_bytes = policies::link_probe_payload_bytes(elements, w);
-  const uint64_t size = f.payload_bytes + wire::kHeaderBytes;
   for (const auto& l : o.link_samples) {  // the predecessor's probe, as this node's transport timed it
-    if (f.payload_bytes > 0 && w > 1 && l.peer == (rank_ + w - 1) % w && 2 * l.bytes >= size && l.bytes <= 2 * size) {
+    if (w > 1 && l.peer == (rank_ + w - 1) % w && policies::link_probe_sized(l.bytes, f.payload_bytes)) {
       f.received_s = std::max(f.received_s, l.seconds);
     }
   }

@@ -588,7 +588,10 @@ class StepController final : public Controller {
     std::vector<uint64_t> elements;
     for (const auto& t : o.tensors) elements.push_back(t.elements);
     const uint64_t payload = link_probe_payload_bytes(elements, s.world_size);
-    if (payload == 0) return;
+    const auto probe = [&](const LinkPairSample& l) {
+      return link_probe_sized(l.bytes, payload) && l.seconds > 0 && std::isfinite(l.seconds);
+    };
+    if (std::none_of(o.link_samples.begin(), o.link_samples.end(), probe)) return;
     const uint64_t size = payload + kWireHeaderBytes;
     // What the ring's price says a probe takes: its link part (the price less the trainer's
     // compute and the ring's work per element) is the time of these bytes on the slowest link.
@@ -598,7 +601,7 @@ class StepController final : public Controller {
     if (!(was - fixed > 0)) return;
     const double implied = (was - fixed) / static_cast<double>(size);  // seconds per byte
     for (const LinkPairSample& l : o.link_samples) {
-      if (2 * l.bytes < size || l.bytes > 2 * size || !(l.seconds > 0) || !std::isfinite(l.seconds)) continue;
+      if (!probe(l)) continue;
       Link& link = links_[link_index(l.from, l.to)];
       const double per_byte = l.seconds / static_cast<double>(l.bytes);
       const double base = link.probe_ref > 0 ? std::min(implied, link.probe_ref) : implied;

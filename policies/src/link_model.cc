@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "sparsecar/policies/cost_model.h"
+
 namespace sparsecar::policies {
 
 uint64_t link_probe_payload_bytes(std::span<const uint64_t> tensor_elements, uint32_t world_size) {
@@ -11,6 +13,11 @@ uint64_t link_probe_payload_bytes(std::span<const uint64_t> tensor_elements, uin
   for (const uint64_t n : tensor_elements) chunk = std::max(chunk, 4 * ((n + world_size - 1) / world_size));
   const uint64_t step = 2 * uint64_t{world_size - 1} * chunk;  // < 2^36: no overflow for any tensor on the wire
   return step < kMinProbePayloadBytes ? 0 : std::min(step, kMaxProbePayloadBytes);
+}
+
+bool link_probe_sized(uint64_t sample_bytes, uint64_t payload_bytes) {
+  const uint64_t size = payload_bytes + kWireHeaderBytes;
+  return payload_bytes > 0 && 2 * sample_bytes >= size && sample_bytes <= 2 * size;
 }
 
 void LinkFit::accumulate(std::span<const Sample> batch, double weight_of_old) {

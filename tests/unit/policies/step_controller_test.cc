@@ -1302,6 +1302,13 @@ TEST(LinkProbe, ItsSizeIsWhatTheRingSendsItsSuccessorInAStepWithinItsBounds) {
   EXPECT_EQ(link_probe_payload_bytes(std::vector<uint64_t>{20'000}, 2), 80'000u);
   EXPECT_EQ(link_probe_payload_bytes(std::vector<uint64_t>{16'000}, 2), 0u) << "64 000 bytes: below 64 KiB a step";
   EXPECT_EQ(link_probe_payload_bytes(small, 1), 0u) << "one node: no link";
+  // A sample stands for a probe within 2x of its bytes with the 80-byte header.
+  EXPECT_TRUE(link_probe_sized(262'224, 262'144));
+  EXPECT_TRUE(link_probe_sized(131'112, 262'144)) << "half of 262 224";
+  EXPECT_FALSE(link_probe_sized(131'111, 262'144));
+  EXPECT_TRUE(link_probe_sized(524'448, 262'144)) << "twice 262 224";
+  EXPECT_FALSE(link_probe_sized(524'449, 262'144));
+  EXPECT_FALSE(link_probe_sized(80, 0)) << "no probe";
   const std::vector<uint64_t> big = {50'000'000, 1'000};
   EXPECT_EQ(link_probe_payload_bytes(big, 2), kMaxProbePayloadBytes);
   EXPECT_EQ(link_probe_payload_bytes({}, 2), 0u);

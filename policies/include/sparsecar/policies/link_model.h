@@ -38,6 +38,10 @@ namespace sparsecar::policies {
 inline constexpr uint64_t kMinProbePayloadBytes = 64 * 1024;
 inline constexpr uint64_t kMaxProbePayloadBytes = 4 * 1024 * 1024;
 uint64_t link_probe_payload_bytes(std::span<const uint64_t> tensor_elements, uint32_t world_size);
+// A receiver's sample of `sample_bytes` (a busy period: headers included, overlapping messages
+// added) stands for a probe of `payload_bytes`: within 2x of it with its wire header. False for
+// payload 0 (no probe).
+bool link_probe_sized(uint64_t sample_bytes, uint64_t payload_bytes);
 
 class LinkFit {
  public:
