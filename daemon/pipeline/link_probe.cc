@@ -18,7 +18,7 @@ LinkProbe::LinkProbe(uint32_t rank, uint64_t job_id, Transport* transport, Metri
 
 void LinkProbe::reset() {
   posted_any_ = false;
-  took_ = received_ = 0;
+  took_ = received_ = expected_ = 0;
   retry_at_ = {};
   next_step_ = 0;
   was_wanted_ = false;
@@ -26,6 +26,7 @@ void LinkProbe::reset() {
 
 bool LinkProbe::after_step(const StepFacts& f) {
   if (f.received_s > 0 && std::isfinite(f.received_s)) received_ = f.received_s;
+  if (f.ring_probe_s > 0 && std::isfinite(f.ring_probe_s)) expected_ = f.ring_probe_s;
   const bool wanted = f.wanted && f.share > 0 && f.share <= 1 && f.payload_bytes > 0 &&
                       f.payload_bytes <= wire::kMaxProbePayloadBytes && transport_ != nullptr &&
                       transport_->world_size() > 1;
@@ -35,7 +36,12 @@ bool LinkProbe::after_step(const StepFacts& f) {
   }
   if (!was_wanted_) {  // a sparse plan starts
     next_step_ = std::max(next_step_, f.step + kStartAfterSteps);
-    start_at_ = clock_.now() + kStartAfter;
+    // The first probe keeps to the share as well, by what a probe is expected to take (a ring
+    // step lately); one hour at most, whatever that said.
+    const double wait = std::min(3600.0, expected_ / f.share);
+    start_at_ = clock_.now() + std::max<Clock::duration>(
+                                   kStartAfter, std::chrono::duration_cast<Clock::duration>(
+                                                    std::chrono::duration<double>(wait)));
   }
   was_wanted_ = true;
   Shared& s = *shared_;

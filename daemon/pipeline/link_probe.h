@@ -11,8 +11,11 @@
 //
 // Cost: at most `share` of the link's time (the `step_probe_share` knob): after a probe that took d,
 // the next one waits d / share from its post, and at least kMinProbeInterval and kMinProbeSteps
-// steps; the first comes kStartAfterSteps steps and kStartAfter after the sparse plan started (a
-// probe at 50 Mbit/s cost the real small jobs ~50-80 ms, 2-3 % of a 2.5 s job). d is the longer of
+// steps. The first comes kStartAfterSteps steps into the sparse plan, and kStartAfter or, where
+// it is longer, the probe's expected time / share after the plan started: what a ring step over
+// this node's link took lately (StepFacts::ring_probe_s: the daemons' last ring step, or the
+// trainers' dense iterations before the first step), so that the first probe keeps to the share
+// too (at 1 s, a probe at 50 Mbit/s took ~50-80 ms: 3-5 % of the real small jobs' 1-2.5 s). d is the longer of
 // the send's post -> completion and the receiver-side time of the last probe that came from the
 // ring predecessor (StepFacts::received_s): a send completes once its bytes are in the kernel's
 // queues, ahead of a shaper, so on its own it said 250 ms where a probe took ~35 ms of a 50 Mbit/s
@@ -60,6 +63,10 @@ class LinkProbe {
     // The receiver-side time of a message of a probe's size from the ring predecessor that arrived
     // during the step (its probe: the links of a ring are alike), 0 when none did.
     double received_s = 0;
+    // What a ring step over this node's link took, scaled to the probe's bytes (s), where this step
+    // tells it: the step ran the daemons' ring (its exchange), or the trainers' dense iterations
+    // before the first step were reported (their wait on the all-reduce); 0 otherwise.
+    double ring_probe_s = 0;
   };
 
   // `transport` may be null (one node); `metrics` may be null.
@@ -90,6 +97,7 @@ class LinkProbe {
   Clock::time_point posted_{};
   double took_ = 0;              // the last probe's post -> completion (s)
   double received_ = 0;          // the predecessor's last probe, timed here (s)
+  double expected_ = 0;          // the latest StepFacts::ring_probe_s (s)
   Clock::time_point retry_at_{};  // after a failure, the next probe not before this
   Clock::time_point start_at_{};  // nor before this (kStartAfter into the sparse plan)
   uint64_t next_step_ = 0;       // nor before this step

@@ -1,5 +1,6 @@
 #include "daemon/pipeline/observations.h"
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <chrono>
@@ -8,6 +9,7 @@
 #include <cstdio>
 #include <memory>
 #include <sstream>
+#include <utility>
 
 #include "daemon/pipeline/controller_runner.h"
 #include "daemon/pipeline/settings.h"
@@ -242,6 +244,7 @@ void ObservationCollector::on_metric(const std::string& name, double value, uint
       dense_wait_ = {step, value};
     } else if (name == "dense_step_s" && dense_wait_ && dense_wait_->first == step) {
       hint = policies::StartHint{step, value, dense_wait_->second};
+      hint_wait_s_ = dense_wait_->second;
       dense_wait_.reset();
     }
     if (metrics_.size() < kMaxMetricNames || metrics_.count(name) != 0) metrics_[name] = value;
@@ -260,6 +263,7 @@ void ObservationCollector::on_reset() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     dense_wait_.reset();
+    hint_wait_s_ = 0;
   }
   if (runner_) runner_->reset();
 }
@@ -387,8 +391,10 @@ void ObservationCollector::finish(const Decision& decision) {
     o.magnitude_elements = 0;
     o.threshold = 0;
   }
+  double hint_wait_s = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    hint_wait_s = std::exchange(hint_wait_s_, 0.0);
     const std::string metric = decision.config ? decision.config->controller_metric : "loss";
     if (auto it = metrics_.find(metric); it != metrics_.end()) {
       o.loss = it->second;
@@ -410,13 +416,13 @@ void ObservationCollector::finish(const Decision& decision) {
       }
     }
   }
-  probe_facts_ = probe_facts(o, decision);
+  probe_facts_ = probe_facts(o, decision, hint_wait_s);
   ++finished_;
   ready_.push_back(std::move(o));
 }
 
 LinkProbe::StepFacts ObservationCollector::probe_facts(const policies::NodeObservation& o,
-                                                       const Decision& decision) const {
+                                                       const Decision& decision, double hint_wait_s) const {
   LinkProbe::StepFacts f;
   f.step = o.step;
   const Config* c = decision.config.get();
@@ -428,6 +434,18 @@ LinkProbe::StepFacts ObservationCollector::probe_facts(const policies::NodeObser
   for (const auto& t : o.tensors) elements.push_back(t.elements);
   const uint32_t w = transport_->world_size();
   f.payload_bytes = policies::link_probe_payload_bytes(elements, w);
+  // What a ring step over the link took, scaled to the probe's bytes (the ring sends a successor
+  // 2 (W - 1) / W of every tensor): this step's, where it ran the daemons' ring, else the trainers'
+  // dense iterations before the first step.
+  double elements_total = 0;
+  for (uint64_t e : elements) elements_total += static_cast<double>(e);
+  const double ring_bytes = w > 1 ? 2.0 * (w - 1) / w * elements_total * sizeof(float) : 0;
+  if (ring_bytes > 0 && f.payload_bytes > 0) {
+    const double scale = std::min(1.0, static_cast<double>(f.payload_bytes) / ring_bytes);
+    const bool ring = o.elements > 0 && o.nnz >= o.elements && o.trainer_elements == 0;
+    const double ring_s = ring && o.exchange_s > 0 ? o.exchange_s : hint_wait_s;
+    if (ring_s > 0 && std::isfinite(ring_s)) f.ring_probe_s = ring_s * scale;
+  }
   for (const auto& l : o.link_samples) {  // the predecessor's probe, as this node's transport timed it
     if (w > 1 && l.peer == (rank_ + w - 1) % w && policies::link_probe_sized(l.bytes, f.payload_bytes)) {
       f.received_s = std::max(f.received_s, l.seconds);

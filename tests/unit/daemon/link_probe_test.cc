@@ -1,6 +1,7 @@
 // LinkProbe (daemon/pipeline/link_probe.h): when a node sends the step controller's link probe,
 // to whom, how large, and how often. A recording transport holds each send until the test
-// completes it, on a FakeClock, so the spacing (the first 3 steps and 1 s into a sparse plan; then
+// completes it, on a FakeClock, so the spacing (the first 3 steps and 1 s into a sparse plan, or
+// a ring step's time for the probe's bytes / share where that is longer; then
 // the probe's time / share, the longer of its send's and the predecessor's probe's as received
 // here; at least 250 ms and 10 steps; one in flight; 5 s after a failure) is checked against the
 // rule, step by step.
@@ -211,6 +212,29 @@ TEST(LinkProbe, AFailedProbeWaitsFiveSecondsAndANewPlanOrJobWaitsItsFirstSteps) 
   clock.advance(LinkProbe::kStartAfter);
   EXPECT_FALSE(probe.after_step(sparse_step(1)));
   EXPECT_FALSE(probe.after_step(sparse_step(2)));
+  EXPECT_TRUE(probe.after_step(sparse_step(3)));
+}
+
+TEST(LinkProbe, TheFirstProbeWaitsForTheExpectedTimeOverTheShareAndAJobForgetsIt) {
+  FakeClock clock;
+  RecordingTransport net(0, 2);
+  LinkProbe probe(0, kJob, &net, nullptr, clock);
+  LinkProbe::StepFacts ring = sparse_step(0);
+  ring.wanted = false;     // a ring step ...
+  ring.ring_probe_s = 0.2;  // ... that took 200 ms for a probe's bytes: 10 s at 2 %
+  EXPECT_FALSE(probe.after_step(ring));
+  uint64_t step = 1;
+  const auto start = clock.now();
+  while (clock.now() - start < 10s) {
+    EXPECT_FALSE(probe.after_step(sparse_step(step++))) << "too early";
+    clock.advance(500ms);
+  }
+  EXPECT_TRUE(probe.after_step(sparse_step(step++)));
+  net.complete(0);
+  probe.reset();  // a new job: what the last one's ring took is not this one's
+  EXPECT_FALSE(probe.after_step(sparse_step(0)));
+  clock.advance(LinkProbe::kStartAfter);
+  for (uint64_t s = 1; s < 3; ++s) EXPECT_FALSE(probe.after_step(sparse_step(s)));
   EXPECT_TRUE(probe.after_step(sparse_step(3)));
 }
 

@@ -437,5 +437,67 @@ TEST(ObservationCollector, APeriodAcrossALeaseIsTheMeanOverTheStepsOfTheLeastTen
   EXPECT_EQ(got[2].period_s, 0.0) << "step 13 came after step 7's least lease (4) ran out";
 }
 
+// The first link probe of a sparse plan keeps to step_probe_share too: it waits for what a ring
+// step over the link took lately (the probe's bytes are a ring step's here) / the share, and at
+// least LinkProbe::kStartAfter. What the ring took: the trainers' dense iterations before the
+// first step (their wait on the all-reduce, the DDP hook's start hint), or the daemons' last ring
+// step; neither known: kStartAfter.
+TEST(ObservationCollector, TheFirstLinkProbeWaitsForARingStepsTimeOverTheShare) {
+  struct Case {
+    const char* name;
+    double hint_wait_s;   // > 0: the trainers report their dense iterations before step 0
+    double ring_exchange_s;  // > 0: step 0 runs the daemons' ring and took this
+    std::chrono::milliseconds first;  // the first probe, from the sparse plan's start
+  };
+  using std::chrono::milliseconds;
+  const Case cases[] = {
+      {"a slow link's hint: 80 ms / 2 %", 0.08, 0, milliseconds(4000)},
+      {"a slow ring step: 50 ms / 2 %", 0, 0.05, milliseconds(2500)},
+      {"a fast link's hint: at least 1 s", 0.004, 0, milliseconds(1000)},
+      {"nothing known: 1 s", 0, 0, milliseconds(1000)},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    ObservationInbox inbox;  // outlives the network's delivery thread
+    fakes::FakeNetwork net(2);
+    net.attach(0, &inbox);
+    testing::FakeClock clock;
+    ObservationCollector collector(1, 7, net.transport(1), nullptr, clock);
+    auto config = std::make_shared<Config>();
+    config->controller = "step";
+    config->step_probe_share = 0.02;
+    Decision decision;
+    decision.config = config;
+    // One tensor of 65 536 elements over 2 nodes: the ring sends the successor 2 chunks of 32 768
+    // floats a step, and so does the probe (256 KiB).
+    auto step = [&](uint64_t s, bool dense, double exchange_s) {
+      TensorStepRecord r;
+      r.tensor_id = 0;
+      r.step = s;
+      r.tensors_in_job = 1;
+      r.elements = 65'536;
+      r.nnz = dense ? r.elements : 300;
+      r.plan.dense = dense;
+      r.exchange_s = exchange_s;
+      collector.on_tensor_step(r, decision);
+      collector.after_complete();
+    };
+    uint64_t s = 0;
+    if (c.hint_wait_s > 0) {
+      collector.on_metric("dense_wait_s", c.hint_wait_s, 0);
+      collector.on_metric("dense_step_s", c.hint_wait_s + 0.01, 0);
+    }
+    if (c.ring_exchange_s > 0) step(s++, true, c.ring_exchange_s);
+    const auto start = clock.now();
+    step(s++, false, 0.001);  // the sparse plan's first step
+    while (clock.now() - start < c.first) {
+      EXPECT_EQ(collector.probes_sent(), 0u) << "at " << (clock.now() - start).count() << " ns";
+      clock.advance(milliseconds(10));
+      step(s++, false, 0.001);
+    }
+    EXPECT_EQ(collector.probes_sent(), 1u) << "at " << (clock.now() - start).count() << " ns";
+  }
+}
+
 }  // namespace
 }  // namespace sparsecar
