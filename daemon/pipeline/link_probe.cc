@@ -18,15 +18,32 @@ LinkProbe::LinkProbe(uint32_t rank, uint64_t job_id, Transport* transport, Metri
 
 void LinkProbe::reset() {
   posted_any_ = false;
-  took_ = received_ = expected_ = 0;
+  took_ = received_ = 0;
+  ring_count_ = 0;
   retry_at_ = {};
   next_step_ = 0;
   was_wanted_ = false;
 }
 
+double LinkProbe::expected_probe_s() const {
+  const std::array<double, 3>& v = ring_recent_;
+  switch (ring_count_) {
+    case 0: return 0;
+    case 1: return v[0];
+    case 2: return std::min(v[0], v[1]);  // of two, the shorter
+    default: return std::max(std::min(v[0], v[1]), std::min(std::max(v[0], v[1]), v[2]));  // the median
+  }
+}
+
 bool LinkProbe::after_step(const StepFacts& f) {
   if (f.received_s > 0 && std::isfinite(f.received_s)) received_ = f.received_s;
-  if (f.ring_probe_s > 0 && std::isfinite(f.ring_probe_s)) expected_ = f.ring_probe_s;
+  if (f.ring_probe_s > 0 && std::isfinite(f.ring_probe_s)) {
+    if (ring_count_ == ring_recent_.size()) {
+      std::rotate(ring_recent_.begin(), ring_recent_.begin() + 1, ring_recent_.end());
+      --ring_count_;
+    }
+    ring_recent_[ring_count_++] = f.ring_probe_s;
+  }
   const bool wanted = f.wanted && f.share > 0 && f.share <= 1 && f.payload_bytes > 0 &&
                       f.payload_bytes <= wire::kMaxProbePayloadBytes && transport_ != nullptr &&
                       transport_->world_size() > 1;
@@ -38,7 +55,7 @@ bool LinkProbe::after_step(const StepFacts& f) {
     next_step_ = std::max(next_step_, f.step + kStartAfterSteps);
     // The first probe keeps to the share as well, by what a probe is expected to take (a ring
     // step lately); one hour at most, whatever that said.
-    const double wait = std::min(3600.0, expected_ / f.share);
+    const double wait = std::min(3600.0, expected_probe_s() / f.share);
     start_at_ = clock_.now() + std::max<Clock::duration>(
                                    kStartAfter, std::chrono::duration_cast<Clock::duration>(
                                                     std::chrono::duration<double>(wait)));

@@ -13,8 +13,8 @@
 // the next one waits d / share from its post, and at least kMinProbeInterval and kMinProbeSteps
 // steps. The first comes kStartAfterSteps steps into the sparse plan, and kStartAfter or, where
 // it is longer, the probe's expected time / share after the plan started: what a ring step over
-// this node's link took lately (StepFacts::ring_probe_s: the daemons' last ring step, or the
-// trainers' dense iterations before the first step), so that the first probe keeps to the share
+// this node's link took lately (StepFacts::ring_probe_s, the median of the last three: the
+// daemons' ring steps, or the trainers' dense iterations before the first step), so that the first probe keeps to the share
 // too (at 1 s, a probe at 50 Mbit/s took ~50-80 ms: 3-5 % of the real small jobs' 1-2.5 s). d is the longer of
 // the send's post -> completion and the receiver-side time of the last probe that came from the
 // ring predecessor (StepFacts::received_s): a send completes once its bytes are in the kernel's
@@ -97,7 +97,12 @@ class LinkProbe {
   Clock::time_point posted_{};
   double took_ = 0;              // the last probe's post -> completion (s)
   double received_ = 0;          // the predecessor's last probe, timed here (s)
-  double expected_ = 0;          // the latest StepFacts::ring_probe_s (s)
+  // The last StepFacts::ring_probe_s values (s), oldest first; the first probe of a sparse plan
+  // takes their median (of two, the shorter), so that one stalled ring step (a connection's
+  // set-up, a loaded host) does not hold the probe off for 50x its time.
+  std::array<double, 3> ring_recent_{};
+  size_t ring_count_ = 0;
+  double expected_probe_s() const;
   Clock::time_point retry_at_{};  // after a failure, the next probe not before this
   Clock::time_point start_at_{};  // nor before this (kStartAfter into the sparse plan)
   uint64_t next_step_ = 0;       // nor before this step

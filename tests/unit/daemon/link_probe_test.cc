@@ -231,6 +231,24 @@ TEST(LinkProbe, TheFirstProbeWaitsForTheExpectedTimeOverTheShareAndAJobForgetsIt
   }
   EXPECT_TRUE(probe.after_step(sparse_step(step++)));
   net.complete(0);
+  // One stalled ring step does not hold the next plan's first probe off: of two, the shorter
+  // (200 ms: 10 s); of the last three, the median (0.2, 30, 0.3 s: 300 ms, 15 s).
+  const auto first_probe_after = [&](std::vector<double> ring_steps) {
+    for (double r : ring_steps) {
+      LinkProbe::StepFacts f = sparse_step(step++);
+      f.wanted = false;
+      f.ring_probe_s = r;
+      EXPECT_FALSE(probe.after_step(f));
+    }
+    const auto plan = clock.now();
+    while (!probe.after_step(sparse_step(step++))) clock.advance(100ms);
+    net.complete(net.sent.size() - 1);
+    return clock.now() - plan;
+  };
+  clock.advance(1h);
+  EXPECT_EQ(first_probe_after({30.0}), 10s) << "200 ms and 30 s: the shorter";
+  clock.advance(1h);
+  EXPECT_EQ(first_probe_after({0.3}), 15s) << "200 ms, 30 s and 300 ms: the median";
   probe.reset();  // a new job: what the last one's ring took is not this one's
   EXPECT_FALSE(probe.after_step(sparse_step(0)));
   clock.advance(LinkProbe::kStartAfter);
