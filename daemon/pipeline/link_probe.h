@@ -14,8 +14,9 @@
 // steps. The first comes kStartAfterSteps steps into the sparse plan, and kStartAfter or, where
 // it is longer, the probe's expected time / share after the plan started: what a ring step over
 // this node's link took lately (StepFacts::ring_probe_s, the median of the last three: the
-// daemons' ring steps, or the trainers' dense iterations before the first step), so that the first probe keeps to the share
-// too (at 1 s, a probe at 50 Mbit/s took ~50-80 ms: 3-5 % of the real small jobs' 1-2.5 s). d is the longer of
+// daemons' ring steps, or the trainers' dense iterations before the first step), so that the
+// first probe keeps to the share too (at 1 s, a probe at 50 Mbit/s took ~50-80 ms: 3-5 % of the
+// real small jobs' 1-2.5 s). d is the longer of
 // the send's post -> completion and the receiver-side time of the last probe that came from the
 // ring predecessor (StepFacts::received_s): a send completes once its bytes are in the kernel's
 // queues, ahead of a shaper, so on its own it said 250 ms where a probe took ~35 ms of a 50 Mbit/s
