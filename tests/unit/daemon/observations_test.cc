@@ -437,6 +437,43 @@ TEST(ObservationCollector, APeriodAcrossALeaseIsTheMeanOverTheStepsOfTheLeastTen
   EXPECT_EQ(got[2].period_s, 0.0) << "step 13 came after step 7's least lease (4) ran out";
 }
 
+// A node's observation carries ||local sum||^2 only for the controllers that read it (accuracy,
+// gradnorm): on the host it is a pass over the gradient before the step's result goes out. The
+// residual's norm (the total error in status) is there for every job-level controller.
+TEST(ObservationCollector, TheGradientsNormIsMeasuredOnlyForTheControllersThatReadIt) {
+  const std::vector<float> sum = {3.0f, -4.0f, 0.5f, 2.0f};
+  const std::vector<float> residual = {0.0f, -0.25f, 0.5f, 0.0f};
+  const double want_g = 9.0 + 16.0 + 0.25 + 4.0, want_e = 0.0625 + 0.25;
+  for (const char* controller : {"step", "bandwidth", "accuracy", "gradnorm", "step,accuracy"}) {
+    SCOPED_TRACE(controller);
+    ObservationInbox inbox;
+    fakes::FakeNetwork net(2);
+    net.attach(0, &inbox);
+    ObservationCollector collector(1, 7, net.transport(1), nullptr);
+    auto config = std::make_shared<Config>();
+    config->controller = controller;
+    Decision decision;
+    decision.config = config;
+    TensorStepRecord r;
+    r.tensor_id = 0;
+    r.step = 4;
+    r.tensors_in_job = 1;
+    r.elements = sum.size();
+    r.nnz = 2;
+    r.plan.dense = false;
+    r.local_sum = sum;
+    r.residual = residual;
+    collector.on_tensor_step(r, decision);
+    collector.after_complete();
+    const auto got = inbox.wait_for(1);
+    ASSERT_EQ(got.size(), 1u);
+    const std::string c = controller;
+    const bool reads = c.find("accuracy") != std::string::npos || c == "gradnorm";
+    EXPECT_DOUBLE_EQ(got[0].grad_norm2, reads ? want_g : 0.0);
+    EXPECT_DOUBLE_EQ(got[0].residual_norm2, want_e);
+  }
+}
+
 // The first link probe of a sparse plan keeps to step_probe_share too: it waits for what a ring
 // step over the link took lately (the probe's bytes are a ring step's here) / the share, and at
 // least LinkProbe::kStartAfter. What the ring took: the trainers' dense iterations before the
