@@ -495,10 +495,11 @@ TEST(ObservationCollector, TheFirstLinkProbeWaitsForARingStepsTimeOverTheShare) 
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
-    ObservationInbox inbox;  // outlives the network's delivery thread
+    // The inbox and the clock (read by a probe's completion) outlive the network's delivery thread.
+    testing::FakeClock clock;
+    ObservationInbox inbox;
     fakes::FakeNetwork net(2);
     net.attach(0, &inbox);
-    testing::FakeClock clock;
     ObservationCollector collector(1, 7, net.transport(1), nullptr, clock);
     auto config = std::make_shared<Config>();
     config->controller = "step";
