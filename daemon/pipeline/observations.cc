@@ -439,14 +439,12 @@ LinkProbe::StepFacts ObservationCollector::probe_facts(const policies::NodeObser
   for (const auto& t : o.tensors) elements.push_back(t.elements);
   const uint32_t w = transport_->world_size();
   f.payload_bytes = policies::link_probe_payload_bytes(elements, w);
-  // What a ring step over the link took, scaled to the probe's bytes (the ring sends a successor
-  // 2 (W - 1) / W of every tensor): this step's, where it ran the daemons' ring, else the trainers'
-  // dense iterations before the first step.
-  double elements_total = 0;
-  for (uint64_t e : elements) elements_total += static_cast<double>(e);
-  const double ring_bytes = w > 1 ? 2.0 * (w - 1) / w * elements_total * sizeof(float) : 0;
-  if (ring_bytes > 0 && f.payload_bytes > 0) {
-    const double scale = std::min(1.0, static_cast<double>(f.payload_bytes) / ring_bytes);
+  // What a ring step over the link took, scaled to the probe's bytes (of what the ring sends a
+  // successor in a step, dense_bytes): this step's, where it ran the daemons' ring, else the
+  // trainers' dense iterations before the first step.
+  if (o.dense_bytes > 0 && f.payload_bytes > 0) {
+    const double scale = std::min(
+        1.0, static_cast<double>(f.payload_bytes + wire::kHeaderBytes) / static_cast<double>(o.dense_bytes));
     const bool ring = o.elements > 0 && o.nnz >= o.elements && o.trainer_elements == 0;
     const double ring_s = ring && o.exchange_s > 0 ? o.exchange_s : hint_wait_s;
     if (ring_s > 0 && std::isfinite(ring_s)) f.ring_probe_s = ring_s * scale;

@@ -19,6 +19,7 @@
 
 #include "daemon/config/config.h"
 #include "daemon/transport/wire.h"
+#include "sparsecar/policies/cost_model.h"
 #include "tests/unit/common/fake_clock.h"
 #include "tests/unit/daemon/fake_transport.h"
 
@@ -517,6 +518,7 @@ TEST(ObservationCollector, TheFirstLinkProbeWaitsForARingStepsTimeOverTheShare) 
       r.nnz = dense ? r.elements : 300;
       r.plan.dense = dense;
       r.exchange_s = exchange_s;
+      r.dense_bytes = policies::ring_allreduce_bytes(r.elements, 2);  // as the pipeline fills it
       collector.on_tensor_step(r, decision);
       collector.after_complete();
     };
