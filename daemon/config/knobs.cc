@@ -643,6 +643,12 @@ const std::vector<KnobSpec>& knobs() {
               "messages do not show (a shaper's burst covers them) prices the ring anew; the probes take at most "
               "this share of the time (0: none)",
        .field = knob_field<&Config::step_probe_share>},
+      {.name = "step_timed_send_every", .type = K::kUint, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 0, .max = 1024, .choices = "",
+       .doc = "step: one small data send in this many to each peer goes rendezvous, so that its receiver can time "
+              "it and the link fits see messages of any size (it costs that message a round trip); 0: only the "
+              "sends the transport makes rendezvous anyway (the ring's chunks, the link probes) are timed",
+       .field = knob_field<&Config::step_timed_send_every>},
       {.name = "step_timeout_ms", .type = K::kUint, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 10, .max = 3.6e6, .choices = "",
        .doc = "deadline for peers to deliver a step",

@@ -141,6 +141,7 @@ struct Config {
   double step_dense_worth = 1.3;
   double step_warmup_cut = 3.0;
   double step_probe_share = 0.02;
+  uint64_t step_timed_send_every = 4;
 
   // Deadlines.
   uint32_t step_timeout_ms = 30000;   // a step whose peers do not answer in time fails

@@ -274,8 +274,12 @@ void ObservationCollector::on_tensor_step(const TensorStepRecord& r, const Decis
     auto parsed = decision.config ? policies::parse_controllers(decision.config->controller)
                                   : Expected<policies::ControllerSet>(policies::ControllerSet{0});
     active_ = parsed.ok() ? *parsed : 0;
-    // The step controller prices messages of every size: receivers time them all.
-    if (transport_ != nullptr) transport_->set_timed_sends(policies::has(active_, policies::ControllerKind::kStep));
+    // The step controller prices messages of every size: receivers time one in
+    // step_timed_send_every of the small ones too.
+    if (transport_ != nullptr) {
+      const bool step = policies::has(active_, policies::ControllerKind::kStep);
+      transport_->set_timed_sends(step ? static_cast<uint32_t>(decision.config->step_timed_send_every) : 0);
+    }
   }
   const policies::ControllerSet active = active_;
   // Counters always (rank 0 needs them to notice a controller was switched off and revert it);

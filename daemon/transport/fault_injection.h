@@ -65,7 +65,7 @@ class FaultyTransport final : public Transport {
   // Fails every delayed or held message, stops the fault thread, then stops `inner`.
   void stop() override;
   std::vector<ReceiveSample> drain_receive_samples() override { return inner_->drain_receive_samples(); }
-  void set_timed_sends(bool on) override { inner_->set_timed_sends(on); }
+  void set_timed_sends(uint32_t every) override { inner_->set_timed_sends(every); }
 
   struct Counts {
     uint64_t sent = 0, dropped = 0, corrupted = 0, duplicated = 0, delayed = 0, reordered = 0;

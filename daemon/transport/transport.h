@@ -81,17 +81,10 @@ class Transport {
   virtual void stop() = 0;
   // Receiver-side link timing: the samples since the last call (any thread). Default: none.
   virtual std::vector<ReceiveSample> drain_receive_samples() { return {}; }
-  // On: one send with a payload in kTimedSendEvery to each peer (the first one included) goes
-  // rendezvous, so that receivers can time messages of any size; off (the default): the
-  // transport's own choice (its rendezvous sends, the large ones, are timed either way).
-  virtual void set_timed_sends(bool /*on*/) {}
+  // every > 0: one send with a payload in `every` to each peer (the first one included) goes
+  // rendezvous, so that receivers can time messages of any size; 0 (the default): the
+  // transport's own choice (its rendezvous sends, the large ones, are timed either way). Any thread.
+  virtual void set_timed_sends(uint32_t /*every*/) {}
 };
-
-// A timed small send costs a round trip more than an eager one. On the 2-core test box (two
-// sparsecar_load_trainer nodes on loopback, 2.1 ms steps; docs/controllers.md "Timed sends and
-// the controllers' work after the step") the step controller's job cost 124 us a step more than
-// a static one while every send was timed, 49 us with one in 4. One in 4 still gives the link
-// fits a sample of each peer every few steps (a step without one changes no fit).
-inline constexpr uint32_t kTimedSendEvery = 4;
 
 }  // namespace sparsecar

@@ -240,6 +240,7 @@ class UcxTransport::Impl {
     uint64_t recv_max = 0;
     std::bitset<kReplayWindow> recv_seen;
     uint32_t untimed_sends = 0;  // progress thread: sends since the last timed one (set_timed_sends)
+    uint32_t timed_every = 0;    // progress thread: the cadence untimed_sends counts for
     std::array<std::byte, kRouteBytes> bye_header{};  // the sealed bye of stop()
   };
 
@@ -669,13 +670,19 @@ class UcxTransport::Impl {
     if (op->req.am_id == kRejoinAmId) {  // its receiver reads the body in the handler: never rendezvous
       param.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
       param.flags = UCP_AM_SEND_FLAG_EAGER;
-    } else if (op->req.am_id == kAmId && op->req.payload_len > 0 && timed_sends_.load(std::memory_order_relaxed)) {
-      // The receiver times one message in kTimedSendEvery to it (set_timed_sends).
+    } else if (const uint32_t every = timed_send_every_.load(std::memory_order_relaxed);
+               op->req.am_id == kAmId && op->req.payload_len > 0 && every > 0) {
+      // The receiver times one message in `every` to it (set_timed_sends), the first one after
+      // a change of the cadence included.
+      if (p.timed_every != every) {
+        p.timed_every = every;
+        p.untimed_sends = 0;
+      }
       if (p.untimed_sends == 0) {
         param.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
         param.flags = UCP_AM_SEND_FLAG_RNDV;
       }
-      p.untimed_sends = (p.untimed_sends + 1) % kTimedSendEvery;
+      p.untimed_sends = (p.untimed_sends + 1) % every;
     }
     param.cb.send = &Impl::on_send_done;
     param.user_data = op;
@@ -1174,7 +1181,7 @@ class UcxTransport::Impl {
     samples_.clear();
     return out;
   }
-  void set_timed_sends(bool on) { timed_sends_.store(on, std::memory_order_relaxed); }
+  void set_timed_sends(uint32_t every) { timed_send_every_.store(every, std::memory_order_relaxed); }
 
  private:
   void deliver(RecvOp* op) {
@@ -1320,7 +1327,7 @@ class UcxTransport::Impl {
   std::vector<LinkBusy> busy_;  // per peer rank; progress thread
   std::mutex samples_mu_;
   std::deque<ReceiveSample> samples_;  // guarded by samples_mu_
-  std::atomic<bool> timed_sends_{false};
+  std::atomic<uint32_t> timed_send_every_{0};
   std::atomic<bool> sleeping_{false};
   std::mutex stop_mu_;
 
@@ -1381,7 +1388,7 @@ Status UcxTransport::send(uint32_t peer, std::span<const std::byte> header, std:
 }
 void UcxTransport::stop() { impl_->stop(); }
 std::vector<ReceiveSample> UcxTransport::drain_receive_samples() { return impl_->drain_receive_samples(); }
-void UcxTransport::set_timed_sends(bool on) { impl_->set_timed_sends(on); }
+void UcxTransport::set_timed_sends(uint32_t every) { impl_->set_timed_sends(every); }
 UcxTransportStats UcxTransport::stats() const { return impl_->stats(); }
 const auth::Nonce& UcxTransport::formation_id() const { return impl_->formation_id(); }
 uint64_t UcxTransport::incarnation() const {

@@ -135,7 +135,7 @@ class UcxTransport final : public Transport {
               SendCallback done) override;
   void stop() override;
   std::vector<ReceiveSample> drain_receive_samples() override;
-  void set_timed_sends(bool on) override;
+  void set_timed_sends(uint32_t every) override;
 
   UcxTransportStats stats() const;
   // The random id rank 0 drew for this formation of the job (the same on every rank), and its

@@ -10,8 +10,8 @@
 //     and its copies), which every plan pays;
 //   - a plan that has not run (or whose record a rate change voided) by the model: one LinkFit
 //     (link_model.h) per pair of nodes, t = alpha + beta * bytes, from the receivers' timing of
-//     the messages they time (JobObservation::link_samples: one small send in kTimedSendEvery
-//     to each peer, every large one), and this job's compute costs per node (the
+//     the messages they time (JobObservation::link_samples: one small send in
+//     step_timed_send_every to each peer, every large one), and this job's compute costs per node (the
 //     slowest node's, smoothed: encode per element and decode per entry received for sparse steps,
 //     EF + copy + reduce per element for the ring; a prior until a kind of step has run), plus the
 //     model's error on the path's plans that ran (measured - predicted, smoothed, sparse and ring

@@ -103,7 +103,8 @@ constexpr ControllerInfo kRows[] = {
             "asked for; prices: measured step times of the plans that ran, else receiver-timed link fits and "
             "measured compute costs, plus the step's measured overhead; sparse steps priced x step_dense_worth",
      .job_level = true, .make = make_step_controller,
-     .knobs = "step_slack step_confirm_steps step_hold_steps step_forget step_allow_dense step_dense_worth step_warmup_cut step_probe_share"},
+     .knobs = "step_slack step_confirm_steps step_hold_steps step_forget step_allow_dense step_dense_worth step_warmup_cut "
+              "step_probe_share step_timed_send_every"},
     {.kind = ControllerKind::kCost, .name = "cost", .doc = "collective and format from the cost model",
      .job_level = true, .make = make_cost_controller, .knobs = ""},
 };

@@ -169,7 +169,8 @@ TEST(KnobSettingsTest, EveryPolicyKnobReachesTheSettings) {
       "session_handshake_timeout_ms", "controller_metric", "step_timeout_ms", "join_timeout_ms",
       "peer_down_grace_ms", "accept_replacements",
       "trainer_lease",      // the pipeline reads it from the decision in force (Pipeline::trainer_lease)
-      "step_probe_share"};  // the link probe's sender reads it from the decision in force (LinkProbe)
+      "step_probe_share",        // the link probe's sender reads it from the decision in force (LinkProbe)
+      "step_timed_send_every"};  // the observation collector hands it to the transport (set_timed_sends)
   const AllSettings defaults = all_settings(Config{});
   for (const KnobSpec& spec : knob_table()) {
     SCOPED_TRACE(spec.name);

@@ -318,7 +318,7 @@ TEST_P(UcxTransportTest, FourRanksExchangeEmptySmallAndLargeMessages) {
   exchange_all(GetParam(), 4, {0, 72, 16u << 20});
 }
 
-// The step controller's link samples: with timed sends one message in kTimedSendEvery to a peer,
+// The step controller's link samples: with timed sends one message in `every` to a peer,
 // however small, goes rendezvous and its receiver times it (one busy period per message sent
 // alone, its bytes the header and payload); the others, and every small message without timed
 // sends, go eagerly and give no sample.
@@ -355,30 +355,37 @@ TEST_P(UcxTransportTest, TimedSendsLetTheReceiverTimeMessagesOfAnySize) {
   Job job;
   start_job(job, GetParam(), 2, 42);
   if (HasFatalFailure()) return;
-  OneByOne sender(job, 2 + 2 * kTimedSendEvery + 1);
+  // Two cadences (the step_timed_send_every knob), each over 2 * every + 1 sends, then off.
+  constexpr uint32_t kEvery[] = {4, 3};
+  OneByOne sender(job, 2 + (2 * kEvery[0] + 1) + (2 * kEvery[1] + 1) + 2);
   auto send_one = [&](size_t size) { sender.send(size); };
   send_one(100);
   send_one(4096);
   EXPECT_TRUE(job.transports[1]->drain_receive_samples().empty()) << "small eager messages are not timed";
-  job.transports[0]->set_timed_sends(true);
-  // One small send in kTimedSendEvery is timed, the first one included: sizes 100 + i, so that
-  // each sample names the message it timed.
-  for (uint32_t i = 0; i < 2 * kTimedSendEvery + 1; ++i) send_one(100 + i);
-  const std::vector<ReceiveSample> samples = job.transports[1]->drain_receive_samples();
-  ASSERT_EQ(samples.size(), 3u);
-  for (size_t i = 0; i < 3; ++i) {
-    EXPECT_EQ(samples[i].peer, 0u);
-    EXPECT_EQ(samples[i].bytes, 100 + i * kTimedSendEvery + sizeof(TestHeader)) << "sample " << i;
-    EXPECT_GT(samples[i].seconds, 0.0);
-    EXPECT_LT(samples[i].seconds, 10.0);
+  for (const uint32_t every : kEvery) {
+    job.transports[0]->set_timed_sends(every);
+    // One small send in `every` is timed, the first one after the change included: sizes
+    // 100 + i, so that each sample names the message it timed.
+    for (uint32_t i = 0; i < 2 * every + 1; ++i) send_one(100 + i);
+    const std::vector<ReceiveSample> samples = job.transports[1]->drain_receive_samples();
+    ASSERT_EQ(samples.size(), 3u) << "one in " << every;
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(samples[i].peer, 0u);
+      EXPECT_EQ(samples[i].bytes, 100 + i * every + sizeof(TestHeader)) << "one in " << every << ", sample " << i;
+      EXPECT_GT(samples[i].seconds, 0.0);
+      EXPECT_LT(samples[i].seconds, 10.0);
+    }
   }
-  EXPECT_TRUE(job.transports[1]->drain_receive_samples().empty()) << "drained";
+  job.transports[0]->set_timed_sends(0);
+  send_one(100);
+  send_one(4096);
+  EXPECT_TRUE(job.transports[1]->drain_receive_samples().empty()) << "timed sends off";
   for (const auto& m : job.sinks[1]->received()) EXPECT_TRUE(m.content_ok) << "seq " << m.seq;
 }
 
 // The step controller's link probe (daemon/pipeline/link_probe.h) is at least 64 KiB: its
 // receiver times it on its size alone, timed sends on or off (the daemons turn them on with the
-// step controller, one small send in kTimedSendEvery).
+// step controller, one small send in step_timed_send_every).
 TEST_P(UcxTransportTest, AMessageOfAProbesSizeIsTimedWithoutTimedSends) {
   Job job;
   start_job(job, GetParam(), 2, 42);
