@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <span>
+#include <utility>
 
 #include "daemon/metrics/metrics.h"
 #include "sparsecar/common/log.h"
@@ -22,7 +23,19 @@ void LinkProbe::reset() {
   ring_count_ = 0;
   retry_at_ = {};
   next_step_ = 0;
+  from_step_ = fire_step_ = grid_ = 0;
   was_wanted_ = false;
+}
+
+uint64_t LinkProbe::grid_for(uint64_t waited, uint64_t grid) {
+  if (grid > 0 && waited <= grid && waited >= grid / 4) return grid;
+  uint64_t g = 1;
+  while (g < waited && g < kMaxGrid) g *= 2;  // the least power of two >= waited
+  return g;
+}
+
+uint64_t LinkProbe::next_on_grid(uint64_t due, uint64_t grid) {
+  return grid == 0 ? due : (due + grid - 1) / grid * grid;
 }
 
 double LinkProbe::expected_probe_s() const {
@@ -53,6 +66,9 @@ bool LinkProbe::after_step(const StepFacts& f) {
   }
   if (!was_wanted_) {  // a sparse plan starts
     next_step_ = std::max(next_step_, f.step + kStartAfterSteps);
+    from_step_ = f.step;
+    fire_step_ = grid_ = 0;
+    first_of_plan_ = true;
     // The first probe keeps to the share as well, by what a probe is expected to take (a ring
     // step lately); one hour at most, whatever that said.
     const double wait = std::min(3600.0, expected_probe_s() / f.share);
@@ -78,6 +94,12 @@ bool LinkProbe::after_step(const StepFacts& f) {
         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(std::max(took_, received_) / f.share));
     if (now < posted_ + std::max<Clock::duration>(spent, kMinProbeInterval)) return false;
   }
+  // Due: it goes at the next step of its grid, where the other nodes' probes go too.
+  if (fire_step_ == 0) {
+    grid_ = grid_for(f.step - from_step_, grid_);
+    fire_step_ = next_on_grid(f.step, grid_);
+  }
+  if (f.step < fire_step_) return false;
 
   if (s.payload.size() != f.payload_bytes) s.payload.assign(f.payload_bytes, std::byte{0});
   wire::WireHeader h{};
@@ -94,6 +116,11 @@ bool LinkProbe::after_step(const StepFacts& f) {
   posted_ = now;
   took_ = 0;  // until its completion says
   next_step_ = f.step + kMinProbeSteps;
+  from_step_ = f.step;
+  fire_step_ = 0;
+  // The first probe of a plan waited at least kStartAfter, often far longer than the ones after it
+  // wait: those set their own grid.
+  if (std::exchange(first_of_plan_, false)) grid_ = 0;
   const Clock* clock = &clock_;
   Status st = transport_->send(to, s.header, s.payload, [shared = shared_, clock](const Status& done) {
     if (!done.ok()) {

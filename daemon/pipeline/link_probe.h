@@ -11,7 +11,14 @@
 //
 // Cost: at most `share` of the link's time (the `step_probe_share` knob): after a probe that took d,
 // the next one waits d / share from its post, and at least kMinProbeInterval and kMinProbeSteps
-// steps. The first comes kStartAfterSteps steps into the sparse plan, and kStartAfter or, where
+// steps. Once due, it goes at the next step divisible by its grid, a power of two of steps at
+// least as long as the wait (grid_for; kept while the waits stay within 4x below it; the plan's
+// first probe, which waits at least kStartAfter, hands its grid on to none), and so do
+// the other nodes' probes: their waits are alike, so their grids are the same or powers of two
+// apart, and the coarser grid's steps are the finer one's. A step then waits for every link's
+// probe at once: unaligned, each node's probe delayed the job's steps on its own, W x share in all
+// (2 nodes behind a 200 Mbit/s shaper: 44 us a step, x1.024, where the share was 2 %). The grid
+// spaces probes by up to 2x (4x while the waits shrink) more than the share asks. The first comes kStartAfterSteps steps into the sparse plan, and kStartAfter or, where
 // it is longer, the probe's expected time / share after the plan started: what a ring step over
 // this node's link took lately (StepFacts::ring_probe_s, the median of the last three: the
 // daemons' ring steps, or the trainers' dense iterations before the first step), so that the
@@ -77,6 +84,13 @@ class LinkProbe {
   bool after_step(const StepFacts& f);
   // A new job: the next probe waits for its sparse steps again.
   void reset();
+  // The grid of a probe due `waited` steps after the last one (or after its sparse plan's start)
+  // where the last grid was `grid` (0: none): `grid` while waited is in [grid / 4, grid], else the
+  // least power of two >= waited (at most kMaxGrid).
+  static uint64_t grid_for(uint64_t waited, uint64_t grid);
+  // The first step >= due divisible by grid (due itself for a grid of 0).
+  static uint64_t next_on_grid(uint64_t due, uint64_t grid);
+  static constexpr uint64_t kMaxGrid = uint64_t{1} << 40;
   uint64_t sent() const { return sent_; }
 
  private:
@@ -107,6 +121,10 @@ class LinkProbe {
   Clock::time_point retry_at_{};  // after a failure, the next probe not before this
   Clock::time_point start_at_{};  // nor before this (kStartAfter into the sparse plan)
   uint64_t next_step_ = 0;       // nor before this step
+  uint64_t from_step_ = 0;       // the step its wait counts from: the last probe's, or the plan's first
+  uint64_t fire_step_ = 0;       // once due, the step of the grid it goes at (0: not due yet)
+  uint64_t grid_ = 0;            // the last probe's grid (grid_for; 0: none, or the plan's first probe's)
+  bool first_of_plan_ = false;   // the next probe is its sparse plan's first
   bool was_wanted_ = false;
   uint64_t sent_ = 0;
 };

@@ -3,14 +3,17 @@
 // completes it, on a FakeClock, so the spacing (the first 3 steps and 1 s into a sparse plan, or
 // a ring step's time for the probe's bytes / share where that is longer; then
 // the probe's time / share, the longer of its send's and the predecessor's probe's as received
-// here; at least 250 ms and 10 steps; one in flight; 5 s after a failure) is checked against the
-// rule, step by step.
+// here; at least 250 ms and 10 steps; one in flight; 5 s after a failure; once due, the next step
+// of the grid of its wait, where the other nodes' probes go too) is checked against the rule,
+// step by step.
 #include "daemon/pipeline/link_probe.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -41,7 +44,10 @@ class RecordingTransport final : public Transport {
   std::string peer_name(uint32_t peer) const override { return "rank " + std::to_string(peer); }
   Status send(uint32_t peer, std::span<const std::byte> header, std::span<const std::byte> payload,
               SendCallback done) override {
-    if (refuse) return unavailable("refused by the test");
+    if (refuse) {
+      ++refused;
+      return unavailable("refused by the test");
+    }
     sent.push_back({peer, {header.begin(), header.end()}, {payload.begin(), payload.end()}, std::move(done)});
     return Status::Ok();
   }
@@ -50,6 +56,7 @@ class RecordingTransport final : public Transport {
 
   std::vector<Sent> sent;
   bool refuse = false;
+  int refused = 0;  // sends refused while `refuse`
 
  private:
   uint32_t rank_, world_;
@@ -80,7 +87,10 @@ TEST(LinkProbe, SendsOneRingChunkToTheRingSuccessorAFewStepsIntoASparsePlan) {
   clock.advance(LinkProbe::kStartAfter);
   EXPECT_FALSE(probe.after_step(facts(11)));
   EXPECT_FALSE(probe.after_step(facts(12)));
-  ASSERT_TRUE(probe.after_step(facts(13))) << "LinkProbe::kStartAfterSteps after the first";
+  // Due at 13 (LinkProbe::kStartAfterSteps after the first); its grid: 4, the least power of two
+  // >= the 3 steps it waited.
+  for (uint64_t s = 13; s < 16; ++s) EXPECT_FALSE(probe.after_step(facts(s))) << "step " << s << ": off its grid";
+  ASSERT_TRUE(probe.after_step(facts(16)));
   ASSERT_EQ(net.sent.size(), 1u);
   const auto& m = net.sent[0];
   EXPECT_EQ(m.peer, 2u);
@@ -109,6 +119,9 @@ TEST(LinkProbe, TakesAtMostItsShareOfTheTimeOneAtATime) {
     if (!probe.after_step(sparse_step(step++))) clock.advance(200ms);
   }
   ASSERT_EQ(net.sent.size(), 1u);
+  uint64_t last = step - 1;
+  uint64_t grid = 0;  // the plan's first probe hands its grid (8) on to none
+  EXPECT_EQ(last, 8u) << "due at step 5 (1 s, 200 ms a step), on the grid of 8 (its 5 steps' wait) at 8";
   const auto posted = clock.now();
   // In flight: no second one, however long it takes.
   for (int i = 0; i < 20; ++i, ++step) {
@@ -117,13 +130,20 @@ TEST(LinkProbe, TakesAtMostItsShareOfTheTimeOneAtATime) {
   }
   // It took 20 s: at a share of 2 % the next may go 1000 s after the first was posted.
   net.complete(0);
+  // Steps 1 s apart until t, none goes before it; due there, it goes at the next step of the grid
+  // of its wait (the clock stands still meanwhile).
   const auto wait_until = [&](std::chrono::steady_clock::time_point t) {
     while (clock.now() + 1s < t) {
       EXPECT_FALSE(probe.after_step(sparse_step(step++))) << "too early";
       clock.advance(1s);
     }
     clock.set(t);
-    EXPECT_TRUE(probe.after_step(sparse_step(step++)));
+    const uint64_t due = step;
+    grid = LinkProbe::grid_for(due - last, grid);
+    const uint64_t at = LinkProbe::next_on_grid(due, grid);
+    for (; step < at; ++step) EXPECT_FALSE(probe.after_step(sparse_step(step))) << "due at " << due << ", not " << at;
+    EXPECT_TRUE(probe.after_step(sparse_step(step++))) << "step " << at;
+    last = at;
   };
   wait_until(posted + 1000s);
   ASSERT_EQ(net.sent.size(), 2u);
@@ -134,7 +154,15 @@ TEST(LinkProbe, TakesAtMostItsShareOfTheTimeOneAtATime) {
   const uint64_t at = step;
   clock.advance(300ms);
   for (; step < at + 9; ++step) EXPECT_FALSE(probe.after_step(sparse_step(step))) << "step " << step;
+  const uint64_t due = step;  // 10 steps after the last
+  ASSERT_EQ(due, last + LinkProbe::kMinProbeSteps);
+  grid = LinkProbe::grid_for(LinkProbe::kMinProbeSteps, grid);
+  ASSERT_EQ(grid, 16u) << "10 steps, 4x below the last grid: its own";
+  for (; step < LinkProbe::next_on_grid(due, grid); ++step) {
+    EXPECT_FALSE(probe.after_step(sparse_step(step))) << "step " << step << ": off the grid of 16";
+  }
   EXPECT_TRUE(probe.after_step(sparse_step(step++)));
+  last = step - 1;
   EXPECT_GE(clock.now() - second, LinkProbe::kMinProbeInterval);
   ASSERT_EQ(net.sent.size(), 3u);
   net.complete(2);
@@ -178,16 +206,22 @@ TEST(LinkProbe, AFailedProbeWaitsFiveSecondsAndANewPlanOrJobWaitsItsFirstSteps) 
   uint64_t step = 0;
   for (; net.sent.empty() && step < 20; ++step, clock.advance(200ms)) probe.after_step(sparse_step(step));
   ASSERT_EQ(net.sent.size(), 1u);
+  const uint64_t first = step - 1;
   net.complete(0, unavailable("peer down"));
   clock.advance(4900ms);
   for (int i = 0; i < 12; ++i) EXPECT_FALSE(probe.after_step(sparse_step(step++)));
   clock.advance(100ms);
+  // Due now (5 s after the failure): it goes at the grid's next step.
+  for (const uint64_t at = LinkProbe::next_on_grid(step, LinkProbe::grid_for(step - first, 8)); step < at; ++step) {
+    EXPECT_FALSE(probe.after_step(sparse_step(step))) << "step " << step;
+  }
   EXPECT_TRUE(probe.after_step(sparse_step(step++)));
   net.complete(1);
   net.refuse = true;  // cannot even be queued: the same wait
   clock.advance(1h);
   step += 20;
-  EXPECT_FALSE(probe.after_step(sparse_step(step++)));
+  for (int i = 0; i < 64 && net.refused == 0; ++i) EXPECT_FALSE(probe.after_step(sparse_step(step++)));
+  ASSERT_EQ(net.refused, 1) << "tried on its grid's step";
   net.refuse = false;
   clock.advance(4s);
   step += 20;
@@ -197,22 +231,27 @@ TEST(LinkProbe, AFailedProbeWaitsFiveSecondsAndANewPlanOrJobWaitsItsFirstSteps) 
   LinkProbe::StepFacts dense = sparse_step(step++);
   dense.wanted = false;
   EXPECT_FALSE(probe.after_step(dense));
+  const uint64_t plan = step;
   EXPECT_FALSE(probe.after_step(sparse_step(step++)));
   EXPECT_FALSE(probe.after_step(sparse_step(step++)));
   EXPECT_FALSE(probe.after_step(sparse_step(step++)));
   EXPECT_FALSE(probe.after_step(sparse_step(step++))) << "not 1 s into the sparse plan yet";
   clock.advance(LinkProbe::kStartAfter);
+  for (const uint64_t at = LinkProbe::next_on_grid(step, LinkProbe::grid_for(step - plan, 0)); step < at; ++step) {
+    EXPECT_FALSE(probe.after_step(sparse_step(step))) << "step " << step;
+  }
   EXPECT_TRUE(probe.after_step(sparse_step(step++)));
   ASSERT_EQ(net.sent.size(), 3u);
   net.complete(2);
-  // A new job starts its steps at 0 again.
+  // A new job starts its steps at 0 again: due at 3, on the grid of 4 at 4.
   probe.reset();
   clock.advance(1h);
   EXPECT_FALSE(probe.after_step(sparse_step(0)));
   clock.advance(LinkProbe::kStartAfter);
   EXPECT_FALSE(probe.after_step(sparse_step(1)));
   EXPECT_FALSE(probe.after_step(sparse_step(2)));
-  EXPECT_TRUE(probe.after_step(sparse_step(3)));
+  EXPECT_FALSE(probe.after_step(sparse_step(3)));
+  EXPECT_TRUE(probe.after_step(sparse_step(4)));
 }
 
 TEST(LinkProbe, TheFirstProbeWaitsForTheExpectedTimeOverTheShareAndAJobForgetsIt) {
@@ -229,31 +268,120 @@ TEST(LinkProbe, TheFirstProbeWaitsForTheExpectedTimeOverTheShareAndAJobForgetsIt
     EXPECT_FALSE(probe.after_step(sparse_step(step++))) << "too early";
     clock.advance(500ms);
   }
+  EXPECT_EQ(step, 21u) << "due at step 21 (20 steps of 500 ms); on the grid of 32 at 32";
+  for (; step < 32; ++step) EXPECT_FALSE(probe.after_step(sparse_step(step))) << "step " << step;
   EXPECT_TRUE(probe.after_step(sparse_step(step++)));
   net.complete(0);
   // One stalled ring step does not hold the next plan's first probe off: of two, the shorter
-  // (200 ms: 10 s); of the last three, the median (0.2, 30, 0.3 s: 300 ms, 15 s).
-  const auto first_probe_after = [&](std::vector<double> ring_steps) {
+  // (200 ms: 10 s); of the last three, the median (0.2, 30, 0.3 s: 300 ms, 15 s). Steps of 100 ms:
+  // due `wait` / 100 ms steps into the plan; it goes at the next step of that wait's grid.
+  const auto first_probe_after = [&](std::vector<double> ring_steps, std::chrono::milliseconds wait) {
     for (double r : ring_steps) {
       LinkProbe::StepFacts f = sparse_step(step++);
       f.wanted = false;
       f.ring_probe_s = r;
       EXPECT_FALSE(probe.after_step(f));
     }
-    const auto plan = clock.now();
+    const uint64_t plan = step;
     while (!probe.after_step(sparse_step(step++))) clock.advance(100ms);
     net.complete(net.sent.size() - 1);
-    return clock.now() - plan;
+    const uint64_t waited = static_cast<uint64_t>(wait / 100ms);
+    return std::pair{step - 1, LinkProbe::next_on_grid(plan + waited, LinkProbe::grid_for(waited, 0))};
   };
   clock.advance(1h);
-  EXPECT_EQ(first_probe_after({30.0}), 10s) << "200 ms and 30 s: the shorter";
+  const auto [two, two_expected] = first_probe_after({30.0}, 10s);
+  EXPECT_EQ(two, two_expected) << "200 ms and 30 s: the shorter, 10 s";
   clock.advance(1h);
-  EXPECT_EQ(first_probe_after({0.3}), 15s) << "200 ms, 30 s and 300 ms: the median";
+  const auto [three, three_expected] = first_probe_after({0.3}, 15s);
+  EXPECT_EQ(three, three_expected) << "200 ms, 30 s and 300 ms: the median, 15 s";
   probe.reset();  // a new job: what the last one's ring took is not this one's
   EXPECT_FALSE(probe.after_step(sparse_step(0)));
   clock.advance(LinkProbe::kStartAfter);
-  for (uint64_t s = 1; s < 3; ++s) EXPECT_FALSE(probe.after_step(sparse_step(s)));
-  EXPECT_TRUE(probe.after_step(sparse_step(3)));
+  for (uint64_t s = 1; s < 4; ++s) EXPECT_FALSE(probe.after_step(sparse_step(s)));
+  EXPECT_TRUE(probe.after_step(sparse_step(4))) << "due at 3 (1 s and 3 steps), on the grid of 4 at 4";
+}
+
+// The grid, by its definition: a power of two of steps >= the wait, kept while the waits are
+// within 4x below it; a probe goes at the first step >= due divisible by it.
+TEST(LinkProbe, AProbeGoesAtTheNextStepOfItsGrid) {
+  EXPECT_EQ(LinkProbe::grid_for(3, 0), 4u);
+  EXPECT_EQ(LinkProbe::grid_for(285, 0), 512u);
+  EXPECT_EQ(LinkProbe::grid_for(256, 0), 256u);
+  EXPECT_EQ(LinkProbe::grid_for(0, 0), 1u);
+  EXPECT_EQ(LinkProbe::grid_for(300, 512), 512u) << "kept";
+  EXPECT_EQ(LinkProbe::grid_for(128, 512), 512u) << "kept: a quarter";
+  EXPECT_EQ(LinkProbe::grid_for(127, 512), 128u) << "below a quarter: its own";
+  EXPECT_EQ(LinkProbe::grid_for(513, 512), 1024u) << "a longer wait: its own";
+  EXPECT_EQ(LinkProbe::next_on_grid(13, 4), 16u);
+  EXPECT_EQ(LinkProbe::next_on_grid(512, 512), 512u);
+  EXPECT_EQ(LinkProbe::next_on_grid(7, 0), 7u);
+  std::mt19937_64 rng(5);
+  for (int i = 0; i < 10'000; ++i) {
+    const uint64_t due = rng() % 1'000'000, waited = 1 + rng() % 100'000, last = uint64_t{1} << (rng() % 20);
+    const uint64_t grid = LinkProbe::grid_for(waited, last);
+    ASSERT_EQ(grid & (grid - 1), 0u) << "a power of two: " << grid;
+    ASSERT_GE(grid, waited);
+    ASSERT_TRUE(grid == last || grid < 2 * waited) << waited << " " << last << " " << grid;
+    ASSERT_LE(grid, 4 * waited);
+    const uint64_t at = LinkProbe::next_on_grid(due, grid);
+    ASSERT_EQ(at % grid, 0u) << due << " " << grid;
+    ASSERT_GE(at, due);
+    ASSERT_LT(at - due, grid);
+  }
+}
+
+// Two nodes whose probes take 10 ms (then 32 ms) at 3.5 ms a step, each timed with ±20 % noise as
+// the other receives it: their waits differ, but their probes go at the same steps, so a step
+// waits for the job's probes once, not once per node; and each keeps to its share (and uses at
+// least a third of it).
+TEST(LinkProbe, TheNodesProbesGoAtTheSameSteps) {
+  FakeClock clock;
+  RecordingTransport net_a(0, 2), net_b(1, 2);
+  LinkProbe a(0, kJob, &net_a, nullptr, clock), b(1, kJob, &net_b, nullptr, clock);
+  std::mt19937_64 rng(9);
+  std::uniform_real_distribution<double> noise(0.8, 1.2);
+  std::vector<uint64_t> steps_a, steps_b;
+  double took_a = 0, took_b = 0;        // each one's last probe, as its receiver timed it
+  double link_a_s = 0, link_b_s = 0;    // the link time of every probe sent
+  constexpr auto kStep = 3500us;
+  constexpr uint64_t kSteps = 60'000;   // 210 s
+  for (uint64_t step = 0; step < kSteps; ++step, clock.advance(kStep)) {
+    const double d = step < kSteps / 2 ? 0.010 : 0.032;  // a slower link half way
+    LinkProbe::StepFacts fa = sparse_step(step), fb = sparse_step(step);
+    fa.received_s = std::exchange(took_b, 0);  // b's probe, timed at a
+    fb.received_s = std::exchange(took_a, 0);
+    if (a.after_step(fa)) {
+      steps_a.push_back(step);
+      took_a = d * noise(rng);
+      link_a_s += took_a;
+      net_a.complete(net_a.sent.size() - 1);
+    }
+    if (b.after_step(fb)) {
+      steps_b.push_back(step);
+      took_b = d * noise(rng);
+      link_b_s += took_b;
+      net_b.complete(net_b.sent.size() - 1);
+    }
+  }
+  // On the steady first half, the same steps. After the slowdown each grows its grid when its own
+  // wait outgrows it, and until both have, the one still on the finer grid probes alone every
+  // other time: the coarser one's steps are the finer one's, so a step never waits for two
+  // probes sent apart.
+  const auto before = [](const std::vector<uint64_t>& v, uint64_t step) {
+    return std::vector<uint64_t>(v.begin(), std::lower_bound(v.begin(), v.end(), step));
+  };
+  EXPECT_EQ(before(steps_a, kSteps / 2), before(steps_b, kSteps / 2));
+  ASSERT_GE(steps_a.size(), 3u);
+  EXPECT_EQ(steps_a[0], 512u) << "the first waits 1 s (286 steps): on the grid of 512";
+  EXPECT_EQ(steps_a[2] - steps_a[1], 256u) << "10 ms / 2 % = 0.5 s (143 steps): a grid of its own, 256";
+  EXPECT_TRUE(std::includes(steps_a.begin(), steps_a.end(), steps_b.begin(), steps_b.end()) ||
+              std::includes(steps_b.begin(), steps_b.end(), steps_a.begin(), steps_a.end()));
+  EXPECT_NE(steps_a, steps_b) << "the seed's noise gives a transition (else this test checks less than it says)";
+  const double seconds = std::chrono::duration<double>(kStep * kSteps).count();
+  for (double link_s : {link_a_s, link_b_s}) {
+    EXPECT_LE(link_s / seconds, 0.02 * 1.3) << "its share, within the noise of the other's timing";
+    EXPECT_GE(link_s / seconds, 0.02 / 3) << "at least a third of it";
+  }
 }
 
 }  // namespace
