@@ -592,14 +592,16 @@ class StepController final : public Controller {
       return link_probe_sized(l.bytes, payload) && l.seconds > 0 && std::isfinite(l.seconds);
     };
     if (std::none_of(o.link_samples.begin(), o.link_samples.end(), probe)) return;
-    const uint64_t size = payload + kWireHeaderBytes;
-    // What the ring's price says a probe takes: its link part (the price less the trainer's
-    // compute and the ring's work per element) is the time of these bytes on the slowest link.
+    // What the ring's price says a probe's byte takes: its link part (the price less the trainer's
+    // compute and the ring's work per element) is the time of the ring's bytes to a successor
+    // (every tensor's chunks) on the slowest link. Per byte, so that a probe smaller than a ring
+    // step (kProbePayloadCapBytes, or the largest tensor's of several) reads as the same rate.
     const Candidate before = candidate({true, 1.0}, s.world_size, format, s);
     const double fixed = compute() + ring_cost() * static_cast<double>(o.elements);
     const double was = before.seconds - overhead_;
-    if (!(was - fixed > 0)) return;
-    const double implied = (was - fixed) / static_cast<double>(size);  // seconds per byte
+    const uint64_t ring_bytes = step_dense_bytes(o.tensors, s.world_size);
+    if (!(was - fixed > 0) || ring_bytes == 0) return;
+    const double implied = (was - fixed) / static_cast<double>(ring_bytes);  // seconds per byte
     for (const LinkPairSample& l : o.link_samples) {
       if (!probe(l)) continue;
       Link& link = links_[link_index(l.from, l.to)];

@@ -12,7 +12,7 @@ uint64_t link_probe_payload_bytes(std::span<const uint64_t> tensor_elements, uin
   uint64_t chunk = 0;
   for (const uint64_t n : tensor_elements) chunk = std::max(chunk, 4 * ((n + world_size - 1) / world_size));
   const uint64_t step = 2 * uint64_t{world_size - 1} * chunk;  // < 2^36: no overflow for any tensor on the wire
-  return step < kMinProbePayloadBytes ? 0 : std::min(step, kMaxProbePayloadBytes);
+  return step < kMinProbePayloadBytes ? 0 : std::min(step, kProbePayloadCapBytes);
 }
 
 bool link_probe_sized(uint64_t sample_bytes, uint64_t payload_bytes) {

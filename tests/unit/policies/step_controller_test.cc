@@ -1295,6 +1295,23 @@ TEST(StepController, ARiseWhereTheRingStaysDearIsTriedOnceNotAfterEveryProbe) {
   EXPECT_TRUE(r.run.in_force[599 - 2].compression);
 }
 
+TEST(StepController, CappedProbesOfALargeModelAtASteadyRateMakeNoDecision) {
+  // 1.1 M parameters at a steady 1 Gbit/s behind a 128 KiB burst, a probe every 10 steps: the ring
+  // costs 2.3 sparse steps. The probe is capped at 1 MiB, a quarter of the ring's 4.4 MB a step,
+  // and the tbf's burst carries an eighth of it at line rate: still no rise to act on.
+  Plant plant = big_model();
+  plant.burst = 128 * 1024;
+  plant.line = 1.0 / 1.25e9;
+  plant.probe_every = 10;
+  ASSERT_EQ(link_probe_payload_bytes(plant.tensors, 2), kProbePayloadCapBytes);
+  ASSERT_GT(plant.true_price(true, 1, kRate1G), 2 * plant.true_price(false, 0.005, kRate1G));
+  const auto r = run_profile(plant, 0.005, 400, [](uint64_t) { return kRate1G; });
+  EXPECT_LE(decisions_in(r, 0, 40), 3u) << "start-up";
+  EXPECT_EQ(decisions_in(r, 40, 400), 0u) << r.status.step_model;
+  EXPECT_TRUE(r.in_force[399].compression);
+  expect_near_cheapest(r, 40, 400, "1 Gbit/s");
+}
+
 TEST(LinkProbe, ItsSizeIsWhatTheRingSendsItsSuccessorInAStepWithinItsBounds) {
   const std::vector<uint64_t> small = {65'536, 16'384, 10};  // 128 KiB chunks over 2 nodes
   EXPECT_EQ(link_probe_payload_bytes(small, 2), 2u * 4 * 32'768) << "reduce-scatter + all-gather: 2 chunks";
@@ -1310,7 +1327,11 @@ TEST(LinkProbe, ItsSizeIsWhatTheRingSendsItsSuccessorInAStepWithinItsBounds) {
   EXPECT_FALSE(link_probe_sized(524'449, 262'144));
   EXPECT_FALSE(link_probe_sized(80, 0)) << "no probe";
   const std::vector<uint64_t> big = {50'000'000, 1'000};
-  EXPECT_EQ(link_probe_payload_bytes(big, 2), kMaxProbePayloadBytes);
+  EXPECT_EQ(link_probe_payload_bytes(big, 2), kProbePayloadCapBytes);
+  EXPECT_EQ(kProbePayloadCapBytes, 1u << 20);
+  EXPECT_LE(kProbePayloadCapBytes, kMaxProbePayloadBytes) << "what receivers take";
+  EXPECT_EQ(link_probe_payload_bytes(std::vector<uint64_t>{262'144}, 2), 1u << 20) << "at the cap";
+  EXPECT_EQ(link_probe_payload_bytes(std::vector<uint64_t>{262'146}, 2), 1u << 20) << "past it";
   EXPECT_EQ(link_probe_payload_bytes({}, 2), 0u);
 }
 

@@ -32,10 +32,16 @@ namespace sparsecar::policies {
 // 2 (world_size - 1) chunks of 4 bytes per element, elements / world_size rounded up (a shaper's
 // burst covers one chunk of a small model: the real jobs' tbf let 128 KiB through at line rate,
 // and a 170 KB probe at 50 Mbit/s measured ~0.4x what it would without), at most
-// kMaxProbePayloadBytes; 0 (no probe) where that is below kMinProbePayloadBytes (a message the
+// kProbePayloadCapBytes; 0 (no probe) where that is below kMinProbePayloadBytes (a message the
 // transport would not time by its size alone, of a ring cheap enough to need no probe) or
-// world_size < 2.
+// world_size < 2. The cap: a probe holds the messages behind it to its peer back for as long as it
+// takes, and a link that got slower unseen (a shaper's burst covers the sparse messages) makes it
+// dear: a 1.1 M-parameter job's 4 MiB probes, due by a ring step's time at 1 Gbit/s, went after a
+// drop to 50 Mbit/s and stalled a step for 0.7-1.4 s of a ~10 s job; 1 MiB is still 8x a 128 KiB
+// burst. The controller compares a probe's time per byte, so its size is free below the ring's.
+// kMaxProbePayloadBytes: the most a receiver accepts (wire::kMaxProbePayloadBytes).
 inline constexpr uint64_t kMinProbePayloadBytes = 64 * 1024;
+inline constexpr uint64_t kProbePayloadCapBytes = 1024 * 1024;
 inline constexpr uint64_t kMaxProbePayloadBytes = 4 * 1024 * 1024;
 uint64_t link_probe_payload_bytes(std::span<const uint64_t> tensor_elements, uint32_t world_size);
 // A receiver's sample of `sample_bytes` (a busy period: headers included, overlapping messages
