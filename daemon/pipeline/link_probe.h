@@ -2,34 +2,37 @@
 //
 // While the step controller is active, the dense ring is one of its candidates and this node's
 // steps run a sparse plan, the node now and then sends its ring successor (rank + 1 mod W) one
-// wire::Kind::kProbe message of the bytes the ring sends it in a step (zeros). The receiving transport times it like
-// every rendezvous message (a ReceiveSample, which reaches the controller as a link sample); the
-// receiver's mailbox validates, counts and drops it. The controller compares those samples with
-// the first one since the ring's price was last set, and prices the ring anew where the link got
-// faster for the ring's chunks: a rise that none of a sparse plan's few-KB messages shows behind a
-// shaper's burst.
+// wire::Kind::kProbe message of the bytes the ring sends it in a step (zeros; at most
+// policies::kProbePayloadCapBytes). The receiving transport times it like every rendezvous message
+// (a ReceiveSample, which reaches the controller as a link sample); the receiver's mailbox
+// validates, counts and drops it. The controller compares those samples, per byte, with the first
+// one since the ring's price was last set, and prices the ring anew where the link got faster for
+// the ring's chunks: a rise that none of a sparse plan's few-KB messages shows behind a shaper's
+// burst.
 //
-// Cost: at most `share` of the link's time (the `step_probe_share` knob): after a probe that took d,
-// the next one waits d / share from its post, and at least kMinProbeInterval and kMinProbeSteps
-// steps. Once due, it goes at the next step divisible by its grid, a power of two of steps at
-// least as long as the wait (grid_for; kept while the waits stay within 4x below it; the plan's
-// first probe, which waits at least kStartAfter, hands its grid on to none), and so do
-// the other nodes' probes: their waits are alike, so their grids are the same or powers of two
-// apart, and the coarser grid's steps are the finer one's. A step then waits for every link's
-// probe at once: unaligned, each node's probe delayed the job's steps on its own, W x share in all
-// (2 nodes behind a 200 Mbit/s shaper: 44 us a step, x1.024, where the share was 2 %). The grid
-// spaces probes by up to 2x (4x while the waits shrink) more than the share asks. The first comes kStartAfterSteps steps into the sparse plan, and kStartAfter or, where
-// it is longer, the probe's expected time / share after the plan started: what a ring step over
-// this node's link took lately (StepFacts::ring_probe_s, the median of the last three: the
-// daemons' ring steps, or the trainers' dense iterations before the first step), so that the
-// first probe keeps to the share too (at 1 s, a probe at 50 Mbit/s took ~50-80 ms: 3-5 % of the
-// real small jobs' 1-2.5 s). d is the longer of
-// the send's post -> completion and the receiver-side time of the last probe that came from the
-// ring predecessor (StepFacts::received_s): a send completes once its bytes are in the kernel's
-// queues, ahead of a shaper, so on its own it said 250 ms where a probe took ~35 ms of a 50 Mbit/s
-// link, and the real small jobs ran 20-47 % slower a step at 50 Mbit/s than top-k's. One probe in
-// flight at a time; a send that fails waits kRetryAfterFailure. Counted in sparsecar_link_probes_total{direction="sent"}, its
-// bytes in wire_bytes_sent_total.
+// Cost: at most `share` of the link's time (the `step_probe_share` knob).
+// - The first comes kStartAfterSteps steps into the sparse plan, and kStartAfter or, where it is
+//   longer, the probe's expected time / share after the plan started: what a ring step over this
+//   node's link took lately (StepFacts::ring_probe_s, the median of the last three: the daemons'
+//   ring steps, or the trainers' dense iterations before the first step), so that the first probe
+//   keeps to the share too (at 1 s, a probe at 50 Mbit/s took ~50-80 ms: 3-5 % of the real small
+//   jobs' 1-2.5 s).
+// - After a probe that took d, the next one waits d / share from its post, and at least
+//   kMinProbeInterval and kMinProbeSteps steps. d is the longer of the send's post -> completion
+//   and the receiver-side time of the last probe that came from the ring predecessor
+//   (StepFacts::received_s): a send completes once its bytes are in the kernel's queues, ahead of
+//   a shaper, so on its own it said 250 ms where a probe took ~35 ms of a 50 Mbit/s link, and the
+//   real small jobs ran 20-47 % slower a step at 50 Mbit/s than top-k's.
+// - Once due, it goes at the next step divisible by its grid, a power of two of steps at least as
+//   long as the wait (grid_for; kept while the waits stay within 4x below it; the plan's first
+//   probe hands its grid on to none), and so do the other nodes' probes: their waits are alike,
+//   so their grids are the same or powers of two apart, and the coarser grid's steps are the finer
+//   one's. A step then waits for every link's probe at once: unaligned, each node's probes delayed
+//   the job on their own, W x share in all (2 nodes behind a 200 Mbit/s shaper: 52 us a step,
+//   x1.029, where the share was 2 %; aligned 12 us). The grid spaces probes up to 2x (4x while the
+//   waits shrink) wider than the share asks.
+// - One probe in flight at a time; a send that fails waits kRetryAfterFailure.
+// Counted in sparsecar_link_probes_total{direction="sent"}, its bytes in wire_bytes_sent_total.
 //
 // Time: read only through the Clock it is given (which must outlive the transport's callbacks).
 // Threads: after_step()/reset() on the pipeline thread; a probe's completion on the transport's
