@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <span>
 #include <utility>
 
@@ -35,7 +36,8 @@ uint64_t LinkProbe::grid_for(uint64_t waited, uint64_t grid) {
 }
 
 uint64_t LinkProbe::next_on_grid(uint64_t due, uint64_t grid) {
-  return grid == 0 ? due : (due + grid - 1) / grid * grid;
+  if (grid == 0 || due % grid == 0 || due > std::numeric_limits<uint64_t>::max() - grid) return due;
+  return due + (grid - due % grid);
 }
 
 double LinkProbe::expected_probe_s() const {
@@ -96,7 +98,7 @@ bool LinkProbe::after_step(const StepFacts& f) {
   }
   // Due: it goes at the next step of its grid, where the other nodes' probes go too.
   if (fire_step_ == 0) {
-    grid_ = grid_for(f.step - from_step_, grid_);
+    grid_ = grid_for(f.step >= from_step_ ? f.step - from_step_ : 0, grid_);
     fire_step_ = next_on_grid(f.step, grid_);
   }
   if (f.step < fire_step_) return false;

@@ -91,7 +91,8 @@ class LinkProbe {
   // where the last grid was `grid` (0: none): `grid` while waited is in [grid / 4, grid], else the
   // least power of two >= waited (at most kMaxGrid).
   static uint64_t grid_for(uint64_t waited, uint64_t grid);
-  // The first step >= due divisible by grid (due itself for a grid of 0).
+  // The first step >= due divisible by grid (due itself for a grid of 0, or where that step would
+  // pass the largest uint64_t).
   static uint64_t next_on_grid(uint64_t due, uint64_t grid);
   static constexpr uint64_t kMaxGrid = uint64_t{1} << 40;
   uint64_t sent() const { return sent_; }

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -315,6 +316,9 @@ TEST(LinkProbe, AProbeGoesAtTheNextStepOfItsGrid) {
   EXPECT_EQ(LinkProbe::next_on_grid(13, 4), 16u);
   EXPECT_EQ(LinkProbe::next_on_grid(512, 512), 512u);
   EXPECT_EQ(LinkProbe::next_on_grid(7, 0), 7u);
+  constexpr uint64_t kTop = std::numeric_limits<uint64_t>::max();
+  EXPECT_EQ(LinkProbe::next_on_grid(kTop - 3, 1024), kTop - 3) << "no step of the grid above it";
+  EXPECT_EQ(LinkProbe::grid_for(uint64_t{1} << 50, 0), LinkProbe::kMaxGrid);
   std::mt19937_64 rng(5);
   for (int i = 0; i < 10'000; ++i) {
     const uint64_t due = rng() % 1'000'000, waited = 1 + rng() % 100'000, last = uint64_t{1} << (rng() % 20);
