@@ -579,18 +579,31 @@ class StepController final : public Controller {
   // sample shows would otherwise look slow to every probe, and be tried after each). (A reference
   // of probes alone was wrong twice: one slow probe on a loaded host made the next look faster, and
   // a rise between the first two left none slower to compare with.)
+  // The size of the link probe of this step's tensors (link_model.h; 0: none).
+  static uint64_t probe_payload(const JobObservation& o, uint32_t w) {
+    std::vector<uint64_t> elements;
+    for (const auto& t : o.tensors) elements.push_back(t.elements);
+    return link_probe_payload_bytes(elements, w);
+  }
+  static bool is_probe(const LinkPairSample& l, uint64_t payload) {
+    return link_probe_sized(l.bytes, payload) && l.seconds > 0 && std::isfinite(l.seconds);
+  }
+  // A sample of the probe's size reached a receiver in this step (a sparse plan's messages are
+  // far smaller than a ring step's bytes to a successor).
+  static bool probe_crossed(const JobObservation& o, uint32_t w) {
+    const uint64_t payload = probe_payload(o, w);
+    return payload > 0 && std::any_of(o.link_samples.begin(), o.link_samples.end(),
+                                      [&](const LinkPairSample& l) { return is_probe(l, payload); });
+  }
+
   void watch_probes(const ControllerSettings& s, const JobObservation& o, kernels::Format format) {
     if (!has_ran_ || last_ran_.dense || running().dense) {
       if (has_ran_ && last_ran_.dense) clear_probe_refs(/*ring_ran=*/true);
       return;
     }
     if (!s.step.allow_dense || o.trainer_elements > 0 || o.link_samples.empty()) return;
-    std::vector<uint64_t> elements;
-    for (const auto& t : o.tensors) elements.push_back(t.elements);
-    const uint64_t payload = link_probe_payload_bytes(elements, s.world_size);
-    const auto probe = [&](const LinkPairSample& l) {
-      return link_probe_sized(l.bytes, payload) && l.seconds > 0 && std::isfinite(l.seconds);
-    };
+    const uint64_t payload = probe_payload(o, s.world_size);
+    const auto probe = [&](const LinkPairSample& l) { return is_probe(l, payload); };
     if (std::none_of(o.link_samples.begin(), o.link_samples.end(), probe)) return;
     // What the ring's price says a probe's byte takes: its link part (the price less the trainer's
     // compute and the ring's work per element) is the time of the ring's bytes to a successor
@@ -718,6 +731,14 @@ class StepController final : public Controller {
       gaps_.push_back(std::max(o.period_s - (std::max(o.compute_s, 0.0) + o.encode_s + o.exchange_s), 0.0));
       overhead_ = median(gaps_);
     }
+    // v15: a sparse step that a link probe crossed waited for it (the probe holds back the
+    // messages behind it to its peer: 0.27-0.30 s among ~30 ms steps for the large real job's
+    // 1 MiB probe at 50 Mbit/s), and the next step's messages meet the shaper's bucket the probe
+    // drained. Neither is what the plan costs (the probe's cost is the share's): no record, no
+    // model error, and no place in recent_change()'s mean (where one such stall read as the plan
+    // in force's time following a link fit's restart, x3, and voided the records).
+    if (!ran.dense && probe_crossed(o, w)) probe_quiet_until_ = o.step + 1;
+    if (probe_quiet_until_ > 0 && o.step <= probe_quiet_until_) return;
     Record& r = record_of(ran);
     // The last steps' times and the record before them: what recent_change() compares.
     if (recent_.size() > kChangeConfirmSteps) recent_.erase(recent_.begin());
@@ -984,6 +1005,7 @@ class StepController final : public Controller {
   double ring_floor_ = 0;   // v13: no voided ring costs less after the link got slower
   double ring_probed_ = 0;  // v14: the ring's step time as the link probe scaled it (0: none)
   uint64_t last_link_change_step_ = 0;
+  uint64_t probe_quiet_until_ = 0;  // v15: the last step a link probe's crossing keeps out of the records
   std::vector<double> computes_;  // the trainer's compute time of the last steps (host_load_moved)
   double overhead_ = 0;      // median period_s - (compute + encode + exchange): what every step pays
   std::vector<double> gaps_;  // the last kOverheadSteps of those differences
