@@ -213,7 +213,7 @@ class StepController final : public Controller {
     // v12: a step the trainers reduced put their all-reduce on the link; what the daemons sent
     // meanwhile (observations, decisions: small messages) waited behind it in the queue, and is
     // not what their own exchange meets (a fit of it priced a 12 ms sparse step at 131 ms).
-    if (o.trainer_elements == 0) feed_links(o, s.step.forget);
+    if (o.trainer_elements == 0) feed_links(o, w, knobs->format, s.step.forget);
     if (link_changes() != changes_before) last_link_change_step_ = o.step;
     on_device_ = o.elements > 0 && o.device_elements >= o.elements;
     observe_compute(o, w);
@@ -454,6 +454,7 @@ class StepController final : public Controller {
     double probe_ref = 0;     // the fastest of them not counted faster (seconds per byte; 0: none)
     uint64_t probe_faster = 0;
     double probe_ratio = 0;   // of those counted faster in a row, the largest ratio to its base
+    double probe_last = 0;    // v15: its last probe's seconds per byte (0: none since the ring ran)
   };
 
   // v6: under the schedule's dense warm-up, once the ring is measured (and again whenever a rate
@@ -528,9 +529,17 @@ class StepController final : public Controller {
     return false;
   }
 
-  void feed_links(const JobObservation& o, double forget) {
+  // v15: not the link probe's samples (a sparse step's sample of the probe's size): the fits
+  // price the plans' own messages, and watch_probes and probe_floor() read the probes. A probe in
+  // a fit of few-KB messages moved its slope for the steps it took to fade, and the ring's ratio
+  // to its model was learned against that slope (the ring's price then fell with the fit).
+  void feed_links(const JobObservation& o, uint32_t w, kernels::Format format, double forget) {
+    const uint64_t payload = distinct_probe_payload(o, w, format);
     std::vector<std::pair<size_t, LinkFit::Sample>> batch;  // (link index, sample)
-    for (const LinkPairSample& l : o.link_samples) batch.push_back({link_index(l.from, l.to), {l.bytes, l.seconds}});
+    for (const LinkPairSample& l : o.link_samples) {
+      if (payload > 0 && link_probe_sized(l.bytes, payload)) continue;
+      batch.push_back({link_index(l.from, l.to), {l.bytes, l.seconds}});
+    }
     std::vector<LinkFit::Sample> one;
     for (size_t i = 0; i < links_.size(); ++i) {
       one.clear();
@@ -588,10 +597,23 @@ class StepController final : public Controller {
   static bool is_probe(const LinkPairSample& l, uint64_t payload) {
     return link_probe_sized(l.bytes, payload) && l.seconds > 0 && std::isfinite(l.seconds);
   }
-  // A sample of the probe's size reached a receiver in this step (a sparse plan's messages are
-  // far smaller than a ring step's bytes to a successor).
-  static bool probe_crossed(const JobObservation& o, uint32_t w) {
+  // v15: the probe's size where a sample of it cannot be this sparse step's own messages: all of
+  // them to a peer together (a receiver's busy period may hold several) below the probe's window
+  // (link_probe_sized); 0 otherwise, or for a dense step or no probe. (A tensor of 25 M elements at
+  // 0.5 % sends ~1 MB a step, the size of a capped probe.)
+  static uint64_t distinct_probe_payload(const JobObservation& o, uint32_t w, kernels::Format format) {
     const uint64_t payload = probe_payload(o, w);
+    if (payload == 0) return 0;
+    uint64_t own = 0;
+    for (const auto& t : o.tensors) {
+      if (t.nnz >= t.elements) return 0;  // a dense tensor's ring chunks are probe-sized
+      own += sparse_allgather_bytes_as(t.elements, t.nnz, 2, format);
+    }
+    return 2 * own < payload + kWireHeaderBytes ? payload : 0;
+  }
+  // A sample of the probe's size reached a receiver in this sparse step.
+  static bool probe_crossed(const JobObservation& o, uint32_t w, kernels::Format format) {
+    const uint64_t payload = distinct_probe_payload(o, w, format);
     return payload > 0 && std::any_of(o.link_samples.begin(), o.link_samples.end(),
                                       [&](const LinkPairSample& l) { return is_probe(l, payload); });
   }
@@ -619,6 +641,7 @@ class StepController final : public Controller {
       if (!probe(l)) continue;
       Link& link = links_[link_index(l.from, l.to)];
       const double per_byte = l.seconds / static_cast<double>(l.bytes);
+      link.probe_last = per_byte;
       const double base = link.probe_ref > 0 ? std::min(implied, link.probe_ref) : implied;
       const bool first_after_ring = link.after_ring && !link.probe_any;
       link.probe_any = true;
@@ -650,6 +673,7 @@ class StepController final : public Controller {
 
   void clear_probe_refs(bool ring_ran) {
     for (Link& l : links_) {
+      if (ring_ran) l.probe_last = 0;  // a void keeps it: the probe measured the link since
       l.after_ring = ring_ran;
       l.probe_any = false;
       l.probe_ref = 0;
@@ -737,7 +761,7 @@ class StepController final : public Controller {
     // drained. Neither is what the plan costs (the probe's cost is the share's): no record, no
     // model error, and no place in recent_change()'s mean (where one such stall read as the plan
     // in force's time following a link fit's restart, x3, and voided the records).
-    if (!ran.dense && probe_crossed(o, w)) probe_quiet_until_ = o.step + 1;
+    if (!ran.dense && probe_crossed(o, w, format)) probe_quiet_until_ = o.step + 1;
     if (probe_quiet_until_ > 0 && o.step <= probe_quiet_until_) return;
     Record& r = record_of(ran);
     // The last steps' times and the record before them: what recent_change() compares.
@@ -888,10 +912,26 @@ class StepController final : public Controller {
       c.seconds = std::max(m + (p.dense ? ring_error_ : sparse_error_).seconds, 0.5 * m);
       if (!p.dense) c.seconds = std::max(c.seconds, bound_from_records(p.density));
     }
-    if (!c.measured && p.dense) c.seconds = std::max(c.seconds, ring_floor_);  // v13
+    if (!c.measured && p.dense) c.seconds = std::max({c.seconds, ring_floor_, probe_floor(w)});  // v13, v15
     c.seconds += overhead_;
     c.price = c.seconds * (p.dense ? 1.0 : std::max(s.step.dense_worth, 1.0));
     return c;
+  }
+
+  // v15: no ring costs less than its bytes to a successor take at the last probe's rate on the
+  // slowest link, plus the trainer's compute and the ring's work per element (0: no probe since
+  // the ring ran). A void keeps it: after one, a fit of a sparse plan's few-KB messages (behind
+  // a shaper's burst they cross at line rate) prices the ring's chunks as nearly free, and the
+  // large real job's ring, priced so at 31 ms after a drop to 50 Mbit/s, measured 1.32 s, where
+  // its last probe had crossed at 50 Mbit/s. A slower probe (a loaded host) keeps the ring out
+  // until the next one; a rise lowers it with the probe that shows it (watch_probes).
+  double probe_floor(uint32_t w) const {
+    double per_byte = 0;
+    for (const Link& l : links_) per_byte = std::max(per_byte, l.probe_last);
+    if (!(per_byte > 0) || tensors_.empty()) return 0;
+    double elements = 0;
+    for (const auto& t : tensors_) elements += static_cast<double>(t.elements);
+    return compute() + ring_cost() * elements + per_byte * static_cast<double>(step_dense_bytes(tensors_, w));
   }
 
   // What the measured sparse plans say of an unmeasured density: a denser plan sends more and
@@ -941,7 +981,7 @@ class StepController final : public Controller {
                     r.seconds * 1e3);
       measured += buf;
     }
-    char ratio[160] = "";  // v13, v14: what prices a ring without a record
+    char ratio[224] = "";  // v13, v14, v15: what prices a ring without a record
     int at = 0;
     if (ring_ratio_ >= 0) at = std::snprintf(ratio, sizeof ratio, "; the ring %.3gx its model", ring_ratio_);
     if (ring_floor_ > 0) {
@@ -949,8 +989,12 @@ class StepController final : public Controller {
                           ring_floor_ * 1e3);
     }
     if (ring_probed_ > 0 && at < static_cast<int>(sizeof ratio)) {
-      std::snprintf(ratio + at, sizeof ratio - static_cast<size_t>(at), "; the ring %.3g ms by the link probe",
-                    ring_probed_ * 1e3);
+      at += std::snprintf(ratio + at, sizeof ratio - static_cast<size_t>(at), "; the ring %.3g ms by the link probe",
+                          ring_probed_ * 1e3);
+    }
+    if (const double floor = probe_floor(ctx.settings.world_size); floor > 0 && at < static_cast<int>(sizeof ratio)) {
+      std::snprintf(ratio + at, sizeof ratio - static_cast<size_t>(at), "; the ring >= %.3g ms by the last probe",
+                    floor * 1e3);
     }
     char buf[768];
     std::snprintf(buf, sizeof buf,

@@ -1365,6 +1365,51 @@ TEST(StepController, AProbesStallIsNoPartOfThePlansRecord) {
   }
 }
 
+TEST(StepController, AVoidedRingIsPricedNoLowerThanItsBytesTakeAtTheLastProbesRate) {
+  // The large model, 1 Gbit/s then 50 Mbit/s from step 100 behind a 128 KiB burst (a fit of the
+  // sparse messages says ~1.2 GB/s), a 1 MiB probe every 20 steps. From step 150 to 250 a peer's
+  // wait that no link sample shows makes every sparse step ~3x slower (a void, "slower"), then
+  // it ends (a void, "faster": the floor the first void put on the ring goes, and so does the
+  // ring's record). The last probe's rate floors the ring's price through both voids: its link
+  // part at the probe's rate is the ring's bytes to a successor at 50 Mbit/s, less what the
+  // burst carried of the probe (1/8). Checked against the plant's true ring.
+  Plant plant = big_model(0.02);
+  plant.burst = 128 * 1024;
+  plant.line = 1.0 / 1.25e9;
+  plant.probe_every = 20;
+  const double sparse = plant.true_price(false, 0.005, kRate50M);
+  const double ring = plant.true_price(true, 1, kRate50M);
+  ASSERT_GT(ring, 10 * sparse);
+  const auto r = run_profile(plant, 0.005, 400, [&](uint64_t s) {
+    plant.sparse_hidden = s >= 150 && s < 250 ? 2 * sparse : 0.0;
+    return s < 100 ? kRate1G : kRate50M;
+  });
+  for (uint64_t s = 130; s < 400; ++s) ASSERT_TRUE(r.in_force[s].compression) << "step " << s << ": " << r.status.step_model;
+  EXPECT_EQ(decisions_in(r, 40, 400), 0u) << r.status.last_reason;
+  const std::string& m = r.status.step_model;
+  const size_t at = m.find("; the ring >= ");
+  ASSERT_NE(at, std::string::npos) << m;
+  ASSERT_NE(m.find(" ms by the last probe", at), std::string::npos) << m;
+  const double floor_s = std::stod(m.substr(at + 14)) * 1e-3;
+  EXPECT_GT(floor_s, 0.75 * ring) << m;
+  EXPECT_LT(floor_s, 1.05 * ring) << m << " (the probe's timing noise: ±2 %)";
+}
+
+TEST(StepController, ASparsePlansOwnMessagesOfAProbesSizeAreNoProbe) {
+  // One tensor of 25 M elements at 0.5 %: its sparse message (~1 MB) is the size of a capped
+  // probe. Its steps are the plan's (records, link fits), not probes' to keep out.
+  Plant plant;
+  plant.tensors = {25'000'000};
+  plant.noise = 0.02;
+  ASSERT_TRUE(link_probe_sized(Plant::sparse_message(25'000'000, 0.005), link_probe_payload_bytes(plant.tensors, 2)));
+  const auto r = run_profile(plant, 0.005, 60, [](uint64_t) { return kRate1G; }, 1.0, /*allow_dense=*/false);
+  const ControlKnobs& k = r.in_force.back();
+  ASSERT_TRUE(k.compression);
+  EXPECT_NE(r.status.step_model.find("measured: density"), std::string::npos) << r.status.step_model;
+  EXPECT_NEAR(r.status.predicted_step_s / plant.true_price(false, std::min(k.density, k.density_cap), kRate1G), 1.0, 0.05)
+      << r.status.step_model;
+}
+
 TEST(LinkProbe, ItsSizeIsWhatTheRingSendsItsSuccessorInAStepWithinItsBounds) {
   const std::vector<uint64_t> small = {65'536, 16'384, 10};  // 128 KiB chunks over 2 nodes
   EXPECT_EQ(link_probe_payload_bytes(small, 2), 2u * 4 * 32'768) << "reduce-scatter + all-gather: 2 chunks";
