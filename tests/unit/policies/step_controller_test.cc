@@ -1410,6 +1410,29 @@ TEST(StepController, ASparsePlansOwnMessagesOfAProbesSizeAreNoProbe) {
       << r.status.step_model;
 }
 
+TEST(StepController, TheLinkFitsPriceThePlansOwnMessagesNotTheProbes) {
+  // The large model at a steady 50 Mbit/s behind a 128 KiB burst: its sparse messages (~50 KB)
+  // cross at line rate, a 1 MiB probe (every 10 steps) at ~50 Mbit/s. The fits stay those of the
+  // sparse messages through a probe (the probes are watch_probes' and probe_floor()'s): the
+  // slowest link's rate the status reports right after the probe of step 390 is the one before.
+  Plant plant = big_model(0.02);
+  plant.burst = 128 * 1024;
+  plant.line = 1.0 / 1.25e9;
+  plant.probe_every = 10;
+  const auto rate_after = [&](uint64_t steps) {
+    Plant p = plant;
+    const auto r = run_profile(p, 0.005, steps, [](uint64_t) { return kRate50M; });
+    const std::string& m = r.status.step_model;
+    const size_t at = m.find(" ms, ");
+    EXPECT_NE(at, std::string::npos) << m;
+    EXPECT_NE(m.find(" MB/s", at), std::string::npos) << m;
+    return at == std::string::npos ? 0.0 : std::stod(m.substr(at + 5));
+  };
+  const double before = rate_after(390), after = rate_after(391);
+  EXPECT_GT(before, 500) << "the sparse messages' fit: line rate (MB/s)";
+  EXPECT_NEAR(after / before, 1.0, 0.1) << before << " MB/s before the probe, " << after << " after";
+}
+
 TEST(LinkProbe, ItsSizeIsWhatTheRingSendsItsSuccessorInAStepWithinItsBounds) {
   const std::vector<uint64_t> small = {65'536, 16'384, 10};  // 128 KiB chunks over 2 nodes
   EXPECT_EQ(link_probe_payload_bytes(small, 2), 2u * 4 * 32'768) << "reduce-scatter + all-gather: 2 chunks";
