@@ -317,7 +317,11 @@ void ObservationCollector::on_tensor_step(const TensorStepRecord& r, const Decis
   o.link_s += r.link_s;
   if (measure) {
     if (measure_gradient) o.grad_norm2 += r.grad_norm2 >= 0 ? r.grad_norm2 : kernels::norm2(r.local_sum);
-    o.residual_norm2 += r.residual_norm2 >= 0 ? r.residual_norm2 : kernels::norm2(r.residual);
+    if (r.residual_norm2 >= 0) {
+      o.residual_norm2 += r.residual_norm2;
+    } else if (r.residual_norm2 != TensorStepRecord::kNormLater) {
+      o.residual_norm2 += kernels::norm2(r.residual);
+    }
   }
   if (policies::has(active, policies::ControllerKind::kBudget)) add_magnitudes(r, decision);
   policies::TensorStepObservation t;
@@ -459,6 +463,20 @@ LinkProbe::StepFacts ObservationCollector::probe_facts(const policies::NodeObser
     }
   }
   return f;
+}
+
+void ObservationCollector::on_residual_norm2(uint32_t, uint64_t step, double norm2) {
+  if ((active_ & kRank0Controllers) == 0 || !(norm2 >= 0)) return;  // as on_tensor_step's `measure`
+  if (current_ && current_->step == step) {
+    current_->residual_norm2 += norm2;
+    return;
+  }
+  for (auto it = ready_.rbegin(); it != ready_.rend(); ++it) {  // the step's last tensor finished it
+    if (it->step == step) {
+      it->residual_norm2 += norm2;
+      return;
+    }
+  }
 }
 
 void ObservationCollector::after_complete() {

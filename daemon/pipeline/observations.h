@@ -66,7 +66,10 @@ struct TensorStepRecord {
   // commit they are the step's pre-selection |residual + g| (the selected coordinates' residual
   // is zero, or the small quantisation error of a narrower value type).
   std::span<const float> selected;
-  // Device tensors: their squared norms measured on the GPU (the spans are empty); < 0: from the spans.
+  // Device tensors: their squared norms measured on the GPU (the spans are empty); < 0: from the
+  // spans. kNormLater: the residual's, a host step's, comes through on_residual_norm2() once the
+  // step's result went out.
+  static constexpr double kNormLater = -2;
   double grad_norm2 = -1;
   double residual_norm2 = -1;
   // Device tensors while `budget` listens: the step's magnitude histograms measured on the GPU
@@ -86,8 +89,11 @@ class StepObserver {
   virtual void on_metric(const std::string& name, double value, uint64_t step) = 0;
   // Pipeline thread: job reset.
   virtual void on_reset() = 0;
+  // Pipeline thread, after a tensor step's result went to its trainer and before after_complete():
+  // the squared norm of its residual, for a record that said TensorStepRecord::kNormLater.
+  virtual void on_residual_norm2(uint32_t /*tensor_id*/, uint64_t /*step*/, double /*norm2*/) {}
   // Pipeline thread, after a tensor step's result went to its trainer: the work the step need not
-  // wait for (rank 0's controllers, an observation's send to rank 0). A wrapper forwards it.
+  // wait for (rank 0's controllers, an observation's send to rank 0). A wrapper forwards both.
   virtual void after_complete() {}
 };
 
@@ -135,6 +141,7 @@ class ObservationCollector final : public StepObserver {
   // The observations of the steps that finished since the last call go to rank 0's controllers
   // (runner_->poll(): ~0.1 ms of pricing a step) or are sent to rank 0. Not in on_tensor_step:
   // the step's result would wait for them (the pipeline completes a step after observing it).
+  void on_residual_norm2(uint32_t tensor_id, uint64_t step, double norm2) override;
   void after_complete() override;
 
   // Observations finished so far (for tests and status).

@@ -53,6 +53,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <variant>
@@ -196,8 +197,12 @@ class Pipeline final : public StepSink {
   // Pipeline thread: copies a checkpoint read by restore() into the residuals.
   Status read_checkpoint(const std::string& path, const std::vector<TensorSpec>& specs,
                          const LoadedCheckpoint& file, CheckpointInfo* info);
-  // norm2: the residual's ||e||^2 after the step (0 after a dense step, which empties it).
-  void record_step_metrics(TensorState& t, const policies::Plan& plan, const StepResult& r, double norm2);
+  // norm2: the residual's ||e||^2 after the step (0 after a dense step, which empties it); none: a
+  // sparse host step's, which settle_residual_norm() adds once the result went out.
+  void record_step_metrics(TensorState& t, const policies::Plan& plan, const StepResult& r, std::optional<double> norm2);
+  // Pipeline thread, after a step's result went to its trainer: the residual's norm of the
+  // tensor's last sparse host step (the metrics, the observer's on_residual_norm2), if not read yet.
+  void settle_residual_norm(TensorState& t);
 
   void run();
   StepResult process(const StepJob& job);
@@ -228,7 +233,7 @@ class Pipeline final : public StepSink {
   bool budget_listens(const Decision& decision);
   // A successful step's metrics (residual_norm2: as record_step_metrics' norm2).
   void finish_step(TensorState& t, const policies::Plan& plan, const StepResult& result, const ExchangeStats& stats,
-                   double residual_norm2);
+                   std::optional<double> residual_norm2);
   Status agree_on_job(Clock::time_point deadline);
   // This job's identity for a collective or an abort under `epoch`, deadline one step_timeout
   // from now (pipeline thread).

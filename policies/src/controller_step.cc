@@ -63,6 +63,9 @@
 // the sparse plan's own messages shows (a shaper whose burst covers them) is seen by the link
 // probe (v14, watch_probes: a ring step's bytes sent to the successor now and then,
 // link_model.h); a drop that only the probe shows is not acted on (the ring is not in force).
+// v15: the probe's own costs are no plan's: the step it crossed and the next (the shaper's bucket
+// it drained) stay out of the records, and its samples out of the link fits; and no ring whose
+// record is gone costs less than its bytes take at the last probe's rate (probe_floor()).
 #include "controller_internal.h"
 
 #include <algorithm>

@@ -43,6 +43,9 @@ class Recorder final : public StepObserver {
   }
   void on_metric(const std::string& name, double value, uint64_t step) override { next_->on_metric(name, value, step); }
   void on_reset() override { next_->on_reset(); }
+  void on_residual_norm2(uint32_t tensor_id, uint64_t step, double norm2) override {
+    next_->on_residual_norm2(tensor_id, step, norm2);
+  }
   void after_complete() override {
     next_->after_complete();
     completed.fetch_add(1);

@@ -475,6 +475,43 @@ TEST(ObservationCollector, TheGradientsNormIsMeasuredOnlyForTheControllersThatRe
   }
 }
 
+// A host step's residual norm comes after its result went out (TensorStepRecord::kNormLater, then
+// on_residual_norm2, before after_complete): the observation holds the sum over the step's
+// tensors, whether the step's last record finished it already or not; a controller that is not a
+// job-level one gets none.
+TEST(ObservationCollector, AResidualNormThatComesAfterTheResultJoinsItsStepsObservation) {
+  for (const char* controller : {"step", "static"}) {
+    SCOPED_TRACE(controller);
+    ObservationInbox inbox;
+    fakes::FakeNetwork net(2);
+    net.attach(0, &inbox);
+    ObservationCollector collector(1, 7, net.transport(1), nullptr);
+    auto config = std::make_shared<Config>();
+    config->controller = controller;
+    Decision decision;
+    decision.config = config;
+    const std::vector<float> residual = {100.0f, 100.0f};  // not read: the norm comes later
+    for (uint32_t id = 0; id < 2; ++id) {
+      TensorStepRecord r;
+      r.tensor_id = id;
+      r.step = 5;
+      r.tensors_in_job = 2;
+      r.elements = residual.size();
+      r.nnz = 1;
+      r.plan.dense = false;
+      r.residual = residual;
+      r.residual_norm2 = TensorStepRecord::kNormLater;
+      collector.on_tensor_step(r, decision);          // the second finishes the step's observation
+      collector.on_residual_norm2(id, 5, 0.25 + id);  // as the pipeline: after the result
+      collector.on_residual_norm2(id, 4, 1000.0);     // another step's: not this one's
+      collector.after_complete();
+    }
+    const auto got = inbox.wait_for(1);
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_DOUBLE_EQ(got[0].residual_norm2, std::string(controller) == "step" ? 0.25 + 1.25 : 0.0);
+  }
+}
+
 // The first link probe of a sparse plan keeps to step_probe_share too: it waits for what a ring
 // step over the link took lately (the probe's bytes are a ring step's here) / the share, and at
 // least LinkProbe::kStartAfter. What the ring took: the trainers' dense iterations before the

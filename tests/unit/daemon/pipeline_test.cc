@@ -599,6 +599,73 @@ class OutcomeRecorder final : public StepObserver {
   std::vector<std::pair<uint64_t, bool>> seen;
 };
 
+// What the controllers are told of a sparse host step's residual norm, and when.
+class NormRecorder final : public StepObserver {
+ public:
+  struct Seen {
+    double in_record = 0;     // TensorStepRecord::residual_norm2
+    double reference = 0;     // Σ residual², float64, from the record's span
+    double later = -1;        // on_residual_norm2's
+    bool after_result = false;  // the step's result had gone out by then
+  };
+  void watch(fakes::StepResults* results) { results_ = results; }  // before the first step
+  void on_tensor_step(const TensorStepRecord& r, const Decision&) override {
+    double e = 0;
+    for (float v : r.residual) e += static_cast<double>(v) * v;
+    std::lock_guard<std::mutex> lock(mu_);
+    seen_[{r.tensor_id, r.step}] = {r.residual_norm2, e, -1, false};
+  }
+  void on_residual_norm2(uint32_t tensor_id, uint64_t step, double norm2) override {
+    const bool out = results_->completed(tensor_id, step);
+    std::lock_guard<std::mutex> lock(mu_);
+    Seen& s = seen_[{tensor_id, step}];
+    s.later = norm2;
+    s.after_result = out;
+    cv_.notify_all();
+  }
+  void on_metric(const std::string&, double, uint64_t) override {}
+  void on_reset() override {}
+  // The step's record once its norm came (bounded: 5 s).
+  Seen wait(uint32_t tensor, uint64_t step) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, std::chrono::seconds(5), [&] {
+      auto it = seen_.find({tensor, step});
+      return it != seen_.end() && it->second.later >= 0;
+    });
+    return seen_[{tensor, step}];
+  }
+
+ private:
+  fakes::StepResults* results_ = nullptr;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::pair<uint32_t, uint64_t>, Seen> seen_;
+};
+
+TEST(ObserverTest, ASparseStepsResidualNormComesAfterItsResultAndIsTheResiduals) {
+  // The pass over the residual is off the step's critical path: the observer gets the norm once
+  // the trainer has the result, and it is the residual's own (a float64 sum of its squares).
+  NormRecorder recorder;
+  bool first = true;  // node 0's pipeline comes first
+  Job job(2, options(true, kernels::Selector::kTopk, 0.1), [&](Pipeline& p) {
+    if (first) p.set_observer(&recorder);
+    first = false;
+  });
+  recorder.watch(&job.nodes[0]->results);
+  register_all(job, {{"w", 1000}});
+  std::vector<std::vector<float>> out;
+  for (uint64_t s = 0; s < 4; ++s) {
+    std::vector<std::vector<float>> in = {random_vector(1000, 10 + static_cast<uint32_t>(s)),
+                                          random_vector(1000, 20 + static_cast<uint32_t>(s))};
+    for (auto& r : run_step(job, 0, s, in, out)) ASSERT_TRUE(r.status.ok());
+    const NormRecorder::Seen seen = recorder.wait(0, s);
+    EXPECT_EQ(seen.in_record, TensorStepRecord::kNormLater) << "step " << s;
+    EXPECT_GT(seen.reference, 0) << "step " << s << ": error feedback keeps 90 % of the gradient";
+    EXPECT_NEAR(seen.later, seen.reference, 1e-6 * seen.reference) << "step " << s;
+    EXPECT_TRUE(seen.after_result) << "step " << s;
+  }
+}
+
 TEST(FailureTest, SilentPeerRunsIntoTheDeadlineNamingIt) {
   PipelineOptions o = options(true, kernels::Selector::kTopk, 0.1);
   o.step_timeout = 300ms;

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <set>
 #include <utility>
 
 #include "daemon/pipeline/step.h"
@@ -19,7 +20,14 @@ class StepResults final : public StepResultSink {
   void complete(const StepResult& r) override {
     std::lock_guard<std::mutex> lock(mu_);
     results_[{r.tensor_id, r.step}] = r;
+    completed_.insert({r.tensor_id, r.step});
     cv_.notify_all();
+  }
+
+  // Whether the result came (taken by wait() or not).
+  bool completed(uint32_t tensor, uint64_t step) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return completed_.count({tensor, step}) > 0;
   }
 
   StepResult wait(uint32_t tensor, uint64_t step) {
@@ -42,6 +50,7 @@ class StepResults final : public StepResultSink {
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::pair<uint32_t, uint64_t>, StepResult> results_;
+  std::set<std::pair<uint32_t, uint64_t>> completed_;
 };
 
 }  // namespace sparsecar::fakes
