@@ -441,20 +441,28 @@ TEST(ObservationCollector, APeriodAcrossALeaseIsTheMeanOverTheStepsOfTheLeastTen
 // A node's observation carries ||local sum||^2 only for the controllers that read it (accuracy,
 // gradnorm): on the host it is a pass over the gradient before the step's result goes out. The
 // residual's norm (the total error in status) is there for every job-level controller.
+// Rank 1's collector under `controller`, whose observations reach `inbox` (rank 0's).
+struct RankOneCollector {
+  explicit RankOneCollector(const char* controller) : collector(1, 7, net.transport(1), nullptr) {
+    net.attach(0, &inbox);
+    auto config = std::make_shared<Config>();
+    config->controller = controller;
+    decision.config = config;
+  }
+  ObservationInbox inbox;
+  fakes::FakeNetwork net{2};
+  ObservationCollector collector;
+  Decision decision;
+};
+
 TEST(ObservationCollector, TheGradientsNormIsMeasuredOnlyForTheControllersThatReadIt) {
   const std::vector<float> sum = {3.0f, -4.0f, 0.5f, 2.0f};
   const std::vector<float> residual = {0.0f, -0.25f, 0.5f, 0.0f};
   const double want_g = 9.0 + 16.0 + 0.25 + 4.0, want_e = 0.0625 + 0.25;
   for (const char* controller : {"step", "bandwidth", "accuracy", "gradnorm", "step,accuracy"}) {
     SCOPED_TRACE(controller);
-    ObservationInbox inbox;
-    fakes::FakeNetwork net(2);
-    net.attach(0, &inbox);
-    ObservationCollector collector(1, 7, net.transport(1), nullptr);
-    auto config = std::make_shared<Config>();
-    config->controller = controller;
-    Decision decision;
-    decision.config = config;
+    RankOneCollector node(controller);
+    auto& [inbox, net, collector, decision] = node;
     TensorStepRecord r;
     r.tensor_id = 0;
     r.step = 4;
@@ -482,14 +490,8 @@ TEST(ObservationCollector, TheGradientsNormIsMeasuredOnlyForTheControllersThatRe
 TEST(ObservationCollector, AResidualNormThatComesAfterTheResultJoinsItsStepsObservation) {
   for (const char* controller : {"step", "static"}) {
     SCOPED_TRACE(controller);
-    ObservationInbox inbox;
-    fakes::FakeNetwork net(2);
-    net.attach(0, &inbox);
-    ObservationCollector collector(1, 7, net.transport(1), nullptr);
-    auto config = std::make_shared<Config>();
-    config->controller = controller;
-    Decision decision;
-    decision.config = config;
+    RankOneCollector node(controller);
+    auto& [inbox, net, collector, decision] = node;
     const std::vector<float> residual = {100.0f, 100.0f};  // not read: the norm comes later
     for (uint32_t id = 0; id < 2; ++id) {
       TensorStepRecord r;
