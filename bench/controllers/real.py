@@ -38,7 +38,10 @@ against its own dense run: one seed's time to the dense final accuracy is decide
 plateau and moves by 100 steps or more from seed to seed (small model: static top-k 0.1 % on `up`
 took 400 steps, never, and 510). The checks then take the medians over the seeds and the worst
 seed's decisions, and compare each seed with itself for the time checks (per-seed ratios, a
-90 % interval: PASS or FAIL only where the seeds can tell; real_metrics.seeds_checks).
+90 % interval: PASS or FAIL only where the seeds can tell; real_metrics.seeds_checks). Beside
+them, not checks: the same seed's adaptive / static ratio of the jobs' pace (the median step
+after step 20) and of the trainers' own compute (their median), paired the same way: where the
+compute moved as much as the pace, the host's noise explains it.
 
 Usage (root): real.py --build-dir BUILD [--short] [--models small,large] [--profiles down,up]
               [--settings dense,topk0.5,adaptive] [--adaptive-args "..."] [--trainer-arg=--momentum ...]
@@ -685,6 +688,16 @@ def print_seeds(model, pname, seeds):
         shown = ", ".join("never" if e["time_to_target_s"] is None else
                           f"{e['time_to_target_s']:.1f} @ {e['steps_to_target']}" for e in per)
         print(f"  {s:<9} {fmt_s(med):>8}  {shown}")
+    # The host beside the times: the pace of the same seed's jobs and their trainers' own compute,
+    # paired (where the compute moved as much as the pace, the host's noise explains the pace).
+    for s in [x for x in settings if x in STATIC] if "adaptive" in settings else []:
+        for what, value in (("median step after step 20", rm.median_step_s),
+                            ("trainers' compute (their median)", rm.compute_median_s)):
+            ratios = rm.paired_values(runs, "adaptive", s, value)
+            iv = rm.paired_interval(ratios)
+            if iv is not None:
+                print(f"  adaptive / {s}, {what}: geometric mean {iv[0]:.3f}, {100 * rm.PAIRED_LEVEL:.0f} % interval "
+                      f"{iv[1]:.3f}-{iv[2]:.3f} over {len(ratios)} seeds")
 
 
 def finish(args, report):

@@ -325,6 +325,38 @@ def paired_ratios(runs, setting, baseline):
     return out
 
 
+def median_step_s(entry, skip=20):
+    """A job's pace: the median of its step times after its first `skip` steps (step_end_s, the
+    seconds from the first step's start to each step's end; the median leaves out evaluations and
+    stalls), None with fewer than two steps after them."""
+    t = entry.get("step_end_s") or []
+    d = sorted(b - a for a, b in zip(t[skip:], t[skip + 1:]))
+    if not d:
+        return None
+    mid = len(d) // 2
+    return d[mid] if len(d) % 2 else (d[mid - 1] + d[mid]) / 2
+
+
+def compute_median_s(entry):
+    """The trainers' own compute per step over a job (their median), None where not reported."""
+    c = entry.get("compute_seconds")
+    v = c.get("median") if isinstance(c, dict) else None
+    return v if isinstance(v, (int, float)) and v > 0 else None
+
+
+def paired_values(runs, setting, baseline, value):
+    """Per seed (in seed order) value(setting's job) / value(baseline's job), where both are known:
+    e.g. median_step_s or compute_median_s, to tell the host's noise (the trainers' own compute
+    moving between jobs) from what a setting costs a step."""
+    out = []
+    for seed in sorted(runs, key=lambda k: int(k) if str(k).isdigit() else str(k)):
+        a, b = runs[seed].get(setting), runs[seed].get(baseline)
+        x, y = (value(a) if a else None), (value(b) if b else None)
+        if x and y:
+            out.append(x / y)
+    return out
+
+
 def paired_interval(ratios):
     """(geometric mean, low, high) of per-seed ratios (one setting's time over another's, same
     seed) with the two-sided PAIRED_LEVEL interval of Student's t on their logs — what the seeds

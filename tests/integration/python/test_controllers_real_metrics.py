@@ -172,6 +172,24 @@ def test_paired_ratios_take_each_seed_against_its_own_baseline_in_seed_order():
     assert rm.paired_ratios(runs, "a", "b") == [(0.25, None), (None, "a"), (None, "b"), (1.5, None)]
 
 
+def test_a_jobs_pace_is_its_median_step_after_the_first_ones_and_seeds_pair_by_value():
+    # Steps of 1 s for 20 steps (the start), then 10, 30, 20 and 400 ms (an evaluation).
+    ends = [float(i + 1) for i in range(21)]
+    for d in (0.010, 0.030, 0.020, 0.400):
+        ends.append(ends[-1] + d)
+    job = {"step_end_s": ends, "compute_seconds": {"mean": 0.01, "median": 0.008}}
+    assert abs(rm.median_step_s(job) - 0.025) < 1e-9          # the median of 10, 30, 20, 400 ms
+    assert abs(rm.median_step_s(job, skip=21) - 0.030) < 1e-9  # of 30, 20, 400 ms
+    assert rm.median_step_s({"step_end_s": ends[:21]}) is None
+    assert rm.compute_median_s(job) == 0.008
+    assert rm.compute_median_s({"compute_seconds": None}) is None
+    slower = dict(job, compute_seconds={"median": 0.010})
+    runs = {"2": {"adaptive": slower, "topk0.5": job}, "1": {"adaptive": job, "topk0.5": slower},
+            "3": {"adaptive": job}}                           # seed 3: no top-k job
+    got = rm.paired_values(runs, "adaptive", "topk0.5", rm.compute_median_s)
+    assert [round(x, 9) for x in got] == [0.8, 1.25]           # seeds 1, 2 in order
+
+
 def test_the_paired_interval_is_students_t_on_the_logs_of_the_ratios():
     # Two seeds, ratios 2 and 8: the logs are ln 2 and 3 ln 2, mean 2 ln 2 (geometric mean 4),
     # standard deviation sqrt(2) ln 2, so the half width is t(0.95, 1 df) = 6.314 times ln 2.
