@@ -575,22 +575,6 @@ class StepController final : public Controller {
     return std::any_of(links_.begin(), links_.end(), [](const Link& l) { return l.fit.known(); });
   }
 
-  // v14: the link probe. While a sparse plan is in force (and the ring is a candidate), the samples
-  // of a probe's size (link_model.h: within 2x of it; a probe, or a sparse message that large: the
-  // bytes the ring sends a successor in a step) are compared, per link, with what the ring's price
-  // says those bytes take (its link part: the price less the trainer's compute and the ring's work
-  // per element), or with the fastest probe since that price was last set (its record made, or
-  // the records voided) where that is less (a ring step that waits on more than its link). Two in
-  // a row at kProbeFaster of that time per byte or less (one at kProbeFarFaster), on every link
-  // that had one, say the link got faster where the ring's chunks cross, which no few-KB message
-  // of the sparse plan shows behind a shaper's burst. The ring's price is then scaled: its link
-  // part by the slowest link's ratio; the records are voided as on any rate change, so the first
-  // answer may go up to the ring — a move on the model's word, i.e. a trial that the ring's first
-  // measured steps keep or take back. The ring then runs, and the first probe after it is the
-  // reference only (a ring step may wait on more than its link: one that pays 15 ms no link
-  // sample shows would otherwise look slow to every probe, and be tried after each). (A reference
-  // of probes alone was wrong twice: one slow probe on a loaded host made the next look faster, and
-  // a rise between the first two left none slower to compare with.)
   // The size of the link probe of this step's tensors (link_model.h; 0: none).
   static uint64_t probe_payload(const JobObservation& o, uint32_t w) {
     std::vector<uint64_t> elements;
@@ -621,6 +605,22 @@ class StepController final : public Controller {
                                       [&](const LinkPairSample& l) { return is_probe(l, payload); });
   }
 
+  // v14: the link probe. While a sparse plan is in force (and the ring is a candidate), the samples
+  // of a probe's size (link_model.h: within 2x of it; a probe, or a sparse message that large: the
+  // bytes the ring sends a successor in a step) are compared, per link, with what the ring's price
+  // says those bytes take (its link part: the price less the trainer's compute and the ring's work
+  // per element), or with the fastest probe since that price was last set (its record made, or
+  // the records voided) where that is less (a ring step that waits on more than its link). Two in
+  // a row at kProbeFaster of that time per byte or less (one at kProbeFarFaster), on every link
+  // that had one, say the link got faster where the ring's chunks cross, which no few-KB message
+  // of the sparse plan shows behind a shaper's burst. The ring's price is then scaled: its link
+  // part by the slowest link's ratio; the records are voided as on any rate change, so the first
+  // answer may go up to the ring — a move on the model's word, i.e. a trial that the ring's first
+  // measured steps keep or take back. The ring then runs, and the first probe after it is the
+  // reference only (a ring step may wait on more than its link: one that pays 15 ms no link
+  // sample shows would otherwise look slow to every probe, and be tried after each). (A reference
+  // of probes alone was wrong twice: one slow probe on a loaded host made the next look faster, and
+  // a rise between the first two left none slower to compare with.)
   void watch_probes(const ControllerSettings& s, const JobObservation& o, kernels::Format format) {
     if (!has_ran_ || last_ran_.dense || running().dense) {
       if (has_ran_ && last_ran_.dense) clear_probe_refs(/*ring_ran=*/true);
