@@ -38,10 +38,11 @@ against its own dense run: one seed's time to the dense final accuracy is decide
 plateau and moves by 100 steps or more from seed to seed (small model: static top-k 0.1 % on `up`
 took 400 steps, never, and 510). The checks then take the medians over the seeds and the worst
 seed's decisions, and compare each seed with itself for the time checks (per-seed ratios, a
-90 % interval: PASS or FAIL only where the seeds can tell; real_metrics.seeds_checks). Beside
-them, not checks: the same seed's adaptive / static ratio of the jobs' pace (the median step
-after step 20) and of the trainers' own compute (their median), paired the same way: where the
-compute moved as much as the pace, the host's noise explains it.
+90 % interval: PASS or FAIL only where the seeds can tell; real_metrics.seeds_checks). Seed k
+runs the settings rotated by k - 1 (real_metrics.job_order), so that no setting always runs after
+another. Beside them, not checks: the same seed's adaptive / static ratio of the jobs' pace (the
+median step after step 20) and of the trainers' own compute (their median), paired the same way:
+where the compute moved as much as the pace, the host's noise explains it.
 
 Usage (root): real.py --build-dir BUILD [--short] [--models small,large] [--profiles down,up]
               [--settings dense,topk0.5,adaptive] [--adaptive-args "..."] [--trainer-arg=--momentum ...]
@@ -578,9 +579,10 @@ def run_model(args, link, model, cfg, seed, t_start):
     profiles_run = {}
     for pname in args.profiles or cfg["profiles"]:
         changes = profile_changes(pname, cfg["phase_s"], args.job_timeout, args.steady_rate)
-        pr = {"changes": changes, "settings": {}}
+        order = rm.job_order(args.settings, seed - 1)  # by the seed itself: calls joined by --reanalyse stay balanced
+        pr = {"changes": changes, "order": order, "settings": {}}
         profiles_run[pname] = pr
-        for s in args.settings:
+        for s in order:
             e = run_job(args, link, model, dargs, changes, s)
             pr["settings"][s] = e
             fin = "-" if e.get("final_accuracy") is None else f"{100 * e['final_accuracy']:.2f} %"

@@ -325,6 +325,19 @@ def paired_ratios(runs, setting, baseline):
     return out
 
 
+def job_order(settings, k):
+    """The order seed number k (0, 1, ...) of a run runs its settings in: `settings` rotated by k,
+    so that each setting runs first, second, ... on as many seeds as the others. A fixed order
+    put the adaptive job right after top-k's on every seed, and a drift of the host within a
+    seed's jobs (its trainers computed x1.02-1.11 slower in three calls of 2026-12-01) would then
+    read as the setting's cost."""
+    settings = list(settings)
+    if not settings:
+        return []
+    k %= len(settings)
+    return settings[k:] + settings[:k]
+
+
 def median_step_s(entry, skip=20):
     """A job's pace: the median of its step times after its first `skip` steps (step_end_s, the
     seconds from the first step's start to each step's end; the median leaves out evaluations and

@@ -172,6 +172,17 @@ def test_paired_ratios_take_each_seed_against_its_own_baseline_in_seed_order():
     assert rm.paired_ratios(runs, "a", "b") == [(0.25, None), (None, "a"), (None, "b"), (1.5, None)]
 
 
+def test_each_seed_runs_the_settings_rotated_so_that_none_always_follows_another():
+    settings = ["topk0.5", "adaptive", "dense"]
+    orders = [rm.job_order(settings, k) for k in range(6)]
+    assert orders[0] == settings and orders[1] == ["adaptive", "dense", "topk0.5"]
+    assert orders[3] == settings                                   # the rotation repeats
+    for s in settings:                                             # first, second, third equally often
+        assert sorted(o.index(s) for o in orders) == [0, 0, 1, 1, 2, 2]
+    assert rm.job_order(["adaptive"], 5) == ["adaptive"]
+    assert rm.job_order([], 2) == []
+
+
 def test_a_jobs_pace_is_its_median_step_after_the_first_ones_and_seeds_pair_by_value():
     # Steps of 1 s for 20 steps (the start), then 10, 30, 20 and 400 ms (an evaluation).
     ends = [float(i + 1) for i in range(21)]
