@@ -21,6 +21,9 @@ LinkProbe::LinkProbe(uint32_t rank, uint64_t job_id, Transport* transport, Metri
 void LinkProbe::reset() {
   posted_any_ = false;
   took_ = received_ = 0;
+  pace_count_ = pace_at_ = 0;
+  posted_step_ = 0;
+  stall_ = 0;
   ring_count_ = 0;
   retry_at_ = {};
   next_step_ = 0;
@@ -50,7 +53,27 @@ double LinkProbe::expected_probe_s() const {
   }
 }
 
+double LinkProbe::pace() const {
+  if (pace_count_ < 3) return 0;  // too few to tell a stall from the pace
+  std::array<double, kPaceSteps> v = pace_;
+  const auto mid = v.begin() + static_cast<std::ptrdiff_t>(pace_count_ / 2);
+  std::nth_element(v.begin(), mid, v.begin() + static_cast<std::ptrdiff_t>(pace_count_));
+  return *mid;
+}
+
+void LinkProbe::observe_step_time(const StepFacts& f) {
+  if (!(f.step_s > 0) || !std::isfinite(f.step_s)) return;
+  if (posted_any_ && f.step > posted_step_ && f.step <= posted_step_ + kStallSteps) {
+    if (const double p = pace(); p > 0) stall_ += std::max(0.0, f.step_s - p);
+    return;
+  }
+  pace_[pace_at_] = f.step_s;
+  pace_at_ = (pace_at_ + 1) % kPaceSteps;
+  pace_count_ = std::min(pace_count_ + 1, kPaceSteps);
+}
+
 bool LinkProbe::after_step(const StepFacts& f) {
+  observe_step_time(f);
   if (f.received_s > 0 && std::isfinite(f.received_s)) received_ = f.received_s;
   if (f.ring_probe_s > 0 && std::isfinite(f.ring_probe_s)) {
     if (ring_count_ == ring_recent_.size()) {
@@ -92,8 +115,8 @@ bool LinkProbe::after_step(const StepFacts& f) {
   const Clock::time_point now = clock_.now();
   if (now < retry_at_ || now < start_at_ || f.step < next_step_) return false;
   if (posted_any_) {
-    const auto spent =
-        std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(std::max(took_, received_) / f.share));
+    const auto spent = std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double>(std::max({took_, received_, stall_}) / f.share));
     if (now < posted_ + std::max<Clock::duration>(spent, kMinProbeInterval)) return false;
   }
   // Due: it goes at the next step of its grid, where the other nodes' probes go too.
@@ -116,6 +139,8 @@ bool LinkProbe::after_step(const StepFacts& f) {
   s.in_flight.store(true, std::memory_order_release);
   posted_any_ = true;
   posted_ = now;
+  posted_step_ = f.step;
+  stall_ = 0;  // until the steps after it say
   took_ = 0;  // until its completion says
   next_step_ = f.step + kMinProbeSteps;
   from_step_ = f.step;

@@ -18,11 +18,15 @@
 //   keeps to the share too (at 1 s, a probe at 50 Mbit/s took ~50-80 ms: 3-5 % of the real small
 //   jobs' 1-2.5 s).
 // - After a probe that took d, the next one waits d / share from its post, and at least
-//   kMinProbeInterval and kMinProbeSteps steps. d is the longer of the send's post -> completion
-//   and the receiver-side time of the last probe that came from the ring predecessor
-//   (StepFacts::received_s): a send completes once its bytes are in the kernel's queues, ahead of
-//   a shaper, so on its own it said 250 ms where a probe took ~35 ms of a 50 Mbit/s link, and the
-//   real small jobs ran 20-47 % slower a step at 50 Mbit/s than top-k's.
+//   kMinProbeInterval and kMinProbeSteps steps. d is the longest of the send's post -> completion,
+//   the receiver-side time of the last probe that came from the ring predecessor
+//   (StepFacts::received_s), and what the kStallSteps steps after the post took over this node's
+//   pace (StepFacts::step_s against the median of the last kPaceSteps others): a send completes
+//   once its bytes are in the kernel's queues, ahead of a shaper, so on its own it said 250 ms
+//   where a probe took ~35 ms of a 50 Mbit/s link, and the real small jobs ran 20-47 % slower a
+//   step at 50 Mbit/s than top-k's; and the steps a probe delays pay for the messages held behind
+//   it and the pipeline refilling, more than its own time (the large real job at 1 Gbit/s: the
+//   steps at and after its probes 2.6-4.7 % of the job's time where the share was 2 %).
 // - Once due, it goes at the next step divisible by its grid, a power of two of steps at least as
 //   long as the wait (grid_for; kept while the waits stay within 4x below it; the plan's first
 //   probe hands its grid on to none), and so do the other nodes' probes: their waits are alike,
@@ -78,7 +82,11 @@ class LinkProbe {
     // tells it: the step ran the daemons' ring (its exchange), or the trainers' dense iterations
     // before the first step were reported (their wait on the all-reduce); 0 otherwise.
     double ring_probe_s = 0;
+    // The step's wall time on this node (the period between two steps finishing; s), 0 unknown.
+    double step_s = 0;
   };
+  static constexpr uint64_t kStallSteps = 2;  // the steps after a probe's post that it may delay
+  static constexpr size_t kPaceSteps = 15;    // the steps whose median is this node's pace
 
   // `transport` may be null (one node); `metrics` may be null.
   LinkProbe(uint32_t rank, uint64_t job_id, Transport* transport, Metrics* metrics, const Clock& clock);
@@ -122,6 +130,14 @@ class LinkProbe {
   std::array<double, 3> ring_recent_{};
   size_t ring_count_ = 0;
   double expected_probe_s() const;
+  // This node's pace: the last kPaceSteps step times that no probe delayed (a ring); the last
+  // probe's step and what the kStallSteps steps after it took over that pace (s).
+  std::array<double, kPaceSteps> pace_{};
+  size_t pace_count_ = 0, pace_at_ = 0;
+  double pace() const;
+  void observe_step_time(const StepFacts& f);
+  uint64_t posted_step_ = 0;
+  double stall_ = 0;
   Clock::time_point retry_at_{};  // after a failure, the next probe not before this
   Clock::time_point start_at_{};  // nor before this (kStartAfter into the sparse plan)
   uint64_t next_step_ = 0;       // nor before this step

@@ -438,6 +438,7 @@ LinkProbe::StepFacts ObservationCollector::probe_facts(const policies::NodeObser
                                                        const Decision& decision, double hint_wait_s) const {
   LinkProbe::StepFacts f;
   f.step = o.step;
+  f.step_s = o.period_s;  // the steps a probe delays pay for it too (LinkProbe's spacing)
   const Config* c = decision.config.get();
   if (c == nullptr || transport_ == nullptr) return f;
   const bool sparse = o.elements > 0 && o.nnz < o.elements && o.trainer_elements == 0;
