@@ -62,7 +62,8 @@ double LinkProbe::pace() const {
 }
 
 void LinkProbe::observe_step_time(const StepFacts& f) {
-  if (!(f.step_s > 0) || !std::isfinite(f.step_s)) return;
+  // The sparse plan's steps only: a ring step after a probe is no stall of it.
+  if (!f.wanted || !(f.step_s > 0) || !std::isfinite(f.step_s)) return;
   if (posted_any_ && f.step > posted_step_ && f.step <= posted_step_ + kStallSteps) {
     if (const double p = pace(); p > 0) stall_ += std::max(0.0, f.step_s - p);
     return;

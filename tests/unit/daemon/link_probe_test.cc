@@ -182,41 +182,44 @@ TEST(LinkProbe, AProbeCostsTheStepsItDelays) {
   // Steps of 20 ms. A probe whose send completes in 1 ms, no probe received: by its own time the
   // next may go 250 ms (kMinProbeInterval) and 10 steps later. If the 2 steps after its post took
   // 90 ms more each than the node's pace (the messages held behind it), it cost 180 ms: at a
-  // share of 2 % the next one waits 9 s.
-  for (const double stall : {0.0, 0.09}) {
-    SCOPED_TRACE(stall);
+  // share of 2 % the next one waits 9 s. A ring step among them (no probe wanted: the plan moved)
+  // is no stall of it, however long: 90 ms, 4.5 s.
+  struct Case {
+    double stall;  // extra seconds on each step after the post that counts
+    bool ring;     // the second step after the post runs the ring, 5 s
+    double cost;   // what the probe cost
+  };
+  for (const Case c : {Case{0.0, false, 0.0}, Case{0.09, false, 0.18}, Case{0.09, true, 0.09}}) {
+    SCOPED_TRACE(c.cost);
     FakeClock clock;
     RecordingTransport net(0, 2);
     LinkProbe probe(0, kJob, &net, nullptr, clock);
-    uint64_t step = 0, posted_step = 0;
+    uint64_t step = 0;
     std::chrono::steady_clock::time_point posted{};
-    const auto run_step = [&](double extra) {
-      LinkProbe::StepFacts f = sparse_step(step);
+    const auto run_step = [&](double extra, bool wanted = true) {
+      LinkProbe::StepFacts f = sparse_step(step++);
+      f.wanted = wanted;
       f.step_s = 0.020 + extra;
       clock.advance(std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(f.step_s)));
       const bool sent = probe.after_step(f);
-      if (sent) {
-        posted = clock.now();
-        posted_step = step;
-      }
-      ++step;
+      if (sent) posted = clock.now();
       return sent;
     };
     while (net.sent.empty() && step < 200) run_step(0);
     ASSERT_EQ(net.sent.size(), 1u);
     clock.advance(1ms);
     net.complete(0);
-    const uint64_t first = posted_step;
     const auto first_at = posted;
-    for (int i = 0; i < 2; ++i) ASSERT_FALSE(run_step(stall)) << "in the steps it delays";
-    while (net.sent.size() == 1 && step < first + 5000) run_step(0);
+    ASSERT_FALSE(run_step(c.stall)) << "in the steps it delays";
+    ASSERT_FALSE(c.ring ? run_step(4.98, /*wanted=*/false) : run_step(c.stall));
+    while (net.sent.size() == 1 && step < 5000) run_step(0);
     ASSERT_EQ(net.sent.size(), 2u);
     const double waited = std::chrono::duration<double>(posted - first_at).count();
-    if (stall == 0) {
+    if (c.cost == 0) {
       EXPECT_LT(waited, 1.0) << "250 ms and 10 steps, then its grid";
     } else {
-      EXPECT_GE(waited, 2 * stall / 0.02) << "the stall / the share";
-      EXPECT_LT(waited, 2 * 2 * stall / 0.02 + 1) << "on the grid of its wait: at most twice it";
+      EXPECT_GE(waited, c.cost / 0.02) << "the stall / the share";
+      EXPECT_LT(waited, 2 * c.cost / 0.02 + 6) << "on the grid of its wait: at most twice it (and a ring step)";
     }
   }
 }
