@@ -455,6 +455,18 @@ struct RankOneCollector {
   Decision decision;
 };
 
+// A sparse step's record of one tensor of `tensors` (residual and local sum left to the caller).
+TensorStepRecord sparse_record(uint32_t tensor_id, uint64_t step, uint32_t tensors, uint64_t elements, uint64_t nnz) {
+  TensorStepRecord r;
+  r.tensor_id = tensor_id;
+  r.step = step;
+  r.tensors_in_job = tensors;
+  r.elements = elements;
+  r.nnz = nnz;
+  r.plan.dense = false;
+  return r;
+}
+
 TEST(ObservationCollector, TheGradientsNormIsMeasuredOnlyForTheControllersThatReadIt) {
   const std::vector<float> sum = {3.0f, -4.0f, 0.5f, 2.0f};
   const std::vector<float> residual = {0.0f, -0.25f, 0.5f, 0.0f};
@@ -463,13 +475,7 @@ TEST(ObservationCollector, TheGradientsNormIsMeasuredOnlyForTheControllersThatRe
     SCOPED_TRACE(controller);
     RankOneCollector node(controller);
     auto& [inbox, net, collector, decision] = node;
-    TensorStepRecord r;
-    r.tensor_id = 0;
-    r.step = 4;
-    r.tensors_in_job = 1;
-    r.elements = sum.size();
-    r.nnz = 2;
-    r.plan.dense = false;
+    TensorStepRecord r = sparse_record(0, 4, 1, sum.size(), 2);
     r.local_sum = sum;
     r.residual = residual;
     collector.on_tensor_step(r, decision);
@@ -494,13 +500,7 @@ TEST(ObservationCollector, AResidualNormThatComesAfterTheResultJoinsItsStepsObse
     auto& [inbox, net, collector, decision] = node;
     const std::vector<float> residual = {100.0f, 100.0f};  // not read: the norm comes later
     for (uint32_t id = 0; id < 2; ++id) {
-      TensorStepRecord r;
-      r.tensor_id = id;
-      r.step = 5;
-      r.tensors_in_job = 2;
-      r.elements = residual.size();
-      r.nnz = 1;
-      r.plan.dense = false;
+      TensorStepRecord r = sparse_record(id, 5, 2, residual.size(), 1);
       r.residual = residual;
       r.residual_norm2 = TensorStepRecord::kNormLater;
       collector.on_tensor_step(r, decision);          // the second finishes the step's observation
