@@ -1,9 +1,11 @@
 #include "daemon/collective/collective.h"
 
+#include <algorithm>
 #include <array>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <mutex>
 
 #include "daemon/metrics/metrics.h"
@@ -42,14 +44,20 @@ class SendGroup {
  public:
   explicit SendGroup(std::shared_ptr<const void> keepalive) : keepalive_(std::move(keepalive)) {}
 
+  // `ticket`, when given, names this send for wait_for().
   static Status send(const std::shared_ptr<SendGroup>& group, const ExchangeContext& ctx, uint32_t peer,
-                     wire::WireHeader header, std::span<const std::byte> payload, ExchangeStats* stats) {
+                     wire::WireHeader header, std::span<const std::byte> payload, ExchangeStats* stats,
+                     size_t* ticket = nullptr) {
     HeaderBytes* bytes;
+    size_t id;
     {
       std::lock_guard<std::mutex> lock(group->mu_);
       bytes = &group->headers_.emplace_back();
       ++group->outstanding_;
+      id = group->done_.size();
+      group->done_.push_back(false);
     }
+    if (ticket != nullptr) *ticket = id;
     wire::seal(header, payload, std::span<std::byte, wire::kHeaderBytes>(*bytes));
     const uint64_t size = wire::kHeaderBytes + payload.size();
     const bool sample = size >= kLinkSampleMinBytes;
@@ -61,7 +69,7 @@ class SendGroup {
       if (group->link_in_flight_++ == 0) group->link_busy_since_ = started;
     }
     Status queued = ctx.transport->send(peer, *bytes, payload, [group, peer, &ctx_name = *ctx.transport, metrics, clock,
-                                                                 size, sample, started](const Status& s) {
+                                                                 size, sample, started, id](const Status& s) {
       const auto now = clock->now();
       if (metrics && s.ok()) metrics->observe_link(peer, size, std::chrono::duration<double>(now - started).count());
       std::lock_guard<std::mutex> lock(group->mu_);
@@ -70,12 +78,14 @@ class SendGroup {
       }
       if (sample) group->link_done(s.ok() ? size : 0, now);
       --group->outstanding_;
+      group->done_[id] = true;
       group->cv_.notify_all();
     });
     if (!queued.ok()) {
       std::lock_guard<std::mutex> lock(group->mu_);
       if (sample) group->link_done(0, clock->now());
       --group->outstanding_;
+      group->done_[id] = true;
       return queued.with_context("sending to " + ctx.transport->peer_name(peer));
     }
     stats->bytes_sent += size;
@@ -89,6 +99,16 @@ class SendGroup {
     std::unique_lock<std::mutex> lock(mu_);
     if (!wait_until(cv_, lock, clock, deadline, [&] { return outstanding_ == 0; })) {
       return deadline_exceeded(std::to_string(outstanding_) + " send(s) did not complete in time");
+    }
+    return first_error_;
+  }
+
+  // Waits until the send `ticket` names completed (or failed: the error is the group's first)
+  // or `deadline` on `clock` passed.
+  Status wait_for(size_t ticket, const Clock& clock, Clock::time_point deadline) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!wait_until(cv_, lock, clock, deadline, [&] { return done_[ticket]; })) {
+      return deadline_exceeded("a ring segment's send did not complete in time");
     }
     return first_error_;
   }
@@ -114,6 +134,7 @@ class SendGroup {
   std::condition_variable cv_;
   std::deque<HeaderBytes> headers_;  // guarded by mu_; deque: stable addresses
   int outstanding_ = 0;              // guarded by mu_
+  std::deque<bool> done_;            // guarded by mu_: by ticket, whether that send completed
   Status first_error_;               // guarded by mu_
   int link_in_flight_ = 0;           // guarded by mu_: sampled sends posted, not completed
   Clock::time_point link_busy_since_;  // guarded by mu_
@@ -140,6 +161,29 @@ std::span<const std::byte> as_bytes(std::span<const float> v) { return std::as_b
 // Element range of ring chunk c.
 std::pair<size_t, size_t> chunk_range(size_t n, uint32_t world, uint32_t c) {
   return {n * c / world, n * (c + 1) / world};
+}
+
+// A ring chunk goes as ring_segments() messages of at most `segment` elements each (one message
+// for an empty chunk); the sender and the receiver of a chunk count them from its length alone.
+size_t ring_segments(size_t len, size_t segment) { return len <= segment ? 1 : (len + segment - 1) / segment; }
+
+// Element range of segment j of the `count` segments of [b, e).
+std::pair<size_t, size_t> segment_range(size_t b, size_t e, size_t count, size_t j) {
+  const size_t len = e - b;
+  return {b + len * j / count, b + len * (j + 1) / count};
+}
+
+// The chunks rank `rank` sends and receives in ring phase `phase` (0 .. 2w-3): reduce-scatter
+// first, then all-gather. What it receives in phase p is what it sends in phase p + 1.
+struct RingPhase {
+  bool reduce;
+  uint32_t send_c, recv_c;
+};
+RingPhase ring_phase(uint32_t rank, uint32_t w, uint32_t phase) {
+  const bool reduce = phase < w - 1;
+  const uint32_t s = reduce ? phase : phase - (w - 1);
+  return {reduce, reduce ? (rank + w - s) % w : (rank + 1 + w - s) % w,
+          reduce ? (rank + 2 * w - s - 1) % w : (rank + w - s) % w};
 }
 
 // Waits for every send of `group` (bounded by the step deadline) whatever `body` returned: a
@@ -213,6 +257,14 @@ Status sparse_allgather_body(const ExchangeContext& ctx, const std::shared_ptr<S
   return Status::Ok();
 }
 
+// The ring, in segments: rank r sends phase 0's chunk at once, and every segment it receives in
+// phase p is reduced (or copied) and, unless p is the last phase, sent on as phase p + 1's
+// segment straight away. So both of a node's links carry the step's bytes back to back rather
+// than one phase at a time behind the slower neighbour: on a shaped link a rendezvous send's
+// reply and the transport's acknowledgements queue behind the reverse direction's bulk data,
+// and two phases of one message each took twice the link's time ("The dense ring in segments",
+// docs/benchmarks.md). Every element is still summed once, in the same order, whatever the
+// segment size: the bits are those of a one-message ring.
 Status ring_allreduce_body(const ExchangeContext& ctx, const std::shared_ptr<SendGroup>& group, uint32_t tensor_id,
                            uint64_t step, std::span<float> data, ExchangeStats* stats) {
   const uint32_t w = ctx.world_size;
@@ -220,15 +272,23 @@ Status ring_allreduce_body(const ExchangeContext& ctx, const std::shared_ptr<Sen
   const uint32_t left = (ctx.rank + w - 1) % w;
   const std::string left_name = ctx.transport->peer_name(left);
   const size_t n = data.size();
+  const size_t segment = std::max<size_t>(ctx.ring_segment_elements, 1);
+  const uint32_t phases = 2 * (w - 1);
+  // A message's `chunk` field: phase * per_phase + segment (every chunk has at most per_phase).
+  const uint64_t per_phase = ring_segments((n + w - 1) / w, segment);
+  if (per_phase * phases > std::numeric_limits<uint32_t>::max()) {
+    return invalid_argument("a ring of " + std::to_string(w) + " nodes cannot segment " + std::to_string(n) +
+                            " elements in 2^32 messages");
+  }
+  // The ticket of each segment's send, by phase: the all-gather overwrites what the
+  // reduce-scatter sent (zero-copy) only once that send completed.
+  std::vector<std::vector<size_t>> tickets(phases);
 
-  // Phases 0 .. w-2 reduce-scatter, w-1 .. 2w-3 all-gather. In phase p this rank sends chunk
-  // `send_c` to the right and receives chunk `recv_c` from the left.
-  for (uint32_t phase = 0; phase < 2 * (w - 1); ++phase) {
-    const bool reduce = phase < w - 1;
-    const uint32_t s = reduce ? phase : phase - (w - 1);
-    const uint32_t send_c = reduce ? (ctx.rank + w - s) % w : (ctx.rank + 1 + w - s) % w;
-    const uint32_t recv_c = reduce ? (ctx.rank + 2 * w - s - 1) % w : (ctx.rank + w - s) % w;
-    auto [sb, se] = chunk_range(n, w, send_c);
+  auto post = [&](uint32_t phase, size_t j) -> Status {
+    const RingPhase rp = ring_phase(ctx.rank, w, phase);
+    auto [cb, ce] = chunk_range(n, w, rp.send_c);
+    const size_t count = ring_segments(ce - cb, segment);
+    auto [sb, se] = segment_range(cb, ce, count, j);
     auto send_span = as_bytes(std::span<const float>(data.data() + sb, se - sb));
     wire::WireHeader h = make_header(ctx, wire::Kind::kData, tensor_id, step);
     h.format = static_cast<uint16_t>(kernels::Format::kDense);
@@ -236,41 +296,57 @@ Status ring_allreduce_body(const ExchangeContext& ctx, const std::shared_ptr<Sen
     h.dense_len = se - sb;
     h.nnz = se - sb;
     h.payload_bytes = send_span.size();
-    h.chunk = phase;
-    {
-      StageTimer timer(*ctx.clock, &stats->send_seconds);
-      SC_RETURN_IF_ERROR(SendGroup::send(group, ctx, right, h, send_span, stats));
-    }
-    auto waited = ctx.clock->now();
-    auto taken = ctx.mailbox->take(wire::Kind::kData, left, tensor_id, step, phase, ctx.incarnation, ctx.deadline,
+    h.chunk = static_cast<uint32_t>(phase * per_phase + j);
+    tickets[phase].resize(count);
+    StageTimer timer(*ctx.clock, &stats->send_seconds);
+    return SendGroup::send(group, ctx, right, h, send_span, stats, &tickets[phase][j]);
+  };
+
+  {
+    auto [cb, ce] = chunk_range(n, w, ring_phase(ctx.rank, w, 0).send_c);
+    for (size_t j = 0, count = ring_segments(ce - cb, segment); j < count; ++j) SC_RETURN_IF_ERROR(post(0, j));
+  }
+  for (uint32_t phase = 0; phase < phases; ++phase) {
+    const RingPhase rp = ring_phase(ctx.rank, w, phase);
+    auto [rb, re] = chunk_range(n, w, rp.recv_c);
+    const size_t count = ring_segments(re - rb, segment);
+    for (size_t j = 0; j < count; ++j) {
+      auto [sb, se] = segment_range(rb, re, count, j);
+      const uint32_t id = static_cast<uint32_t>(phase * per_phase + j);
+      auto waited = ctx.clock->now();
+      auto taken = ctx.mailbox->take(wire::Kind::kData, left, tensor_id, step, id, ctx.incarnation, ctx.deadline,
                                      left_name);
-    stats->wait_seconds += seconds_since(*ctx.clock, waited);
-    SC_ASSIGN_OR_RETURN(Envelope e, std::move(taken));
-    auto [rb, re] = chunk_range(n, w, recv_c);
-    if (e.header.dense_len != re - rb || e.header.format != static_cast<uint16_t>(kernels::Format::kDense)) {
-      return data_loss(left_name + " sent ring phase " + std::to_string(phase) + " of tensor " +
-                       std::to_string(tensor_id) + " with " + std::to_string(e.header.dense_len) +
-                       " dense elements; expected " + std::to_string(re - rb));
-    }
-    if (e.header.epoch != ctx.epoch) {
-      return failed_precondition(left_name + " is at decision epoch " + std::to_string(e.header.epoch) +
-                                 "; this node is at epoch " + std::to_string(ctx.epoch));
-    }
-    // The chunk we are about to overwrite was sent in an earlier phase: make sure that send is
-    // complete before touching it.
-    {
-      StageTimer timer(*ctx.clock, &stats->send_seconds);
-      SC_RETURN_IF_ERROR(group->wait(*ctx.clock, ctx.deadline));
-    }
-    std::span<float> target(data.data() + rb, re - rb);
-    if (target.empty()) continue;  // more nodes than elements: this chunk is empty
-    StageTimer timer(*ctx.clock, reduce ? &stats->reduce_seconds : &stats->decode_seconds);
-    if (reduce) {
-      SC_RETURN_IF_ERROR(kernels::decode_accumulate(kernels::Format::kDense, kernels::ValueType::kF32, e.payload,
-                                                    e.header.nnz, target, ctx.kernel_pool)
-                             .with_context("reducing ring chunk from " + left_name));
-    } else {
-      std::memcpy(target.data(), e.payload.data(), target.size_bytes());
+      stats->wait_seconds += seconds_since(*ctx.clock, waited);
+      SC_ASSIGN_OR_RETURN(Envelope e, std::move(taken));
+      if (e.header.dense_len != se - sb || e.header.format != static_cast<uint16_t>(kernels::Format::kDense) ||
+          e.header.value_type != static_cast<uint16_t>(kernels::ValueType::kF32) ||
+          e.payload.size() != (se - sb) * sizeof(float)) {
+        return data_loss(left_name + " sent ring phase " + std::to_string(phase) + " segment " + std::to_string(j) +
+                         " of tensor " + std::to_string(tensor_id) + " with " + std::to_string(e.header.dense_len) +
+                         " dense elements; expected " + std::to_string(se - sb));
+      }
+      if (e.header.epoch != ctx.epoch) {
+        return failed_precondition(left_name + " is at decision epoch " + std::to_string(e.header.epoch) +
+                                   "; this node is at epoch " + std::to_string(ctx.epoch));
+      }
+      std::span<float> target(data.data() + sb, se - sb);
+      if (!rp.reduce) {
+        // This segment went out in reduce-scatter phase `phase - (w - 1)` (the same chunk and
+        // the same segments): that send must be done before it is overwritten.
+        StageTimer timer(*ctx.clock, &stats->send_seconds);
+        SC_RETURN_IF_ERROR(group->wait_for(tickets[phase - (w - 1)][j], *ctx.clock, ctx.deadline));
+      }
+      if (!target.empty()) {
+        StageTimer timer(*ctx.clock, rp.reduce ? &stats->reduce_seconds : &stats->decode_seconds);
+        if (rp.reduce) {
+          SC_RETURN_IF_ERROR(kernels::decode_accumulate(kernels::Format::kDense, kernels::ValueType::kF32,
+                                                        e.payload, e.header.nnz, target, ctx.kernel_pool)
+                                 .with_context("reducing ring chunk from " + left_name));
+        } else {
+          std::memcpy(target.data(), e.payload.data(), target.size_bytes());
+        }
+      }
+      if (phase + 1 < phases) SC_RETURN_IF_ERROR(post(phase + 1, j));
     }
   }
   return Status::Ok();
@@ -305,15 +381,12 @@ Status ring_allreduce(const ExchangeContext& ctx, uint32_t tensor_id, uint64_t s
   return finish_sends(ctx, *group, std::move(body), stats);
 }
 
-uint64_t ring_allreduce_bytes(uint64_t n, uint32_t world, uint32_t rank) {
+uint64_t ring_allreduce_bytes(uint64_t n, uint32_t world, uint32_t rank, size_t segment) {
   if (world <= 1) return 0;
   uint64_t total = 0;
   for (uint32_t phase = 0; phase < 2 * (world - 1); ++phase) {
-    const bool reduce = phase < world - 1;
-    const uint32_t s = reduce ? phase : phase - (world - 1);
-    const uint32_t send_c = reduce ? (rank + world - s) % world : (rank + 1 + world - s) % world;
-    auto [b, e] = chunk_range(n, world, send_c);
-    total += wire::kHeaderBytes + (e - b) * sizeof(float);
+    auto [b, e] = chunk_range(n, world, ring_phase(rank, world, phase).send_c);
+    total += ring_segments(e - b, segment) * wire::kHeaderBytes + (e - b) * sizeof(float);
   }
   return total;
 }

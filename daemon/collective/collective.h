@@ -5,7 +5,9 @@
 //     bit-identical sums. Costs (W-1)(80 + payload) bytes sent per node.
 //   ring_allreduce: dense reduce-scatter then all-gather around the ring r -> r+1; every chunk is
 //     reduced once in a fixed order and then copied, so all nodes hold identical bits. Costs
-//     2(W-1) messages of about n/W elements per node.
+//     2(W-1) chunks of about n/W elements per node, each sent in segments of at most
+//     kRingSegmentElements (one message each), pipelined: a segment received in one phase goes
+//     on in the next at once.
 //
 // Both run on the pipeline thread, send through the Transport (zero-copy: `keepalive` holds the
 // buffers until UCX is done with them) and take peer messages from the Mailbox with one deadline
@@ -18,6 +20,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -37,6 +40,10 @@ namespace kernels {
 class ThreadPool;  // sparsecar/kernels/parallel.h
 }  // namespace kernels
 
+// Elements of one ring message (256 KiB of fp32): a chunk of 2.25 MB goes as 9. Every node of a
+// job must use the same value (a segment of another size is refused as data loss).
+inline constexpr size_t kRingSegmentElements = size_t{64} * 1024;
+
 struct ExchangeContext {
   Transport* transport = nullptr;  // null only when world_size == 1
   Mailbox* mailbox = nullptr;
@@ -50,6 +57,7 @@ struct ExchangeContext {
   std::shared_ptr<const void> keepalive;  // owner of every buffer handed to send()
   Metrics* metrics = nullptr;  // optional: bytes per peer and link bandwidth estimates
   kernels::ThreadPool* kernel_pool = nullptr;  // optional: the decoders split large scatters over it
+  size_t ring_segment_elements = kRingSegmentElements;  // tests set it smaller, on every node alike
   // Optional: sparse_allgather(_each) calls it once, after its sends are queued and before it
   // waits for the peers (the pipeline compresses the next device step there).
   std::function<void()> while_waiting;
@@ -106,8 +114,8 @@ Status ring_allreduce(const ExchangeContext& ctx, uint32_t tensor_id, uint64_t s
                       ExchangeStats* stats);
 
 // Bytes rank `rank` sends in a ring all-reduce of n fp32 elements over `world` nodes, headers
-// included — the "dense equivalent" that compression ratios are quoted against.
-uint64_t ring_allreduce_bytes(uint64_t n, uint32_t world, uint32_t rank);
+// (one per segment) included — the "dense equivalent" that compression ratios are quoted against.
+uint64_t ring_allreduce_bytes(uint64_t n, uint32_t world, uint32_t rank, size_t segment = kRingSegmentElements);
 
 // Sends a kAbort for (tensor, step) with `reason` to every peer (best effort, not awaited).
 void broadcast_abort(const ExchangeContext& ctx, uint32_t tensor_id, uint64_t step, const std::string& reason);

@@ -82,8 +82,10 @@ class Transport {
   // Receiver-side link timing: the samples since the last call (any thread). Default: none.
   virtual std::vector<ReceiveSample> drain_receive_samples() { return {}; }
   // every > 0: one send with a payload in `every` to each peer (the first one included) goes
-  // rendezvous, so that receivers can time messages of any size; 0 (the default): the
-  // transport's own choice (its rendezvous sends, the large ones, are timed either way). Any thread.
+  // rendezvous, so that receivers can time messages of any size, and the others go eagerly
+  // (their completion then says when the bytes left for the socket, not when they arrived);
+  // 0 (the default): the transport's own choice (its rendezvous sends, the large ones, are timed
+  // either way, and their completion times the link for the bandwidth controller). Any thread.
   virtual void set_timed_sends(uint32_t /*every*/) {}
 };
 

@@ -678,10 +678,11 @@ class UcxTransport::Impl {
         p.timed_every = every;
         p.untimed_sends = 0;
       }
-      if (p.untimed_sends == 0) {
-        param.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
-        param.flags = UCP_AM_SEND_FLAG_RNDV;
-      }
+      // The others go eagerly: a rendezvous send's reply from the receiver queues behind that
+      // node's own bulk data on a shaped link (the ring's segments, both ways at once), and the
+      // dense ring of 1.1 M elements took 73 ms a step at 1 Gbit/s against 49 ms eager.
+      param.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+      param.flags = p.untimed_sends == 0 ? UCP_AM_SEND_FLAG_RNDV : UCP_AM_SEND_FLAG_EAGER;
       p.untimed_sends = (p.untimed_sends + 1) % every;
     }
     param.cb.send = &Impl::on_send_done;
