@@ -6,7 +6,7 @@ rate and each sparsecard build: one job of two sparsecard nodes, one sparsecar_l
 (one tensor of --elements, a 1 ms sleep as the trainer's compute), every step a dense ring
 (`--compression off` under the step controller, as the adaptive setting's dense steps run);
 then, over the same link, torch.distributed's gloo all_reduce of a tensor of the same size
-between one process per namespace (the baseline), and the link's bound (the bytes one node sends
+between one process per namespace (the baseline; without LD_LIBRARY_PATH), and the link's bound (the bytes one node sends
 in a ring step over the rate). A ring step is the whole step (the trainer's copy in and out, its
 compute, the daemon's work); gloo's is the all-reduce alone.
 
@@ -46,7 +46,7 @@ if rank == 0:
 
 
 def gloo_ms(link, python, elements, steps):
-    procs = [subprocess.Popen(link.exec_argv(r, ["env", f"GLOO_SOCKET_IFNAME={link.dev[r]}", python, "-c", GLOO,
+    procs = [subprocess.Popen(link.exec_argv(r, ["env", "-u", "LD_LIBRARY_PATH", f"GLOO_SOCKET_IFNAME={link.dev[r]}", python, "-c", GLOO,
                                                   str(r), link.addr[0], str(elements), str(steps)]),
                               stdout=subprocess.PIPE, text=True) for r in range(2)]
     out = [p.communicate(timeout=600)[0] for p in procs]
