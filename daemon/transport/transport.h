@@ -82,11 +82,17 @@ class Transport {
   // Receiver-side link timing: the samples since the last call (any thread). Default: none.
   virtual std::vector<ReceiveSample> drain_receive_samples() { return {}; }
   // every > 0: one send with a payload in `every` to each peer (the first one included) goes
-  // rendezvous, so that receivers can time messages of any size, and the others go eagerly
-  // (their completion then says when the bytes left for the socket, not when they arrived);
-  // 0 (the default): the transport's own choice (its rendezvous sends, the large ones, are timed
-  // either way, and their completion times the link for the bandwidth controller). Any thread.
+  // rendezvous, so that receivers can time messages of any size; 0 (the default): the
+  // transport's own choice (its rendezvous sends, the large ones, are timed either way). Any thread.
   virtual void set_timed_sends(uint32_t /*every*/) {}
+  // send() for bulk data whose receiver need not time each message (the dense ring's segments):
+  // while timed sends are on, all but the timed one in `every` may go eagerly (their completion
+  // then says when the bytes left for the socket, not when they arrived). A rendezvous send's
+  // reply queues behind the receiver's own bulk data on a shaped link. Default: send().
+  virtual Status send_bulk(uint32_t peer, std::span<const std::byte> header, std::span<const std::byte> payload,
+                           SendCallback done) {
+    return send(peer, header, payload, std::move(done));
+  }
 };
 
 }  // namespace sparsecar

@@ -24,6 +24,7 @@
 #include <ucp/api/ucp.h>
 
 #include "daemon/transport/peer_watch.h"
+#include "daemon/transport/receive_timer.h"
 #include "daemon/transport/rendezvous.h"
 #include "sparsecar/common/log.h"
 
@@ -188,6 +189,7 @@ class UcxTransport::Impl {
     uint32_t peer = 0;
     unsigned am_id = kAmId;
     bool raw = false;  // send_raw_for_test: send am_header as given, unsealed
+    bool bulk = false;  // send_bulk: eager unless timed, while timed sends are on
     uint32_t am_header_len = 0;
     std::array<std::byte, kRouteBytes + kMaxHeaderBytes> am_header{};
     const void* payload = nullptr;
@@ -219,7 +221,7 @@ class UcxTransport::Impl {
     Buffer buffer;
     size_t length = 0;
     bool orphaned = false;
-    bool timed = false;  // counted in busy_[peer] (link_busy_begin) until it ends
+    bool timed = false;  // counted in timer_ (link_busy_begin) until it ends
   };
 
   struct Peer {
@@ -309,7 +311,7 @@ class UcxTransport::Impl {
     }
 
     peers_ = std::vector<Peer>(options_.world_size);
-    busy_.assign(options_.world_size, LinkBusy{});
+    timer_.reset(options_.world_size);
     for (uint32_t r = 0; r < options_.world_size; ++r) {
       Peer& p = peers_[r];
       p.impl = this;
@@ -386,7 +388,7 @@ class UcxTransport::Impl {
   }
 
   Status send(uint32_t peer, std::span<const std::byte> header, std::span<const std::byte> payload,
-              SendCallback done) {
+              SendCallback done, bool bulk = false) {
     if (peer >= options_.world_size || peer == options_.rank) {
       return invalid_argument("send to rank " + std::to_string(peer) + ": not a peer of rank " +
                               std::to_string(options_.rank) + " in a world of " + std::to_string(options_.world_size));
@@ -413,6 +415,7 @@ class UcxTransport::Impl {
     req.payload = payload.data();
     req.payload_len = payload.size();
     req.done = std::move(done);
+    req.bulk = bulk;
     if (options_.before_enqueue_for_test) options_.before_enqueue_for_test();
     return enqueue(std::move(req));
   }
@@ -678,11 +681,16 @@ class UcxTransport::Impl {
         p.timed_every = every;
         p.untimed_sends = 0;
       }
-      // The others go eagerly: a rendezvous send's reply from the receiver queues behind that
-      // node's own bulk data on a shaped link (the ring's segments, both ways at once), and the
-      // dense ring of 1.1 M elements took 73 ms a step at 1 Gbit/s against 49 ms eager.
-      param.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
-      param.flags = p.untimed_sends == 0 ? UCP_AM_SEND_FLAG_RNDV : UCP_AM_SEND_FLAG_EAGER;
+      // Bulk sends (send_bulk) that are not timed go eagerly: a rendezvous send's reply from the
+      // receiver queues behind that node's own bulk data on a shaped link (the ring's segments,
+      // both ways at once; 1.1 M elements at 1 Gbit/s: 70 ms a ring step against 49 eager).
+      if (p.untimed_sends == 0) {
+        param.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+        param.flags = UCP_AM_SEND_FLAG_RNDV;
+      } else if (op->req.bulk) {
+        param.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+        param.flags = UCP_AM_SEND_FLAG_EAGER;
+      }
       p.untimed_sends = (p.untimed_sends + 1) % every;
     }
     param.cb.send = &Impl::on_send_done;
@@ -1101,6 +1109,7 @@ class UcxTransport::Impl {
     if (length > kMaxPayloadBytes) return drop("payload larger than 1 GiB");
     std::span<const std::byte> user_header(h + kRouteBytes, header_length - kRouteBytes);
     if (!rndv) {
+      self->link_busy_add(sender, header_length - kRouteBytes + length);
       self->sink_->on_message(sender, user_header, std::span<const std::byte>(static_cast<const std::byte*>(data), length));
       return UCS_OK;
     }
@@ -1147,32 +1156,23 @@ class UcxTransport::Impl {
   }
 
   // ---- receiver-side link timing (progress thread; samples_ under samples_mu_) ----------------
-  // A busy period of the link from a peer opens when a rendezvous announcement arrives while none
-  // of that peer's receives is in flight, and closes when the last one in flight ends.
+  // receive_timer.h: a busy period per peer, eager arrivals while it is open included.
+  void link_busy_add(uint32_t peer, size_t bytes) { timer_.add(peer, bytes); }
+
   void link_busy_begin(RecvOp* op) {
-    if (op->peer >= busy_.size()) return;
-    const auto now = std::chrono::steady_clock::now();
-    LinkBusy& b = busy_[op->peer];
-    if (b.in_flight > 0 && now - b.start > std::chrono::seconds(30)) b = LinkBusy{};  // one never ended
-    if (b.in_flight++ == 0) {
-      b.start = now;
-      b.bytes = 0;
-    }
+    if (op->peer >= options_.world_size) return;
+    timer_.begin(op->peer, std::chrono::steady_clock::now());
     op->timed = true;
   }
 
   void link_busy_end(RecvOp* op, bool ok) {
-    if (!op->timed || op->peer >= busy_.size()) return;
+    if (!op->timed) return;
     op->timed = false;
-    LinkBusy& b = busy_[op->peer];
-    if (b.in_flight == 0) return;
-    if (ok) b.bytes += op->length + op->header_len;
-    if (--b.in_flight > 0 || b.bytes == 0) return;
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - b.start).count();
-    if (!(seconds > 0)) return;
+    auto sample = timer_.end(op->peer, op->length + op->header_len, ok, std::chrono::steady_clock::now());
+    if (!sample) return;
     std::lock_guard<std::mutex> lock(samples_mu_);
     if (samples_.size() >= kMaxReceiveSamples) samples_.pop_front();
-    samples_.push_back({.peer = op->peer, .bytes = b.bytes, .seconds = seconds});
+    samples_.push_back(*sample);
   }
 
  public:
@@ -1319,13 +1319,7 @@ class UcxTransport::Impl {
   std::thread progress_thread_;
   std::atomic<std::thread::id> progress_thread_id_{};
   std::atomic<bool> stop_requested_{false};
-  // Receiver-side link timing (link_busy_begin/end).
-  struct LinkBusy {
-    uint32_t in_flight = 0;
-    std::chrono::steady_clock::time_point start{};
-    uint64_t bytes = 0;
-  };
-  std::vector<LinkBusy> busy_;  // per peer rank; progress thread
+  ReceiveTimer timer_;  // receiver-side link timing (link_busy_*); progress thread
   std::mutex samples_mu_;
   std::deque<ReceiveSample> samples_;  // guarded by samples_mu_
   std::atomic<uint32_t> timed_send_every_{0};
@@ -1386,6 +1380,10 @@ std::string UcxTransport::peer_name(uint32_t peer) const {
 Status UcxTransport::send(uint32_t peer, std::span<const std::byte> header, std::span<const std::byte> payload,
                           SendCallback done) {
   return impl_->send(peer, header, payload, std::move(done));
+}
+Status UcxTransport::send_bulk(uint32_t peer, std::span<const std::byte> header, std::span<const std::byte> payload,
+                               SendCallback done) {
+  return impl_->send(peer, header, payload, std::move(done), /*bulk=*/true);
 }
 void UcxTransport::stop() { impl_->stop(); }
 std::vector<ReceiveSample> UcxTransport::drain_receive_samples() { return impl_->drain_receive_samples(); }

@@ -133,6 +133,8 @@ class UcxTransport final : public Transport {
   std::string peer_name(uint32_t peer) const override;
   Status send(uint32_t peer, std::span<const std::byte> header, std::span<const std::byte> payload,
               SendCallback done) override;
+  Status send_bulk(uint32_t peer, std::span<const std::byte> header, std::span<const std::byte> payload,
+                   SendCallback done) override;
   void stop() override;
   std::vector<ReceiveSample> drain_receive_samples() override;
   void set_timed_sends(uint32_t every) override;

@@ -330,15 +330,17 @@ class OneByOne {
     headers_.reserve(messages);
     payloads_.reserve(messages);
   }
-  void send(size_t size) {
+  // `bulk`: through send_bulk().
+  void send(size_t size, bool bulk = false) {
     ASSERT_LT(headers_.size(), headers_.capacity()) << "the buffers would move";
     headers_.push_back(TestHeader{kTestMagic, 0, seq_, 0, size});
     payloads_.push_back(make_payload(0, seq_, size));
     ++seq_;
     Completions done;
-    ASSERT_TRUE(job_.transports[0]
-                    ->send(1, std::as_bytes(std::span<const TestHeader>(&headers_.back(), 1)), payloads_.back(),
-                           done.callback())
+    auto header = std::as_bytes(std::span<const TestHeader>(&headers_.back(), 1));
+    Transport* t = job_.transports[0].get();
+    ASSERT_TRUE((bulk ? t->send_bulk(1, header, payloads_.back(), done.callback())
+                      : t->send(1, header, payloads_.back(), done.callback()))
                     .ok());
     ASSERT_TRUE(done.wait_all());
     ASSERT_TRUE(job_.sinks[1]->wait_messages(seq_)) << "message " << seq_ << " did not arrive";
@@ -401,6 +403,27 @@ TEST_P(UcxTransportTest, AMessageOfAProbesSizeIsTimedWithoutTimedSends) {
     EXPECT_GT(samples[i].seconds, 0.0);
     EXPECT_LT(samples[i].seconds, 10.0);
   }
+}
+
+// Bulk sends (the dense ring's segments) that are not the timed one in `every` go eagerly
+// while timed sends are on: the receiver times 1 in 4 of them, and every plain send of the same
+// size (a probe's, a large sparse message's) still goes rendezvous and is timed. With timed
+// sends off the transport chooses as for any send: rendezvous, timed.
+TEST_P(UcxTransportTest, UntimedBulkSendsGoEagerlyWhileTimedSendsAreOn) {
+  Job job;
+  start_job(job, GetParam(), 2, 42);
+  if (HasFatalFailure()) return;
+  constexpr size_t kSize = 128u << 10;
+  OneByOne sender(job, 8 + 4 + 4);
+  job.transports[0]->set_timed_sends(4);
+  for (int i = 0; i < 8; ++i) sender.send(kSize, /*bulk=*/true);
+  EXPECT_EQ(job.transports[1]->drain_receive_samples().size(), 2u) << "the timed 1 in 4 of 8 bulk sends";
+  for (int i = 0; i < 4; ++i) sender.send(kSize);
+  EXPECT_EQ(job.transports[1]->drain_receive_samples().size(), 4u) << "plain sends of that size, all timed";
+  job.transports[0]->set_timed_sends(0);
+  for (int i = 0; i < 4; ++i) sender.send(kSize, /*bulk=*/true);
+  EXPECT_EQ(job.transports[1]->drain_receive_samples().size(), 4u) << "timed sends off: rendezvous, timed";
+  for (const auto& m : job.sinks[1]->received()) EXPECT_TRUE(m.content_ok) << "seq " << m.seq;
 }
 
 TEST_P(UcxTransportTest, ConcurrentSendersFromManyThreads) {
