@@ -44,10 +44,10 @@ class SendGroup {
  public:
   explicit SendGroup(std::shared_ptr<const void> keepalive) : keepalive_(std::move(keepalive)) {}
 
-  // `ticket`, when given, names this send for wait_for().
+  // `ticket`, when given, names this send for wait_for(); `bulk`: through Transport::send_bulk.
   static Status send(const std::shared_ptr<SendGroup>& group, const ExchangeContext& ctx, uint32_t peer,
                      wire::WireHeader header, std::span<const std::byte> payload, ExchangeStats* stats,
-                     size_t* ticket = nullptr) {
+                     size_t* ticket = nullptr, bool bulk = false) {
     HeaderBytes* bytes;
     size_t id;
     {
@@ -68,8 +68,8 @@ class SendGroup {
       std::lock_guard<std::mutex> lock(group->mu_);
       if (group->link_in_flight_++ == 0) group->link_busy_since_ = started;
     }
-    Status queued = ctx.transport->send(peer, *bytes, payload, [group, peer, &ctx_name = *ctx.transport, metrics, clock,
-                                                                 size, sample, started, id](const Status& s) {
+    auto on_done = [group, peer, &ctx_name = *ctx.transport, metrics, clock, size, sample, started,
+                    id](const Status& s) {
       const auto now = clock->now();
       if (metrics && s.ok()) metrics->observe_link(peer, size, std::chrono::duration<double>(now - started).count());
       std::lock_guard<std::mutex> lock(group->mu_);
@@ -80,7 +80,9 @@ class SendGroup {
       --group->outstanding_;
       group->done_[id] = true;
       group->cv_.notify_all();
-    });
+    };
+    Status queued = bulk ? ctx.transport->send_bulk(peer, *bytes, payload, std::move(on_done))
+                         : ctx.transport->send(peer, *bytes, payload, std::move(on_done));
     if (!queued.ok()) {
       std::lock_guard<std::mutex> lock(group->mu_);
       if (sample) group->link_done(0, clock->now());
@@ -299,7 +301,7 @@ Status ring_allreduce_body(const ExchangeContext& ctx, const std::shared_ptr<Sen
     h.chunk = static_cast<uint32_t>(phase * per_phase + j);
     tickets[phase].resize(count);
     StageTimer timer(*ctx.clock, &stats->send_seconds);
-    return SendGroup::send(group, ctx, right, h, send_span, stats, &tickets[phase][j]);
+    return SendGroup::send(group, ctx, right, h, send_span, stats, &tickets[phase][j], /*bulk=*/true);
   };
 
   {
