@@ -66,6 +66,9 @@
 // v15: the probe's own costs are no plan's: the step it crossed and the next (the shaper's bucket
 // it drained) stay out of the records, and its samples out of the link fits; and no ring whose
 // record is gone costs less than its bytes take at the last probe's rate (probe_floor()).
+// v16: nor at the rate the ring's own last steps met (the ring itself or a probe, whichever came
+// last): the warm-up's ring runs too few steps for a record, and the sparse plan's messages that
+// follow cross a shaper's burst fast enough to restart the link fits at twice the link's rate.
 #include "controller_internal.h"
 
 #include <algorithm>
@@ -203,7 +206,7 @@ struct Record {
 class StepController final : public Controller {
  public:
   ControllerKind kind() const override { return ControllerKind::kStep; }
-  uint32_t version() const override { return 15; }  // the vN of the notes in this file
+  uint32_t version() const override { return 16; }  // the vN of the notes in this file
 
   Status update(const ControlContext& ctx, ControlKnobs* knobs) override {
     const auto& s = ctx.settings;
@@ -645,6 +648,7 @@ class StepController final : public Controller {
       Link& link = links_[link_index(l.from, l.to)];
       const double per_byte = l.seconds / static_cast<double>(l.bytes);
       link.probe_last = per_byte;
+      ring_per_byte_ = 0;  // v16: the probe is the newer word on a ring step's bytes
       const double base = link.probe_ref > 0 ? std::min(implied, link.probe_ref) : implied;
       const bool first_after_ring = link.after_ring && !link.probe_any;
       link.probe_any = true;
@@ -766,6 +770,15 @@ class StepController final : public Controller {
     // in force's time following a link fit's restart, x3, and voided the records).
     if (!ran.dense && probe_crossed(o, w, format)) probe_quiet_until_ = o.step + 1;
     if (probe_quiet_until_ > 0 && o.step <= probe_quiet_until_) return;
+    // v16: what a ring step's bytes took, the ring's own word (probe_floor()), record or none.
+    // After the large real job's 6-step warm-up two ring steps were recorded (52 ms a step at
+    // 1 Gbit/s), too few to price the ring, and a fit of the sparse plan's messages restarted
+    // at 271 MB/s: the ring modelled at 27 ms was tried, and measured 52-59 ms.
+    if (ran.dense && !by_trainers) {
+      const uint64_t bytes = step_dense_bytes(o.tensors, w);
+      const double link = measured - compute() - ring_cost() * static_cast<double>(o.elements);
+      if (bytes > 0 && link > 0) ring_per_byte_ = link / static_cast<double>(bytes);
+    }
     Record& r = record_of(ran);
     // The last steps' times and the record before them: what recent_change() compares.
     if (recent_.size() > kChangeConfirmSteps) recent_.erase(recent_.begin());
@@ -856,6 +869,7 @@ class StepController final : public Controller {
     } else {
       ring_floor_ = (ring != nullptr ? ring->seconds : ring_floor_) * moved;
     }
+    if (moved < 1) ring_per_byte_ = 0;  // v16: a faster link: what the ring met before is no floor
     std::erase_if(records_, [&](const Record& r) { return !r.plan.same(keep); });
     ring_probed_ = 0;
     clear_probe_refs(/*ring_ran=*/false);
@@ -928,8 +942,9 @@ class StepController final : public Controller {
   // large real job's ring, priced so at 31 ms after a drop to 50 Mbit/s, measured 1.32 s, where
   // its last probe had crossed at 50 Mbit/s. A slower probe (a loaded host) keeps the ring out
   // until the next one; a rise lowers it with the probe that shows it (watch_probes).
+  // v16: or, where the ring ran since the last probe, the rate its own last step met.
   double probe_floor(uint32_t w) const {
-    double per_byte = 0;
+    double per_byte = ring_per_byte_;
     for (const Link& l : links_) per_byte = std::max(per_byte, l.probe_last);
     if (!(per_byte > 0) || tensors_.empty()) return 0;
     double elements = 0;
@@ -996,8 +1011,8 @@ class StepController final : public Controller {
                           ring_probed_ * 1e3);
     }
     if (const double floor = probe_floor(ctx.settings.world_size); floor > 0 && at < static_cast<int>(sizeof ratio)) {
-      std::snprintf(ratio + at, sizeof ratio - static_cast<size_t>(at), "; the ring >= %.3g ms by the last probe",
-                    floor * 1e3);
+      std::snprintf(ratio + at, sizeof ratio - static_cast<size_t>(at), "; the ring >= %.3g ms by the last %s",
+                    floor * 1e3, ring_per_byte_ > 0 ? "ring step" : "probe");
     }
     char buf[768];
     std::snprintf(buf, sizeof buf,
@@ -1050,6 +1065,7 @@ class StepController final : public Controller {
   double compute_s_ = 0;
   double ring_ratio_ = -1;  // v13: the ring's record / its model, less compute; < 0: not known
   double ring_floor_ = 0;   // v13: no voided ring costs less after the link got slower
+  double ring_per_byte_ = 0;  // v16: seconds per byte of the last ring step, until a probe (probe_floor)
   double ring_probed_ = 0;  // v14: the ring's step time as the link probe scaled it (0: none)
   uint64_t last_link_change_step_ = 0;
   uint64_t probe_quiet_until_ = 0;  // v15: the last step a link probe's crossing keeps out of the records

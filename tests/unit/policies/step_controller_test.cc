@@ -1219,6 +1219,31 @@ TEST(StepController, TheTrainersDenseStepsOnAFasterLinkLeaveTheWarmUp) {
   }
 }
 
+// v16: the large real job at 1 Gbit/s behind tbf's 250 KB burst (at 10 Gbit/s), the hook's three
+// dense iterations, then the schedule's warm-up to step 6: the daemons ring steps 3-5, and the
+// first is a transition, so two are recorded, too few to price the ring. The sparse plan's
+// messages (~42 KB) then cross within the burst, and the fits that follow price the ring's 2 MB
+// chunks as nearly free; the warm-up's ring steps said what they cost (2x a sparse step's price
+// here). No trial of the ring, and no decision in 200 steps. (Found on the lent machine's
+// large `down` jobs once the ring got cheaper: every seed tried the ring at step 11-12, in force
+// 4 steps at 52-59 ms against sparse steps of 22 ms.)
+TEST(StepController, TheWarmUpsRingStepsPriceTheRingWhereTheyAreTooFewForARecord) {
+  Plant plant;
+  plant.tensors = {1'059'850, 66'560};  // the large digits MLP's two DDP buckets
+  plant.noise = 0.05;
+  plant.compute = 0.009;
+  plant.report_period = true;
+  plant.overhead = 0.007;
+  plant.burst = 250'000;
+  plant.line = 1.0 / 1.25e9;
+  const auto r = run_with_hint(plant, 200, [](uint64_t) { return kRate1G; }, 6, 3);
+  EXPECT_FALSE(r.at_start.has_value()) << r.at_start->reason;
+  EXPECT_TRUE(r.run.decisions.empty()) << "a decision at step " << r.run.decisions.front() << ": "
+                                       << r.run.status.last_reason;
+  for (uint64_t s = 6; s < 200; ++s) EXPECT_TRUE(r.run.in_force[s - 3].compression) << "step " << s << " ran the ring";
+  EXPECT_NE(r.run.status.step_model.find("the ring >= "), std::string::npos) << r.run.status.step_model;
+}
+
 // v14, the link probe. The real small job's `up` profile: 50 Mbit/s, then 1 Gbit/s, behind tbf's
 // 32 KiB burst at 10 Gbit/s. The warm-up is cut before it starts (the hook's dense step at
 // 50 Mbit/s is the ring's record); the sparse messages (a few KB) cross within the burst at either
