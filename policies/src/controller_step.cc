@@ -66,8 +66,8 @@
 // v15: the probe's own costs are no plan's: the step it crossed and the next (the shaper's bucket
 // it drained) stay out of the records, and its samples out of the link fits; and no ring whose
 // record is gone costs less than its bytes take at the last probe's rate (probe_floor()).
-// v16: nor at the rate the ring's own last steps met (the ring itself or a probe, whichever came
-// last): the warm-up's ring runs too few steps for a record, and the sparse plan's messages that
+// v16: nor at the rate the ring's own steps met (its quickest since the last probe; the ring or
+// the probe, whichever came last): the warm-up's ring runs too few steps for a record, and the sparse plan's messages that
 // follow cross a shaper's burst fast enough to restart the link fits at twice the link's rate.
 #include "controller_internal.h"
 
@@ -770,14 +770,18 @@ class StepController final : public Controller {
     // in force's time following a link fit's restart, x3, and voided the records).
     if (!ran.dense && probe_crossed(o, w, format)) probe_quiet_until_ = o.step + 1;
     if (probe_quiet_until_ > 0 && o.step <= probe_quiet_until_) return;
-    // v16: what a ring step's bytes took, the ring's own word (probe_floor()), record or none.
-    // After the large real job's 6-step warm-up two ring steps were recorded (52 ms a step at
-    // 1 Gbit/s), too few to price the ring, and a fit of the sparse plan's messages restarted
-    // at 271 MB/s: the ring modelled at 27 ms was tried, and measured 52-59 ms.
+    // v16: what a ring step's bytes took, the ring's own word (probe_floor()), record or none;
+    // the least of its steps since a probe (a floor: one slow step is no rate). After the large
+    // real job's 6-step warm-up two ring steps were recorded (52 ms a step at 1 Gbit/s), too few
+    // to price the ring, and a fit of the sparse plan's messages restarted at 271 MB/s: the ring
+    // modelled at 27 ms was tried, and measured 52-59 ms.
     if (ran.dense && !by_trainers) {
       const uint64_t bytes = step_dense_bytes(o.tensors, w);
       const double link = measured - compute() - ring_cost() * static_cast<double>(o.elements);
-      if (bytes > 0 && link > 0) ring_per_byte_ = link / static_cast<double>(bytes);
+      if (bytes > 0 && link > 0) {
+        const double per_byte = link / static_cast<double>(bytes);
+        ring_per_byte_ = ring_per_byte_ > 0 ? std::min(ring_per_byte_, per_byte) : per_byte;
+      }
     }
     Record& r = record_of(ran);
     // The last steps' times and the record before them: what recent_change() compares.
@@ -942,7 +946,7 @@ class StepController final : public Controller {
   // large real job's ring, priced so at 31 ms after a drop to 50 Mbit/s, measured 1.32 s, where
   // its last probe had crossed at 50 Mbit/s. A slower probe (a loaded host) keeps the ring out
   // until the next one; a rise lowers it with the probe that shows it (watch_probes).
-  // v16: or, where the ring ran since the last probe, the rate its own last step met.
+  // v16: or, where the ring ran since the last probe, the rate its quickest step met.
   double probe_floor(uint32_t w) const {
     double per_byte = ring_per_byte_;
     for (const Link& l : links_) per_byte = std::max(per_byte, l.probe_last);
@@ -1065,7 +1069,7 @@ class StepController final : public Controller {
   double compute_s_ = 0;
   double ring_ratio_ = -1;  // v13: the ring's record / its model, less compute; < 0: not known
   double ring_floor_ = 0;   // v13: no voided ring costs less after the link got slower
-  double ring_per_byte_ = 0;  // v16: seconds per byte of the last ring step, until a probe (probe_floor)
+  double ring_per_byte_ = 0;  // v16: seconds per byte of the ring's quickest step since a probe (probe_floor)
   double ring_probed_ = 0;  // v14: the ring's step time as the link probe scaled it (0: none)
   uint64_t last_link_change_step_ = 0;
   uint64_t probe_quiet_until_ = 0;  // v15: the last step a link probe's crossing keeps out of the records
