@@ -1015,8 +1015,8 @@ class StepController final : public Controller {
                           ring_probed_ * 1e3);
     }
     if (const double floor = probe_floor(ctx.settings.world_size); floor > 0 && at < static_cast<int>(sizeof ratio)) {
-      std::snprintf(ratio + at, sizeof ratio - static_cast<size_t>(at), "; the ring >= %.3g ms by the last %s",
-                    floor * 1e3, ring_per_byte_ > 0 ? "ring step" : "probe");
+      std::snprintf(ratio + at, sizeof ratio - static_cast<size_t>(at), "; the ring >= %.3g ms by %s",
+                    floor * 1e3, ring_per_byte_ > 0 ? "its own steps" : "the last probe");
     }
     char buf[768];
     std::snprintf(buf, sizeof buf,
