@@ -146,9 +146,9 @@ struct Plant {
   // evaluates its model before the step (no link sample shows it).
   uint64_t spike_every = 0;
   double spike = 1.0;
-  // Step `slow_step`'s exchange time x slow (once: a peer that evaluates its model; 0: none).
+  // Step `slow_step`'s exchange time x slow_factor (once: a peer that evaluates its model; 0: none).
   uint64_t slow_step = 0;
-  double slow = 1.0;
+  double slow_factor = 1.0;
   // Every `contend_every` steps (from step contend_every on), `contend_steps` steps of a loaded
   // host: every time the daemons and the trainer measure (link samples, compute, encode, decode,
   // exchange) x contend; the link itself does not change.
@@ -303,7 +303,7 @@ struct Plant {
     o.exchange_s *= load;
     if (on_device) o.device_elements = o.elements;
     if (spike_every > 0 && s >= spike_every && s % spike_every == 0) o.exchange_s *= spike;
-    if (slow_step > 0 && s == slow_step) o.exchange_s *= slow;
+    if (slow_step > 0 && s == slow_step) o.exchange_s *= slow_factor;
     const double trainers = !k.compression && trainers_reduce ? trainer_ring * jitter() : 0.0;
     if (report_period) o.period_s = o.compute_s + o.encode_s + o.exchange_s + trainers + overhead * jitter();
     return o;
@@ -1257,7 +1257,7 @@ TEST(StepController, OneSlowWarmUpRingStepDoesNotFloorTheRingAboveItsCost) {
   plant.report_period = true;
   plant.overhead = 0.002;
   plant.slow_step = 5;  // the warm-up's last ring step
-  plant.slow = 12.0;
+  plant.slow_factor = 12.0;
   const double rate10G = 1.0 / 1.25e9;
   const auto r = run_with_hint(plant, 200, [&](uint64_t) { return rate10G; }, 6, 3, 0.02);
   ASSERT_LT(plant.true_price(true, 1, rate10G), 1.3 * plant.true_price(false, 0.02, rate10G)) << "the ring is cheapest";
