@@ -26,7 +26,11 @@ namespace sparsecar::rendezvous {
 namespace {
 
 constexpr uint32_t kMagic = 0x5A524353;  // "SCRZ"
-constexpr uint16_t kVersion = 2;
+// v3: the dense ring in segments (WIRE.md, "The dense ring's messages"). v2's daemons send a ring
+// phase as one message, which a v3 node refuses as data loss: such a job would form and then fail
+// at its first ring step, so it is refused here, before it forms.
+constexpr uint16_t kVersion = 3;
+constexpr char kSameRelease[] = "every node of a job must run the same sparsecar release";
 constexpr size_t kChallengeBytes = 8 + auth::kNonceBytes;                           // 40
 constexpr size_t kHelloHeadBytes = 12 + auth::kNonceBytes + auth::kMac256Bytes;     // 76
 constexpr size_t kHelloMacOffset = 12 + auth::kNonceBytes;                          // 44
@@ -39,9 +43,9 @@ constexpr uint64_t kMaxWelcomeBody = uint64_t{256} << 20;
 constexpr uint16_t kVerdictAccepted = 0;
 constexpr uint16_t kVerdictRefused = 1;
 constexpr uint16_t kVerdictReplacement = 2;  // welcome into a running formation, + u64 generation
-constexpr char kHelloDomain[] = "sparsecar rendezvous hello v2";
-constexpr char kWelcomeDomain[] = "sparsecar rendezvous welcome v2";
-constexpr char kRefusalDomain[] = "sparsecar rendezvous refusal v2";
+constexpr char kHelloDomain[] = "sparsecar rendezvous hello v3";
+constexpr char kWelcomeDomain[] = "sparsecar rendezvous welcome v3";
+constexpr char kRefusalDomain[] = "sparsecar rendezvous refusal v3";
 constexpr char kAuthFailed[] = "authentication failed";
 
 // Milliseconds from now to `deadline` on `clock`; 0 once it has passed.
@@ -242,12 +246,17 @@ struct Hello {
 };
 
 // The total size of the hello in `buf` once its framing is known: nullopt = need more bytes;
-// error = not a v2 hello or a body out of bounds. Interprets nothing but the framing.
+// error = not a v3 hello or a body out of bounds. Interprets nothing but the framing.
 Expected<std::optional<size_t>> hello_size(const std::string& buf) {
   if (buf.size() < 12) return std::optional<size_t>{};
   const char* p = buf.data();
-  if (get_le(p, 4) != kMagic || get_le(p + 4, 2) != kVersion) {
-    return invalid_argument("not a sparsecar rendezvous v2 hello");
+  const uint64_t version = get_le(p + 4, 2);
+  if (get_le(p, 4) != kMagic || version == 0 || version > 99) {  // no echo of an outsider's bytes
+    return invalid_argument("not a sparsecar rendezvous v3 hello");
+  }
+  if (version != kVersion) {
+    return invalid_argument("a sparsecar rendezvous v" + std::to_string(version) + " hello; this rank 0 speaks v3 (" +
+                            kSameRelease + ")");
   }
   const uint64_t body = get_le(p + 8, 4);
   if (body < kHelloBodyFixedBytes || body > kMaxHelloBody) return invalid_argument("malformed hello");
@@ -751,8 +760,12 @@ class Joiner {
                                " ms (an older sparsecar speaking rendezvous v1, or not sparsecar?)");
     }
     SC_RETURN_IF_ERROR(s);
-    if (get_le(challenge_bytes, 4) != kMagic || get_le(challenge_bytes + 4, 2) != kVersion) {
-      return failed_precondition("rendezvous: " + who_ + " does not speak sparsecar rendezvous v2");
+    if (get_le(challenge_bytes, 4) != kMagic) {
+      return failed_precondition("rendezvous: " + who_ + " does not speak sparsecar rendezvous");
+    }
+    if (const uint64_t v = get_le(challenge_bytes + 4, 2); v != kVersion) {
+      return failed_precondition("rendezvous: " + who_ + " speaks sparsecar rendezvous v" + std::to_string(v) +
+                                 ", this daemon v3 (" + kSameRelease + ")");
     }
     auth::Nonce challenge{};
     std::memcpy(challenge.data(), challenge_bytes + 8, challenge.size());

@@ -3,24 +3,24 @@
 // before any UCX traffic flows. Used by UcxTransport::start(); separate so it can be tested (and
 // reasoned about) without UCX. The byte-level spec is RENDEZVOUS.md beside this file.
 //
-// Protocol v2 in short (all integers little-endian, K = auth::rendezvous_key(job key)):
-//   1. rank 0 accepts a connection and speaks first: challenge {magic "SCRZ", u16 2, u16 0,
+// Protocol v3 in short (all integers little-endian, K = auth::rendezvous_key(job key)):
+//   1. rank 0 accepts a connection and speaks first: challenge {magic "SCRZ", u16 3, u16 0,
 //      c0[32]} with c0 fresh random bytes per connection.
-//   2. the joiner answers with hello {magic, u16 2, u16 0, u32 body_len, nonce[32], mac[32], body}
+//   2. the joiner answers with hello {magic, u16 3, u16 0, u32 body_len, nonce[32], mac[32], body}
 //      where body = {u64 job_id, u32 world_size, u32 rank, u32 label_len, u32 address_len, label,
-//      address} and mac = BLAKE2b-256_K("sparsecar rendezvous hello v2" || c0 || the 44 bytes
+//      address} and mac = BLAKE2b-256_K("sparsecar rendezvous hello v3" || c0 || the 44 bytes
 //      before mac || body).
 //   3. rank 0 checks magic/version/body_len (framing only), then the MAC, before it interprets
 //      anything else. A bad MAC is refused with the generic "authentication failed" (counted,
 //      logged with the remote IP); a valid hello with another job id / world size / a rank out of
 //      range or taken is refused with a reason that never states rank 0's values.
 //   4. when every rank has joined, rank 0 draws a random formation id F[32] and sends each rank
-//      welcome {magic, u16 2, u16 0 (accepted), u32 body_len, body, mac[32]}, body = {F,
+//      welcome {magic, u16 3, u16 0 (accepted), u32 body_len, body, mac[32]}, body = {F,
 //      u32 world_size, per rank: u32 label_len, u32 address_len, label, address}, mac =
-//      BLAKE2b-256_K("sparsecar rendezvous welcome v2" || c0 || nonce || the 12 header bytes ||
+//      BLAKE2b-256_K("sparsecar rendezvous welcome v3" || c0 || nonce || the 12 header bytes ||
 //      body). The joiner verifies it before reading the body: rank 0 proves the secret too.
-//      A refusal is {magic, u16 2, u16 1 (refused), u32 reason_len, reason, mac[32]} with the
-//      MAC over ("sparsecar rendezvous refusal v2" || c0 || nonce || header || reason); a
+//      A refusal is {magic, u16 3, u16 1 (refused), u32 reason_len, reason, mac[32]} with the
+//      MAC over ("sparsecar rendezvous refusal v3" || c0 || nonce || header || reason); a
 //      refusal whose MAC does not verify is reported to the caller as unauthenticated.
 // A job without a secret runs the same protocol with the public open-job key: nothing but the
 // authentication is lost. A replayed hello fails (the challenge differs); a replayed welcome

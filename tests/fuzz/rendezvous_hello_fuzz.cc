@@ -55,7 +55,7 @@ constexpr char kSecret[] = "fuzz-job-secret-0123456789";
 constexpr char kOtherSecret[] = "fuzz-job-secret-9876543210";
 constexpr size_t kHeadBytes = 76;  // magic, version, flags, body length, nonce, mac
 constexpr size_t kMacOffset = 44;
-constexpr char kHelloDomain[] = "sparsecar rendezvous hello v2";
+constexpr char kHelloDomain[] = "sparsecar rendezvous hello v3";
 constexpr char kWho[] = "rank 0 at fuzz:1";
 
 uint64_t le(const uint8_t* p, int n) {
@@ -132,7 +132,7 @@ bool check_verdict(std::string_view hello, const Keys& k, const Keys& other, con
   }
   // Accepted: the framing and body are what the spec says, and the MAC is K's over C.
   CHECK(hello.size() >= kHeadBytes + 24);
-  CHECK(le(p, 4) == 0x5A524353 && le(p + 4, 2) == 2);
+  CHECK(le(p, 4) == 0x5A524353 && le(p + 4, 2) == 3);
   const uint64_t body_len = le(p + 8, 4);
   CHECK(body_len == hello.size() - kHeadBytes);
   const uint64_t label_len = le(p + kHeadBytes + 16, 4);

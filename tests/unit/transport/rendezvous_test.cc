@@ -145,7 +145,7 @@ class RawClient {
   // Reads rank 0's 40-byte challenge; returns its 32 random bytes ("" on failure).
   std::string challenge() {
     std::string c = read_n(40);
-    if (c.size() != 40 || get_le(c, 0, 4) != 0x5A524353 || get_le(c, 4, 2) != 2) return "";
+    if (c.size() != 40 || get_le(c, 0, 4) != 0x5A524353 || get_le(c, 4, 2) != 3) return "";
     return c.substr(8);
   }
   void send(const std::string& bytes) { EXPECT_EQ(::write(fd_, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size())); }
@@ -178,8 +178,8 @@ std::string make_hello(const std::string& challenge, const char* secret, uint64_
                        const std::string& address = "forged-address", const std::string& nonce = std::string(32, 'n')) {
   const std::string label = "outsider";
   std::string body = le(job, 8) + le(world, 4) + le(rank, 4) + le(label.size(), 4) + le(address.size(), 4) + label + address;
-  std::string head = le(0x5A524353, 4) + le(2, 2) + le(0, 2) + le(body.size(), 4) + nonce;
-  const std::string domain = "sparsecar rendezvous hello v2";
+  std::string head = le(0x5A524353, 4) + le(3, 2) + le(0, 2) + le(body.size(), 4) + nonce;
+  const std::string domain = "sparsecar rendezvous hello v3";
   auth::Mac256 mac = auth::mac256(auth::rendezvous_key(key_of(secret)), {u8(domain), u8(challenge), u8(head), u8(body)});
   return head + text(mac) + body;
 }
@@ -396,6 +396,52 @@ TEST(RendezvousTest, WrongSecretIsRefusedByRankZero) {
   finish_with_rank_one(leader, 31);
 }
 
+// A job of mixed releases (v2 daemons send a dense ring phase as one message, v3 ones in
+// segments: such a job would fail at its first ring step) is refused before it forms, both ways,
+// with a reason that says so, and the real rank still gets in.
+TEST(RendezvousTest, AV2RankIsRefusedBeforeTheJobForms) {
+  const uint64_t job = 71;
+  Leader leader = start_leader(2, job);
+  {
+    RawClient c(leader.coordinator);  // a v2 joiner's hello: the bytes of v3's with version 2
+    const std::string challenge = c.challenge();
+    ASSERT_EQ(challenge.size(), 32u);
+    std::string v2 = make_hello(challenge, kSecret, job, 2, 1);
+    v2[4] = 2;
+    c.send(v2);
+    const std::string reason = refusal_reason(c.read_all());
+    EXPECT_NE(reason.find("rendezvous v2 hello"), std::string::npos) << reason;
+    EXPECT_NE(reason.find("same sparsecar release"), std::string::npos) << reason;
+  }
+  EXPECT_EQ(leader.stats->malformed.load(), 1u);
+  finish_with_rank_one(leader, job);
+
+  // A v3 joiner of a v2 rank 0 (a fake that sends v2's challenge) stops at once, naming both.
+  int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(listener, 4), 0);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  auto joiner = start_rank(1, 2, job, "127.0.0.1:" + std::to_string(ntohs(a.sin_port)), 10s);
+  pollfd p{listener, POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 10000), 1);
+  const int c = ::accept(listener, nullptr, nullptr);
+  const std::string challenge = le(0x5A524353, 4) + le(2, 2) + le(0, 2) + std::string(32, 'c');
+  EXPECT_EQ(::write(c, challenge.data(), challenge.size()), static_cast<ssize_t>(challenge.size()));
+  const auto begin = Clock::now();
+  Result t = await(joiner);
+  EXPECT_LT(Clock::now() - begin, 5s) << "the joiner waited for its deadline instead of stopping";
+  ::close(c);
+  ::close(listener);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), Code::kFailedPrecondition) << t.status().to_string();
+  EXPECT_NE(t.status().message().find("speaks sparsecar rendezvous v2, this daemon v3"), std::string::npos)
+      << t.status().message();
+}
+
 // A fake rank 0 that does not hold the secret cannot hand a joiner its table: the joiner checks
 // the welcome's MAC and refuses it. The fake speaks the spec with its own key.
 TEST(RendezvousTest, FakeRankZeroWithAnotherSecretIsRefusedByTheJoiner) {
@@ -417,7 +463,7 @@ TEST(RendezvousTest, FakeRankZeroWithAnotherSecretIsRefusedByTheJoiner) {
     timeval tv{10, 0};
     ::setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     const std::string challenge(32, 'c');
-    std::string out = le(0x5A524353, 4) + le(2, 2) + le(0, 2) + challenge;
+    std::string out = le(0x5A524353, 4) + le(3, 2) + le(0, 2) + challenge;
     [[maybe_unused]] ssize_t w = ::write(c, out.data(), out.size());
     char head[76];
     size_t got = 0;
@@ -443,8 +489,8 @@ TEST(RendezvousTest, FakeRankZeroWithAnotherSecretIsRefusedByTheJoiner) {
     for (const std::string& addr : {std::string("attacker-address"), address_of(1)}) {
       body += le(1, 4) + le(addr.size(), 4) + "x" + addr;
     }
-    std::string welcome_head = le(0x5A524353, 4) + le(2, 2) + le(0, 2) + le(body.size(), 4);
-    const std::string domain = "sparsecar rendezvous welcome v2";
+    std::string welcome_head = le(0x5A524353, 4) + le(3, 2) + le(0, 2) + le(body.size(), 4);
+    const std::string domain = "sparsecar rendezvous welcome v3";
     auth::Mac256 mac = auth::mac256(auth::rendezvous_key(key_of(kOtherSecret)),
                                     {u8(domain), u8(challenge), u8(nonce), u8(welcome_head), u8(body)});
     std::string welcome = welcome_head + body + text(mac);
@@ -519,7 +565,7 @@ TEST(RendezvousTest, ForgedShortAndGarbageHellosDoNotHarmTheJob) {
   {
     RawClient c(leader.coordinator);  // 1 GiB body announced
     ASSERT_EQ(c.challenge().size(), 32u);
-    c.send(le(0x5A524353, 4) + le(2, 2) + le(0, 2) + le(1u << 30, 4));
+    c.send(le(0x5A524353, 4) + le(3, 2) + le(0, 2) + le(1u << 30, 4));
     std::string reply = c.read_all();
     EXPECT_EQ(refusal_reason(reply), "malformed hello");
     check_reply(reply);
@@ -654,9 +700,9 @@ TEST(RendezvousTest, CheckHelloVerifiesTheMacBeforeTheBody) {
   EXPECT_EQ(check(good + "x").code(), Code::kInvalidArgument);
   // A body whose lengths do not add up, correctly MACed: malformed, found after the MAC.
   std::string body = le(9, 8) + le(2, 4) + le(1, 4) + le(100, 4) + le(1, 4) + "ab";
-  std::string head = le(0x5A524353, 4) + le(2, 2) + le(0, 2) + le(body.size(), 4) + std::string(32, 'n');
+  std::string head = le(0x5A524353, 4) + le(3, 2) + le(0, 2) + le(body.size(), 4) + std::string(32, 'n');
   auth::Mac256 mac = auth::mac256(auth::rendezvous_key(key_of(kSecret)),
-                                  {u8(std::string("sparsecar rendezvous hello v2")), u8(challenge), u8(head), u8(body)});
+                                  {u8(std::string("sparsecar rendezvous hello v3")), u8(challenge), u8(head), u8(body)});
   EXPECT_EQ(check(head + text(mac) + body).code(), Code::kInvalidArgument);
   EXPECT_EQ(check(head + std::string(32, 'm') + body).code(), Code::kPermissionDenied);
 }
