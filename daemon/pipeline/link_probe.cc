@@ -28,7 +28,12 @@ void LinkProbe::reset() {
   retry_at_ = {};
   next_step_ = 0;
   from_step_ = fire_step_ = grid_ = 0;
+  plan_probes_ = 0;
   was_wanted_ = false;
+}
+
+uint64_t LinkProbe::backoff() const {
+  return std::min<uint64_t>(kMaxBackoff, uint64_t{1} << std::min<uint64_t>(plan_probes_, 62));
 }
 
 uint64_t LinkProbe::grid_for(uint64_t waited, uint64_t grid) {
@@ -75,7 +80,12 @@ void LinkProbe::observe_step_time(const StepFacts& f) {
 
 bool LinkProbe::after_step(const StepFacts& f) {
   observe_step_time(f);
-  if (f.received_s > 0 && std::isfinite(f.received_s)) received_ = f.received_s;
+  if (f.received_s > 0 && std::isfinite(f.received_s)) {
+    // The back-off: the link got faster for a probe (half the time: the controller's rise needs a second
+    // such probe): the next one waits the share's time again.
+    if (received_ > 0 && f.received_s <= 0.5 * received_) plan_probes_ = 0;
+    received_ = f.received_s;
+  }
   if (f.ring_probe_s > 0 && std::isfinite(f.ring_probe_s)) {
     if (ring_count_ == ring_recent_.size()) {
       std::rotate(ring_recent_.begin(), ring_recent_.begin() + 1, ring_recent_.end());
@@ -95,6 +105,7 @@ bool LinkProbe::after_step(const StepFacts& f) {
     from_step_ = f.step;
     fire_step_ = grid_ = 0;
     first_of_plan_ = true;
+    plan_probes_ = 0;
     // The first probe keeps to the share as well, by what a probe is expected to take (a ring
     // step lately); one hour at most, whatever that said.
     const double wait = std::min(3600.0, expected_probe_s() / f.share);
@@ -117,7 +128,8 @@ bool LinkProbe::after_step(const StepFacts& f) {
   if (now < retry_at_ || now < start_at_ || f.step < next_step_) return false;
   if (posted_any_) {
     const auto spent = std::chrono::duration_cast<Clock::duration>(
-        std::chrono::duration<double>(std::max({took_, received_, stall_}) / f.share));
+        std::chrono::duration<double>(std::max({took_, received_, stall_}) / f.share *
+                                      static_cast<double>(backoff())));
     if (now < posted_ + std::max<Clock::duration>(spent, kMinProbeInterval)) return false;
   }
   // Due: it goes at the next step of its grid, where the other nodes' probes go too.
@@ -141,6 +153,7 @@ bool LinkProbe::after_step(const StepFacts& f) {
   posted_any_ = true;
   posted_ = now;
   posted_step_ = f.step;
+  ++plan_probes_;
   stall_ = 0;  // until the steps after it say
   took_ = 0;  // until its completion says
   next_step_ = f.step + kMinProbeSteps;

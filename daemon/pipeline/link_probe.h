@@ -35,6 +35,14 @@
 //   the job on their own, W x share in all (2 nodes behind a 200 Mbit/s shaper: 52 us a step,
 //   x1.029, where the share was 2 %; aligned 12 us). The grid spaces probes up to 2x (4x while the
 //   waits shrink) wider than the share asks.
+// - The back-off (2026-12-02): the waits after a sparse plan's probes are 2x, 4x, then 8x
+//   (kMaxBackoff) the share's: each probe that left the plan in force says the link changes
+//   seldom, and each probe risks a rate change since the last one, which makes it dearer than
+//   the share planned (the large real job's probe after a drop from 1 Gbit/s to 50 Mbit/s cost
+//   0.10-0.31 s of a 4-9 s time to the target on each of 8 seeds; top-k's jobs had no such step).
+//   A predecessor's probe received here in half the time of the one before (a rise: the
+//   controller wants a second probe to confirm it) makes the next wait the share's again, and a
+//   new sparse plan starts over.
 // - One probe in flight at a time; a send that fails waits kRetryAfterFailure.
 // Counted in sparsecar_link_probes_total{direction="sent"}, its bytes in wire_bytes_sent_total.
 //
@@ -66,6 +74,7 @@ class LinkProbe {
   static constexpr uint64_t kMinProbeSteps = 10;
   static constexpr uint64_t kStartAfterSteps = 3;
   static constexpr std::chrono::seconds kStartAfter{1};
+  static constexpr uint64_t kMaxBackoff = 8;
 
   // What the step that just finished says about probing.
   struct StepFacts {
@@ -145,6 +154,10 @@ class LinkProbe {
   uint64_t fire_step_ = 0;       // once due, the step of the grid it goes at (0: not due yet)
   uint64_t grid_ = 0;            // the last probe's grid (grid_for; 0: none, or the plan's first probe's)
   bool first_of_plan_ = false;   // the next probe is its sparse plan's first
+  uint64_t plan_probes_ = 0;     // probes of this sparse plan since it started or a rise (the back-off)
+  // The back-off's factor on the wait after the last probe: 2 after a plan's first, then 4, up to
+  // kMaxBackoff; 1 where a rise was seen since it.
+  uint64_t backoff() const;
   bool was_wanted_ = false;
   uint64_t sent_ = 0;
 };

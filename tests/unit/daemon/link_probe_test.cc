@@ -129,7 +129,8 @@ TEST(LinkProbe, TakesAtMostItsShareOfTheTimeOneAtATime) {
     clock.advance(1s);
     EXPECT_FALSE(probe.after_step(sparse_step(step)));
   }
-  // It took 20 s: at a share of 2 % the next may go 1000 s after the first was posted.
+  // It took 20 s: at a share of 2 % 1000 s, and the back-off makes the wait after a plan's first
+  // probe 2x that: the next may go 2000 s after the first was posted.
   net.complete(0);
   // Steps 1 s apart until t, none goes before it; due there, it goes at the next step of the grid
   // of its wait (the clock stands still meanwhile).
@@ -146,9 +147,9 @@ TEST(LinkProbe, TakesAtMostItsShareOfTheTimeOneAtATime) {
     EXPECT_TRUE(probe.after_step(sparse_step(step++))) << "step " << at;
     last = at;
   };
-  wait_until(posted + 1000s);
+  wait_until(posted + 2000s);
   ASSERT_EQ(net.sent.size(), 2u);
-  // A fast one (1 ms) waits the least interval, 250 ms, and 10 steps.
+  // A fast one (1 ms; 4x: 200 ms) waits the least interval, 250 ms, and 10 steps.
   const auto second = clock.now();
   clock.advance(1ms);
   net.complete(1);
@@ -169,12 +170,13 @@ TEST(LinkProbe, TakesAtMostItsShareOfTheTimeOneAtATime) {
   net.complete(2);
   for (int i = 0; i < 20; ++i) EXPECT_FALSE(probe.after_step(sparse_step(step++))) << "the clock stood still";
   // Its send completed at once (its bytes went to the kernel's queues), but the predecessor's probe
-  // of the same size took 100 ms to arrive here: the link's time is that, the next one 5 s after.
+  // of the same size took 100 ms to arrive here: the link's time is that, 5 s by the share; after
+  // the plan's third probe the back-off waits 8x that.
   const auto third = clock.now();
   LinkProbe::StepFacts got = sparse_step(step++);
   got.received_s = 0.1;
   EXPECT_FALSE(probe.after_step(got));
-  wait_until(third + 5s);
+  wait_until(third + 40s);
   EXPECT_EQ(net.sent.size(), 4u);
 }
 
@@ -182,8 +184,9 @@ TEST(LinkProbe, AProbeCostsTheStepsItDelays) {
   // Steps of 20 ms. A probe whose send completes in 1 ms, no probe received: by its own time the
   // next may go 250 ms (kMinProbeInterval) and 10 steps later. If the 2 steps after its post took
   // 90 ms more each than the node's pace (the messages held behind it), it cost 180 ms: at a
-  // share of 2 % the next one waits 9 s. A ring step among them (no probe wanted: the plan moved)
-  // is no stall of it, however long: 90 ms, 4.5 s.
+  // share of 2 % 9 s, and the back-off makes the wait after a plan's first probe 2x that, 18 s. A
+  // ring step among them (no probe wanted: the plan moved) is no stall of it, however long: 90 ms,
+  // 4.5 s (the sparse plan after it is a new one: its back-off starts over).
   struct Case {
     double stall;  // extra seconds on each step after the post that counts
     bool ring;     // the second step after the post runs the ring, 5 s
@@ -218,10 +221,73 @@ TEST(LinkProbe, AProbeCostsTheStepsItDelays) {
     if (c.cost == 0) {
       EXPECT_LT(waited, 1.0) << "250 ms and 10 steps, then its grid";
     } else {
-      EXPECT_GE(waited, c.cost / 0.02) << "the stall / the share";
-      EXPECT_LT(waited, 2 * c.cost / 0.02 + 6) << "on the grid of its wait: at most twice it (and a ring step)";
+      // x2 after a plan's first probe; a ring step between starts a new plan, whose back-off starts over.
+      const double backoff = c.ring ? 1 : 2;
+      EXPECT_GE(waited, backoff * c.cost / 0.02) << "the stall / the share, x" << backoff;
+      EXPECT_LT(waited, 2 * backoff * c.cost / 0.02 + 6) << "on the grid of its wait: at most twice it (and a ring step)";
     }
   }
+}
+
+// The back-off: the waits after a plan's probes grow 2x, 4x, then 8x the share's; a
+// predecessor's probe received in half the time of the one before (a rise) makes the next wait
+// the share's again, and so does a new sparse plan. Steps of 10 ms; every probe's send completes
+// in 1 ms and the predecessor's (the same steps: the grid) arrives in 10 ms, the step after it:
+// by the share alone each would wait 10 ms / 2 % = 0.5 s.
+TEST(LinkProbe, TheWaitsBackOffUpToEightTimesTheSharesAndARiseOrANewPlanStartsOver) {
+  FakeClock clock;
+  RecordingTransport net(0, 2);
+  LinkProbe probe(0, kJob, &net, nullptr, clock);
+  uint64_t step = 0;
+  double next_received = 0;  // what the predecessor's probe of this step took, timed here
+  std::vector<std::chrono::steady_clock::time_point> posts;
+  const auto run_until_sent = [&](double received_s, bool wanted = true) {
+    const size_t before = net.sent.size();
+    for (int i = 0; i < 100'000 && net.sent.size() == before; ++i) {
+      LinkProbe::StepFacts f = sparse_step(step++);
+      f.wanted = wanted;
+      f.received_s = std::exchange(next_received, 0);
+      clock.advance(10ms);
+      if (probe.after_step(f)) {
+        posts.push_back(clock.now());
+        clock.advance(1ms);
+        net.complete(net.sent.size() - 1);
+        next_received = received_s;
+      }
+      if (!wanted) return;
+    }
+  };
+  const auto waited = [&](size_t i) { return std::chrono::duration<double>(posts.at(i) - posts.at(i - 1)).count(); };
+  for (int i = 0; i < 7; ++i) run_until_sent(0.010);
+  ASSERT_EQ(posts.size(), 7u);
+  // The waits after probes 1 .. 6: 0.5 s x 2, 4, 8, 8, 8, 8; once due, the next step of the grid
+  // of its wait (less than twice the wait past it).
+  const double factor[] = {0, 2, 4, 8, 8, 8, 8};
+  for (size_t i = 1; i < posts.size(); ++i) {
+    SCOPED_TRACE("the wait after probe " + std::to_string(i));
+    EXPECT_GE(waited(i), 0.5 * factor[i]);
+    EXPECT_LT(waited(i), 3 * 0.5 * factor[i]);
+  }
+  // A rise: the predecessor's probe after the 8th took 4 ms (<= half of the 10 ms before): the
+  // wait after the 8th (for the probe that confirms it) is the share's again, 4 ms / 2 % = 0.2 s,
+  // at least 250 ms; then 2x, 4x.
+  run_until_sent(0.004);  // the 8th, after the 7th's 8x wait
+  run_until_sent(0.004);
+  run_until_sent(0.004);
+  run_until_sent(0.004);
+  ASSERT_EQ(posts.size(), 11u);
+  EXPECT_GE(waited(7), 0.5 * 8) << "before the rise was seen";
+  EXPECT_LT(waited(8), 0.75) << "the share's wait (8x: 1.6 s)";
+  EXPECT_GE(waited(9), 0.2 * 2) << "then 2x";
+  EXPECT_GE(waited(10), 0.2 * 4) << "and 4x";
+  // A new plan (a dense step between) starts over: its first probe waits kStartAfter, the one
+  // after it 2x the share's time (from the 10th on, 8x: 1.6 s).
+  run_until_sent(0.004, /*wanted=*/false);
+  run_until_sent(0.004);
+  run_until_sent(0.004);
+  ASSERT_EQ(posts.size(), 13u);
+  EXPECT_GE(waited(11), 1.0) << "kStartAfter into the new plan";
+  EXPECT_LT(waited(12), 3 * 0.4) << "the new plan's second probe: 2x the share's wait (8x: 1.6 s)";
 }
 
 TEST(LinkProbe, NoProbeUnlessASparsePlanRunsWithTheRingACandidate) {
@@ -396,7 +462,10 @@ TEST(LinkProbe, TheNodesProbesGoAtTheSameSteps) {
   constexpr auto kStep = 3500us;
   constexpr uint64_t kSteps = 60'000;   // 210 s
   for (uint64_t step = 0; step < kSteps; ++step, clock.advance(kStep)) {
-    const double d = step < kSteps / 2 ? 0.010 : 0.032;  // a slower link half way
+    // A slower link half way. 6.5 ms: the waits after the first probes (x2, x4, x8 the share's: 186,
+    // 371, 743 steps, +-20 % by the noise) stay clear of a power of two, so that on the steady
+    // first half both nodes grow the same grids.
+    const double d = step < kSteps / 2 ? 0.0065 : 0.032;
     LinkProbe::StepFacts fa = sparse_step(step), fb = sparse_step(step);
     fa.received_s = std::exchange(took_b, 0);  // b's probe, timed at a
     fb.received_s = std::exchange(took_a, 0);
@@ -423,14 +492,17 @@ TEST(LinkProbe, TheNodesProbesGoAtTheSameSteps) {
   EXPECT_EQ(before(steps_a, kSteps / 2), before(steps_b, kSteps / 2));
   ASSERT_GE(steps_a.size(), 3u);
   EXPECT_EQ(steps_a[0], 512u) << "the first waits 1 s (286 steps): on the grid of 512";
-  EXPECT_EQ(steps_a[2] - steps_a[1], 256u) << "10 ms / 2 % = 0.5 s (143 steps): a grid of its own, 256";
+  EXPECT_EQ(steps_a[1] - steps_a[0], 256u) << "6.5 ms / 2 % x2 = 0.65 s (186 steps): a grid of its own, 256";
+  EXPECT_GE(steps_a[2] - steps_a[1], 297u) << "x4 after its second: 371 steps +-20 %";
+  EXPECT_EQ(steps_a[2] % 512, 0u) << "on its grid of 512";
   EXPECT_TRUE(std::includes(steps_a.begin(), steps_a.end(), steps_b.begin(), steps_b.end()) ||
               std::includes(steps_b.begin(), steps_b.end(), steps_a.begin(), steps_a.end()));
   EXPECT_NE(steps_a, steps_b) << "the seed's noise gives a transition (else this test checks less than it says)";
   const double seconds = std::chrono::duration<double>(kStep * kSteps).count();
   for (double link_s : {link_a_s, link_b_s}) {
-    EXPECT_LE(link_s / seconds, 0.02 * 1.3) << "its share, within the noise of the other's timing";
-    EXPECT_GE(link_s / seconds, 0.02 / 3) << "at least a third of it";
+    // After a plan's first probes the back-off waits 8x the share's time (and a grid up to 2x).
+    EXPECT_LE(link_s / seconds, 0.02 / LinkProbe::kMaxBackoff * 1.3) << "an eighth of its share, within the noise";
+    EXPECT_GE(link_s / seconds, 0.02 / LinkProbe::kMaxBackoff / 3) << "at least a third of that";
   }
 }
 
