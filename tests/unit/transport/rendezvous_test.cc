@@ -173,6 +173,22 @@ class RawClient {
   bool connected_ = false;
 };
 
+// A listening socket on a free loopback port, for a test that plays rank 0 by hand; -1 on failure.
+int listen_on_loopback(std::string* coordinator) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, 4) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    if (fd >= 0) ::close(fd);
+    return -1;
+  }
+  *coordinator = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  return fd;
+}
+
 // A hello by the spec (RENDEZVOUS.md), MACed with `secret`'s rendezvous key over `challenge`.
 std::string make_hello(const std::string& challenge, const char* secret, uint64_t job, uint32_t world, uint32_t rank,
                        const std::string& address = "forged-address", const std::string& nonce = std::string(32, 'n')) {
@@ -417,15 +433,10 @@ TEST(RendezvousTest, AV2RankIsRefusedBeforeTheJobForms) {
   finish_with_rank_one(leader, job);
 
   // A v3 joiner of a v2 rank 0 (a fake that sends v2's challenge) stops at once, naming both.
-  int listener = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  ASSERT_EQ(::listen(listener, 4), 0);
-  socklen_t len = sizeof a;
-  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len), 0);
-  auto joiner = start_rank(1, 2, job, "127.0.0.1:" + std::to_string(ntohs(a.sin_port)), 10s);
+  std::string coordinator;
+  const int listener = listen_on_loopback(&coordinator);
+  ASSERT_GE(listener, 0);
+  auto joiner = start_rank(1, 2, job, coordinator, 10s);
   pollfd p{listener, POLLIN, 0};
   ASSERT_EQ(::poll(&p, 1, 10000), 1);
   const int c = ::accept(listener, nullptr, nullptr);
@@ -445,15 +456,9 @@ TEST(RendezvousTest, AV2RankIsRefusedBeforeTheJobForms) {
 // A fake rank 0 that does not hold the secret cannot hand a joiner its table: the joiner checks
 // the welcome's MAC and refuses it. The fake speaks the spec with its own key.
 TEST(RendezvousTest, FakeRankZeroWithAnotherSecretIsRefusedByTheJoiner) {
-  int listener = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  ASSERT_EQ(::listen(listener, 4), 0);
-  socklen_t len = sizeof a;
-  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len), 0);
-  const std::string coordinator = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  std::string coordinator;
+  const int listener = listen_on_loopback(&coordinator);
+  ASSERT_GE(listener, 0);
 
   auto joiner = start_rank(1, 2, 41, coordinator, 10s);
   auto fake = std::async(std::launch::async, [listener] {
