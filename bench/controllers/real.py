@@ -272,7 +272,7 @@ def run_job(args, link, model, dargs, changes, setting):
             e = ddp_digits.summarize(dargs, ranks, entry["job_wall_s"])["methods"][trainer_method]
             entry.update({"final_accuracy": e["accuracy"], "train_seconds": e["wall_seconds"],
                           "counted_bytes": e["bytes"], "ranks_identical": e["ranks_identical"]})
-            for k in ("density_measured", "hook_mode", "hook_failure", "compute_seconds"):
+            for k in ("density_measured", "hook_mode", "hook_failure", "compute_seconds", "compute_parts"):
                 if k in e:
                     entry[k] = e[k]
             if e.get("hook_dense_timing"):  # as the hook reported it to the daemon (_start_timing)
@@ -694,7 +694,8 @@ def print_seeds(model, pname, seeds):
     # paired (where the compute moved as much as the pace, the host's noise explains the pace).
     for s in [x for x in settings if x in STATIC] if "adaptive" in settings else []:
         for what, value in (("median step after step 20", rm.median_step_s),
-                            ("trainers' compute (their median)", rm.compute_median_s)):
+                            ("trainers' compute (their median)", rm.compute_median_s),
+                            *((f"trainers' {part}", rm.compute_part(part)) for part in rm.COMPUTE_PARTS)):
             ratios = rm.paired_values(runs, "adaptive", s, value)
             iv = rm.paired_interval(ratios)
             if iv is not None:

@@ -357,6 +357,22 @@ def compute_median_s(entry):
     return v if isinstance(v, (int, float)) and v > 0 else None
 
 
+# What ddp_digits.py's --report-compute-time splits a trainer's step into (compute_parts; rank
+# 0's): its medians of forward, backward and the optimizer, and what its training thread waited
+# for a CPU per step (/proc's schedstat).
+COMPUTE_PARTS = ("forward", "backward", "optimizer", "cpu_wait_per_step")
+
+
+def compute_part(part):
+    """A function of a job's entry: its trainers' compute_parts[part] (s), None where not reported
+    or not positive."""
+    def value(entry):
+        c = entry.get("compute_parts")
+        v = c.get(part) if isinstance(c, dict) else None
+        return v if isinstance(v, (int, float)) and v > 0 else None
+    return value
+
+
 def paired_values(runs, setting, baseline, value):
     """Per seed (in seed order) value(setting's job) / value(baseline's job), where both are known:
     e.g. median_step_s or compute_median_s, to tell the host's noise (the trainers' own compute

@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import sys
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -92,6 +93,35 @@ def load_shard(args, rank, world, np):
 # ---------------------------------------------------------------------------------------------
 # trainer side
 # ---------------------------------------------------------------------------------------------
+def _sched_now():
+    """(on-CPU ns, ns runnable but waiting for a CPU, involuntary context switches) of this
+    thread so far, from /proc (Linux); None where it cannot be read."""
+    try:
+        with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as f:
+            on_cpu, delay, _ = (int(x) for x in f.read().split())
+        with open(f"/proc/self/task/{threading.get_native_id()}/status") as f:
+            invol = next(int(line.split()[1]) for line in f if line.startswith("nonvoluntary_ctxt_switches"))
+        return on_cpu, delay, invol
+    except (OSError, ValueError, StopIteration):
+        return None
+
+
+def _compute_parts(parts, sched0, sched1, steps):
+    """The parts of --report-compute-time's compute (medians over the steps, s) and, from
+    /proc, what the training thread ran and waited for a CPU per step over the loop (s): where a
+    setting's trainers compute slower, a longer wait for a CPU says another thread took their
+    CPU; the same wait with slower parts says the CPU ran them slower (caches, clock)."""
+    def median(v):
+        v = sorted(v)
+        return v[len(v) // 2] if v else None
+    out = {name: median([p[i] for p in parts]) for i, name in enumerate(("forward", "backward", "optimizer"))}
+    if sched0 is not None and sched1 is not None and steps:
+        out["on_cpu_per_step"] = (sched1[0] - sched0[0]) / 1e9 / steps
+        out["cpu_wait_per_step"] = (sched1[1] - sched0[1]) / 1e9 / steps
+        out["involuntary_switches_per_step"] = (sched1[2] - sched0[2]) / steps
+    return out
+
+
 def trainer(args):
     import numpy as np
     import torch
@@ -158,6 +188,7 @@ def trainer(args):
         curve = []         # --eval-every: [steps done, training seconds so far, test accuracy]
         eval_s = 0.0       # time spent evaluating, kept out of the training clock
         compute = []       # --report-compute-time: this rank's compute seconds per step
+        parts = []         # and its parts: [forward, backward to the first layer's gradient, optimizer] (s)
         grad_ready = [0.0]
         timing = None
         if args.report_compute_time:
@@ -168,18 +199,23 @@ def trainer(args):
         it = batches()
         dist.barrier()
         t0 = time.monotonic()
+        sched0 = _sched_now() if timing is not None else None
         progress = _Progress(args.progress, t0) if args.progress and rank == 0 else None
         for step in range(args.steps):
             ts = time.monotonic()
             idx = next(it)
             opt.zero_grad(set_to_none=True)
-            loss = torch.nn.functional.cross_entropy(model(xs[idx]), ys[idx])
+            out = model(xs[idx])
+            tf = time.monotonic()
+            loss = torch.nn.functional.cross_entropy(out, ys[idx])
             loss.backward()
             tb = time.monotonic()
             opt.step()
             if timing is not None:
-                c = (grad_ready[0] - ts) + (time.monotonic() - tb)
+                to = time.monotonic() - tb
+                c = (grad_ready[0] - ts) + to
                 compute.append(c)
+                parts.append((tf - ts, grad_ready[0] - tf, to))
                 if hook_state is not None:
                     hook_state.report_metric("compute_time", c)
             if hook_state is not None:
@@ -198,6 +234,7 @@ def trainer(args):
                     progress.eval(curve[-1])
         if progress is not None:
             progress.close()
+        sched1 = _sched_now() if sched0 is not None else None
         dist.barrier()
         wall = time.monotonic() - t0 - eval_s
         if timing is not None:
@@ -215,6 +252,7 @@ def trainer(args):
         if compute:
             cs = sorted(compute)
             entry["compute_seconds"] = {"mean": sum(cs) / len(cs), "median": cs[len(cs) // 2]}
+            entry["compute_parts"] = _compute_parts(parts, sched0, sched1, len(compute))
         if hook_state is not None:
             entry["hook"] = {k: int(v) for k, v in hook_state.stats.items()}
             entry["hook_mode"] = hook_state.mode
@@ -387,7 +425,7 @@ def summarize(args, ranks, total_wall):
                                **detail)
         if "max_abs_diff_vs_dense" in e:
             s["methods"][m]["max_abs_diff_vs_dense"] = e["max_abs_diff_vs_dense"]
-        for k in ("curve", "compute_seconds"):  # --eval-every / --report-compute-time (rank 0's)
+        for k in ("curve", "compute_seconds", "compute_parts"):  # --eval-every / --report-compute-time (rank 0's)
             if k in e:
                 s["methods"][m][k] = e[k]
     return s

@@ -199,6 +199,12 @@ def test_a_jobs_pace_is_its_median_step_after_the_first_ones_and_seeds_pair_by_v
             "3": {"adaptive": job}}                           # seed 3: no top-k job
     got = rm.paired_values(runs, "adaptive", "topk0.5", rm.compute_median_s)
     assert [round(x, 9) for x in got] == [0.8, 1.25]           # seeds 1, 2 in order
+    # The parts of a trainer's compute pair the same way; a part not reported (or 0) is none.
+    parts = dict(job, compute_parts={"forward": 0.002, "backward": 0.004, "cpu_wait_per_step": 0.0})
+    assert rm.compute_part("backward")(parts) == 0.004
+    assert rm.compute_part("cpu_wait_per_step")(parts) is None and rm.compute_part("forward")(job) is None
+    runs = {"1": {"adaptive": dict(parts, compute_parts={"forward": 0.003}), "topk0.5": parts}}
+    assert rm.paired_values(runs, "adaptive", "topk0.5", rm.compute_part("forward")) == [1.5]
 
 
 def test_the_paired_interval_is_students_t_on_the_logs_of_the_ratios():
