@@ -403,10 +403,12 @@ class StepController final : public Controller {
   // sparse step has run and neither the daemon's work nor the hook's copies are measured yet: a
   // sparse step is priced at kStartSparseFactor (3) times the dense step without its exchange
   // wait (its "rest": the trainer's compute and what the hook does around it). On the 2-core box a
-  // sparse step took 8.5-9 ms where the rest was 2.5-3.3 ms; with step_warmup_cut 3 the trainer's
-  // dense step measured 65-84 ms (11-22x its rest) at 50 Mbit/s, 21-27 ms (4-9x) at 200 Mbit/s,
-  // 11-16 ms at 500 Mbit/s and 1 Gbit/s: the cut is made at the first only. The ring's record
-  // starts from the hint (a whole step: the overhead it already holds is priced twice, against
+  // sparse step took 8.5-9 ms where the rest was 2.5-3.3 ms; the trainer's dense step measured
+  // 65-84 ms (11-22x its rest) at 50 Mbit/s, 21-27 ms (4-9x) at 200 Mbit/s, 11-16 ms at 500
+  // Mbit/s and 1 Gbit/s: with step_warmup_cut 3 the cut was made at the first only (2 since
+  // 2026-12-02: at 200 Mbit/s where over 6x, and the large model's ring at 1 Gbit/s on a lent
+  // machine's 16 cores, 1.8-2.6 sparse steps that saved none). The ring's record starts from the
+  // hint (a whole step: the overhead it already holds is priced twice, against
   // the ring; set only on a cut), so the first answer after the cut weighs a measured ring, not a
   // model of it.
   Status before_start(const ControlContext& ctx, const StartHint& h, ControlKnobs* knobs) override {

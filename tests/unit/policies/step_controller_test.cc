@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -889,7 +890,7 @@ TEST(StepController, AFirstAnswerToKeepTheSparsePlanIsNotReopenedByADriftLater) 
 }
 
 // v6: a long dense warm-up (the early dense steps are worth more than later ones) is ended early
-// where a ring step costs more than step_warmup_cut (3) sparse steps.
+// where a ring step costs more than step_warmup_cut (2) sparse steps.
 TEST(StepController, ADenseWarmUpOnASlowLinkEndsOnceTheRingIsMeasured) {
   // 85 k parameters at 50 Mbit/s, 10 ms of overhead a step, warm-up 100: the ring (2 x 170 KB)
   // costs several sparse steps. The ring's record is trusted after step 5 (3 start-up steps, 3
@@ -923,11 +924,12 @@ TEST(StepController, ADenseWarmUpOnASlowLinkEndsOnceTheRingIsMeasured) {
 }
 
 TEST(StepController, ADenseWarmUpWhereTheRingCostsLessThanTheCutRunsToItsEnd) {
-  // The same job at a rate where a ring step costs ~2 sparse steps: the warm-up runs its 100
-  // steps (no decision), then the first answer keeps the operator's sparse plan (worth 1.3).
+  // The same job at a rate where a ring step costs ~1.6 sparse steps (above step_dense_worth 1.3,
+  // below the cut's 2): the warm-up runs its 100 steps (no decision), then the first answer keeps
+  // the operator's sparse plan (worth 1.3).
   Plant plant = small_model(0.005);
   plant.noise = 0.02;
-  const double beta = rate_where_ring_is(plant, 1.9, 2.1, [&](double b) { return plant.true_price(false, 0.001, b); });
+  const double beta = rate_where_ring_is(plant, 1.5, 1.7, [&](double b) { return plant.true_price(false, 0.001, b); });
   ASSERT_GT(beta, 0.0);
   const auto r = run_profile(plant, 0.001, 200, [&](uint64_t) { return beta; }, 1.3, true, 3, /*warmup=*/100);
   EXPECT_EQ(r.decisions.size(), 0u) << "first decision at step " << (r.decisions.empty() ? 0 : r.decisions[0]);
@@ -943,7 +945,7 @@ TEST(StepController, ADropDuringTheDenseWarmUpEndsIt) {
   // 3), and the cut follows at once: at step 51.
   Plant plant = small_model(0.005);
   plant.noise = 0.02;
-  ASSERT_LT(plant.true_price(true, 1, kRate1G), 3 * plant.true_price(false, 0.001, kRate1G));
+  ASSERT_LT(plant.true_price(true, 1, kRate1G), 2 * plant.true_price(false, 0.001, kRate1G));
   ASSERT_GT(plant.true_price(true, 1, kRate50M), 4 * plant.true_price(true, 1, kRate1G)) << "a far drop";
   const auto r = run_profile(plant, 0.001, 200, [](uint64_t s) { return s < 50 ? kRate1G : kRate50M; }, 1.3, true, 3,
                              /*warmup=*/100);
@@ -964,7 +966,7 @@ TEST(StepController, OneSlowRingStepIsNoRateChange) {
   plant.noise = 0.02;
   plant.spike_every = 20;
   plant.spike = 8.0;
-  ASSERT_LT(plant.true_price(true, 1, kRate1G), 3 * plant.true_price(false, 0.001, kRate1G));
+  ASSERT_LT(plant.true_price(true, 1, kRate1G), 2 * plant.true_price(false, 0.001, kRate1G));
   const auto r = run_profile(plant, 0.001, 150, [](uint64_t) { return kRate1G; }, 1.3, true, 3, /*warmup=*/100);
   EXPECT_EQ(decisions_in(r, 0, 100), 0u) << r.status.last_reason;
   EXPECT_EQ(r.in_force[99].schedule_warmup_steps, 100u);
@@ -973,7 +975,7 @@ TEST(StepController, OneSlowRingStepIsNoRateChange) {
 
 // v8: before the first step, the trainer's own dense steps (the DDP hook's, through
 // torch.distributed over the same link: StartHint) price the ring; the warm-up is cut before it
-// starts where that step costs more than step_warmup_cut (3) sparse steps, a sparse step priced
+// starts where that step costs more than step_warmup_cut (2) sparse steps, a sparse step priced
 // at 3x the dense step's rest (its time without the exchange wait). The daemons' first step is 2
 // (the hook ran 0 and 1); the schedule's warm-up is 6 steps (the default).
 struct StartRun {
@@ -982,13 +984,14 @@ struct StartRun {
 };
 template <class Profile>
 StartRun run_with_hint(Plant& plant, uint64_t steps, Profile profile, uint64_t warmup = 6, uint64_t kFirst = 2,
-                       double density = 0.005) {
+                       double density = 0.005, std::optional<double> warmup_cut = std::nullopt) {
   ControlKnobs base;
   base.density = density;
   base.schedule_warmup_steps = warmup;
   ControllerSettings settings = step_settings(plant.world, 1.3);
   settings.active |= bit(ControllerKind::kSchedule);
   settings.schedule_warmup_steps = warmup;
+  if (warmup_cut) settings.step.warmup_cut = *warmup_cut;
   if (plant.trainers_reduce) settings.dense_collective = Collective::kTrainerAllReduce;
   FakeJob job(settings, base);
   // The hook's dense step: the trainer's compute and the ring's exchange (no daemon, no copies);
@@ -1092,10 +1095,15 @@ TEST(StepController, AVoidOnASteadyLinkLeavesTheTrainersRingAsDearAsItMeasured) 
     ASSERT_LT(1.3 * plant.true_price(false, 0.005, rate200M), plant.true_price(true, 1, rate200M)) << wait;
   }
   plant.sparse_hidden = 0;
-  const auto r = run_with_hint(plant, 300, [&](uint64_t s) {
-    plant.sparse_hidden = s >= 60 && s < 72 ? 0.008 : 0.0;
-    return rate200M;
-  });
+  // The warm-up runs (the cut at 3 sparse steps, as when this was found; 2, the default since
+  // 2026-12-02, cuts this ring of 2.6 before it starts): its ring steps and the void are the case.
+  const auto r = run_with_hint(
+      plant, 300,
+      [&](uint64_t s) {
+        plant.sparse_hidden = s >= 60 && s < 72 ? 0.008 : 0.0;
+        return rate200M;
+      },
+      6, 2, 0.005, /*warmup_cut=*/3.0);
   // The ring's record (the hint's, listed first) is gone: the wait voided it, else this tests nothing.
   EXPECT_NE(r.run.status.step_model.find("measured: density"), std::string::npos) << r.run.status.step_model;
   EXPECT_TRUE(r.run.decisions.empty()) << "a decision at step " << r.run.decisions.front() << ": "
@@ -1201,7 +1209,9 @@ TEST(StepController, MessagesQueuedBehindTheTrainersRingDoNotPriceTheSparsePlan)
   plant.trainer_ring = 0.077;
   plant.queued_behind_trainers = 0.04;
   ASSERT_LT(1.3 * plant.true_price(false, 0.005, kRate1G), plant.true_price(true, 1, kRate1G)) << "sparse is cheaper";
-  const auto r = run_with_hint(plant, 120, [](uint64_t) { return kRate1G; });
+  // The warm-up on the trainers' ring runs (the cut at 3 sparse steps, as when this was found; 2,
+  // the default since 2026-12-02, cuts this ring of 2.9 before it starts): its samples are the case.
+  const auto r = run_with_hint(plant, 120, [](uint64_t) { return kRate1G; }, 6, 2, 0.005, /*warmup_cut=*/3.0);
   EXPECT_FALSE(r.at_start.has_value()) << "the hook's dense step is under 3x its rest's sparse price: no cut";
   for (uint64_t s = 6; s < 120; ++s) {
     EXPECT_TRUE(r.run.in_force[s - 2].compression) << "step " << s << " ran the trainers' ring: "
@@ -1211,7 +1221,7 @@ TEST(StepController, MessagesQueuedBehindTheTrainersRingDoNotPriceTheSparsePlan)
 }
 
 TEST(StepController, TheTrainersDenseStepsOnAFasterLinkLeaveTheWarmUp) {
-  // 1 Gbit/s and 200 Mbit/s: the hook's dense step is 2-6x its rest, under the 9x that cuts; the
+  // 1 Gbit/s and 200 Mbit/s: the hook's dense step is under 6x its rest (the cut: 2 sparse steps of 3x the rest); the
   // warm-up runs to step 6 (the in-job cut does not fire either), and the cheapest plan follows.
   for (const double beta : {kRate1G, 1.0 / 25e6}) {
     Plant plant = small_real_job();

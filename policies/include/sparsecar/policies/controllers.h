@@ -115,9 +115,13 @@ struct StepSettings {
                                // of sparse plans; 1 = step time alone). 1.3 since step v5's
                                // Fashion-MNIST runs (docs/controllers.md, "A job the controllers
                                // were not tuned on"); 2 before
-  double warmup_cut = 3.0;     // v6: the schedule's dense warm-up ends early once a ring step costs
+  double warmup_cut = 2.0;     // v6: the schedule's dense warm-up ends early once a ring step costs
                                // more than this many sparse steps of the density asked for (v8:
-                               // also before it starts, on the trainer's StartHint)
+                               // also before it starts, on the trainer's StartHint). 2 since
+                               // 2026-12-02: the most an early dense step was worth on any job
+                               // here (the small digits MLP); 3 before, which ran the large
+                               // model's ring at 1.8-2.6 sparse steps for nothing
+                               // (docs/controllers.md, "The warm-up's cut at 2")
   bool operator==(const StepSettings&) const = default;
 };
 struct AccuracySettings {
