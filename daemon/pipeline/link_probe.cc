@@ -24,7 +24,8 @@ void LinkProbe::reset() {
   pace_count_ = pace_at_ = 0;
   posted_step_ = 0;
   stall_ = 0;
-  ring_count_ = 0;
+  ring_count_ = ring_step_count_ = 0;
+  dense_worth_ = 1.0;
   retry_at_ = {};
   next_step_ = 0;
   from_step_ = fire_step_ = grid_ = 0;
@@ -48,14 +49,35 @@ uint64_t LinkProbe::next_on_grid(uint64_t due, uint64_t grid) {
   return due + (grid - due % grid);
 }
 
-double LinkProbe::expected_probe_s() const {
-  const std::array<double, 3>& v = ring_recent_;
-  switch (ring_count_) {
+namespace {
+
+// Of the last three values (oldest first; `n` of them known): the median; of two, the shorter.
+double recent_median(const std::array<double, 3>& v, size_t n) {
+  switch (n) {
     case 0: return 0;
     case 1: return v[0];
-    case 2: return std::min(v[0], v[1]);  // of two, the shorter
-    default: return std::max(std::min(v[0], v[1]), std::min(std::max(v[0], v[1]), v[2]));  // the median
+    case 2: return std::min(v[0], v[1]);
+    default: return std::max(std::min(v[0], v[1]), std::min(std::max(v[0], v[1]), v[2]));
   }
+}
+
+// Keeps x as the latest of the last three values.
+void push_recent(std::array<double, 3>& v, size_t& n, double x) {
+  if (n == v.size()) {
+    std::rotate(v.begin(), v.begin() + 1, v.end());
+    --n;
+  }
+  v[n++] = x;
+}
+
+}  // namespace
+
+double LinkProbe::expected_probe_s() const { return recent_median(ring_recent_, ring_count_); }
+
+double LinkProbe::distance() const {
+  const double ring = recent_median(ring_step_recent_, ring_step_count_), sparse = pace() * dense_worth_;
+  if (!(ring > 0) || !(sparse > 0)) return 1;
+  return std::clamp(ring / sparse, 1.0, kMaxDistance);
 }
 
 double LinkProbe::pace() const {
@@ -86,13 +108,9 @@ bool LinkProbe::after_step(const StepFacts& f) {
     if (received_ > 0 && f.received_s <= 0.5 * received_) plan_probes_ = 0;
     received_ = f.received_s;
   }
-  if (f.ring_probe_s > 0 && std::isfinite(f.ring_probe_s)) {
-    if (ring_count_ == ring_recent_.size()) {
-      std::rotate(ring_recent_.begin(), ring_recent_.begin() + 1, ring_recent_.end());
-      --ring_count_;
-    }
-    ring_recent_[ring_count_++] = f.ring_probe_s;
-  }
+  if (f.ring_probe_s > 0 && std::isfinite(f.ring_probe_s)) push_recent(ring_recent_, ring_count_, f.ring_probe_s);
+  if (f.ring_step_s > 0 && std::isfinite(f.ring_step_s)) push_recent(ring_step_recent_, ring_step_count_, f.ring_step_s);
+  if (f.dense_worth >= 1 && std::isfinite(f.dense_worth)) dense_worth_ = f.dense_worth;
   const bool wanted = f.wanted && f.share > 0 && f.share <= 1 && f.payload_bytes > 0 &&
                       f.payload_bytes <= wire::kMaxProbePayloadBytes && transport_ != nullptr &&
                       transport_->world_size() > 1;
@@ -106,12 +124,7 @@ bool LinkProbe::after_step(const StepFacts& f) {
     fire_step_ = grid_ = 0;
     first_of_plan_ = true;
     plan_probes_ = 0;
-    // The first probe keeps to the share as well, by what a probe is expected to take (a ring
-    // step lately); one hour at most, whatever that said.
-    const double wait = std::min(3600.0, expected_probe_s() / f.share);
-    start_at_ = clock_.now() + std::max<Clock::duration>(
-                                   kStartAfter, std::chrono::duration_cast<Clock::duration>(
-                                                    std::chrono::duration<double>(wait)));
+    plan_start_ = clock_.now();
   }
   was_wanted_ = true;
   Shared& s = *shared_;
@@ -125,11 +138,18 @@ bool LinkProbe::after_step(const StepFacts& f) {
     }
   }
   const Clock::time_point now = clock_.now();
-  if (now < retry_at_ || now < start_at_ || f.step < next_step_) return false;
+  if (now < retry_at_ || f.step < next_step_) return false;
+  // The first probe keeps to the share as well, by what a probe is expected to take (a ring
+  // step lately), times the ring's distance; one hour at most, whatever that said.
+  const double wait = std::min(3600.0, expected_probe_s() / f.share * distance());
+  if (now < plan_start_ + std::max<Clock::duration>(kStartAfter, std::chrono::duration_cast<Clock::duration>(
+                                                                     std::chrono::duration<double>(wait)))) {
+    return false;
+  }
   if (posted_any_) {
     const auto spent = std::chrono::duration_cast<Clock::duration>(
-        std::chrono::duration<double>(std::max({took_, received_, stall_}) / f.share *
-                                      static_cast<double>(backoff())));
+        std::chrono::duration<double>(std::min(3600.0, std::max({took_, received_, stall_}) / f.share *
+                                                           static_cast<double>(backoff()) * distance())));
     if (now < posted_ + std::max<Clock::duration>(spent, kMinProbeInterval)) return false;
   }
   // Due: it goes at the next step of its grid, where the other nodes' probes go too.

@@ -43,6 +43,16 @@
 //   A predecessor's probe received here in half the time of the one before (a rise: the
 //   controller wants a second probe to confirm it) makes the next wait the share's again, and a
 //   new sparse plan starts over.
+// - The ring's distance (2026-12-02): every wait, the first's too, is also times how much dearer
+//   than the sparse plan's priced step a ring step was when it last ran here (its whole step, the
+//   median of the last three: the daemons' ring steps' periods, or the trainers' dense iterations
+//   before the first step; over this node's pace times step_dense_worth), from 1 to
+//   kMaxDistance: a ring 2x the sparse price needs a link ~2x faster (more: its own work does not
+//   shrink) before a probe can find it cheaper, and the further the ring is, the less likely a
+//   rise brings it within reach before the next probe. The large real job's ring at 1 Gbit/s
+//   was ~2x its sparse price (its probes 2x apart), at 50 Mbit/s ~30x (8x); the small job's at 1
+//   Gbit/s within it (1x). The nodes run the same steps, so their distances are alike and so are
+//   their grids.
 // - One probe in flight at a time; a send that fails waits kRetryAfterFailure.
 // Counted in sparsecar_link_probes_total{direction="sent"}, its bytes in wire_bytes_sent_total.
 //
@@ -75,6 +85,7 @@ class LinkProbe {
   static constexpr uint64_t kStartAfterSteps = 3;
   static constexpr std::chrono::seconds kStartAfter{1};
   static constexpr uint64_t kMaxBackoff = 8;
+  static constexpr double kMaxDistance = 8;  // the most the ring's distance stretches a wait
 
   // What the step that just finished says about probing.
   struct StepFacts {
@@ -93,6 +104,10 @@ class LinkProbe {
     double ring_probe_s = 0;
     // The step's wall time on this node (the period between two steps finishing; s), 0 unknown.
     double step_s = 0;
+    // A ring step's whole time on this node (s), where this step tells it: its period, where it ran
+    // the daemons' ring, or the trainers' dense step before the first step; 0 otherwise.
+    double ring_step_s = 0;
+    double dense_worth = 1.0;  // step_dense_worth: the factor on a sparse step's time in its price
   };
   static constexpr uint64_t kStallSteps = 2;  // the steps after a probe's post that it may delay
   static constexpr size_t kPaceSteps = 15;    // the steps whose median is this node's pace
@@ -139,6 +154,12 @@ class LinkProbe {
   std::array<double, 3> ring_recent_{};
   size_t ring_count_ = 0;
   double expected_probe_s() const;
+  // The last StepFacts::ring_step_s values (s), oldest first, and the last step_dense_worth: the
+  // ring's distance, distance(), in [1, kMaxDistance].
+  std::array<double, 3> ring_step_recent_{};
+  size_t ring_step_count_ = 0;
+  double dense_worth_ = 1.0;
+  double distance() const;
   // This node's pace: the last kPaceSteps step times that no probe delayed (a ring); the last
   // probe's step and what the kStallSteps steps after it took over that pace (s).
   std::array<double, kPaceSteps> pace_{};
@@ -148,7 +169,7 @@ class LinkProbe {
   uint64_t posted_step_ = 0;
   double stall_ = 0;
   Clock::time_point retry_at_{};  // after a failure, the next probe not before this
-  Clock::time_point start_at_{};  // nor before this (kStartAfter into the sparse plan)
+  Clock::time_point plan_start_{};  // nor before kStartAfter (or the expected probe's wait) after this
   uint64_t next_step_ = 0;       // nor before this step
   uint64_t from_step_ = 0;       // the step its wait counts from: the last probe's, or the plan's first
   uint64_t fire_step_ = 0;       // once due, the step of the grid it goes at (0: not due yet)

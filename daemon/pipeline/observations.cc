@@ -245,6 +245,7 @@ void ObservationCollector::on_metric(const std::string& name, double value, uint
     } else if (name == "dense_step_s" && dense_wait_ && dense_wait_->first == step) {
       hint = policies::StartHint{step, value, dense_wait_->second};
       hint_wait_s_ = dense_wait_->second;
+      hint_step_s_ = value;
       dense_wait_.reset();
     }
     if (metrics_.size() < kMaxMetricNames || metrics_.count(name) != 0) metrics_[name] = value;
@@ -263,7 +264,7 @@ void ObservationCollector::on_reset() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     dense_wait_.reset();
-    hint_wait_s_ = 0;
+    hint_wait_s_ = hint_step_s_ = 0;
   }
   if (runner_) runner_->reset();
 }
@@ -404,10 +405,11 @@ void ObservationCollector::finish(const Decision& decision) {
     o.magnitude_elements = 0;
     o.threshold = 0;
   }
-  double hint_wait_s = 0;
+  double hint_wait_s = 0, hint_step_s = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     hint_wait_s = std::exchange(hint_wait_s_, 0.0);
+    hint_step_s = std::exchange(hint_step_s_, 0.0);
     const std::string metric = decision.config ? decision.config->controller_metric : "loss";
     if (auto it = metrics_.find(metric); it != metrics_.end()) {
       o.loss = it->second;
@@ -429,13 +431,14 @@ void ObservationCollector::finish(const Decision& decision) {
       }
     }
   }
-  probe_facts_ = probe_facts(o, decision, hint_wait_s);
+  probe_facts_ = probe_facts(o, decision, hint_wait_s, hint_step_s);
   ++finished_;
   ready_.push_back(std::move(o));
 }
 
 LinkProbe::StepFacts ObservationCollector::probe_facts(const policies::NodeObservation& o,
-                                                       const Decision& decision, double hint_wait_s) const {
+                                                       const Decision& decision, double hint_wait_s,
+                                                       double hint_step_s) const {
   LinkProbe::StepFacts f;
   f.step = o.step;
   f.step_s = o.period_s;  // the steps a probe delays pay for it too (LinkProbe's spacing)
@@ -444,6 +447,7 @@ LinkProbe::StepFacts ObservationCollector::probe_facts(const policies::NodeObser
   const bool sparse = o.elements > 0 && o.nnz < o.elements && o.trainer_elements == 0;
   f.wanted = policies::has(active_, policies::ControllerKind::kStep) && c->step_allow_dense && c->compression && sparse;
   f.share = c->step_probe_share;
+  f.dense_worth = c->step_dense_worth;
   std::vector<uint64_t> elements;
   for (const auto& t : o.tensors) elements.push_back(t.elements);
   const uint32_t w = transport_->world_size();
@@ -451,13 +455,16 @@ LinkProbe::StepFacts ObservationCollector::probe_facts(const policies::NodeObser
   // What a ring step over the link took, scaled to the probe's bytes (of what the ring sends a
   // successor in a step, dense_bytes): this step's, where it ran the daemons' ring, else the
   // trainers' dense iterations before the first step.
+  const bool ring = o.elements > 0 && o.nnz >= o.elements && o.trainer_elements == 0;
   if (o.dense_bytes > 0 && f.payload_bytes > 0) {
     const double scale = std::min(
         1.0, static_cast<double>(f.payload_bytes + wire::kHeaderBytes) / static_cast<double>(o.dense_bytes));
-    const bool ring = o.elements > 0 && o.nnz >= o.elements && o.trainer_elements == 0;
     const double ring_s = ring && o.exchange_s > 0 ? o.exchange_s : hint_wait_s;
     if (ring_s > 0 && std::isfinite(ring_s)) f.ring_probe_s = ring_s * scale;
   }
+  // A ring step's whole time (the probe's spacing by the ring's distance): this one's period, or
+  // the trainers' dense step before the first step.
+  f.ring_step_s = ring && o.period_s > 0 ? o.period_s : hint_step_s;
   for (const auto& l : o.link_samples) {  // the predecessor's probe, as this node's transport timed it
     if (w > 1 && l.peer == (rank_ + w - 1) % w && policies::link_probe_sized(l.bytes, f.payload_bytes)) {
       f.received_s = std::max(f.received_s, l.seconds);

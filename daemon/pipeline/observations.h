@@ -154,10 +154,10 @@ class ObservationCollector final : public StepObserver {
   // record's magnitudes into the current step's.
   void add_magnitudes(const TensorStepRecord& record, const Decision& decision);
   void finish(const Decision& decision);
-  // `hint_wait_s`: the trainers' dense iterations' wait on the all-reduce, reported since the
-  // last step (0: none).
+  // `hint_wait_s`, `hint_step_s`: the trainers' dense iterations' wait on the all-reduce and
+  // their step, reported since the last step (0: none).
   LinkProbe::StepFacts probe_facts(const policies::NodeObservation& o, const Decision& decision,
-                                   double hint_wait_s) const;
+                                   double hint_wait_s, double hint_step_s) const;
   void send_to_rank0(const policies::NodeObservation& o);
 
   const uint32_t rank_;
@@ -186,6 +186,7 @@ class ObservationCollector final : public StepObserver {
   std::map<std::string, double> metrics_;  // guarded by mu_: latest value per name (capped)
   std::optional<std::pair<uint64_t, double>> dense_wait_;  // guarded by mu_: "dense_wait_s" (step, value)
   double hint_wait_s_ = 0;  // guarded by mu_: the last start hint's dense_wait_s, until a step takes it
+  double hint_step_s_ = 0;  // guarded by mu_: and its dense_step_s
 };
 
 }  // namespace sparsecar

@@ -16,6 +16,8 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "daemon/metrics/metrics.h"
@@ -365,6 +367,67 @@ TEST(LinkProbe, AFailedProbeWaitsFiveSecondsAndANewPlanOrJobWaitsItsFirstSteps) 
   EXPECT_FALSE(probe.after_step(sparse_step(2)));
   EXPECT_FALSE(probe.after_step(sparse_step(3)));
   EXPECT_TRUE(probe.after_step(sparse_step(4)));
+}
+
+// The ring's distance: every wait is also times a ring step's whole time over the sparse plan's
+// price (this node's pace times step_dense_worth), from 1 to kMaxDistance (8).
+TEST(LinkProbe, TheRingsDistanceStretchesEveryWait) {
+  // Three ring steps of `ring_step` s (their exchange 10 ms for a probe's bytes: 0.5 s at 2 %),
+  // then sparse steps of 10 ms priced at 12.5 ms (step_dense_worth 1.25); the predecessor's
+  // probe takes 10 ms here, so the wait after a plan's first probe is 10 ms / 2 % x 2 (the
+  // back-off) = 1 s. Returns the seconds from the plan's start to its first probe and from that
+  // one to the second.
+  const auto spacing = [](double ring_step) {
+    FakeClock clock;
+    RecordingTransport net(0, 2);
+    LinkProbe probe(0, kJob, &net, nullptr, clock);
+    uint64_t step = 0;
+    for (int i = 0; i < 3; ++i) {
+      LinkProbe::StepFacts f = sparse_step(step++);
+      f.wanted = false;
+      f.ring_probe_s = 0.010;
+      f.ring_step_s = ring_step;
+      f.step_s = ring_step;
+      EXPECT_FALSE(probe.after_step(f));
+      clock.advance(std::chrono::duration_cast<FakeClock::duration>(std::chrono::duration<double>(ring_step)));
+    }
+    const auto start = clock.now();
+    std::vector<double> at;
+    double received = 0;
+    while (at.size() < 2 && step < 100'000) {
+      clock.advance(10ms);
+      LinkProbe::StepFacts f = sparse_step(step++);
+      f.step_s = 0.010;
+      f.dense_worth = 1.25;
+      f.received_s = std::exchange(received, 0.0);
+      if (probe.after_step(f)) {
+        at.push_back(std::chrono::duration<double>(clock.now() - start).count());
+        net.complete(net.sent.size() - 1);
+        received = 0.010;
+      }
+    }
+    EXPECT_EQ(at.size(), 2u);
+    at.resize(2);
+    return std::pair{at[0], at[1] - at[0]};
+  };
+  // Once due, a probe goes at the next step of its grid: less than twice its wait (+ a step).
+  const auto expect_within = [](double got, double wait, const char* what) {
+    EXPECT_GE(got, wait) << what;
+    EXPECT_LT(got, 2 * wait + 0.011) << what;
+  };
+  // A ring within the sparse price (8 ms, 0.64x): waits as without a distance, kStartAfter (1 s)
+  // for the first (over its 0.5 s share) and 1 s for the second.
+  auto [first, second] = spacing(0.008);
+  expect_within(first, 1.0, "the first probe, distance 1");
+  expect_within(second, 1.0, "the second, distance 1");
+  // A ring of 50 ms, 4x the price: the first's 0.5 s share x 4 = 2 s, the second's 1 s x 4.
+  std::tie(first, second) = spacing(0.050);
+  expect_within(first, 2.0, "the first probe, distance 4");
+  expect_within(second, 4.0, "the second, distance 4");
+  // A ring of 1 s, 80x the price: kMaxDistance, 8.
+  std::tie(first, second) = spacing(1.0);
+  expect_within(first, 0.5 * LinkProbe::kMaxDistance, "the first probe, distance 8 (the most)");
+  expect_within(second, 1.0 * LinkProbe::kMaxDistance, "the second, distance 8");
 }
 
 TEST(LinkProbe, TheFirstProbeWaitsForTheExpectedTimeOverTheShareAndAJobForgetsIt) {
