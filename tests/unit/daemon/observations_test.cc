@@ -518,20 +518,23 @@ TEST(ObservationCollector, AResidualNormThatComesAfterTheResultJoinsItsStepsObse
 // step over the link took lately (the probe's bytes are a ring step's here) / the share, and at
 // least LinkProbe::kStartAfter. What the ring took: the trainers' dense iterations before the
 // first step (their wait on the all-reduce, the DDP hook's start hint), or the daemons' last ring
-// step; neither known: kStartAfter.
+// step; neither known: kStartAfter. Times the ring's distance (LinkProbe): the hint's whole dense
+// step over the sparse steps' price (10 ms a step here, step_dense_worth 1), from 1 to 8.
 TEST(ObservationCollector, TheFirstLinkProbeWaitsForARingStepsTimeOverTheShare) {
   struct Case {
     const char* name;
     double hint_wait_s;   // > 0: the trainers report their dense iterations before step 0
+    double hint_step_s;   // and their whole step
     double ring_exchange_s;  // > 0: step 0 runs the daemons' ring and took this
     std::chrono::milliseconds first;  // the first probe, from the sparse plan's start
   };
   using std::chrono::milliseconds;
   const Case cases[] = {
-      {"a slow link's hint: 80 ms / 2 %", 0.08, 0, milliseconds(4000)},
-      {"a slow ring step: 50 ms / 2 %", 0, 0.05, milliseconds(2500)},
-      {"a fast link's hint: at least 1 s", 0.004, 0, milliseconds(1000)},
-      {"nothing known: 1 s", 0, 0, milliseconds(1000)},
+      {"a slow link's hint: 80 ms / 2 %, its 90 ms step 9x the sparse price: 8x", 0.08, 0.09, 0, milliseconds(32000)},
+      {"a slow link's hint: 30 ms / 2 %, its 40 ms step 4x the sparse price", 0.03, 0.04, 0, milliseconds(6000)},
+      {"a slow ring step: 50 ms / 2 % (its step's period unknown: the job's first)", 0, 0, 0.05, milliseconds(2500)},
+      {"a fast link's hint: 4 ms / 2 % x 1.4, at least 1 s", 0.004, 0.014, 0, milliseconds(1000)},
+      {"nothing known: 1 s", 0, 0, 0, milliseconds(1000)},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -544,6 +547,7 @@ TEST(ObservationCollector, TheFirstLinkProbeWaitsForARingStepsTimeOverTheShare) 
     auto config = std::make_shared<Config>();
     config->controller = "step";
     config->step_probe_share = 0.02;
+    config->step_dense_worth = 1.0;
     Decision decision;
     decision.config = config;
     // One tensor of 65 536 elements over 2 nodes: the ring sends the successor 2 chunks of 32 768
@@ -564,7 +568,7 @@ TEST(ObservationCollector, TheFirstLinkProbeWaitsForARingStepsTimeOverTheShare) 
     uint64_t s = 0;
     if (c.hint_wait_s > 0) {
       collector.on_metric("dense_wait_s", c.hint_wait_s, 0);
-      collector.on_metric("dense_step_s", c.hint_wait_s + 0.01, 0);
+      collector.on_metric("dense_step_s", c.hint_step_s, 0);
     }
     if (c.ring_exchange_s > 0) step(s++, true, c.ring_exchange_s);
     const auto start = clock.now();
