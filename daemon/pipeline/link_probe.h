@@ -50,9 +50,9 @@
 //   kMaxDistance: a ring 2x the sparse price needs a link ~2x faster (more: its own work does not
 //   shrink) before a probe can find it cheaper, and the further the ring is, the less likely a
 //   rise brings it within reach before the next probe. The large real job's ring at 1 Gbit/s
-//   was ~2x its sparse price (its probes 2x apart), at 50 Mbit/s ~30x (8x); the small job's at 1
-//   Gbit/s within it (1x). The nodes run the same steps, so their distances are alike and so are
-//   their grids.
+//   was ~2x its sparse price (its probes 2x apart), on the box at 50 Mbit/s ~12x (8x); the small
+//   job's at 1 Gbit/s within it (1x). The nodes run the same steps, so their distances are alike
+//   and so are their grids.
 // - One probe in flight at a time; a send that fails waits kRetryAfterFailure.
 // Counted in sparsecar_link_probes_total{direction="sent"}, its bytes in wire_bytes_sent_total.
 //
