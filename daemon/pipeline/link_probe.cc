@@ -141,7 +141,8 @@ bool LinkProbe::after_step(const StepFacts& f) {
   if (now < retry_at_ || f.step < next_step_) return false;
   // The first probe keeps to the share as well, by what a probe is expected to take (a ring
   // step lately), times the ring's distance; one hour at most, whatever that said.
-  const double wait = std::min(3600.0, expected_probe_s() / f.share * distance());
+  const double dist = distance();
+  const double wait = std::min(3600.0, expected_probe_s() / f.share * dist);
   if (now < plan_start_ + std::max<Clock::duration>(kStartAfter, std::chrono::duration_cast<Clock::duration>(
                                                                      std::chrono::duration<double>(wait)))) {
     return false;
@@ -149,7 +150,7 @@ bool LinkProbe::after_step(const StepFacts& f) {
   if (posted_any_) {
     const auto spent = std::chrono::duration_cast<Clock::duration>(
         std::chrono::duration<double>(std::min(3600.0, std::max({took_, received_, stall_}) / f.share *
-                                                           static_cast<double>(backoff()) * distance())));
+                                                           static_cast<double>(backoff()) * dist)));
     if (now < posted_ + std::max<Clock::duration>(spent, kMinProbeInterval)) return false;
   }
   // Due: it goes at the next step of its grid, where the other nodes' probes go too.
