@@ -284,6 +284,13 @@ def run_job(args, link, model, dargs, changes, setting):
                     entry["decisions"] = rm.parse_decisions(f)
             except OSError:
                 entry["decisions"] = None
+            entry["probes"] = []  # each node's link probes (its job-end line), None where its log is gone
+            for n in range(2):
+                try:
+                    with open(os.path.join(job.dir, f"sparsecard-{n}.log"), errors="replace") as f:
+                        entry["probes"].append(rm.parse_probes(f))
+                except OSError:
+                    entry["probes"].append(None)
         if entry["status"] != "ok":  # why, in the JSON: the trainer's last words and the daemons' warnings
             entry["log_tail"] = _log_tail(os.path.join(job.dir, "trainer-0.log"), 6) + [
                 line for n in range(2) for line in _log_tail(os.path.join(job.dir, f"sparsecard-{n}.log"), 400)
@@ -407,6 +414,11 @@ def print_profile(model, pname, pr):
             if ds:
                 shown = "; ".join(f"@{d['step']} {d['knobs']}" for d in ds[:5]) + (f"; ... {len(ds) - 5} more" if len(ds) > 5 else "")
                 print(f"  adaptive, phase {i} ({p['rate']}, steps {p['start_step']}-{p['end_step']}): {shown}")
+    if a and any(n and n["sent"] for n in a.get("probes") or []):
+        shown = "; ".join(f"node {i}: {n['sent']} at steps {','.join(map(str, n['steps']))}"
+                          f"{',...' if n['sent'] > len(n['steps']) else ''}" if n else f"node {i}: no log"
+                          for i, n in enumerate(a["probes"]))
+        print(f"  adaptive, link probes: {shown}")
     bs = pr["best_static"]
     print(f"  best static in hindsight: {bs['setting']} ({fmt_s(bs['time_to_target_s'])} s)")
 

@@ -162,6 +162,22 @@ def parse_decisions(log_lines):
     return out
 
 
+_PROBES = re.compile(r"link probes this job: (\d+) sent to rank (\d+), at steps ([\d,]+)(,\.\.\.)?\s*$")
+
+
+def parse_probes(log_lines):
+    """A daemon's 'link probes this job: N sent to rank R, at steps a,b,...' line (INFO, written as
+    its job ends: daemon/pipeline/link_probe.h, LinkProbe::job_summary; at most the first 32 steps,
+    then ',...'). Returns {"sent": N, "to": R, "steps": [a, b, ...]} of the last such line, or
+    {"sent": 0, "to": None, "steps": []} where none (the daemon sent no probe)."""
+    out = {"sent": 0, "to": None, "steps": []}
+    for line in log_lines:
+        m = _PROBES.search(line)
+        if m:
+            out = {"sent": int(m.group(1)), "to": int(m.group(2)), "steps": [int(x) for x in m.group(3).split(",")]}
+    return out
+
+
 def best_static(tta, static_settings):
     """(setting, seconds) of the static setting that reached the target first; (None, None) if
     none did. tta: {setting: seconds or None}."""

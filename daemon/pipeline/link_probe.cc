@@ -31,6 +31,17 @@ void LinkProbe::reset() {
   from_step_ = fire_step_ = grid_ = 0;
   plan_probes_ = 0;
   was_wanted_ = false;
+  job_sent_ = 0;
+  job_steps_.clear();
+}
+
+std::string LinkProbe::job_summary() const {
+  if (job_sent_ == 0) return {};
+  std::string steps;
+  for (uint64_t s : job_steps_) steps += (steps.empty() ? "" : ",") + std::to_string(s);
+  // A probe was sent: there is a transport of at least 2 nodes.
+  return fmt::format("link probes this job: {} sent to rank {}, at steps {}{}", job_sent_,
+                     (rank_ + 1) % transport_->world_size(), steps, job_sent_ > job_steps_.size() ? ",..." : "");
 }
 
 uint64_t LinkProbe::backoff() const {
@@ -199,6 +210,8 @@ bool LinkProbe::after_step(const StepFacts& f) {
     return false;
   }
   ++sent_;
+  ++job_sent_;
+  if (job_steps_.size() < kJobStepsKept) job_steps_.push_back(f.step);
   SC_LOG_DEBUG("link probe {} at step {}: {} bytes to rank {}", sent_, f.step, s.payload.size(), to);
   if (metrics_ != nullptr) {
     metrics_->probes_sent.Increment();

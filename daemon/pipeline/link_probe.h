@@ -67,6 +67,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "daemon/transport/transport.h"
@@ -128,6 +129,14 @@ class LinkProbe {
   static uint64_t next_on_grid(uint64_t due, uint64_t grid);
   static constexpr uint64_t kMaxGrid = uint64_t{1} << 40;
   uint64_t sent() const { return sent_; }
+  // This job's probes (since the last reset()): how many were sent, and the steps of the first
+  // kJobStepsKept; job_summary() says both in a line for the log ("" when none was sent), which
+  // the daemon writes as the job ends (ObservationCollector::on_reset) and
+  // bench/controllers/real_metrics.parse_probes reads.
+  static constexpr size_t kJobStepsKept = 32;
+  uint64_t job_sent() const { return job_sent_; }
+  const std::vector<uint64_t>& job_steps() const { return job_steps_; }
+  std::string job_summary() const;
 
  private:
   struct Shared {
@@ -181,6 +190,8 @@ class LinkProbe {
   uint64_t backoff() const;
   bool was_wanted_ = false;
   uint64_t sent_ = 0;
+  uint64_t job_sent_ = 0;
+  std::vector<uint64_t> job_steps_;  // the first kJobStepsKept of this job's
 };
 
 }  // namespace sparsecar

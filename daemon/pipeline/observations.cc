@@ -257,6 +257,7 @@ void ObservationCollector::on_reset() {
   current_.reset();
   ready_.clear();  // the finished job's: the next job's steps start again at 0
   period_.reset();
+  if (const std::string probes = probe_.job_summary(); !probes.empty()) SC_LOG_INFO("{}", probes);
   probe_.reset();
   probe_facts_.reset();
   records_ = 0;

@@ -12,7 +12,10 @@ import sys
 
 import pytest
 
-from conftest import BENCH
+from conftest import BENCH, ROOT
+
+sys.path.insert(0, os.path.join(ROOT, "bench", "controllers"))
+import real_metrics as rm  # noqa: E402  (the job-end line of the link probes)
 
 
 def _can_netns():
@@ -97,3 +100,7 @@ def test_the_link_probe_crosses_a_capped_link(sparsecard, tmp_path):
         assert got[rank], f"rank {rank} received no probe"
         assert all(int(to) == 1 - rank for _, _, to in sent[rank]), sent[rank]
         assert all(int(frm) == 1 - rank and int(b) in sizes for frm, b in got[rank]), got[rank]
+        # The job-end line (INFO; what bench/controllers/real.py reports) holds the same probes.
+        summary = rm.parse_probes(logs[rank].splitlines())
+        assert summary["sent"] == len(sent[rank]) and summary["to"] == 1 - rank, (summary, sent[rank])
+        assert summary["steps"] == [int(s) for s, _, _ in sent[rank]][:32], (summary, sent[rank])

@@ -95,6 +95,19 @@ def test_parse_decisions_reads_rank_0s_controller_lines_only():
     assert d[0]["knobs"] == "density_cap=0.004" and d[1]["change"].startswith("threshold 0.01 -> 0.02")
 
 
+def test_parse_probes_reads_the_daemons_job_end_line():
+    steps = list(range(16, 16 * 33, 16))                       # 32 steps kept of 40 sent
+    log = [
+        "[info] job summary: 400 steps (0 tensor steps failed) in 9.1 s, sent 90 MiB vs 1.7 GiB dense",
+        "[info] link probes this job: 3 sent to rank 1, at steps 64,128,256",
+        "[info] link probes this job: 40 sent to rank 1, at steps " + ",".join(map(str, steps)) + ",...",
+    ]
+    assert rm.parse_probes(log[:2]) == {"sent": 3, "to": 1, "steps": [64, 128, 256]}
+    assert rm.parse_probes(log) == {"sent": 40, "to": 1, "steps": steps}  # the last job's line
+    assert rm.parse_probes(log[:1]) == {"sent": 0, "to": None, "steps": []}
+    assert rm.parse_probes(["[info] link probes this job: 2 sent to rank 0, at steps 8,x"])["sent"] == 0
+
+
 def _statuses(checks):
     return {c["check"]: c["status"] for c in checks}
 

@@ -569,5 +569,46 @@ TEST(LinkProbe, TheNodesProbesGoAtTheSameSteps) {
   }
 }
 
+TEST(LinkProbe, TheJobsProbesAreCountedWithTheirStepsAndAResetForgetsThem) {
+  FakeClock clock;
+  RecordingTransport net(1, 2);  // rank 1 of 2: its successor is 0
+  LinkProbe probe(1, kJob, &net, nullptr, clock);
+  EXPECT_EQ(probe.job_summary(), "") << "no probe yet";
+  // Steps 1 s apart, each probe's send completing within the step: every probe waits its share's
+  // time (or the least interval and steps) and goes on its grid; the steps it went at are the job's.
+  std::vector<uint64_t> went;
+  uint64_t step = 0;
+  while (went.size() < LinkProbe::kJobStepsKept + 3 && step < 100'000) {
+    if (probe.after_step(sparse_step(step))) {
+      went.push_back(step);
+      net.complete(net.sent.size() - 1);
+    }
+    ++step;
+    clock.advance(1s);
+  }
+  ASSERT_EQ(went.size(), LinkProbe::kJobStepsKept + 3);
+  EXPECT_EQ(probe.job_sent(), went.size());
+  EXPECT_EQ(net.sent.size(), went.size());
+  const std::vector<uint64_t> kept(went.begin(), went.begin() + LinkProbe::kJobStepsKept);
+  EXPECT_EQ(probe.job_steps(), kept) << "the first " << LinkProbe::kJobStepsKept << " only";
+  std::string steps;
+  for (uint64_t s : kept) steps += (steps.empty() ? "" : ",") + std::to_string(s);
+  EXPECT_EQ(probe.job_summary(),
+            "link probes this job: " + std::to_string(went.size()) + " sent to rank 0, at steps " + steps + ",...");
+  // A new job: none of them.
+  probe.reset();
+  EXPECT_EQ(probe.job_sent(), 0u);
+  EXPECT_TRUE(probe.job_steps().empty());
+  EXPECT_EQ(probe.job_summary(), "");
+  EXPECT_EQ(probe.sent(), went.size()) << "the daemon's total stays";
+  // One probe in the next job: its step, no ellipsis.
+  uint64_t first = 0;
+  for (uint64_t s = 0; s < 1000 && first == 0; ++s, clock.advance(1s)) {
+    if (probe.after_step(sparse_step(s))) first = s;
+  }
+  ASSERT_GT(first, 0u);
+  EXPECT_EQ(probe.job_summary(), "link probes this job: 1 sent to rank 0, at steps " + std::to_string(first));
+}
+
 }  // namespace
 }  // namespace sparsecar
