@@ -42,7 +42,10 @@ seed's decisions, and compare each seed with itself for the time checks (per-see
 runs the settings rotated by k - 1 (real_metrics.job_order), so that no setting always runs after
 another. Beside them, not checks: the same seed's adaptive / static ratio of the jobs' pace (the
 median step after step 20) and of the trainers' own compute (their median), paired the same way:
-where the compute moved as much as the pace, the host's noise explains it.
+where the compute moved as much as the pace, the host's noise explains it. And the adaptive
+job's own steps per seed: what became of its warm-up (cut before it started, cut at a step, or
+ran; real_metrics.warmup_outcome) and node 0's link probes (the steps of each daemon's job-end
+line, real_metrics.parse_probes; each job's `probes` in the JSON).
 
 Usage (root): real.py --build-dir BUILD [--short] [--models small,large] [--profiles down,up]
               [--settings dense,topk0.5,adaptive] [--adaptive-args "..."] [--trainer-arg=--momentum ...]
@@ -702,6 +705,17 @@ def print_seeds(model, pname, seeds):
         shown = ", ".join("never" if e["time_to_target_s"] is None else
                           f"{e['time_to_target_s']:.1f} @ {e['steps_to_target']}" for e in per)
         print(f"  {s:<9} {fmt_s(med):>8}  {shown}")
+    # The adaptive job's own steps: its warm-up, and each node's link probes (their steps).
+    if "adaptive" in settings:
+        ad = {k: runs[k]["adaptive"] for k in runs if "adaptive" in runs[k]}
+        outcomes = [rm.warmup_outcome(e.get("decisions")) for e in ad.values()]
+        before = sum(o == "cut before it started" for o in outcomes)
+        print(f"  adaptive warm-up: cut before it started on {before} of {len(outcomes)} seeds; per seed: "
+              + ", ".join(o or "unknown" for o in outcomes))
+        if any("probes" in e for e in ad.values()):
+            print("  adaptive link probes per seed (node 0's steps): " + "; ".join(
+                f"{k}: " + ("-" if not e.get("probes") or not e["probes"][0] else
+                            ",".join(map(str, e["probes"][0]["steps"])) or "none") for k, e in ad.items()))
     # The host beside the times: the pace of the same seed's jobs and their trainers' own compute,
     # paired (where the compute moved as much as the pace, the host's noise explains the pace).
     for s in [x for x in settings if x in STATIC] if "adaptive" in settings else []:

@@ -178,6 +178,21 @@ def parse_probes(log_lines):
     return out
 
 
+def warmup_outcome(decisions):
+    """What became of the schedule's dense warm-up, from rank 0's decisions (parse_decisions): "cut
+    before it started" (the step controller's cut on the trainer's start hint), "cut at step S" (its
+    cut while the warm-up ran: the decision's effective step), "ran" (no cut), or None where the
+    decisions are unknown."""
+    if decisions is None:
+        return None
+    for d in decisions:
+        if "warm-up cut before it starts" in d["change"]:
+            return "cut before it started"
+        if "warm-up cut:" in d["change"]:
+            return f"cut at step {d['effective_step']}"
+    return "ran"
+
+
 def best_static(tta, static_settings):
     """(setting, seconds) of the static setting that reached the target first; (None, None) if
     none did. tta: {setting: seconds or None}."""

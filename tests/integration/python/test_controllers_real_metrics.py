@@ -108,6 +108,16 @@ def test_parse_probes_reads_the_daemons_job_end_line():
     assert rm.parse_probes(["[info] link probes this job: 2 sent to rank 0, at steps 8,x"])["sent"] == 0
 
 
+def test_warmup_outcome_reads_the_step_controllers_cuts():
+    before = {"effective_step": 0, "change": "step: warm-up cut before it starts: the trainer's dense step 59 ms"}
+    during = {"effective_step": 4, "change": "step: warm-up cut: a ring step 52 ms measured, 2.4x a sparse step"}
+    other = {"effective_step": 11, "change": "step: room: ... to the ring"}
+    assert rm.warmup_outcome([before, other]) == "cut before it started"
+    assert rm.warmup_outcome([during]) == "cut at step 4"
+    assert rm.warmup_outcome([other]) == "ran" and rm.warmup_outcome([]) == "ran"
+    assert rm.warmup_outcome(None) is None
+
+
 def _statuses(checks):
     return {c["check"]: c["status"] for c in checks}
 
