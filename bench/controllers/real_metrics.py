@@ -193,6 +193,31 @@ def warmup_outcome(decisions):
     return "ran"
 
 
+def early_step_s(entry, first=3, last=40):
+    """A job's median step time over steps first .. last-1 (step_end_s): what its plan cost in the
+    job's first phase, before a rate change; None with fewer than two such steps."""
+    t = (entry.get("step_end_s") or [])[first:last + 1]
+    d = sorted(b - a for a, b in zip(t, t[1:]))
+    if len(d) < 2:
+        return None
+    mid = len(d) // 2
+    return d[mid] if len(d) % 2 else (d[mid - 1] + d[mid]) / 2
+
+
+def start_price(hinted, static, factor):
+    """The step controller's pre-start weighing (policies' before_start) against what came after,
+    for one seed: (priced, measured) where priced = the trainer's dense step / (factor x its rest,
+    the step less its exchange wait), the ratio the warm-up cut compares with step_warmup_cut, and
+    measured = the same dense step / the static sparse job's early step (early_step_s: its plan on
+    the same link, same seed). `hinted`: the job whose trainers' dense steps were the hint (the
+    adaptive one: dense_step_s, dense_wait_s); None where either is not known."""
+    ds, wait = (hinted or {}).get("dense_step_s"), (hinted or {}).get("dense_wait_s")
+    sparse = early_step_s(static) if static else None
+    if not isinstance(ds, (int, float)) or not isinstance(wait, (int, float)) or not sparse or not ds > wait >= 0:
+        return None
+    return ds / (factor * (ds - wait)), ds / sparse
+
+
 def best_static(tta, static_settings):
     """(setting, seconds) of the static setting that reached the target first; (None, None) if
     none did. tta: {setting: seconds or None}."""

@@ -118,6 +118,51 @@ def test_warmup_outcome_reads_the_step_controllers_cuts():
     assert rm.warmup_outcome(None) is None
 
 
+def test_early_step_is_the_median_of_the_first_phases_steps():
+    # Steps 0-2 (start-up) and from 41 on (after a drop) are not the first phase's.
+    ends = [0.5, 1.0, 1.5] + [1.5 + 0.02 * i for i in range(1, 39)] + [2.26 + 0.9 * i for i in range(1, 20)]
+    assert abs(rm.early_step_s({"step_end_s": ends}) - 0.02) < 1e-9
+    ends = ends[:10] + [t + 0.3 for t in ends[10:]]                  # one stall (an evaluation): not the median
+    assert abs(rm.early_step_s({"step_end_s": ends}) - 0.02) < 1e-9
+    assert rm.early_step_s({"step_end_s": [0.1, 0.2, 0.3, 0.4]}) is None   # one step after the start-up
+    assert rm.early_step_s({}) is None
+
+
+def test_start_price_weighs_the_hint_as_the_controller_does():
+    # The trainer's dense step 60 ms, 51 ms of it waiting: the rest 9 ms; at x2.5 a sparse step is
+    # priced at 22.5 ms, so the dense step is 2.67 of them; the static job's steps took 20 ms: 3.0.
+    hinted = {"dense_step_s": 0.060, "dense_wait_s": 0.051}
+    static = {"step_end_s": [0.02 * i for i in range(1, 45)]}
+    priced, measured = rm.start_price(hinted, static, 2.5)
+    assert abs(priced - 0.060 / 0.0225) < 1e-9 and abs(measured - 3.0) < 1e-9
+    assert abs(rm.start_price(hinted, static, 3.0)[0] - 0.060 / 0.027) < 1e-9
+    assert rm.start_price({"dense_step_s": 0.06, "dense_wait_s": 0.06}, static, 2.5) is None  # no rest
+    assert rm.start_price({"dense_step_s": None, "dense_wait_s": 0.0}, static, 2.5) is None
+    assert rm.start_price(hinted, {"step_end_s": []}, 2.5) is None
+    assert rm.start_price(None, static, 2.5) is None
+
+
+def test_start_price_cli_counts_the_wrong_calls(tmp_path):
+    # Two seeds at step_warmup_cut 2: seed 1's dense step is 3.0x a measured sparse step and priced
+    # 2.67x at 2.5 (a cut, right), 2.22x at 3 (a cut, right); seed 2's is 2.5x measured and priced
+    # 2.22x at 2.5 (right), 1.85x at 3 (kept: wrong).
+    def seed(ds, wait, step):
+        return {"profiles": {"down": {"settings": {
+            "adaptive": {"dense_step_s": ds, "dense_wait_s": wait},
+            "topk0.5": {"step_end_s": [step * i for i in range(1, 45)]}}}}}
+    report = {"config": {"machine": {"cpus": 16, "cpu": "test"}},
+              "models": {"large": {"seeds": {"1": seed(0.060, 0.051, 0.020), "2": seed(0.050, 0.041, 0.020)}}}}
+    path = tmp_path / "r.json"
+    path.write_text(__import__("json").dumps(report))
+    tool = os.path.join(ROOT, "bench", "controllers", "start_price.py")
+    out = subprocess.run([sys.executable, tool, str(path), "--factors", "3,2.5"], capture_output=True, text=True,
+                         check=True).stdout
+    rows = {line.split()[0]: line.split()[1:4] for line in out.splitlines() if line.strip()[:1].isdigit()}
+    assert rows["3"] == ["2", "0", "1"] and rows["2.5"] == ["2", "0", "0"], out
+    bad = subprocess.run([sys.executable, tool, str(path), "--factors", "x"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--factors" in bad.stderr
+
+
 def _statuses(checks):
     return {c["check"]: c["status"] for c in checks}
 

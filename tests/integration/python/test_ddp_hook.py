@@ -483,12 +483,12 @@ def test_the_dense_clock_leaves_registering_out_of_the_period_and_takes_the_last
 
 
 def test_the_start_timing_takes_the_quickest_period_and_the_least_rest():
-    """What the daemon weighs before its first step (it prices a sparse step at 3x the rest, the
-    period less the wait): stalls only add, so the quickest period and the least rest of any
-    dense iteration, which need not be the same iteration's. The numbers are a 2-core box's first
-    two dense iterations at 50 Mbit/s (a first iteration's rest 25.8 ms, the second's 5.7): with
-    the quickest iteration's own wait the rest read 25.8 ms, a sparse step 77 ms, and the warm-up
-    stayed; with the least rest 84.5 ms is 4.9x a sparse step of 17.1 ms."""
+    """What the daemon weighs before its first step (it prices a sparse step at 2.5x the rest, the
+    period less the wait; 3x when this was found): stalls only add, so the quickest period and the
+    least rest of any dense iteration, which need not be the same iteration's. The numbers are a
+    2-core box's first two dense iterations at 50 Mbit/s (a first iteration's rest 25.8 ms, the
+    second's 5.7): with the quickest iteration's own wait the rest read 25.8 ms, a sparse step 77
+    ms at 3x, and the warm-up stayed; with the least rest 84.5 ms is 4.9x a sparse step of 17.1 ms."""
     start = sparsecar.torch._start_timing
     assert start([]) is None
     assert start([(0.030, 0.020)]) == pytest.approx((0.030, 0.020))

@@ -445,12 +445,54 @@ TEST(StepController, AFarDropUnderTheRingIsAnsweredWithinAFewSteps) {
   std::printf("[trace] far drop under the ring: sparse in force from step %llu (the drop at 150)\n",
               static_cast<unsigned long long>(sparse_from));
   EXPECT_GT(sparse_from, 0u);
-  // Steps 150-151 show it (v7: the records are voided at 151; v5: 3 steps, at 152),
-  // step_confirm_steps (3) observations want the move, the first of them at 151, and the decision
-  // takes effect two steps later: 155 (5 steps to see a change of any size: 158).
-  EXPECT_LE(sparse_from, 155u);
+  // Steps 150-151 show it (v7: the records are voided at 151; v5: 3 steps, at 152); v17: those
+  // steps are the confirmation, so the decision is made at 151 (v16: after step_confirm_steps (3)
+  // observations that wanted it, at 153) and takes effect two steps later: 153 (v16: 155; 5
+  // steps to see a change of any size: 158).
+  EXPECT_LE(sparse_from, 153u);
   EXPECT_LE(decisions_in(r, 150, 190), 3u);
   EXPECT_EQ(decisions_in(r, 190, 300), 0u);
+}
+
+TEST(StepController, ADropSoonAfterAMoveToTheRingIsAnsweredWithoutTheHold) {
+  // A 2-core box's large `down`: the first answer after the dense warm-up went to the ring at
+  // step 11-12 and the drop to 50 Mbit/s came at step 20, within the 10 steps' hold; v16 then ran
+  // the ring (0.86-1.08 s a step against 0.13-0.18 s sparse) for step_confirm_steps more steps
+  // after the void. Here, as on that box, a sparse step's selection is slow (40 ns per element:
+  // ~56 ms a step, priced x1.3, against a ~45 ms ring at 1 Gbit/s), so the first answer after a
+  // 6-step warm-up is the ring, at step D; the link drops 4 steps later.
+  const auto profile_at = [](uint64_t drop) {
+    return [drop](uint64_t s) { return s < drop ? kRate1G : kRate50M; };
+  };
+  const auto box = [] {
+    Plant p = big_model(0.05);
+    p.encode = 40e-9;
+    return p;
+  };
+  Plant steady = box();
+  ASSERT_LT(steady.true_price(true, 1, kRate1G), 1.3 * steady.true_price(false, 0.005, kRate1G));
+  const auto first = run_profile(steady, 0.005, 60, profile_at(1000), 1.3, true, 3, /*warmup=*/6);
+  ASSERT_FALSE(first.decisions.empty());
+  const uint64_t d = first.decisions[0];
+  ASSERT_FALSE(first.in_force[d + 3].compression) << "the first answer at step " << d << " must be the ring";
+  ASSERT_GT(steady.true_price(true, 1, kRate50M), 4 * steady.true_price(true, 1, kRate1G));
+  Plant plant = box();  // the same seed: the same job up to the drop
+  const uint64_t drop = d + 4;
+  const auto r = run_profile(plant, 0.005, 200, profile_at(drop), 1.3, true, 3, 6);
+  ASSERT_EQ(r.decisions.front(), d) << "the same first answer";
+  uint64_t sparse_from = 0;
+  for (uint64_t s = drop; s < 200 && sparse_from == 0; ++s) {
+    if (r.in_force[s].compression) sparse_from = s;
+  }
+  std::printf("[trace] drop 4 steps after a move to the ring (step %llu): sparse in force from step %llu\n",
+              static_cast<unsigned long long>(d), static_cast<unsigned long long>(sparse_from));
+  // The drop's two steps void the records (at drop + 1); the answer is made then and takes effect
+  // two steps later (v16: at d + 10, the hold's end, in force from d + 12 = drop + 8).
+  EXPECT_GT(sparse_from, 0u);
+  EXPECT_LE(sparse_from, drop + 3);
+  EXPECT_LE(decisions_in(r, drop, drop + 40), 3u);
+  EXPECT_EQ(decisions_in(r, drop + 40, 200), 0u);
+  EXPECT_TRUE(r.in_force[199].compression);
 }
 
 TEST(StepController, StepUpIsFollowedTooAndTheDenseRingIsTakenWhenItIsCheapest) {
@@ -976,8 +1018,8 @@ TEST(StepController, OneSlowRingStepIsNoRateChange) {
 // v8: before the first step, the trainer's own dense steps (the DDP hook's, through
 // torch.distributed over the same link: StartHint) price the ring; the warm-up is cut before it
 // starts where that step costs more than step_warmup_cut (2) sparse steps, a sparse step priced
-// at 3x the dense step's rest (its time without the exchange wait). The daemons' first step is 2
-// (the hook ran 0 and 1); the schedule's warm-up is 6 steps (the default).
+// at 2.5x the dense step's rest (its time without the exchange wait; v8-v17: 3x). The daemons'
+// first step is 2 (the hook ran 0 and 1); the schedule's warm-up is 6 steps (the default).
 struct StartRun {
   std::optional<ControlLoop::Proposal> at_start;
   ProfileRun run;
@@ -1015,7 +1057,7 @@ Plant small_real_job() {
 }
 
 TEST(StepController, TheTrainersDenseStepsOnASlowLinkCutTheWarmUpBeforeItStarts) {
-  // 50 Mbit/s: the hook's dense step ~57 ms, its rest 3 ms; a sparse step priced at 9 ms. The
+  // 50 Mbit/s: the hook's dense step ~57 ms, its rest 3 ms; a sparse step priced at 7.5 ms. The
   // daemons never run the ring: sparse from their first step, and no other decision in 300 steps
   // (the ring's record is the hint's: no trial of the ring on a model of small messages).
   Plant plant = small_real_job();
@@ -1095,15 +1137,16 @@ TEST(StepController, AVoidOnASteadyLinkLeavesTheTrainersRingAsDearAsItMeasured) 
     ASSERT_LT(1.3 * plant.true_price(false, 0.005, rate200M), plant.true_price(true, 1, rate200M)) << wait;
   }
   plant.sparse_hidden = 0;
-  // The warm-up runs (the cut at 3 sparse steps, as when this was found; 2, the default since
-  // 2026-12-02, cuts this ring of 2.6 before it starts): its ring steps and the void are the case.
+  // The warm-up runs (the cut at 4 sparse steps of 2.5x the rest; found at 3 sparse steps of 3x
+  // it; 2, the default since 2026-12-02, cuts this ring of 3.1 before it starts): its ring steps
+  // and the void are the case.
   const auto r = run_with_hint(
       plant, 300,
       [&](uint64_t s) {
         plant.sparse_hidden = s >= 60 && s < 72 ? 0.008 : 0.0;
         return rate200M;
       },
-      6, 2, 0.005, /*warmup_cut=*/3.0);
+      6, 2, 0.005, /*warmup_cut=*/4.0);
   // The ring's record (the hint's, listed first) is gone: the wait voided it, else this tests nothing.
   EXPECT_NE(r.run.status.step_model.find("measured: density"), std::string::npos) << r.run.status.step_model;
   EXPECT_TRUE(r.run.decisions.empty()) << "a decision at step " << r.run.decisions.front() << ": "
@@ -1209,10 +1252,11 @@ TEST(StepController, MessagesQueuedBehindTheTrainersRingDoNotPriceTheSparsePlan)
   plant.trainer_ring = 0.077;
   plant.queued_behind_trainers = 0.04;
   ASSERT_LT(1.3 * plant.true_price(false, 0.005, kRate1G), plant.true_price(true, 1, kRate1G)) << "sparse is cheaper";
-  // The warm-up on the trainers' ring runs (the cut at 3 sparse steps, as when this was found; 2,
-  // the default since 2026-12-02, cuts this ring of 2.9 before it starts): its samples are the case.
-  const auto r = run_with_hint(plant, 120, [](uint64_t) { return kRate1G; }, 6, 2, 0.005, /*warmup_cut=*/3.0);
-  EXPECT_FALSE(r.at_start.has_value()) << "the hook's dense step is under 3x its rest's sparse price: no cut";
+  // The warm-up on the trainers' ring runs (the cut at 4 sparse steps of 2.5x the rest; found at 3
+  // of 3x it; 2, the default since 2026-12-02, cuts this ring of 3.4 before it starts): its
+  // samples are the case.
+  const auto r = run_with_hint(plant, 120, [](uint64_t) { return kRate1G; }, 6, 2, 0.005, /*warmup_cut=*/4.0);
+  EXPECT_FALSE(r.at_start.has_value()) << "the hook's dense step is under 4 sparse steps priced at 2.5x its rest: no cut";
   for (uint64_t s = 6; s < 120; ++s) {
     EXPECT_TRUE(r.run.in_force[s - 2].compression) << "step " << s << " ran the trainers' ring: "
                                                    << r.run.status.last_reason;
@@ -1221,9 +1265,10 @@ TEST(StepController, MessagesQueuedBehindTheTrainersRingDoNotPriceTheSparsePlan)
 }
 
 TEST(StepController, TheTrainersDenseStepsOnAFasterLinkLeaveTheWarmUp) {
-  // 1 Gbit/s and 200 Mbit/s: the hook's dense step is under 6x its rest (the cut: 2 sparse steps of 3x the rest); the
-  // warm-up runs to step 6 (the in-job cut does not fire either), and the cheapest plan follows.
-  for (const double beta : {kRate1G, 1.0 / 25e6}) {
+  // 1 Gbit/s and 500 Mbit/s: the hook's dense step is under 5x its rest (the cut: 2 sparse steps
+  // of 2.5x the rest); the warm-up runs to step 6 (the in-job cut does not fire either), and the
+  // cheapest plan follows.
+  for (const double beta : {kRate1G, 1.0 / 62.5e6}) {
     Plant plant = small_real_job();
     const auto r = run_with_hint(plant, 60, [&](uint64_t) { return beta; });
     EXPECT_FALSE(r.at_start.has_value()) << r.at_start->reason;
@@ -1231,6 +1276,21 @@ TEST(StepController, TheTrainersDenseStepsOnAFasterLinkLeaveTheWarmUp) {
     EXPECT_EQ(r.run.in_force[58 - 2].schedule_warmup_steps, 6u);
     expect_near_cheapest(r.run, 30 - 2, 60 - 2, "after the warm-up");
   }
+}
+
+TEST(StepController, TheTrainersDenseStepsAt200MbitCutTheWarmUpWhereADenseStepCostsTwoSparseOnes) {
+  // v18: at 200 Mbit/s the hook's dense step (~17.6 ms: 3 ms of compute, the ring's 14.6 ms) is
+  // 5.9x its rest; at 3x the rest (v8-v17) a sparse step was priced at 9 ms and the warm-up ran,
+  // at 2.5x it is 7.5 ms and the warm-up is cut. The plant's whole steps say the cut is right: a
+  // dense step (the overhead's 5 ms in) costs more than 2 sparse ones.
+  Plant plant = small_real_job();
+  const double rate200M = 1.0 / 25e6;
+  ASSERT_GT(plant.true_price(true, 1, rate200M), 2 * plant.true_price(false, 0.005, rate200M));
+  const auto r = run_with_hint(plant, 60, [&](uint64_t) { return rate200M; });
+  ASSERT_TRUE(r.at_start.has_value());
+  EXPECT_EQ(r.at_start->knobs.schedule_warmup_steps, 2u);
+  EXPECT_NE(r.at_start->reason.find("(2.5x the rest)"), std::string::npos) << r.at_start->reason;
+  for (uint64_t s = 2; s < 60; ++s) EXPECT_TRUE(r.run.in_force[s - 2].compression) << "step " << s;
 }
 
 // v16: the large real job at 1 Gbit/s behind tbf's 250 KB burst (at 10 Gbit/s), the hook's three
