@@ -263,6 +263,7 @@ class StepController final : public Controller {
         if (!host_load_moved(seen > 0 ? 1 : -1)) {
           void_records_but(running(), o.step, std::exp(seen),
                            "a link fit restarted and the plan in force's time followed");
+          if (seen > 0) slowed_at_ = o.step;  // v17: its own steps showed it
         }
         restart_.pending = false;
       }
