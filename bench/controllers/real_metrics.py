@@ -197,11 +197,7 @@ def early_step_s(entry, first=3, last=40):
     """A job's median step time over steps first .. last-1 (step_end_s): what its plan cost in the
     job's first phase, before a rate change; None with fewer than two such steps."""
     t = (entry.get("step_end_s") or [])[first:last + 1]
-    d = sorted(b - a for a, b in zip(t, t[1:]))
-    if len(d) < 2:
-        return None
-    mid = len(d) // 2
-    return d[mid] if len(d) % 2 else (d[mid - 1] + d[mid]) / 2
+    return _median_step(t) if len(t) > 2 else None
 
 
 def start_price(hinted, static, factor):
@@ -398,8 +394,12 @@ def median_step_s(entry, skip=20):
     """A job's pace: the median of its step times after its first `skip` steps (step_end_s, the
     seconds from the first step's start to each step's end; the median leaves out evaluations and
     stalls), None with fewer than two steps after them."""
-    t = entry.get("step_end_s") or []
-    d = sorted(b - a for a, b in zip(t[skip:], t[skip + 1:]))
+    return _median_step((entry.get("step_end_s") or [])[skip:])
+
+
+def _median_step(t):
+    """The median of the differences of consecutive step ends `t`, None with fewer than two ends."""
+    d = sorted(b - a for a, b in zip(t, t[1:]))
     if not d:
         return None
     mid = len(d) // 2
