@@ -22,10 +22,13 @@ How it works (torch 1.13 .. 2.x; only public, long-lived hook APIs are used):
   iteration (in the order gradients became ready), and sparsecar needs every tensor registered
   before its first step. So the hook runs the first ``dense_iterations`` iterations (default 2, at
   least 2) as a plain all-reduce on DDP's process group and records which parameters each bucket
-  holds; at the last bucket of the first iteration whose buckets hold the same sizes and the same
-  parameters as the previous one's (the rebuild may only reorder them), it registers every
-  parameter in this iteration's order, bucket by bucket, and every rank agrees (one tiny
-  all-reduce) that all of them did. From the next iteration on every bucket goes to the daemon;
+  holds; at the last bucket of the first iteration whose buckets are DDP's final ones — the
+  second, where the rebuild changed them (a model of more than DDP's first bucket, 1 MiB: every
+  real one), else the first that holds the same sizes and the same parameters as the previous
+  one's (the rebuild may only reorder them) from the iteration of the rebuild on (the second;
+  with ``static_graph=True`` DDP rebuilds in the third) — it registers every parameter in this
+  iteration's order, bucket by bucket, and every rank agrees (one tiny all-reduce) that all of
+  them did. From the next iteration on every bucket goes to the daemon;
   a bucket whose parameters are not the registered ones in the registered order fails that step
   (and the hook falls back, agreed as below) instead of mixing gradients up.
 * **The hook returns at once.** It copies the bucket into the shared-memory slots, submits them
@@ -133,6 +136,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -186,7 +190,7 @@ class SparsecarHook:
     def __init__(self, socket=None, *, optimizer=None, lr=None, dense_iterations=2,
                  on_error="fallback", timeout=60.0, connect_timeout=10.0, process_group=None,
                  prefix=None, tensors="buckets", param_names=None, device=None, announce="rank0",
-                 device_path="auto", agreement="auto", momentum_correction=False):
+                 device_path="auto", agreement="auto", momentum_correction=False, static_graph=None):
         if on_error not in ("fallback", "raise"):
             raise ValueError('on_error must be "fallback" or "raise"')
         if tensors not in ("parameters", "buckets"):
@@ -230,6 +234,10 @@ class SparsecarHook:
         self._prev_layout = None
         self._restored_layout = None  # from load_state_dict: counts as "stable" once seen again
         self._dense_here = 0         # dense iterations in this process (DDP rebuilds after the 1st)
+        self._rebuilt = False        # two of this process's dense iterations had different buckets
+        # Whether DDP's model is static_graph=True (a callable, read at each dense iteration's end:
+        # DDP's _set_static_graph() may come after register()); None: not a static graph.
+        self._static_graph = static_graph
         self._in_iteration = False
         self._step_failed = False    # a sparsecar step failed; dense from the next iteration on
         self._warned = False
@@ -981,11 +989,19 @@ class SparsecarHook:
         self.iteration += 1
         self._dense_here += 1
         layout, self._layout = self._layout, {}
+        if self._prev_layout is not None and not _same_buckets(layout, self._prev_layout):
+            self._rebuilt = True
         stable = _same_buckets(layout, self._prev_layout) or _same_buckets(layout, self._restored_layout)
         self._prev_layout = layout
-        # DDP rebuilds its buckets after this process's first iteration: never register before
-        # the second. A restored hook is past dense_iterations already (its step counter is).
-        if self._dense_here < 2 or self.iteration < self.dense_iterations or not stable:
+        # DDP rebuilds its buckets once, in this process's second iteration's forward (with
+        # static_graph, torch 1.13: the third's), unless find_unused_parameters is set without
+        # static_graph. The buckets are final once a change was seen (the rebuild is done), or
+        # once they held through the iteration of the rebuild (a rebuild that kept them, or none).
+        # Never before the second: the first iteration's buckets come before any rebuild. A restored
+        # hook is past dense_iterations already (its step counter is).
+        rebuild_in = 3 if self._static_graph is not None and self._static_graph() else 2
+        final = self._rebuilt or (stable and self._dense_here >= rebuild_in)
+        if self._dense_here < 2 or self.iteration < self.dense_iterations or not final:
             return
         self._layout = layout
         if any(key is None for key in layout.values()):
@@ -1368,10 +1384,18 @@ def register(ddp_model, socket=None, *, optimizer=None, lr=None, dense_iteration
                           on_error=on_error, timeout=timeout, connect_timeout=connect_timeout,
                           process_group=process_group, prefix=prefix, tensors=tensors,
                           param_names=names, device=device, announce=announce, device_path=device_path,
-                          agreement=agreement, momentum_correction=momentum_correction)
+                          agreement=agreement, momentum_correction=momentum_correction,
+                          static_graph=_static_graph_of(ddp_model))
     state._connect()
     ddp_model.register_comm_hook(state, _hook_entry)
     return state
+
+
+def _static_graph_of(ddp_model):
+    """A callable: whether `ddp_model` (a DDP model, held weakly: it holds the hook) is a
+    static_graph one now."""
+    model = weakref.ref(ddp_model)
+    return lambda: bool(getattr(model(), "static_graph", False))
 
 
 def _hook_entry(state, bucket):

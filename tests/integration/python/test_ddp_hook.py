@@ -56,6 +56,44 @@ def test_unreachable_daemon_raises_when_asked(group, tmp_path):
                                  on_error="raise")
 
 
+def make_large_models(**ddp_args):
+    """A model of more than DDP's first bucket (1 MiB of gradients): DDP's one rebuild of its
+    buckets changes them (one bucket becomes two)."""
+    torch.manual_seed(0)
+    layers = (torch.nn.Linear(16, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 300), torch.nn.ReLU(),
+              torch.nn.Linear(300, 4))
+    net = torch.nn.Sequential(*layers)
+    ref = torch.nn.Sequential(*(type(m)(m.in_features, m.out_features) if isinstance(m, torch.nn.Linear)
+                                else torch.nn.ReLU() for m in layers))
+    ref.load_state_dict(net.state_dict())
+    return DDP(net, **ddp_args), ref
+
+
+@pytest.mark.parametrize("ddp_args, dense", [({}, 2), ({"static_graph": True}, 3)],
+                         ids=["rebuilt_after_the_first", "static_graph_rebuilt_after_the_second"])
+def test_sparsecar_takes_over_once_ddps_rebuild_is_done(group, make_job, ddp_args, dense):
+    """DDP rebuilds its buckets once: in the second iteration's forward, or with static_graph in
+    the third's (torch 1.13). The hook registers the rebuilt buckets as soon as it has seen them:
+    after 2 dense iterations (a rebuild it saw change the buckets is the last; a third, dense on a
+    slow link, confirmed nothing), and with static_graph after 3, not on the 2 equal ones before
+    the rebuild (which then failed the next step and fell back to plain all-reduce for good).
+    Compression off: the daemon's averages are the exact ones, compared with a plain model's."""
+    job = make_job(nodes=1, daemon_args=["--compression", "off"])
+    model, ref = make_large_models(**ddp_args)
+    hook = sparsecar.torch.register(model, socket=job.sockets[0], lr=0.1, timeout=20, announce=None)
+    for i in range(dense):
+        assert hook.mode == "warmup", (i, hook.failure)
+        step_and_compare(model, ref, i)
+    assert hook.mode == "sparse", hook.failure
+    assert len(hook.tensor_names) == 2  # the rebuilt buckets, not the first iteration's one
+    for i in range(dense, dense + 3):
+        step_and_compare(model, ref, i)
+    s = hook.summary()
+    assert hook.mode == "sparse" and hook.stats["failed_steps"] == 0, (hook.failure, s)
+    assert s["sparse_iterations"] == 3 and len(s["dense_steps_s"]) == dense, s
+    hook.close()
+
+
 def test_hook_uses_daemon_then_falls_back_when_it_dies(group, make_job):
     job = make_job(nodes=1, daemon_args=["--compression", "off"])
     model, ref = make_models()
