@@ -12,6 +12,12 @@ different sides of CUT.
 
     bench/controllers/start_price.py REPORT.json [REPORT.json ...] [--factors 3,2.5,2] [--cut 2]
                                      [--static topk0.5] [--hinted adaptive] [--rows]
+                                     [--dense-iterations N]
+
+--dense-iterations N replays the hint of a hook that ran only its first N dense iterations: each
+job's hint recomputed from the first N of its dense_timings_s as the hook does (the quickest
+period, and that period less the least rest), e.g. 2 for the hook of 2026-12-03 on reports whose
+large-model jobs ran three.
 
 Prints one row per factor (calls, wrong cuts, wrong keeps; per machine), and with --rows each
 seed's ratios. Docs: docs/controllers.md, "The pre-start price of a sparse step"."""
@@ -42,6 +48,17 @@ def seeds_of(path, report, static, hinted):
                     yield label, machine, settings[hinted], settings[static]
 
 
+def first_iterations_hint(entry, n):
+    """`entry` (a job of a report) with the hint of its first n dense iterations (the hook's
+    _start_timing over dense_timings_s[:n]); the entry itself where it holds no timings."""
+    timings = [t for t in (entry.get("dense_timings_s") or [])[:n] if isinstance(t, (list, tuple)) and len(t) == 2]
+    if not timings:
+        return entry
+    period = min(p for p, _ in timings)
+    rest = min(p - w for p, w in timings)
+    return dict(entry, dense_step_s=period, dense_wait_s=min(max(period - rest, 0.0), period))
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("reports", nargs="+", metavar="REPORT.json")
@@ -50,6 +67,8 @@ def main(argv=None):
     p.add_argument("--static", default="topk0.5", help="the static sparse setting whose steps are the truth")
     p.add_argument("--hinted", default="adaptive", help="the setting whose trainers' dense steps were the hint")
     p.add_argument("--rows", action="store_true", help="print every seed's ratios")
+    p.add_argument("--dense-iterations", type=int, default=0,
+                   help="replay the hint of the first N dense iterations only (default: the report's hint)")
     args = p.parse_args(argv)
     try:
         factors = [float(x) for x in args.factors.split(",")]
@@ -74,6 +93,8 @@ def main(argv=None):
     for factor in factors:
         calls, cuts, keeps, per = 0, 0, 0, {}
         for label, machine, hinted, static in seeds:
+            if args.dense_iterations > 0:
+                hinted = first_iterations_hint(hinted, args.dense_iterations)
             r = rm.start_price(hinted, static, factor)
             if r is None:
                 continue

@@ -72,6 +72,7 @@
 // v17: a slowdown the plan in force's own steps showed is answered at once (no confirmation
 // steps, no hold): those steps were its confirmation.
 // v18: before the first step a sparse step is priced at 2.5x the trainer's dense step's rest (v8: 3).
+// v19: 2x, for the DDP hook's hint of two dense iterations (2026-12-03; it ran three before).
 #include "controller_internal.h"
 
 #include <algorithm>
@@ -158,7 +159,7 @@ constexpr size_t kComputeBaseSteps = 30;
 // off a real small job's measured one); else the sparse plan is measured first.
 constexpr double kModelMargin = 0.3;
 constexpr size_t kOverheadSteps = 15;  // steps whose median is the step's overhead
-constexpr double kStartSparseFactor = 2.5;  // v8, v18: a sparse step before any ran, x a dense step's rest
+constexpr double kStartSparseFactor = 2.0;  // v8, v18, v19: a sparse step before any ran, x a dense step's rest
 // v14: probe samples in a row, on every link that had one, at kProbeFaster or less of the time the
 // ring's price holds for those bytes make a rise of the link where the ring's chunks cross; one at
 // kProbeFarFaster or less does. A message cannot cross faster than the link lets it (a slow one
@@ -209,7 +210,7 @@ struct Record {
 class StepController final : public Controller {
  public:
   ControllerKind kind() const override { return ControllerKind::kStep; }
-  uint32_t version() const override { return 18; }  // the vN of the notes in this file
+  uint32_t version() const override { return 19; }  // the vN of the notes in this file
 
   Status update(const ControlContext& ctx, ControlKnobs* knobs) override {
     const auto& s = ctx.settings;
@@ -412,7 +413,7 @@ class StepController final : public Controller {
   // the first ones through torch.distributed over the same link) price the ring, and the warm-up
   // is cut before it starts where a dense step costs more than step_warmup_cut sparse ones. No
   // sparse step has run and neither the daemon's work nor the hook's copies are measured yet: a
-  // sparse step is priced at kStartSparseFactor (2.5; v8-v17: 3) times the dense step without its exchange
+  // sparse step is priced at kStartSparseFactor (2; v8-v17: 3, v18: 2.5) times the dense step without its exchange
   // wait (its "rest": the trainer's compute and what the hook does around it). On the 2-core box a
   // sparse step took 8.5-9 ms where the rest was 2.5-3.3 ms; the trainer's dense step measured
   // 65-84 ms (11-22x its rest) at 50 Mbit/s, 21-27 ms (4-9x) at 200 Mbit/s, 11-16 ms at 500
@@ -427,6 +428,13 @@ class StepController final : public Controller {
   // large model's at 1 Gbit/s on a 16-core machine, priced 1.8-1.97 where the dense step was
   // 2.6-3.6x a sparse one), at 2.5 on 4 (none of those 6), and no cut was wrongly made at either;
   // at 2.25 one was.
+  // v19: 2. The hook now runs two dense iterations where DDP's rebuild changed its buckets (the
+  // large model's; it ran three), and the rest of the second, the first after the rebuild, is
+  // larger than the third's was (the lent machine: ~12 ms against ~8). Its hint is the least rest
+  // of two. Replayed on 103 seeds with each job's first two dense iterations
+  // (docs/controllers.md, "Step v19"): at 2.5 the cut was wrongly withheld on 22 (18 of 60 on the
+  // lent large model), at 2 on 4, and wrongly made on 1 (the box's small model, which had two
+  // iterations before too); with all three iterations at 2.5, 0 and 4.
   Status before_start(const ControlContext& ctx, const StartHint& h, ControlKnobs* knobs) override {
     const auto& s = ctx.settings;
     if (decided_ || cut_.on || has_ran_ || s.world_size < 2 || !knobs->compression ||

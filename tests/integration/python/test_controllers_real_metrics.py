@@ -463,3 +463,16 @@ def test_a_processs_cpu_seconds_are_its_user_and_system_ticks():
     gone = subprocess.Popen(["true"])
     gone.wait()
     assert cpu_seconds(gone.pid) is None
+
+
+def test_the_first_iterations_hint_is_the_hooks_weighing_of_those_iterations():
+    """start_price.py --dense-iterations 2: the hint of a hook that ran only the first two of a
+    job's dense iterations, by hand: the quickest period of the two (60 ms) and that period less
+    the least rest of the two (min(80 - 50, 60 - 48) = 12 ms), not the third's 7 ms."""
+    import start_price
+    job = {"dense_step_s": 0.065, "dense_wait_s": 0.058,
+           "dense_timings_s": [[0.080, 0.050], [0.060, 0.048], [0.065, 0.058]]}
+    h = start_price.first_iterations_hint(job, 2)
+    assert abs(h["dense_step_s"] - 0.060) < 1e-12 and abs(h["dense_wait_s"] - 0.048) < 1e-12
+    assert job["dense_step_s"] == 0.065  # the report's entry is left as it was
+    assert start_price.first_iterations_hint({"dense_step_s": 0.1}, 2) == {"dense_step_s": 0.1}
