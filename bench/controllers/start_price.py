@@ -50,7 +50,8 @@ def seeds_of(path, report, static, hinted):
 
 def first_iterations_hint(entry, n):
     """`entry` (a job of a report) with the hint of its first n dense iterations (the hook's
-    _start_timing over dense_timings_s[:n]); the entry itself where it holds no timings."""
+    _start_timing over dense_timings_s[:n], restated here: this script runs without torch, which
+    importing sparsecar.torch needs); the entry itself where it holds no timings."""
     timings = [t for t in (entry.get("dense_timings_s") or [])[:n] if isinstance(t, (list, tuple)) and len(t) == 2]
     if not timings:
         return entry

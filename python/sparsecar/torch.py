@@ -989,9 +989,10 @@ class SparsecarHook:
         self.iteration += 1
         self._dense_here += 1
         layout, self._layout = self._layout, {}
-        if self._prev_layout is not None and not _same_buckets(layout, self._prev_layout):
+        same_as_prev = _same_buckets(layout, self._prev_layout)
+        if self._prev_layout is not None and not same_as_prev:
             self._rebuilt = True
-        stable = _same_buckets(layout, self._prev_layout) or _same_buckets(layout, self._restored_layout)
+        stable = same_as_prev or _same_buckets(layout, self._restored_layout)
         self._prev_layout = layout
         # DDP rebuilds its buckets once, in this process's second iteration's forward (with
         # static_graph, torch 1.13: the third's), unless find_unused_parameters is set without
