@@ -169,6 +169,14 @@ constexpr double kStartSparseFactor = 2.0;  // v8, v18, v19: a sparse step befor
 constexpr uint64_t kProbeConfirm = 2;
 constexpr double kProbeFaster = 0.5;
 constexpr double kProbeFarFaster = 0.25;
+// v20: a ring's record is no cheaper than it measured times the sparse plan in force's slowdown
+// since then (its record now over its record when the ring last ran, or when it was first
+// trusted after that): a ring is at least as bound to the link as a sparse step, v13's floor
+// without a void. A real small job's `down` on the 2-core box (seed 1, 2026-12-03) measured the
+// ring at 1 Gbit/s in a trial a probe made (14.1 ms against a sparse price of 13.5), went back,
+// and after the drop to 50 Mbit/s its sparse steps slowed 1.5x, under the 2x of a void: at step
+// 579 the ring's record from 1 Gbit/s (14.7 ms) undercut the sparse price (20.3 ms), the ring
+// ran at 50 Mbit/s (60.9 ms) and was left 4 steps later, two decisions on a steady link.
 
 // The upper median of a non-empty sample (taken by value: it is reordered).
 double median(std::vector<double> v) {
@@ -210,7 +218,7 @@ struct Record {
 class StepController final : public Controller {
  public:
   ControllerKind kind() const override { return ControllerKind::kStep; }
-  uint32_t version() const override { return 19; }  // the vN of the notes in this file
+  uint32_t version() const override { return 20; }  // the vN of the notes in this file
 
   Status update(const ControlContext& ctx, ControlKnobs* knobs) override {
     const auto& s = ctx.settings;
@@ -848,6 +856,7 @@ class StepController final : public Controller {
     }
     r.seconds = smooth_log(r.seconds, measured, r.steps == 0 ? 1.0 : kRecordSmoothing);
     ++r.steps;
+    note_ring_peers(r);
     ModelError& e = ran.dense ? ring_error_ : sparse_error_;
     const double miss = measured - model_seconds(ran, w, format);
     e.seconds = e.steps == 0 ? miss : 0.7 * e.seconds + 0.3 * miss;
@@ -898,10 +907,13 @@ class StepController final : public Controller {
     if (keep.dense || !(moved > 1)) {
       ring_floor_ = 0;
     } else {
-      ring_floor_ = (ring != nullptr ? ring->seconds : ring_floor_) * moved;
+      // v20: since the ring ran the plan in force may have slowed before this change, too (its
+      // record already holds the change where the plan's own steps showed it: no product).
+      ring_floor_ = ring != nullptr ? ring->seconds * std::max(moved, ring_slowdown()) : ring_floor_ * moved;
     }
     if (moved < 1) ring_per_byte_ = 0;  // v16: a faster link: what the ring met before is no floor
     std::erase_if(records_, [&](const Record& r) { return !r.plan.same(keep); });
+    ring_peers_.clear();  // the ring's record or every sparse one went with the others
     ring_probed_ = 0;
     clear_probe_refs(/*ring_ran=*/false);
     explore_ = true;
@@ -949,7 +961,7 @@ class StepController final : public Controller {
   Candidate candidate(const Plan& p, uint32_t w, kernels::Format format, const ControllerSettings& s) const {
     Candidate c{p, 0, false, 0};
     if (const Record* r = trusted_record(p)) {
-      c.seconds = r->seconds;
+      c.seconds = r->seconds * (p.dense ? ring_slowdown() : 1.0);  // v20
       c.measured = true;
     } else if (p.dense && ring_probed_ > 0) {  // v14
       c.seconds = ring_probed_;
@@ -964,6 +976,35 @@ class StepController final : public Controller {
     c.seconds += overhead_;
     c.price = c.seconds * (p.dense ? 1.0 : std::max(s.step.dense_worth, 1.0));
     return c;
+  }
+
+  // v20: the sparse plan in force's record now over its record as the ring last measured (>= 1;
+  // 1 where the ring runs or either is unknown).
+  double ring_slowdown() const {
+    const Plan& in = running();
+    const Record* now = in.dense ? nullptr : trusted_record(in);
+    if (now == nullptr) return 1;
+    for (const Record& then : ring_peers_) {
+      if (then.plan.same(in) && then.seconds > 0) return std::max(1.0, now->seconds / then.seconds);
+    }
+    return 1;
+  }
+
+  // v20: what the sparse records held as the ring's record was last updated; a sparse record
+  // trusted only later (the ring ran first) joins with its first trusted time.
+  void note_ring_peers(const Record& updated) {
+    if (updated.plan.dense) {
+      ring_peers_.clear();
+      for (const Record& r : records_) {
+        if (!r.plan.dense && r.steps >= kRecordTrusted) ring_peers_.push_back(r);
+      }
+      return;
+    }
+    if (updated.steps != kRecordTrusted || trusted_record({true, 1.0}) == nullptr) return;
+    for (const Record& then : ring_peers_) {
+      if (then.plan.same(updated.plan)) return;
+    }
+    ring_peers_.push_back(updated);
   }
 
   // v15: no ring costs less than its bytes to a successor take at the last probe's rate on the
@@ -1098,6 +1139,7 @@ class StepController final : public Controller {
   double ring_floor_ = 0;   // v13: no voided ring costs less after the link got slower
   double ring_per_byte_ = 0;  // v16: seconds per byte of the ring's quickest step since a probe (probe_floor)
   double ring_probed_ = 0;  // v14: the ring's step time as the link probe scaled it (0: none)
+  std::vector<Record> ring_peers_;  // v20: the sparse records as the ring was last measured
   uint64_t last_link_change_step_ = 0;
   uint64_t slowed_at_ = 0;  // v17: the step the plan in force's own steps voided the records, slower
   uint64_t probe_quiet_until_ = 0;  // v15: the last step a link probe's crossing keeps out of the records

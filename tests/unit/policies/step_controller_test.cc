@@ -1206,6 +1206,39 @@ TEST(StepController, ADropThatTheSparsePlanShowsMakesNoRingCheaperThanItMeasured
   for (uint64_t s = 6; s < 300; ++s) EXPECT_TRUE(r.in_force[s].compression) << "the ring at step " << s;
 }
 
+TEST(StepController, ADropUnderAVoidsSizeMakesNoRingCheaperThanItMeasuredEither) {
+  // v20, a real small job's `down` on the 2-core box (seed 1, 2026-12-03): the ring measured at
+  // 1 Gbit/s a little dearer than the sparse plan's price, which was kept; after the drop to
+  // 50 Mbit/s the sparse steps slowed 1.5-1.9x, under the 2x that voids the records, so the
+  // ring's record from 1 Gbit/s stayed and undercut the slowed sparse price by more than the
+  // hysteresis: the ring ran at 50 Mbit/s (4x its record) and was left, two decisions on a
+  // steady link. The ring is priced at its record times the sparse plan's slowdown since.
+  Plant plant = small_model(0.003);
+  plant.noise = 0.02;
+  plant.report_period = true;
+  plant.burst = 32 * 1024;
+  plant.line = 1.0 / 1.25e9;
+  plant.ring_hidden = 0.0016;
+  const double hidden_at_50m = 0.0036;  // what the sparse steps meet at 50 Mbit/s beyond the model
+  const double worth = 1.3;
+  const double sparse_1g = plant.true_price(false, 0.005, kRate1G), ring_1g = plant.true_price(true, 1, kRate1G);
+  ASSERT_GT(ring_1g, 1.3 * worth * sparse_1g) << "the sparse plan is kept after the warm-up";
+  plant.sparse_hidden = hidden_at_50m;
+  const double sparse_50m = plant.true_price(false, 0.005, kRate50M);
+  plant.sparse_hidden = 0;
+  ASSERT_LT(sparse_50m, 1.9 * sparse_1g) << "no void: under 2x";
+  ASSERT_GT(worth * sparse_50m, 1.35 * ring_1g) << "the ring's old record undercuts the slowed sparse price";
+  ASSERT_GT(plant.true_price(true, 1, kRate50M), 3 * worth * sparse_50m);
+  const auto r = run_profile(plant, 0.005, 400, [&](uint64_t s) {
+    plant.sparse_hidden = s < 150 ? 0 : hidden_at_50m;
+    return s < 150 ? kRate1G : kRate50M;
+  }, worth, true, 3, /*warmup=*/6);
+  EXPECT_NE(r.status.step_model.find("dense ring"), std::string::npos) << r.status.step_model;
+  EXPECT_EQ(r.status.step_model.find("records voided"), std::string::npos) << "a void tests v13, not this";
+  EXPECT_TRUE(r.decisions.empty()) << "a decision at step " << r.decisions.front() << ": " << r.status.last_reason;
+  for (uint64_t s = 6; s < 400; ++s) EXPECT_TRUE(r.in_force[s].compression) << "the ring at step " << s;
+}
+
 TEST(StepController, TheTrainersRingPricedThroughARateChangeIsTakenWhenTheLinkGetsFast) {
   // The rise of StepUpIsFollowedTooAndTheDenseRingIsTakenWhenItIsCheapest (50 Mbit/s, then
   // 10 Gbit/s) with the trainers reducing dense steps: their ring moves 1.5x the bytes of the
