@@ -1,0 +1,265 @@
+#!/usr/bin/python3
+"""What a dense step is worth, in steps: the real jobs' training (bench/convergence/ddp_digits.py:
+the same MLP, initialisation, shards, batches, SGD) simulated in one process, without daemons,
+links or clocks, so that only the steps count. 4 ranks on 2 nodes (2 each, as the real jobs);
+each step every rank's gradient of its own batch; a dense step applies their average (what DDP's
+all-reduce or the daemons' ring gives); a sparse step sums each node's two ranks, adds the node's
+residual, keeps the node's top-k of the whole flat gradient (the hook's one bucket) and averages
+the nodes' selections (the daemons' top-k with `error_feedback = "residual"`). The hook's first
+2 iterations are dense in every plan, as in the real jobs.
+
+    bench/controllers/dense_worth.py [--dataset digits|fmnist] [--hidden 256] [--steps 600]
+        [--seeds 1-4] [--density 0.005] [--momentum-correction]
+        [--plan "dense:0-150,topk"] [--digits digits.npz] [--out r.json]
+
+A plan is a comma list of segments, each `dense` or `topk` with an optional step range
+`A-B` or `A-` (from step A, before step B; without one, from where the segment before it ended,
+to the end); where segments overlap the last one holding a step wins, and steps none holds are
+top-k; `dense` and `topk` alone are the
+static settings and always run. For every seed and plan it prints the steps to the target (the
+dense run's final test accuracy less --target-margin-pp, as bench/controllers/real.py's
+`--target-margin-pp`) and the ratio against dense: a static top-k's ratio is what a dense step
+is worth in steps on this model (the step controller's `step_dense_worth` prices it at 1.3).
+Also, per sampled step of the top-k run, the statistics a daemon could see online: ||e||^2 /
+||g||^2 (its residual against the gradient), the share of ||g + e||^2 the selection kept, the
+share of ||g||^2 a top-k of g alone would keep, and (which a daemon sees only on a dense probe)
+the cosine between the averaged selection and the dense average. With --momentum-correction
+the hook's DGC momentum correction (docs of sparsecar.torch): every rank keeps u = m u + g, the
+ranks' u go where g went, the optimizer runs without momentum and u is zeroed where the average
+is nonzero; dense runs keep SGD's own momentum (the same update). A benchmark: nothing is
+asserted. Docs: docs/controllers.md, "What a dense step is worth, in steps".
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "convergence"))
+
+NODES, LOCAL = 2, 2
+SAMPLED = (2, 5, 10, 20, 50, 100, 200, 300, 400, 500)
+
+
+def parse_plan(text):
+    """[(kind, start, end)] of a --plan text (end None: open); SystemExit on a bad one."""
+    segs = []
+    for part in text.split(","):
+        kind, _, span = part.strip().partition(":")
+        if kind not in ("dense", "topk"):
+            raise SystemExit(f"--plan: unknown segment kind {kind!r} in {text!r} (dense or topk)")
+        # Without a range a segment starts where the one before it ended (the first at step 0).
+        start, end = (segs[-1][2] or 0) if segs else 0, None
+        if span:
+            a, sep, b = span.partition("-")
+            try:
+                start = int(a)
+                end = int(b) if sep and b else None
+            except ValueError:
+                raise SystemExit(f"--plan: bad step range {span!r} in {text!r} (A-B or A-)") from None
+            if start < 0 or (end is not None and end <= start):
+                raise SystemExit(f"--plan: empty or negative step range {span!r} in {text!r}")
+        segs.append((kind, start, end))
+    return segs
+
+
+def kind_at(plan, step):
+    """The plan's kind at `step`: the last segment holding it; steps no segment holds are top-k."""
+    kind = "topk"
+    for k, a, b in plan:
+        if step >= a and (b is None or step < b):
+            kind = k
+    return kind
+
+
+def parse_seeds(text):
+    a, sep, b = text.partition("-")
+    try:
+        lo, hi = int(a), int(b) if sep else int(a)
+    except ValueError:
+        raise SystemExit(f"--seeds: {text!r} is not N or A-B") from None
+    if lo < 1 or hi < lo:
+        raise SystemExit(f"--seeds: {text!r} is no range of seeds >= 1")
+    return list(range(lo, hi + 1))
+
+
+def train(args, seed, plan, torch, np, shards, test):
+    """(curve [[steps, test accuracy]], top-k statistics rows) of one run of `plan`."""
+    import ddp_digits  # noqa: F401  (the caller put it on the path)
+    world = NODES * LOCAL
+    torch.manual_seed(seed)
+    features = shards[0][0].shape[1]
+    model = torch.nn.Sequential(torch.nn.Linear(features, args.hidden), torch.nn.ReLU(),
+                                torch.nn.Linear(args.hidden, args.hidden), torch.nn.ReLU(),
+                                torch.nn.Linear(args.hidden, 10))
+    params = list(model.parameters())
+    n = sum(p.numel() for p in params)
+    k = max(1, int(args.density * n))
+    mc = args.momentum_correction and any(kind == "topk" for kind, _, _ in plan)
+    opt = torch.optim.SGD(params, lr=args.lr, momentum=0.0 if mc else args.momentum)
+    gens = [np.random.default_rng(seed * 1000 + r) for r in range(world)]
+
+    def batches(r):  # ddp_digits.trainer's own order
+        xs, ys = shards[r]
+        while True:
+            order = gens[r].permutation(len(ys))
+            for i in range(0, len(order) - args.batch + 1, args.batch):
+                yield torch.from_numpy(xs[order[i:i + args.batch]]), torch.from_numpy(ys[order[i:i + args.batch]])
+
+    its = [batches(r) for r in range(world)]
+    residual = [torch.zeros(n) for _ in range(NODES)]
+    velocity = [torch.zeros(n) for _ in range(world)]
+    xt, yt = (torch.from_numpy(a) for a in test)
+    curve, stats = [], []
+    for step in range(args.steps):
+        grads = []
+        for r in range(world):
+            x, y = next(its[r])
+            model.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            grads.append(torch.cat([p.grad.reshape(-1) for p in params]))
+        dense = sum(grads) / world
+        if mc:
+            for r in range(world):
+                velocity[r].mul_(args.momentum).add_(grads[r])
+            grads = [v.clone() for v in velocity]
+        if step < 2 or kind_at(plan, step) == "dense":
+            update = sum(grads) / world
+            # A dense step sent everything: the residual went out with it (the daemons' first ring
+            # step after sparse ones sends it) and u restarts nowhere (SGD with momentum exactly).
+            if any(float(e.abs().max()) > 0 for e in residual):
+                update += sum(residual) / world
+                residual = [torch.zeros(n) for _ in range(NODES)]
+                if mc:
+                    velocity = [torch.zeros(n) for _ in range(world)]
+        else:
+            update = torch.zeros(n)
+            g2 = e2 = a2 = kept = kept_alone = 0.0
+            for node in range(NODES):
+                g = sum(grads[node * LOCAL:(node + 1) * LOCAL])
+                acc = g + residual[node]
+                idx = acc.abs().topk(k).indices
+                sel = torch.zeros(n)
+                sel[idx] = acc[idx]
+                residual[node] = acc - sel
+                update += sel
+                g2 += float(g.dot(g))
+                e2 += float(residual[node].dot(residual[node]))
+                a2 += float(acc.dot(acc))
+                kept += float(sel.dot(sel))
+                top = g.abs().topk(k).indices
+                kept_alone += float(g[top].dot(g[top]))
+            update /= world
+            if mc:
+                sent = update != 0
+                for v in velocity:
+                    v[sent] = 0
+            if step in SAMPLED or step == args.steps - 1:
+                cos = float(update.dot(dense) / (update.norm() * dense.norm() + 1e-30))
+                stats.append({"step": step, "residual_over_grad": e2 / g2 if g2 > 0 else None,
+                              "kept": kept / a2 if a2 > 0 else None,
+                              "kept_alone": kept_alone / g2 if g2 > 0 else None, "cosine_with_dense": cos})
+        offset = 0
+        for p in params:
+            p.grad = update[offset:offset + p.numel()].reshape(p.shape).clone()
+            offset += p.numel()
+        opt.step()
+        if (step + 1) % args.eval_every == 0 or step == args.steps - 1:
+            with torch.no_grad():
+                curve.append([step + 1, float((model(xt).argmax(1) == yt).float().mean())])
+    return curve, stats, n
+
+
+def steps_to(curve, target):
+    return next((s for s, a in curve if a >= target), None)
+
+
+def main(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", default="digits", choices=("digits", "fmnist"))
+    p.add_argument("--hidden", type=int, default=256, help="the MLP's width (real.py: small 256, large 1024)")
+    p.add_argument("--batch", type=int, default=16, help="per rank")
+    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--density", type=float, default=0.005, help="top-k's share of the elements")
+    p.add_argument("--test-limit", type=int, default=0, help="fmnist: the first N test images (0: all)")
+    p.add_argument("--eval-every", type=int, default=10)
+    p.add_argument("--seeds", default="1", help="N or A-B (the trainer seeds, as real.py's)")
+    p.add_argument("--target-margin-pp", type=float, default=0.5)
+    p.add_argument("--momentum-correction", action="store_true", help="the hook's momentum_correction=True")
+    p.add_argument("--plan", action="append", default=[], help="one more plan (repeatable), e.g. dense:0-150,topk")
+    p.add_argument("--digits", help="the digits as an .npz of x and y (ddp_digits.save_digits; default: scikit-learn's)")
+    p.add_argument("--out", help="JSON report")
+    args = p.parse_args(argv)
+    if not 0 < args.density <= 1:
+        raise SystemExit("--density must be in (0, 1]")
+    if args.steps < 3 or args.eval_every < 1 or args.hidden < 1 or args.batch < 1:
+        raise SystemExit("--steps >= 3, --eval-every, --hidden and --batch >= 1")
+    seeds = parse_seeds(args.seeds)
+    plans = {"dense": [("dense", 0, None)], "topk": [("topk", 0, None)]}
+    for text in args.plan:
+        plans[text] = parse_plan(text)
+
+    import numpy as np
+    import torch
+    import ddp_digits
+    torch.set_num_threads(1)
+    t0 = time.monotonic()
+    report = {"config": {k: v for k, v in vars(args).items() if k not in ("out", "plan")} | {"plans": list(plans)},
+              "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}", "seeds": {}}
+    print(f"dense_worth: {args.dataset} hidden {args.hidden}, top-k {100 * args.density:g} %, "
+          f"{'momentum correction' if args.momentum_correction else 'SGD momentum'}; {report['machine']}", flush=True)
+    for seed in seeds:
+        dargs = ddp_digits.parse(["--dataset", args.dataset, "--hidden", str(args.hidden), "--seed", str(seed),
+                                  "--test-limit", str(args.test_limit), "--batch", str(args.batch)]
+                                 + (["--digits", args.digits] if args.digits else []))
+        loaded = [ddp_digits.load_shard(dargs, r, NODES * LOCAL, np) for r in range(NODES * LOCAL)]
+        shards, test = [s[0] for s in loaded], loaded[0][1]
+        runs = {}
+        for name, plan in plans.items():
+            curve, stats, n = train(args, seed, plan, torch, np, shards, test)
+            runs[name] = {"curve": curve, "final_accuracy": curve[-1][1]} | ({"topk_statistics": stats} if name == "topk" else {})
+        target = runs["dense"]["final_accuracy"] - args.target_margin_pp / 100
+        for r in runs.values():
+            r["steps_to_target"] = steps_to(r["curve"], target)
+        base = runs["dense"]["steps_to_target"]
+        line = []
+        for name, r in runs.items():
+            s = r["steps_to_target"]
+            r["steps_over_dense"] = s / base if s and base else None
+            line.append(f"{name} {s if s else '-'}" + (f" (x{s / base:.2f})" if s and base and name != "dense" else ""))
+        report["seeds"][str(seed)] = {"elements": n, "target": target, "runs": runs}
+        print(f"  seed {seed}: {n} elements, target {100 * target:.2f} %: steps " + ", ".join(line)
+              + f" ({time.monotonic() - t0:.0f} s so far)", flush=True)
+    print("\n| plan | steps to the target (seeds) | x dense, median |\n| --- | --- | --- |")
+    summary = {}
+    for name in plans:
+        steps = [report["seeds"][str(s)]["runs"][name]["steps_to_target"] for s in seeds]
+        ratios = [report["seeds"][str(s)]["runs"][name]["steps_over_dense"] for s in seeds]
+        known = [r for r in ratios if r is not None]
+        summary[name] = {"steps": steps, "median_over_dense": statistics.median(known) if known else None}
+        med = f"{statistics.median(known):.2f}" if known else "-"
+        print(f"| {name} | {', '.join(str(s) if s else '-' for s in steps)} | {med} |")
+    rows = [st for s in seeds for st in report["seeds"][str(s)]["runs"]["topk"]["topk_statistics"]]
+    if rows:
+        print("\ntop-k run, medians over seeds and sampled steps >= 10 (early, < 10, in the report):")
+        late = [r for r in rows if r["step"] >= 10]
+        for key in ("residual_over_grad", "kept", "kept_alone", "cosine_with_dense"):
+            vals = [r[key] for r in late if r[key] is not None]
+            summary[key] = statistics.median(vals) if vals else None
+            print(f"  {key}: {summary[key]:.3f}" if vals else f"  {key}: -")
+    report["summary"] = summary
+    report["wall_s"] = time.monotonic() - t0
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
