@@ -50,8 +50,9 @@ def parse_plan(text):
     segs = []
     for part in text.split(","):
         kind, _, span = part.strip().partition(":")
-        if kind not in ("dense", "topk"):
-            raise SystemExit(f"--plan: unknown segment kind {kind!r} in {text!r} (dense or topk)")
+        if kind != "dense" and segment_density(kind) is None:
+            raise SystemExit(f"--plan: unknown segment kind {kind!r} in {text!r} (dense, topk or topkP: "
+                             "top-k of P % of the elements, 0 < P <= 100)")
         # Without a range a segment starts where the one before it ended (the first at step 0).
         start, end = (segs[-1][2] or 0) if segs else 0, None
         if span:
@@ -65,6 +66,19 @@ def parse_plan(text):
                 raise SystemExit(f"--plan: empty or negative step range {span!r} in {text!r}")
         segs.append((kind, start, end))
     return segs
+
+
+def segment_density(kind, default=None):
+    """A top-k segment's density: `topk` the --density (`default`), `topkP` P %; None: no top-k kind."""
+    if kind == "topk":
+        return default if default is not None else 0.0
+    if not kind.startswith("topk"):
+        return None
+    try:
+        pct = float(kind[4:])
+    except ValueError:
+        return None
+    return pct / 100 if 0 < pct <= 100 else None
 
 
 def kind_at(plan, step):
@@ -98,8 +112,7 @@ def train(args, seed, plan, torch, np, shards, test):
                                 torch.nn.Linear(args.hidden, 10))
     params = list(model.parameters())
     n = sum(p.numel() for p in params)
-    k = max(1, int(args.density * n))
-    mc = args.momentum_correction and any(kind == "topk" for kind, _, _ in plan)
+    mc = args.momentum_correction and any(kind != "dense" for kind, _, _ in plan)
     opt = torch.optim.SGD(params, lr=args.lr, momentum=0.0 if mc else args.momentum)
     gens = [np.random.default_rng(seed * 1000 + r) for r in range(world)]
 
@@ -115,7 +128,12 @@ def train(args, seed, plan, torch, np, shards, test):
     velocity = [torch.zeros(n) for _ in range(world)]
     xt, yt = (torch.from_numpy(a) for a in test)
     curve, stats = [], []
+    was = "dense"  # the hook's first iterations
     for step in range(args.steps):
+        kind = "dense" if step < 2 else kind_at(plan, step)
+        if args.momentum_reset and kind != "dense" and was == "dense" and step > 2:  # not after the hook's own
+            opt.state.clear()  # SGD's momentum buffers: the dense steps' velocity dropped at the switch
+        was = kind
         grads = []
         for r in range(world):
             x, y = next(its[r])
@@ -127,7 +145,7 @@ def train(args, seed, plan, torch, np, shards, test):
             for r in range(world):
                 velocity[r].mul_(args.momentum).add_(grads[r])
             grads = [v.clone() for v in velocity]
-        if step < 2 or kind_at(plan, step) == "dense":
+        if kind == "dense":
             update = sum(grads) / world
             # A dense step sent everything: the residual went out with it (the daemons' first ring
             # step after sparse ones sends it) and u restarts nowhere (SGD with momentum exactly).
@@ -142,7 +160,7 @@ def train(args, seed, plan, torch, np, shards, test):
             for node in range(NODES):
                 g = sum(grads[node * LOCAL:(node + 1) * LOCAL])
                 acc = g + residual[node]
-                idx = acc.abs().topk(k).indices
+                idx = acc.abs().topk(max(1, int(segment_density(kind, args.density) * n))).indices
                 sel = torch.zeros(n)
                 sel[idx] = acc[idx]
                 residual[node] = acc - sel
@@ -151,7 +169,7 @@ def train(args, seed, plan, torch, np, shards, test):
                 e2 += float(residual[node].dot(residual[node]))
                 a2 += float(acc.dot(acc))
                 kept += float(sel.dot(sel))
-                top = g.abs().topk(k).indices
+                top = g.abs().topk(max(1, int(segment_density(kind, args.density) * n))).indices
                 kept_alone += float(g[top].dot(g[top]))
             update /= world
             if mc:
@@ -192,6 +210,8 @@ def main(argv):
     p.add_argument("--seeds", default="1", help="N or A-B (the trainer seeds, as real.py's)")
     p.add_argument("--target-margin-pp", type=float, default=0.5)
     p.add_argument("--momentum-correction", action="store_true", help="the hook's momentum_correction=True")
+    p.add_argument("--momentum-reset", action="store_true",
+                   help="drop SGD's momentum buffers at every switch from dense to top-k (an experiment)")
     p.add_argument("--plan", action="append", default=[], help="one more plan (repeatable), e.g. dense:0-150,topk")
     p.add_argument("--digits", help="the digits as an .npz of x and y (ddp_digits.save_digits; default: scikit-learn's)")
     p.add_argument("--out", help="JSON report")
@@ -210,7 +230,10 @@ def main(argv):
     import ddp_digits
     torch.set_num_threads(1)
     t0 = time.monotonic()
-    report = {"config": {k: v for k, v in vars(args).items() if k not in ("out", "plan")} | {"plans": list(plans)},
+    config = {k: v for k, v in vars(args).items() if k not in ("out", "plan")}
+    if args.digits:
+        config["digits"] = os.path.basename(args.digits)  # the report names no machine's paths
+    report = {"config": config | {"plans": list(plans)},
               "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}", "seeds": {}}
     print(f"dense_worth: {args.dataset} hidden {args.hidden}, top-k {100 * args.density:g} %, "
           f"{'momentum correction' if args.momentum_correction else 'SGD momentum'}; {report['machine']}", flush=True)
