@@ -28,9 +28,15 @@ def test_plans_parse_and_the_last_segment_holding_a_step_wins():
     # Without a range a segment goes on from where the one before it ended.
     assert dense_worth.parse_plan("dense:0-40,topk") == [("dense", 0, 40), ("topk", 40, None)]
     assert dense_worth.parse_plan("topk") == [("topk", 0, None)]
+    # topkP: top-k of P % of the elements; plain topk is --density's.
+    assert dense_worth.parse_plan("dense:0-10,topk2") == [("dense", 0, 10), ("topk2", 10, None)]
+    assert dense_worth.segment_density("topk2") == pytest.approx(0.02)
+    assert dense_worth.segment_density("topk", 0.005) == 0.005
+    assert dense_worth.segment_density("dense") is None
 
 
-@pytest.mark.parametrize("bad", ["ring", "dense:5-5", "dense:9-3", "dense:x-4", "dense:-1-4", ""])
+@pytest.mark.parametrize("bad", ["ring", "dense:5-5", "dense:9-3", "dense:x-4", "dense:-1-4", "", "topk0",
+                                 "topk101", "topkx"])
 def test_bad_plans_are_refused_with_a_message(bad):
     with pytest.raises(SystemExit) as e:
         dense_worth.parse_plan(bad)
