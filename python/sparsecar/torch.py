@@ -114,7 +114,12 @@ How it works (torch 1.13 .. 2.x; only public, long-lived hook APIs are used):
   local selection). The daemon must run plain ``error_feedback = "residual"`` (its default), not
   its own ``momentum``. Weight decay stays in the optimizer, outside the momentum. u is keyed by
   parameter (DDP's bucket rebuild after the first iteration may reorder a bucket) and is in
-  ``state_dict()``.
+  ``state_dict()``. Without the option, a daemon that goes from dense steps (the ring, a
+  schedule's warm-up) to sparse ones hands SGD's momentum those bursts too: on the digits jobs
+  100 dense steps and then top-k 0.5 % took 1.13x the steps of top-k from the start, the accuracy
+  15-18 pp down after the switch (docs/controllers.md, "What a dense step is worth, in steps").
+  The hook counts such switches (``summary()["dense_to_sparse_switches"]``) and, after 20 or
+  more dense steps with momentum outside it, says so once in the log.
 * **State.** ``hook.state_dict()`` / ``hook.load_state_dict()`` carry the step counter, the
   registered layout, the counters and the momentum-correction velocity across a restart (see
   :meth:`SparsecarHook.state_dict`); the error-feedback residual lives in the daemon and is saved
@@ -242,6 +247,8 @@ class SparsecarHook:
         self._step_failed = False    # a sparsecar step failed; dense from the next iteration on
         self._warned = False
         self._warned_host_staging = False
+        self._dense_run = 0          # the daemon's dense steps since its last sparse one (leases too)
+        self._warned_switch = False  # the dense -> sparse switch without momentum_correction, once
         self._jobs = queue.Queue()
         self._worker = None
         self._closed = False
@@ -326,7 +333,8 @@ class SparsecarHook:
         dense iteration spent outside the all-reduce; reported to the daemon before the first
         sparse step), dense_steps_s / dense_waits_s (every whole dense
         iteration's period and wait, in order), momentum_correction (the SGD momentum the hook
-        applies, None without it). per_tensor=True adds "per_tensor": name ->
+        applies, None without it), dense_to_sparse_switches (the daemon's switches from dense steps,
+        leased ones included, to sparse ones). per_tensor=True adds "per_tensor": name ->
         {steps, elements, nnz, density, bytes_sent, dense_bytes}. On a node with several ranks
         each rank sees the whole node's bytes."""
         st = self.stats
@@ -359,6 +367,7 @@ class SparsecarHook:
             "dense_waits_s": [t[1] for t in self._dense_timings],
             "failure": self.failure,
             "momentum_correction": self.momentum,
+            "dense_to_sparse_switches": st["dense_to_sparse_switches"],
         }
         if per_tensor:
             out["per_tensor"] = {
@@ -748,6 +757,7 @@ class SparsecarHook:
             if self._leased:
                 self._lease_left -= 1
                 self.stats["leased_iterations"] += 1
+                self._dense_run += 1
                 self.stats["leased_dense_bytes"] += self._lease_bytes
                 self._t_prev_iteration = None  # mean_step_s: the daemon's iterations, each after one
                 self._mark_next(step, buf)
@@ -954,6 +964,32 @@ class SparsecarHook:
         self._velocity[index] = _Velocity(key, u)
         return u
 
+    def _note_plan(self, dense):
+        """Counts the daemon's switches from dense steps (the ring, the trainers' all-reduce, a
+        schedule's warm-up) to sparse ones (summary()'s dense_to_sparse_switches). After at least
+        _FORFEIT_STEPS dense steps, without momentum_correction and with an optimizer that may
+        hold momentum, it says once in the log what such a switch has cost: error feedback's
+        held-back coordinates go out in bursts that SGD's momentum applies ~1/(1-m) times, and on
+        the digits jobs 100 dense steps then top-k 0.5 % took 1.13x the steps of top-k from the
+        start (docs/controllers.md, "What a dense step is worth, in steps")."""
+        if dense:
+            self._dense_run += 1
+            return
+        run, self._dense_run = self._dense_run, 0
+        if run == 0:
+            return
+        self.stats["dense_to_sparse_switches"] += 1
+        if self.momentum is not None or self._warned_switch or run < _FORFEIT_STEPS:
+            return
+        groups = getattr(self.optimizer, "param_groups", None)
+        if groups is not None and not any(g.get("momentum", 0) for g in groups):
+            return  # no momentum outside the hook: nothing to amplify the bursts
+        self._warned_switch = True
+        log.warning("sparsecar: the daemon went from %d dense steps to sparse ones while the optimizer's "
+                    "momentum runs outside the hook; error feedback's bursts then get the momentum's gain, "
+                    "and such switches have cost the dense steps' progress (register with "
+                    "momentum_correction=True to move the momentum into the hook; said once)", run)
+
     def _mask_velocity(self, index, sl, info, average):
         """DGC's momentum factor masking after a sparse step: u = 0 where the returned average
         (float32: the daemon's slot or device buffer) is nonzero. A dense step masks nothing,
@@ -1127,6 +1163,8 @@ class SparsecarHook:
             # Counted before any future is fulfilled: the last set_result lets the trainer's
             # backward return, and a summary() read right after must see this iteration.
             self.stats["sparse_iterations"] += 1
+            self._note_plan(all(info.nnz >= sl.numel for _, index, _, _, _, infos in pending
+                                for sl, info in zip(self._slices[index], infos)))
             if self._t_iteration is not None:
                 self.stats["exchange_ns"] += int((time.monotonic() - self._t_iteration) * 1e9)
         for n, (kind, index, buf, fut, step, infos) in enumerate(pending):
@@ -1180,6 +1218,7 @@ def _lease_of(pending):
 
 _BUCKET_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _OUTLIER_BASE = 10      # compute samples before one may be held back as a lone outlier
+_FORFEIT_STEPS = 20     # dense steps before a switch to sparse ones that _note_plan warns of
 _OUTLIER_FACTOR = 4.0   # ... over this many times their median
 
 

@@ -235,6 +235,39 @@ def relayout(u, old_params, new_params, model):
     return torch.cat([pieces[pid] for pid in new_params])
 
 
+@pytest.mark.parametrize("correction,momentum,given,warned", [(False, M, True, True), (False, M, False, True),
+                                                             (True, M, True, False), (False, 0.0, True, False)])
+def test_a_switch_from_dense_to_sparse_steps_is_counted_and_said_once_without_the_correction(
+        group, make_job, caplog, correction, momentum, given, warned):
+    """The schedule's dense warm-up (the daemon's steps 2-23 dense, from 24 top-k 10 %) is one
+    switch from dense steps to sparse ones, counted in summary(); with SGD momentum outside the
+    hook (no momentum_correction; also where the hook is given no optimizer and cannot tell) the
+    log says once what such a switch costs; with the correction, or an optimizer without
+    momentum, it says nothing (nothing amplifies the bursts)."""
+    job = make_job(nodes=1, daemon_args=["--density", "0.1", "--controller", "schedule",
+                                         "--schedule-warmup-steps", "24", "--schedule-ramp-steps", "0"])
+    model = DDP(make_net())
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=momentum)
+    hook = sparsecar.torch.register(model, socket=job.sockets[0], optimizer=opt if given else None, timeout=20,
+                                    on_error="raise", announce=None,
+                                    momentum_correction=correction)
+    caplog.set_level("WARNING", logger="sparsecar.torch")
+    for step in range(23):
+        train_step(model, opt, step)
+    assert hook.summary()["dense_to_sparse_switches"] == 0
+    assert hook.stats["sparsecar_nnz"] == hook.stats["sparsecar_elements"] > 0  # dense daemon steps so far
+    for step in range(23, 28):
+        train_step(model, opt, step)
+    s = hook.summary()
+    assert s["failed_steps"] == 0 and s["sparse_iterations"] == 26, s
+    assert s["dense_to_sparse_switches"] == 1, s
+    said = [r for r in caplog.records if "dense steps to sparse ones" in r.getMessage()]
+    assert len(said) == (1 if warned else 0), [r.getMessage() for r in said]
+    if warned:
+        assert "22 dense steps" in said[0].getMessage() and "momentum_correction=True" in said[0].getMessage()
+    hook.close()
+
+
 def test_state_dict_round_trip_keeps_the_velocity(group, make_job, tmp_path):
     """4 steps through the daemon (dense), save model + hook, then a new model and hook restored
     from the files continue (with no daemon: the fallback all-reduce, also momentum SGD). The
