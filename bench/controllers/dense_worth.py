@@ -103,7 +103,6 @@ def parse_seeds(text):
 
 def train(args, seed, plan, torch, np, shards, test):
     """(curve [[steps, test accuracy]], top-k statistics rows) of one run of `plan`."""
-    import ddp_digits  # noqa: F401  (the caller put it on the path)
     world = NODES * LOCAL
     torch.manual_seed(seed)
     features = shards[0][0].shape[1]
