@@ -983,7 +983,7 @@ class SparsecarHook:
             return
         groups = getattr(self.optimizer, "param_groups", None)
         if groups is not None and not any(g.get("momentum", 0) for g in groups):
-            return  # no momentum outside the hook: nothing to amplify the bursts
+            return  # no (SGD) momentum outside the hook: nothing to amplify the bursts
         self._warned_switch = True
         log.warning("sparsecar: the daemon went from %d dense steps to sparse ones while the optimizer's "
                     "momentum runs outside the hook; error feedback's bursts then get the momentum's gain, "
@@ -1218,8 +1218,8 @@ def _lease_of(pending):
 
 _BUCKET_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _OUTLIER_BASE = 10      # compute samples before one may be held back as a lone outlier
-_FORFEIT_STEPS = 20     # dense steps before a switch to sparse ones that _note_plan warns of
 _OUTLIER_FACTOR = 4.0   # ... over this many times their median
+_FORFEIT_STEPS = 20     # dense steps before a switch to sparse ones that _note_plan warns of
 
 
 def _same_buckets(a, b):
