@@ -11,6 +11,8 @@ the nodes' selections (the daemons' top-k with `error_feedback = "residual"`). T
     bench/controllers/dense_worth.py [--dataset digits|fmnist] [--hidden 256] [--steps 600]
         [--seeds 1-4] [--density 0.005] [--momentum-correction]
         [--plan "dense:0-150,topk"] [--digits digits.npz] [--out r.json]
+        [--step-ms dense=24/90,topk=19 [--phase-s 4]]
+    bench/controllers/dense_worth.py --reanalyse r.json[,r2.json] --step-ms dense=24/90,topk=19
 
 A plan is a comma list of segments, each `dense` or `topk` with an optional step range
 `A-B` or `A-` (from step A, before step B; without one, from where the segment before it ended,
@@ -20,7 +22,11 @@ static settings and always run. For every seed and plan it prints the steps to t
 dense run's final test accuracy less --target-margin-pp, as bench/controllers/real.py's
 `--target-margin-pp`) and the ratio against dense: a static top-k's ratio is what a dense step
 is worth in steps on this model (the step controller's `step_dense_worth` prices it at 1.3).
-Also, per sampled step of the top-k run, the statistics a daemon could see online: ||e||^2 /
+With --step-ms, a time model as well: each kind's step
+time on a link that alternates between two rates every --phase-s seconds (`dense=24/90`: 24 ms
+in the first phase, 90 in the second; the box's small `oscillating` job at 500 / 50 Mbit/s),
+and each plan's seconds to the target under it (--reanalyse: from saved reports). Also, per
+sampled step of the top-k run, the statistics a daemon could see online: ||e||^2 /
 ||g||^2 (its residual against the gradient), the share of ||g + e||^2 the selection kept, the
 share of ||g||^2 a top-k of g alone would keep, and (which a daemon sees only on a dense probe)
 the cosine between the averaged selection and the dense average. With --momentum-correction
@@ -32,6 +38,7 @@ asserted. Docs: docs/controllers.md, "What a dense step is worth, in steps".
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -195,6 +202,62 @@ def steps_to(curve, target):
     return next((s for s, a in curve if a >= target), None)
 
 
+def parse_step_ms(text):
+    """{kind: (ms in the first phase, ms in the second)} of a --step-ms text such as
+    "dense=24/90,topk=19" (one value: both phases); dense and topk are required, a topkP kind
+    without its own entry costs what topk does. SystemExit on a bad one."""
+    costs = {}
+    for part in text.split(","):
+        kind, _, ms = part.strip().partition("=")
+        if kind != "dense" and segment_density(kind) is None:
+            raise SystemExit(f"--step-ms: unknown kind {kind!r} in {text!r}")
+        try:
+            vals = [float(v) for v in ms.split("/")]
+        except ValueError:
+            raise SystemExit(f"--step-ms: {ms!r} is not MS or MS/MS in {text!r}") from None
+        if len(vals) not in (1, 2) or not all(v > 0 for v in vals):
+            raise SystemExit(f"--step-ms: {kind} needs one or two times > 0 in {text!r}")
+        costs[kind] = (vals[0], vals[-1])
+    if "dense" not in costs or "topk" not in costs:
+        raise SystemExit(f"--step-ms: {text!r} must give dense= and topk=")
+    return costs
+
+
+def seconds_to(plan, steps, costs, phase_s):
+    """The wall time of a plan's first `steps` steps on a link whose rate alternates every
+    phase_s seconds (the first phase first), each step costing its kind's ms in the phase it
+    starts in; the hook's first 2 iterations are dense, as in train()."""
+    t = 0.0
+    for step in range(steps):
+        kind = "dense" if step < 2 else kind_at(plan, step)
+        ms = costs.get(kind, costs["dense" if kind == "dense" else "topk"])
+        t += ms[int(t // phase_s) % 2] / 1000
+    return t
+
+
+def time_table(report, costs, phase_s):
+    """Prints and returns {plan: per-seed seconds to the target} under --step-ms, with the
+    geometric mean of each seed's ratio to its dense run."""
+    seeds = sorted(report["seeds"], key=int)
+    names = list(report["seeds"][seeds[0]]["runs"])
+    times = {}
+    for name in names:
+        plan = [("dense", 0, None)] if name == "dense" else [("topk", 0, None)] if name == "topk" else parse_plan(name)
+        times[name] = [None if (st := report["seeds"][s]["runs"][name]["steps_to_target"]) is None
+                       else seconds_to(plan, st, costs, phase_s) for s in seeds]
+    print(f"\nseconds to the target, the link alternating every {phase_s:g} s, step ms {costs}:\n"
+          "| plan | s to the target (seeds) | median | paired x dense (geometric mean) |\n| --- | --- | --- | --- |")
+    for name in names:
+        t = times[name]
+        known = [x for x in t if x is not None]
+        pairs = [a / b for a, b in zip(t, times["dense"]) if a is not None and b is not None]
+        geo = math.exp(sum(math.log(x) for x in pairs) / len(pairs)) if pairs else None
+        print(f"| {name} | {', '.join('-' if x is None else f'{x:.2f}' for x in t)} | "
+              f"{statistics.median(known):.2f} | " if known else f"| {name} | - | - | ", end="")
+        print(f"{geo:.3f} over {len(pairs)} |" if geo else "- |")
+    return times
+
+
 def main(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", default="digits", choices=("digits", "fmnist"))
@@ -213,8 +276,28 @@ def main(argv):
                    help="drop SGD's momentum buffers at every switch from dense to top-k (an experiment)")
     p.add_argument("--plan", action="append", default=[], help="one more plan (repeatable), e.g. dense:0-150,topk")
     p.add_argument("--digits", help="the digits as an .npz of x and y (ddp_digits.save_digits; default: scikit-learn's)")
+    p.add_argument("--step-ms", help="a time model, e.g. dense=24/90,topk=19: each kind's step in ms on a link "
+                   "alternating between two rates every --phase-s s (the first value's first); prints seconds to the target")
+    p.add_argument("--phase-s", type=float, default=4.0)
+    p.add_argument("--reanalyse", help="FILE[,FILE...]: reports of this tool, their seeds joined: only the tables (no training)")
     p.add_argument("--out", help="JSON report")
     args = p.parse_args(argv)
+    costs = parse_step_ms(args.step_ms) if args.step_ms else None
+    if args.phase_s <= 0:
+        raise SystemExit("--phase-s must be > 0")
+    if args.reanalyse:
+        joined = {"seeds": {}}
+        for path in args.reanalyse.split(","):
+            with open(path) as f:
+                r = json.load(f)
+            for seed, v in r["seeds"].items():
+                if seed in joined["seeds"]:
+                    raise SystemExit(f"--reanalyse: seed {seed} is in two reports ({path})")
+                joined["seeds"][seed] = v
+        if costs is None:
+            raise SystemExit("--reanalyse needs --step-ms (the steps are in the reports' own tables)")
+        time_table(joined, costs, args.phase_s)
+        return 0
     if not 0 < args.density <= 1:
         raise SystemExit("--density must be in (0, 1]")
     if args.steps < 3 or args.eval_every < 1 or args.hidden < 1 or args.batch < 1:
@@ -276,6 +359,8 @@ def main(argv):
             summary[key] = statistics.median(vals) if vals else None
             print(f"  {key}: {summary[key]:.3f}" if vals else f"  {key}: -")
     report["summary"] = summary
+    if costs is not None:
+        report["seconds_to_target"] = time_table(report, costs, args.phase_s)
     report["wall_s"] = time.monotonic() - t0
     if args.out:
         with open(args.out, "w") as f:

@@ -75,3 +75,24 @@ def test_a_plan_that_starts_dense_trains_as_dense_until_it_switches(tmp_path):
     assert [p for p in plan if p[0] <= 15] == [d for d in dense if d[0] <= 15]
     # 0.5 % top-k from step 2 is another training: its curve leaves dense's (the check can fail).
     assert [t for t in topk if t[0] <= 15] != [d for d in dense if d[0] <= 15]
+
+
+def test_the_time_model_charges_each_step_the_phase_it_starts_in():
+    costs = dense_worth.parse_step_ms("dense=24/90,topk=19")
+    assert costs == {"dense": (24.0, 90.0), "topk": (19.0, 19.0)}
+    dense = [("dense", 0, None)]
+    assert dense_worth.seconds_to(dense, 10, costs, 4.0) == pytest.approx(0.240)  # all in the first phase
+    # Phases of 0.1 s: steps start at 0, 24, 48, 72, 96 ms (fast), the 6th at 120 ms (slow, 90 ms).
+    assert dense_worth.seconds_to(dense, 6, costs, 0.1) == pytest.approx(0.210)
+    # The hook's first 2 iterations are dense in a top-k plan too: 2 x 24 + 3 x 19 ms.
+    assert dense_worth.seconds_to([("topk", 0, None)], 5, costs, 4.0) == pytest.approx(0.105)
+    # A topkP kind without its own entry costs what topk does.
+    assert dense_worth.seconds_to(dense_worth.parse_plan("dense:0-2,topk2"), 3, costs, 4.0) == pytest.approx(0.067)
+
+
+@pytest.mark.parametrize("bad", ["dense=24", "topk=19", "dense=24,topk=x", "dense=0,topk=19", "dense=1/2/3,topk=1",
+                                 "ring=3,dense=1,topk=1"])
+def test_bad_time_models_are_refused(bad):
+    with pytest.raises(SystemExit) as e:
+        dense_worth.parse_step_ms(bad)
+    assert "--step-ms" in str(e.value)
