@@ -110,12 +110,9 @@ def parse_seeds(text):
 
 def train(args, seed, plan, torch, np, shards, test):
     """(curve [[steps, test accuracy]], top-k statistics rows) of one run of `plan`."""
+    import ddp_digits  # the jobs' own model (main() put bench/convergence on the path)
     world = NODES * LOCAL
-    torch.manual_seed(seed)
-    features = shards[0][0].shape[1]
-    model = torch.nn.Sequential(torch.nn.Linear(features, args.hidden), torch.nn.ReLU(),
-                                torch.nn.Linear(args.hidden, args.hidden), torch.nn.ReLU(),
-                                torch.nn.Linear(args.hidden, 10))
+    model = ddp_digits.make_mlp(torch, shards[0][0].shape[1], args.hidden, seed)
     params = list(model.parameters())
     n = sum(p.numel() for p in params)
     mc = args.momentum_correction and any(kind != "dense" for kind, _, _ in plan)

@@ -67,6 +67,15 @@ def save_digits(path):
     return path
 
 
+def make_mlp(torch, features, hidden, seed):
+    """The jobs' model, seeded: features -> hidden -> hidden -> 10 with ReLUs (every trainer builds
+    the same one; bench/controllers/dense_worth.py trains it too)."""
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(features, hidden), torch.nn.ReLU(),
+                               torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+                               torch.nn.Linear(hidden, 10))
+
+
 def load_shard(args, rank, world, np):
     """((train x, y) of this rank's shard, (test x, y)): x float32 [n, features], y int64. digits:
     a seeded quarter of the 1797 images is the test set, the rest is sharded over the ranks;
@@ -138,10 +147,7 @@ def trainer(args):
     xs, ys, xt, yt = (torch.from_numpy(a) for a in (xs, ys, xt, yt))
 
     def make_model():
-        torch.manual_seed(args.seed)
-        return torch.nn.Sequential(torch.nn.Linear(xs.shape[1], args.hidden), torch.nn.ReLU(),
-                                   torch.nn.Linear(args.hidden, args.hidden), torch.nn.ReLU(),
-                                   torch.nn.Linear(args.hidden, 10))
+        return make_mlp(torch, xs.shape[1], args.hidden, args.seed)
 
     def batches():
         g = np.random.default_rng(args.seed * 1000 + rank)
