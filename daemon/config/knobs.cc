@@ -627,8 +627,15 @@ const std::vector<KnobSpec>& knobs() {
        .env = "", .min = 1.0, .max = 100.0, .choices = "",
        .doc = "step: a dense step does the work of this many sparse ones (error feedback delays what a sparse step "
               "leaves out): sparse plans are priced at their step time x this; 1 prices step time alone. A property "
-              "of the model (measured 1.05-1.9 over whole jobs, docs/controllers.md)",
+              "of the model (measured 1.05-1.9 over whole jobs, docs/controllers.md); without the hook's momentum "
+              "correction (else step_dense_worth_corrected)",
        .field = knob_field<&Config::step_dense_worth, in<&CS::step, &StepS::dense_worth>>},
+      {.name = "step_dense_worth_corrected", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
+       .env = "", .min = 1.0, .max = 100.0, .choices = "",
+       .doc = "step: step_dense_worth for a job whose DDP hook corrects momentum (momentum_correction=True; it reports "
+              "the metric momentum_correction before the first step): a dense step's lead then survives a switch to "
+              "sparse (measured 1.38-1.76 sparse steps over whole jobs, docs/controllers.md)",
+       .field = knob_field<&Config::step_dense_worth_corrected, in<&CS::step, &StepS::dense_worth_corrected>>},
       {.name = "step_warmup_cut", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 1.0, .max = 1000.0, .choices = "",
        .doc = "step: under the schedule's dense warm-up, end it early once a dense step measures more than this many "

@@ -65,8 +65,10 @@ void ControllerRunner::start_hint(const policies::StartHint& hint) {
   refresh_base_locked();
   const Decision latest = board_->latest();
   const Config& in_force = *latest.config;
-  SC_LOG_INFO("the trainer's dense steps before step {}: {:.3g} ms a step, {:.3g} ms of it waiting on the exchange",
-              static_cast<unsigned long long>(hint.step), hint.dense_step_s * 1e3, hint.dense_wait_s * 1e3);
+  SC_LOG_INFO("the trainer's dense steps before step {}: {:.3g} ms a step, {:.3g} ms of it waiting on the exchange; "
+              "momentum {}",
+              static_cast<unsigned long long>(hint.step), hint.dense_step_s * 1e3, hint.dense_wait_s * 1e3,
+              hint.momentum_corrected ? "corrected by the hook" : "not corrected");
   auto proposal = loop_.before_start(controller_settings_from_config(in_force), hint, control_knobs_from_config(base_),
                                      control_knobs_from_config(in_force));
   if (!loop_.status().step_model.empty()) {

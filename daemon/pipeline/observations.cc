@@ -240,10 +240,14 @@ void ObservationCollector::on_metric(const std::string& name, double value, uint
     std::lock_guard<std::mutex> lock(mu_);
     // The trainer's dense first steps (the DDP hook reports "dense_wait_s" then "dense_step_s" of
     // one step, before its first submit): rank 0's controllers weigh them before the first step.
-    if (name == "dense_wait_s") {
+    // "momentum_correction" (1: the hook corrects momentum) comes before them: it prices a
+    // sparse step for the whole job (step_dense_worth_corrected), on every node (the probe's pace).
+    if (name == "momentum_correction") {
+      corrected_ = value > 0.5;
+    } else if (name == "dense_wait_s") {
       dense_wait_ = {step, value};
     } else if (name == "dense_step_s" && dense_wait_ && dense_wait_->first == step) {
-      hint = policies::StartHint{step, value, dense_wait_->second};
+      hint = policies::StartHint{step, value, dense_wait_->second, corrected_};
       hint_wait_s_ = dense_wait_->second;
       hint_step_s_ = value;
       dense_wait_.reset();
@@ -266,6 +270,7 @@ void ObservationCollector::on_reset() {
     std::lock_guard<std::mutex> lock(mu_);
     dense_wait_.reset();
     hint_wait_s_ = hint_step_s_ = 0;
+    corrected_ = false;
   }
   if (runner_) runner_->reset();
 }
@@ -407,8 +412,10 @@ void ObservationCollector::finish(const Decision& decision) {
     o.threshold = 0;
   }
   double hint_wait_s = 0, hint_step_s = 0;
+  bool corrected = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    corrected = corrected_;
     hint_wait_s = std::exchange(hint_wait_s_, 0.0);
     hint_step_s = std::exchange(hint_step_s_, 0.0);
     const std::string metric = decision.config ? decision.config->controller_metric : "loss";
@@ -432,14 +439,14 @@ void ObservationCollector::finish(const Decision& decision) {
       }
     }
   }
-  probe_facts_ = probe_facts(o, decision, hint_wait_s, hint_step_s);
+  probe_facts_ = probe_facts(o, decision, hint_wait_s, hint_step_s, corrected);
   ++finished_;
   ready_.push_back(std::move(o));
 }
 
 LinkProbe::StepFacts ObservationCollector::probe_facts(const policies::NodeObservation& o,
                                                        const Decision& decision, double hint_wait_s,
-                                                       double hint_step_s) const {
+                                                       double hint_step_s, bool corrected) const {
   LinkProbe::StepFacts f;
   f.step = o.step;
   f.step_s = o.period_s;  // the steps a probe delays pay for it too (LinkProbe's spacing)
@@ -448,7 +455,7 @@ LinkProbe::StepFacts ObservationCollector::probe_facts(const policies::NodeObser
   const bool sparse = o.elements > 0 && o.nnz < o.elements && o.trainer_elements == 0;
   f.wanted = policies::has(active_, policies::ControllerKind::kStep) && c->step_allow_dense && c->compression && sparse;
   f.share = c->step_probe_share;
-  f.dense_worth = c->step_dense_worth;
+  f.dense_worth = corrected ? c->step_dense_worth_corrected : c->step_dense_worth;
   std::vector<uint64_t> elements;
   for (const auto& t : o.tensors) elements.push_back(t.elements);
   const uint32_t w = transport_->world_size();

@@ -7,7 +7,8 @@
 //   after each step's result (after_complete): the link probe (LinkProbe, link_probe.h) while the
 //        step controller may want the ring and a sparse plan runs
 //   session thread ── on_metric() ──► latest trainer metrics (loss, its target, compute time)
-//        (rank 0: "dense_step_s" after "dense_wait_s" ──► ControllerRunner::start_hint())
+//        (rank 0: "dense_step_s" after "dense_wait_s", with "momentum_correction" before them
+//         ──► ControllerRunner::start_hint())
 //
 // Measurements cost nothing unless a controller needs them: norms (two passes over the tensor)
 // only while a rank-0 controller is active in the decision in force, the selection repeat (one
@@ -155,9 +156,10 @@ class ObservationCollector final : public StepObserver {
   void add_magnitudes(const TensorStepRecord& record, const Decision& decision);
   void finish(const Decision& decision);
   // `hint_wait_s`, `hint_step_s`: the trainers' dense iterations' wait on the all-reduce and
-  // their step, reported since the last step (0: none).
+  // their step, reported since the last step (0: none); `corrected`: the trainer's hook corrects
+  // momentum (step_dense_worth_corrected prices its sparse steps).
   LinkProbe::StepFacts probe_facts(const policies::NodeObservation& o, const Decision& decision,
-                                   double hint_wait_s, double hint_step_s) const;
+                                   double hint_wait_s, double hint_step_s, bool corrected) const;
   void send_to_rank0(const policies::NodeObservation& o);
 
   const uint32_t rank_;
@@ -187,6 +189,7 @@ class ObservationCollector final : public StepObserver {
   std::optional<std::pair<uint64_t, double>> dense_wait_;  // guarded by mu_: "dense_wait_s" (step, value)
   double hint_wait_s_ = 0;  // guarded by mu_: the last start hint's dense_wait_s, until a step takes it
   double hint_step_s_ = 0;  // guarded by mu_: and its dense_step_s
+  bool corrected_ = false;  // guarded by mu_: "momentum_correction" 1 (the hook's), this job
 };
 
 }  // namespace sparsecar

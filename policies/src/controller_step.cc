@@ -73,6 +73,12 @@
 // steps, no hold): those steps were its confirmation.
 // v18: before the first step a sparse step is priced at 2.5x the trainer's dense step's rest (v8: 3).
 // v19: 2x, for the DDP hook's hint of two dense iterations (2026-12-03; it ran three before).
+// v21: where the hint says the hook corrects momentum (DGC's momentum correction), a sparse step
+// is priced x step_dense_worth_corrected (1.5), not x step_dense_worth (1.3): without the
+// correction a ring -> sparse switch forfeited the ring's lead (the trainer's momentum holds the
+// ring's steps, error feedback then delays them again; 1.01-1.13x top-k's steps from the start),
+// with it the ring's steps banked (0.64-0.68x), and a dense step was worth 1.38-1.76 top-k 0.5 %
+// steps over whole jobs (docs/controllers.md, "What a dense step is worth, in steps").
 #include "controller_internal.h"
 
 #include <algorithm>
@@ -388,7 +394,7 @@ class StepController final : public Controller {
                       plan_name(back.plan).c_str());
         add_decision_note(ctx.status, note);
         decide(back.plan, o.step, /*answer_now=*/false);
-        describe(ctx, back, cheapest, best, s.step.dense_worth);
+        describe(ctx, back, cheapest, best, worth(s));
         apply(knobs);
         return Status::Ok();
       }
@@ -412,7 +418,7 @@ class StepController final : public Controller {
       if (!best.measured && in.measured) trial_ = {true, o.step, now};
       chosen = best;
     }
-    describe(ctx, chosen, cheapest, best, s.step.dense_worth);
+    describe(ctx, chosen, cheapest, best, worth(s));
     apply(knobs);
     return Status::Ok();
   }
@@ -445,6 +451,7 @@ class StepController final : public Controller {
   // iterations before too); with all three iterations at 2.5, 0 and 4.
   Status before_start(const ControlContext& ctx, const StartHint& h, ControlKnobs* knobs) override {
     const auto& s = ctx.settings;
+    corrected_ = h.momentum_corrected;  // v21: the whole job's worth of a sparse step
     if (decided_ || cut_.on || has_ran_ || s.world_size < 2 || !knobs->compression ||
         knobs->selector != kernels::Selector::kTopk || !has(s.active, ControllerKind::kSchedule) ||
         s.schedule_warmup_steps < kStartSteps + kRecordTrusted || h.step >= s.schedule_warmup_steps) {
@@ -928,6 +935,11 @@ class StepController final : public Controller {
   double decode_cost() const { return decode_ > 0 ? decode_ : kPriorDecodePerEntry; }
   double ring_cost() const { return ring_ > 0 ? ring_ : kPriorRingPerElement; }
   double compute() const { return compute_s_ > 0 ? compute_s_ : 0; }
+  // The dense steps a sparse one is worth (its price factor): step_dense_worth_corrected where
+  // the trainer's hook corrects momentum (v21), else step_dense_worth; at least 1.
+  double worth(const ControllerSettings& s) const {
+    return std::max(corrected_ ? s.step.dense_worth_corrected : s.step.dense_worth, 1.0);
+  }
 
   // The model's step time for a plan (the trainer's compute included; the model's error not).
   double model_seconds(const Plan& p, uint32_t w, kernels::Format format) const {
@@ -974,7 +986,7 @@ class StepController final : public Controller {
     }
     if (!c.measured && p.dense) c.seconds = std::max({c.seconds, ring_floor_, probe_floor(w)});  // v13, v15
     c.seconds += overhead_;
-    c.price = c.seconds * (p.dense ? 1.0 : std::max(s.step.dense_worth, 1.0));
+    c.price = c.seconds * (p.dense ? 1.0 : worth(s));
     return c;
   }
 
@@ -1109,6 +1121,7 @@ class StepController final : public Controller {
   std::vector<Record> records_;
   std::string voided_;  // when and why records were last voided (for the decision notes)
   bool has_ran_ = false;
+  bool corrected_ = false;  // v21: the trainer's hook corrects momentum (StartHint)
   Plan last_ran_;       // the plan the last observed step ran
   struct Recent {
     double measured = 0;  // a step's time

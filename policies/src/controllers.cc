@@ -101,9 +101,11 @@ constexpr ControllerInfo kRows[] = {
     {.kind = ControllerKind::kStep, .name = "step",
      .doc = "within step_slack of the least price, the dense ring, else the sparse plan nearest the density "
             "asked for; prices: measured step times of the plans that ran, else receiver-timed link fits and "
-            "measured compute costs, plus the step's measured overhead; sparse steps priced x step_dense_worth",
+            "measured compute costs, plus the step's measured overhead; sparse steps priced x step_dense_worth "
+            "(x step_dense_worth_corrected where the DDP hook corrects momentum)",
      .job_level = true, .make = make_step_controller,
-     .knobs = "step_slack step_confirm_steps step_hold_steps step_forget step_allow_dense step_dense_worth step_warmup_cut "
+     .knobs = "step_slack step_confirm_steps step_hold_steps step_forget step_allow_dense step_dense_worth "
+              "step_dense_worth_corrected step_warmup_cut "
               "step_probe_share step_timed_send_every"},
     {.kind = ControllerKind::kCost, .name = "cost", .doc = "collective and format from the cost model",
      .job_level = true, .make = make_cost_controller, .knobs = ""},

@@ -842,8 +842,15 @@ class SparsecarHook:
         all-reduce's share of it (the same link the daemons use; _start_timing), as the metrics
         "dense_step_s" and "dense_wait_s". The daemon's step controller reads them before
         its first step: on a link where a dense step costs several sparse ones it ends the
-        schedule's dense warm-up there (docs/controllers.md, "The warm-up before the first step")."""
+        schedule's dense warm-up there (docs/controllers.md, "The warm-up before the first step").
+        Before them "momentum_correction" (1 or 0): with the correction a dense step's lead
+        survives a switch to sparse, and the step controller prices sparse steps x
+        step_dense_worth_corrected instead of x step_dense_worth."""
         self._dense_timing_sent = True
+        try:
+            self._client.report_metric("momentum_correction", 1.0 if self.momentum is not None else 0.0, step)
+        except sparsecar.Error as e:
+            log.warning("sparsecar: reporting momentum_correction failed: %s", e)
         if self.dense_timing is None:
             return
         period, wait = self.dense_timing

@@ -2,6 +2,8 @@
 the optimizer (DGC's momentum correction). Dense steps must be SGD with momentum exactly, sparse
 steps must mask the velocity where the average went out, and the velocity must survive a
 state_dict() round trip. One rank in a 1-rank gloo group, real daemons (make_job)."""
+import os
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -243,9 +245,12 @@ def test_a_switch_from_dense_to_sparse_steps_is_counted_and_said_once_without_th
     switch from dense steps to sparse ones, counted in summary(); with SGD momentum outside the
     hook (no momentum_correction; also where the hook is given no optimizer and cannot tell) the
     log says once what such a switch costs; with the correction, or an optimizer without
-    momentum, it says nothing (nothing amplifies the bursts)."""
+    momentum, it says nothing (nothing amplifies the bursts). Before its first step the daemon
+    hears whether the hook corrects momentum (the step controller's price of a sparse step: its
+    StartHint), and says so in its log."""
     job = make_job(nodes=1, daemon_args=["--density", "0.1", "--controller", "schedule",
-                                         "--schedule-warmup-steps", "24", "--schedule-ramp-steps", "0"])
+                                         "--schedule-warmup-steps", "24", "--schedule-ramp-steps", "0",
+                                         "--log-level", "info"])
     model = DDP(make_net())
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=momentum)
     hook = sparsecar.torch.register(model, socket=job.sockets[0], optimizer=opt if given else None, timeout=20,
@@ -266,6 +271,10 @@ def test_a_switch_from_dense_to_sparse_steps_is_counted_and_said_once_without_th
     if warned:
         assert "22 dense steps" in said[0].getMessage() and "momentum_correction=True" in said[0].getMessage()
     hook.close()
+    want = "momentum corrected by the hook" if correction else "momentum not corrected"
+    with open(os.path.join(job.dir, "sparsecard-0.log"), errors="replace") as f:
+        hints = [line for line in f if "the trainer's dense steps before step 2:" in line]
+    assert len(hints) == 1 and want in hints[0], hints
 
 
 def test_state_dict_round_trip_keeps_the_velocity(group, make_job, tmp_path):

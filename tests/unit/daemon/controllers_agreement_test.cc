@@ -340,5 +340,28 @@ TEST(ControllersAgreementTest, AFastStartHintLeavesTheDenseWarmUp) {
   EXPECT_FALSE(dense[7]);
 }
 
+// The hook says before the timing whether it corrects momentum ("momentum_correction" 1): rank
+// 0's runner hands it to the step controller with the hint (which then prices sparse steps x
+// step_dense_worth_corrected: step_controller_test) and logs it; a job's end forgets it, so the
+// next job on the same daemons that does not say so is priced x step_dense_worth.
+TEST(ControllersAgreementTest, TheHooksMomentumCorrectionReachesTheStartHint) {
+  for (const bool reset_between : {false, true}) {
+    Job job(2, configure_warm_up);
+    job.nodes[0]->recorder->on_metric("momentum_correction", 1.0, 0);
+    if (reset_between) {
+      for (auto& n : job.nodes) n->board->reset();
+      job.nodes[0]->recorder->on_reset();
+    }
+    ::testing::internal::CaptureStderr();
+    hint(job, 0, 0.009, 0.013);
+    const std::string said = ::testing::internal::GetCapturedStderr();
+    const std::string want = reset_between ? "momentum not corrected" : "momentum corrected by the hook";
+    EXPECT_NE(said.find("the trainer's dense steps before step 0: 13 ms a step, 9 ms of it waiting on the exchange; " +
+                        want),
+              std::string::npos)
+        << "reset " << reset_between << ": " << said;
+  }
+}
+
 }  // namespace
 }  // namespace sparsecar

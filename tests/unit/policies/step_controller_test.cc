@@ -1026,7 +1026,8 @@ struct StartRun {
 };
 template <class Profile>
 StartRun run_with_hint(Plant& plant, uint64_t steps, Profile profile, uint64_t warmup = 6, uint64_t kFirst = 2,
-                       double density = 0.005, std::optional<double> warmup_cut = std::nullopt) {
+                       double density = 0.005, std::optional<double> warmup_cut = std::nullopt,
+                       bool corrected = false) {
   ControlKnobs base;
   base.density = density;
   base.schedule_warmup_steps = warmup;
@@ -1041,8 +1042,9 @@ StartRun run_with_hint(Plant& plant, uint64_t steps, Profile profile, uint64_t w
   const double exchange = plant.trainer_ring > 0 ? plant.trainer_ring
                                                  : plant.true_price(true, 1, profile(0)) - plant.compute - plant.overhead;
   StartRun out;
-  out.at_start = job.start({kFirst, plant.compute + exchange, exchange});
-  out.run = run_steps(job, plant, kFirst, steps, profile, density, 1.3, warmup);
+  out.at_start = job.start({kFirst, plant.compute + exchange, exchange, corrected});
+  out.run = run_steps(job, plant, kFirst, steps, profile, density,
+                      corrected ? settings.step.dense_worth_corrected : settings.step.dense_worth, warmup);
   return out;
 }
 
@@ -1604,6 +1606,33 @@ TEST(LinkProbe, ItsSizeIsWhatTheRingSendsItsSuccessorInAStepWithinItsBounds) {
   EXPECT_EQ(link_probe_payload_bytes(std::vector<uint64_t>{262'144}, 2), 1u << 20) << "at the cap";
   EXPECT_EQ(link_probe_payload_bytes(std::vector<uint64_t>{262'146}, 2), 1u << 20) << "past it";
   EXPECT_EQ(link_probe_payload_bytes({}, 2), 0u);
+}
+
+// v21: where the hook corrects momentum (its StartHint says so) a ring's lead survives the switch
+// back to sparse, and a sparse step is priced x step_dense_worth_corrected (1.5), not x 1.3.
+TEST(StepController, WhereTheHookCorrectsMomentumASparseStepIsPricedAtTheCorrectedWorth) {
+  // The real small job at a rate where a ring step takes 1.38-1.42x a sparse step of the density
+  // asked for (below the warm-up's cut at 2: the 6-step warm-up runs). Priced x1.3 the sparse
+  // plan is the cheaper (the ring at >= 1.06x its price): the operator's plan after the warm-up,
+  // no decision. Priced x1.5 the ring is (<= 0.95x): the first answer, once the sparse plan is
+  // measured, takes the job to the ring, and nothing moves it after.
+  for (const bool corrected : {false, true}) {
+    Plant plant = small_real_job();
+    const double beta = rate_where_ring_is(plant, 1.38, 1.42, [&](double b) { return plant.true_price(false, 0.005, b); });
+    ASSERT_GT(beta, 0.0);
+    const auto r = run_with_hint(plant, 200, [&](uint64_t) { return beta; }, 6, 2, 0.005, std::nullopt, corrected);
+    EXPECT_FALSE(r.at_start.has_value()) << "corrected " << corrected << ": no cut before the start";
+    EXPECT_EQ(r.run.decisions.size(), corrected ? 1u : 0u)
+        << "corrected " << corrected << ": " << r.run.status.last_reason;
+    if (corrected && !r.run.decisions.empty()) {
+      EXPECT_LE(r.run.decisions[0], 20u) << "the first answer";
+    }
+    EXPECT_EQ(r.run.in_force.back().compression, !corrected) << "corrected " << corrected;
+    EXPECT_NE(r.run.status.step_model.find(corrected ? "sparse steps worth 1/1.5" : "sparse steps worth 1/1.3"),
+              std::string::npos)
+        << r.run.status.step_model;
+    expect_near_cheapest(r.run, 30, r.run.excess.size(), corrected ? "corrected" : "not corrected");
+  }
 }
 
 TEST(StepController, AStartHintIsWeighedOnlyBeforeTheFirstStepWithAWarmUpAndAValidTiming) {

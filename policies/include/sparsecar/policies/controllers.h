@@ -115,6 +115,11 @@ struct StepSettings {
                                // of sparse plans; 1 = step time alone). 1.3 since step v5's
                                // Fashion-MNIST runs (docs/controllers.md, "A job the controllers
                                // were not tuned on"); 2 before
+  double dense_worth_corrected = 1.5;  // the same where the trainer's DDP hook corrects momentum
+                               // (StartHint::momentum_corrected): a ring's lead then survives the
+                               // switch to sparse (without, a ring -> sparse switch forfeited it:
+                               // x1.01-1.13 top-k's steps); measured 1.38-1.76 over whole jobs
+                               // (docs/controllers.md, "What a dense step is worth, in steps")
   double warmup_cut = 2.0;     // v6: the schedule's dense warm-up ends early once a ring step costs
                                // more than this many sparse steps of the density asked for (v8:
                                // also before it starts, on the trainer's StartHint). 2 since
@@ -208,6 +213,8 @@ struct StartHint {
   uint64_t step = 0;          // the first step the daemons will see
   double dense_step_s = 0;    // one dense step, the exchange included
   double dense_wait_s = 0;    // of it, the wait on the exchange after the backward pass
+  bool momentum_corrected = false;  // the hook corrects momentum (metric "momentum_correction" 1,
+                                    // before the timing): sparse steps priced x dense_worth_corrected
 };
 
 // Shared per-step context for the controllers.
