@@ -634,7 +634,7 @@ const std::vector<KnobSpec>& knobs() {
        .env = "", .min = 1.0, .max = 100.0, .choices = "",
        .doc = "step: step_dense_worth for a job whose DDP hook corrects momentum (momentum_correction=True; it reports "
               "the metric momentum_correction before the first step): a dense step's lead then survives a switch to "
-              "sparse (measured 1.38-1.76 sparse steps over whole jobs, docs/controllers.md)",
+              "sparse (100 ring steps then top-k: each did the work of 1.6-1.9 top-k steps, docs/controllers.md)",
        .field = knob_field<&Config::step_dense_worth_corrected, in<&CS::step, &StepS::dense_worth_corrected>>},
       {.name = "step_warmup_cut", .type = K::kDouble, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 1.0, .max = 1000.0, .choices = "",

@@ -139,7 +139,7 @@ struct Config {
   double step_forget = 0.8;
   bool step_allow_dense = true;
   double step_dense_worth = 1.3;
-  double step_dense_worth_corrected = 1.5;
+  double step_dense_worth_corrected = 1.6;
   double step_warmup_cut = 2.0;
   double step_probe_share = 0.02;
   uint64_t step_timed_send_every = 4;

@@ -74,11 +74,12 @@
 // v18: before the first step a sparse step is priced at 2.5x the trainer's dense step's rest (v8: 3).
 // v19: 2x, for the DDP hook's hint of two dense iterations (2026-12-03; it ran three before).
 // v21: where the hint says the hook corrects momentum (DGC's momentum correction), a sparse step
-// is priced x step_dense_worth_corrected (1.5), not x step_dense_worth (1.3): without the
+// is priced x step_dense_worth_corrected (1.6), not x step_dense_worth (1.3): without the
 // correction a ring -> sparse switch forfeited the ring's lead (the trainer's momentum holds the
 // ring's steps, error feedback then delays them again; 1.01-1.13x top-k's steps from the start),
-// with it the ring's steps banked (0.64-0.68x), and a dense step was worth 1.38-1.76 top-k 0.5 %
-// steps over whole jobs (docs/controllers.md, "What a dense step is worth, in steps").
+// with it the ring's steps banked: 100 of them, then top-k, took 0.68x (small digits MLP) and
+// 0.64x (large) top-k's steps, each ring step doing the work of 1.6 and 1.9 top-k 0.5 % steps
+// (docs/controllers.md, "What a dense step is worth, in steps").
 #include "controller_internal.h"
 
 #include <algorithm>

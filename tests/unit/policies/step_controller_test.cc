@@ -1609,16 +1609,16 @@ TEST(LinkProbe, ItsSizeIsWhatTheRingSendsItsSuccessorInAStepWithinItsBounds) {
 }
 
 // v21: where the hook corrects momentum (its StartHint says so) a ring's lead survives the switch
-// back to sparse, and a sparse step is priced x step_dense_worth_corrected (1.5), not x 1.3.
+// back to sparse, and a sparse step is priced x step_dense_worth_corrected (1.6), not x 1.3.
 TEST(StepController, WhereTheHookCorrectsMomentumASparseStepIsPricedAtTheCorrectedWorth) {
-  // The real small job at a rate where a ring step takes 1.38-1.42x a sparse step of the density
+  // The real small job at a rate where a ring step takes 1.43-1.47x a sparse step of the density
   // asked for (below the warm-up's cut at 2: the 6-step warm-up runs). Priced x1.3 the sparse
-  // plan is the cheaper (the ring at >= 1.06x its price): the operator's plan after the warm-up,
-  // no decision. Priced x1.5 the ring is (<= 0.95x): the first answer, once the sparse plan is
+  // plan is the cheaper (the ring at >= 1.1x its price): the operator's plan after the warm-up,
+  // no decision. Priced x1.6 the ring is (<= 0.92x): the first answer, once the sparse plan is
   // measured, takes the job to the ring, and nothing moves it after.
   for (const bool corrected : {false, true}) {
     Plant plant = small_real_job();
-    const double beta = rate_where_ring_is(plant, 1.38, 1.42, [&](double b) { return plant.true_price(false, 0.005, b); });
+    const double beta = rate_where_ring_is(plant, 1.43, 1.47, [&](double b) { return plant.true_price(false, 0.005, b); });
     ASSERT_GT(beta, 0.0);
     const auto r = run_with_hint(plant, 200, [&](uint64_t) { return beta; }, 6, 2, 0.005, std::nullopt, corrected);
     EXPECT_FALSE(r.at_start.has_value()) << "corrected " << corrected << ": no cut before the start";
@@ -1628,7 +1628,7 @@ TEST(StepController, WhereTheHookCorrectsMomentumASparseStepIsPricedAtTheCorrect
       EXPECT_LE(r.run.decisions[0], 20u) << "the first answer";
     }
     EXPECT_EQ(r.run.in_force.back().compression, !corrected) << "corrected " << corrected;
-    EXPECT_NE(r.run.status.step_model.find(corrected ? "sparse steps worth 1/1.5" : "sparse steps worth 1/1.3"),
+    EXPECT_NE(r.run.status.step_model.find(corrected ? "sparse steps worth 1/1.6" : "sparse steps worth 1/1.3"),
               std::string::npos)
         << r.run.status.step_model;
     expect_near_cheapest(r.run, 30, r.run.excess.size(), corrected ? "corrected" : "not corrected");

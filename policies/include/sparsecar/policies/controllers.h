@@ -115,10 +115,11 @@ struct StepSettings {
                                // of sparse plans; 1 = step time alone). 1.3 since step v5's
                                // Fashion-MNIST runs (docs/controllers.md, "A job the controllers
                                // were not tuned on"); 2 before
-  double dense_worth_corrected = 1.5;  // the same where the trainer's DDP hook corrects momentum
+  double dense_worth_corrected = 1.6;  // the same where the trainer's DDP hook corrects momentum
                                // (StartHint::momentum_corrected): a ring's lead then survives the
                                // switch to sparse (without, a ring -> sparse switch forfeited it:
-                               // x1.01-1.13 top-k's steps); measured 1.38-1.76 over whole jobs
+                               // x1.01-1.13 top-k's steps). 100 ring steps then top-k did the work
+                               // of 1.6 (small digits MLP) and 1.9 (large) top-k steps each
                                // (docs/controllers.md, "What a dense step is worth, in steps")
   double warmup_cut = 2.0;     // v6: the schedule's dense warm-up ends early once a ring step costs
                                // more than this many sparse steps of the density asked for (v8:
