@@ -273,6 +273,8 @@ def main(argv):
                    help="drop SGD's momentum buffers at every switch from dense to top-k (an experiment)")
     p.add_argument("--plan", action="append", default=[], help="one more plan (repeatable), e.g. dense:0-150,topk")
     p.add_argument("--digits", help="the digits as an .npz of x and y (ddp_digits.save_digits; default: scikit-learn's)")
+    p.add_argument("--data-dir", help="fmnist: the directory of the IDX .gz files (default: Debian's "
+                                      "dataset-fashion-mnist's)")
     p.add_argument("--step-ms", help="a time model, e.g. dense=24/90,topk=19: each kind's step in ms on a link "
                    "alternating between two rates every --phase-s s (the first value's first); prints seconds to the target")
     p.add_argument("--phase-s", type=float, default=4.0)
@@ -312,6 +314,8 @@ def main(argv):
     config = {k: v for k, v in vars(args).items() if k not in ("out", "plan")}
     if args.digits:
         config["digits"] = os.path.basename(args.digits)  # the report names no machine's paths
+    if args.data_dir:
+        config["data_dir"] = os.path.basename(os.path.normpath(args.data_dir))
     report = {"config": config | {"plans": list(plans)},
               "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}", "seeds": {}}
     print(f"dense_worth: {args.dataset} hidden {args.hidden}, top-k {100 * args.density:g} %, "
@@ -319,7 +323,8 @@ def main(argv):
     for seed in seeds:
         dargs = ddp_digits.parse(["--dataset", args.dataset, "--hidden", str(args.hidden), "--seed", str(seed),
                                   "--test-limit", str(args.test_limit), "--batch", str(args.batch)]
-                                 + (["--digits", args.digits] if args.digits else []))
+                                 + (["--digits", args.digits] if args.digits else [])
+                                 + (["--data-dir", args.data_dir] if args.data_dir else []))
         loaded = [ddp_digits.load_shard(dargs, r, NODES * LOCAL, np) for r in range(NODES * LOCAL)]
         shards, test = [s[0] for s in loaded], loaded[0][1]
         runs = {}
