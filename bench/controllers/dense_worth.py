@@ -151,12 +151,16 @@ def train(args, seed, plan, torch, np, shards, test):
         if kind == "dense":
             update = sum(grads) / world
             # A dense step sent everything: the residual went out with it (the daemons' first ring
-            # step after sparse ones sends it) and u restarts nowhere (SGD with momentum exactly).
-            if any(float(e.abs().max()) > 0 for e in residual):
+            # step after sparse ones sends it) and u restarts there (the hook's). --switch-residual
+            # drop / keep: an experiment, the residual dropped there (u kept), or kept for the
+            # next sparse step (u kept).
+            if args.switch_residual == "flush" and any(float(e.abs().max()) > 0 for e in residual):
                 update += sum(residual) / world
                 residual = [torch.zeros(n) for _ in range(NODES)]
                 if mc:
                     velocity = [torch.zeros(n) for _ in range(world)]
+            elif args.switch_residual == "drop":
+                residual = [torch.zeros(n) for _ in range(NODES)]
         else:
             update = torch.zeros(n)
             g2 = e2 = a2 = kept = kept_alone = 0.0
@@ -269,6 +273,10 @@ def main(argv):
     p.add_argument("--seeds", default="1", help="N or A-B (the trainer seeds, as real.py's)")
     p.add_argument("--target-margin-pp", type=float, default=0.5)
     p.add_argument("--momentum-correction", action="store_true", help="the hook's momentum_correction=True")
+    p.add_argument("--switch-residual", choices=("flush", "drop", "keep"), default="flush",
+                   help="at the first dense step after top-k ones: the residual goes out with it and the "
+                        "hook's velocity restarts (flush: the daemons' and the hook's behaviour), or (an "
+                        "experiment) it is dropped, or kept for the next top-k step")
     p.add_argument("--momentum-reset", action="store_true",
                    help="drop SGD's momentum buffers at every switch from dense to top-k (an experiment)")
     p.add_argument("--plan", action="append", default=[], help="one more plan (repeatable), e.g. dense:0-150,topk")

@@ -77,6 +77,20 @@ def test_a_plan_that_starts_dense_trains_as_dense_until_it_switches(tmp_path):
     assert [t for t in topk if t[0] <= 15] != [d for d in dense if d[0] <= 15]
 
 
+def test_the_residual_at_a_switch_to_dense_is_flushed_dropped_or_kept(tmp_path):
+    """--switch-residual: dense steps never read the residual, so one dropped at the switch and
+    one kept for later train alike through the dense stretch and part once top-k runs again;
+    one flushed (the daemons' way) is sent with the first dense step, another update at once."""
+    plan = "topk:0-10,dense:10-20,topk"
+    curves = {w: run(tmp_path, "--plan", plan, "--switch-residual", w)[0][plan]["curve"]
+              for w in ("flush", "drop", "keep")}
+    upto = lambda c, a, b: [p for p in c if a < p[0] <= b]  # noqa: E731
+    assert upto(curves["drop"], 0, 20) == upto(curves["keep"], 0, 20)
+    assert upto(curves["drop"], 20, 30) != upto(curves["keep"], 20, 30)
+    assert upto(curves["flush"], 0, 10) == upto(curves["drop"], 0, 10)
+    assert upto(curves["flush"], 10, 20) != upto(curves["drop"], 10, 20)
+
+
 def test_the_time_model_charges_each_step_the_phase_it_starts_in():
     costs = dense_worth.parse_step_ms("dense=24/90,topk=19")
     assert costs == {"dense": (24.0, 90.0), "topk": (19.0, 19.0)}
