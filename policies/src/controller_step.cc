@@ -80,6 +80,9 @@
 // with it the ring's steps banked: 100 of them, then top-k, took 0.68x (small digits MLP) and
 // 0.64x (large) top-k's steps, each ring step doing the work of 1.6 and 1.9 top-k 0.5 % steps
 // (docs/controllers.md, "What a dense step is worth, in steps").
+// v22: a ring whose record holds only its first steps (the warm-up's 3, or the trainer's hint)
+// and that lost the first answer by less than 1.25x is measured again step_hold_steps later, as a
+// trial: a job's first ring steps run slower than its later ones (docs/controllers.md, "Step v22").
 #include "controller_internal.h"
 
 #include <algorithm>
@@ -112,6 +115,10 @@ constexpr double kRecordSmoothing = 0.3;  // EMA weight of a plan's new measured
 constexpr uint64_t kRecordTrusted = 3;  // measured steps before a record prices its plan
 constexpr uint64_t kProbeSteps = 20;    // the start-up probe's longest run
 constexpr uint64_t kStartSteps = 3;     // the job's first steps: no record of their times
+// v22: a ring record of fewer steps than this is its first steps' only (the warm-up's, or the
+// trainer's hint); one that lost the first answer by less than kRingRetryWithin is measured again.
+constexpr uint64_t kRingRetrySteps = 8;
+constexpr double kRingRetryWithin = 1.25;
 // Steps in a row off a link fit by 2x that make it restart: 3, so that the scheduling noise of a
 // loaded host on small messages (two slow steps) restarts nothing.
 constexpr uint64_t kLinkConfirmSteps = 3;
@@ -225,7 +232,7 @@ struct Record {
 class StepController final : public Controller {
  public:
   ControllerKind kind() const override { return ControllerKind::kStep; }
-  uint32_t version() const override { return 20; }  // the vN of the notes in this file
+  uint32_t version() const override { return 22; }  // the vN of the notes in this file
 
   Status update(const ControlContext& ctx, ControlKnobs* knobs) override {
     const auto& s = ctx.settings;
@@ -376,7 +383,37 @@ class StepController final : public Controller {
     // real `steady` job to the ring at step 471.
     if (warm_up && !decided_ && explore_ && in.measured) {
       kept_ = want == 0 ? kept_ + 1 : 0;
-      if (kept_ >= std::max<uint64_t>(s.step.confirm_steps, 1)) explore_ = false;
+      if (kept_ >= std::max<uint64_t>(s.step.confirm_steps, 1)) {
+        explore_ = false;
+        if (ring_worth_retrying(c.back(), in)) retry_at_ = o.step + s.step.hold_steps;  // v22
+      }
+    }
+    // v22: the ring that lost the first answer on its first steps' record, by a little, is
+    // measured again hold_steps later: its record goes, and the move is a trial (back at once if
+    // the ring then measures dearer than the sparse plan it left). On the 2-core box the small
+    // model's warm-up ring record read 11.3 ms where its steady steps took ~8 (the dense job's
+    // median), and lost a first answer its steady steps would have won (docs/controllers.md,
+    // "Step v22"). Once a job, inside the start's settle window.
+    if (retry_at_ > 0 && o.step >= retry_at_) {
+      retry_at_ = 0;
+      if (!decided_ && !trial_.on && in.measured && !now.dense && ring_worth_retrying(c.back(), in)) {
+        const Candidate& ring = c.back();
+        char note[256];
+        std::snprintf(note, sizeof note,
+                      "step: the ring again: its record of its first %llu steps %.3g ms, price %.3g ms against "
+                      "%.3g ms of %s (within %gx)",
+                      static_cast<unsigned long long>(trusted_record({true, 1.0})->steps), ring.seconds * 1e3,
+                      ring.price * 1e3, in.price * 1e3, plan_name(in.plan).c_str(), kRingRetryWithin);
+        add_decision_note(ctx.status, note);
+        retried_ = true;
+        std::erase_if(records_, [](const Record& r) { return r.plan.dense; });
+        decide({true, 1.0}, o.step, /*answer_now=*/false);
+        trial_ = {true, o.step, now};
+        const Candidate again = candidate({true, 1.0}, w, knobs->format, s);
+        describe(ctx, again, cheapest, best, worth(s));
+        apply(knobs);
+        return Status::Ok();
+      }
     }
     // Never leave a plan on a model's word about itself: it is measured within a few steps.
     const bool in_unmeasured = decided_ && !in.measured && o.step < last_decision_step_ + kProbeSteps;
@@ -936,6 +973,14 @@ class StepController final : public Controller {
   double decode_cost() const { return decode_ > 0 ? decode_ : kPriorDecodePerEntry; }
   double ring_cost() const { return ring_ > 0 ? ring_ : kPriorRingPerElement; }
   double compute() const { return compute_s_ > 0 ? compute_s_ : 0; }
+  // v22: `ring` (the last candidate) lost to the sparse plan in force `in` by less than
+  // kRingRetryWithin on a record of its first steps only; once a job.
+  bool ring_worth_retrying(const Candidate& ring, const Candidate& in) const {
+    const Record* r = trusted_record({true, 1.0});
+    return !retried_ && ring.plan.dense && ring.measured && r != nullptr && r->steps < kRingRetrySteps &&
+           ring.price > in.price && ring.price <= in.price * kRingRetryWithin;
+  }
+
   // The dense steps a sparse one is worth (its price factor): step_dense_worth_corrected where
   // the trainer's hook corrects momentum (v21), else step_dense_worth; at least 1.
   double worth(const ControllerSettings& s) const {
@@ -1165,6 +1210,8 @@ class StepController final : public Controller {
   bool answer_now_ = false;  // the next decision needs no hold (after the start-up one)
   bool explore_ = true;      // a move up to a denser sparse plan is allowed (reset by a rate change)
   uint64_t kept_ = 0;        // after the warm-up: measured observations in a row that want no move
+  uint64_t retry_at_ = 0;    // v22: the step the ring is measured again (0: not planned)
+  bool retried_ = false;     // v22: it was, this job
   struct {
     bool on = false;
     uint64_t at = 0;         // the warm-up's new end (a step number)
