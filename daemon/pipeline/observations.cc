@@ -455,7 +455,7 @@ LinkProbe::StepFacts ObservationCollector::probe_facts(const policies::NodeObser
   const bool sparse = o.elements > 0 && o.nnz < o.elements && o.trainer_elements == 0;
   f.wanted = policies::has(active_, policies::ControllerKind::kStep) && c->step_allow_dense && c->compression && sparse;
   f.share = c->step_probe_share;
-  f.dense_worth = corrected ? c->step_dense_worth_corrected : c->step_dense_worth;
+  f.dense_worth = policies::sparse_step_worth(c->step_dense_worth, c->step_dense_worth_corrected, corrected);
   std::vector<uint64_t> elements;
   for (const auto& t : o.tensors) elements.push_back(t.elements);
   const uint32_t w = transport_->world_size();

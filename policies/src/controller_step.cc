@@ -981,10 +981,9 @@ class StepController final : public Controller {
            ring.price > in.price && ring.price <= in.price * kRingRetryWithin;
   }
 
-  // The dense steps a sparse one is worth (its price factor): step_dense_worth_corrected where
-  // the trainer's hook corrects momentum (v21), else step_dense_worth; at least 1.
+  // The dense steps a sparse one is worth in this job (v21: corrected by the trainer's hook or not).
   double worth(const ControllerSettings& s) const {
-    return std::max(corrected_ ? s.step.dense_worth_corrected : s.step.dense_worth, 1.0);
+    return sparse_step_worth(s.step.dense_worth, s.step.dense_worth_corrected, corrected_);
   }
 
   // The model's step time for a plan (the trainer's compute included; the model's error not).

@@ -130,6 +130,13 @@ struct StepSettings {
                                // (docs/controllers.md, "The warm-up's cut at 2")
   bool operator==(const StepSettings&) const = default;
 };
+// The dense steps a sparse one is worth, its price factor (>= 1): `worth_corrected` where the
+// trainer's DDP hook corrects momentum (step v21), else `worth` (step_dense_worth).
+inline double sparse_step_worth(double worth, double worth_corrected, bool corrected) {
+  const double w = corrected ? worth_corrected : worth;
+  return w > 1.0 ? w : 1.0;
+}
+
 struct AccuracySettings {
   double tolerance = 0.02;     // relative loss gap that triggers a back-off
   double backoff = 2.0;        // density multiplier when behind
