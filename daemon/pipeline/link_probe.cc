@@ -31,6 +31,7 @@ void LinkProbe::reset() {
   from_step_ = fire_step_ = grid_ = 0;
   plan_probes_ = 0;
   was_wanted_ = false;
+  ring_ran_ = early_plan_ = fire_early_ = false;
   job_sent_ = 0;
   job_steps_.clear();
 }
@@ -91,6 +92,11 @@ double LinkProbe::distance() const {
   return std::clamp(ring / sparse, 1.0, kMaxDistance);
 }
 
+bool LinkProbe::early(uint64_t step) const {
+  return early_plan_ && !ring_ran_ && job_sent_ < kEarlyProbes && ring_step_count_ > 0 && pace() > 0 &&
+         distance() <= kEarlyDistance && step >= from_step_ + kEarlySteps;
+}
+
 double LinkProbe::pace() const {
   if (pace_count_ < 3) return 0;  // too few to tell a stall from the pace
   std::array<double, kPaceSteps> v = pace_;
@@ -122,6 +128,7 @@ bool LinkProbe::after_step(const StepFacts& f) {
   if (f.ring_probe_s > 0 && std::isfinite(f.ring_probe_s)) push_recent(ring_recent_, ring_count_, f.ring_probe_s);
   if (f.ring_step_s > 0 && std::isfinite(f.ring_step_s)) push_recent(ring_step_recent_, ring_step_count_, f.ring_step_s);
   if (f.dense_worth >= 1 && std::isfinite(f.dense_worth)) dense_worth_ = f.dense_worth;
+  ring_ran_ = ring_ran_ || f.ring_ran;
   const bool wanted = f.wanted && f.share > 0 && f.share <= 1 && f.payload_bytes > 0 &&
                       f.payload_bytes <= wire::kMaxProbePayloadBytes && transport_ != nullptr &&
                       transport_->world_size() > 1;
@@ -134,6 +141,7 @@ bool LinkProbe::after_step(const StepFacts& f) {
     from_step_ = f.step;
     fire_step_ = grid_ = 0;
     first_of_plan_ = true;
+    early_plan_ = !ring_ran_ && job_sent_ == 0;
     plan_probes_ = 0;
     plan_start_ = clock_.now();
   }
@@ -151,14 +159,17 @@ bool LinkProbe::after_step(const StepFacts& f) {
   const Clock::time_point now = clock_.now();
   if (now < retry_at_ || f.step < next_step_) return false;
   // The first probe keeps to the share as well, by what a probe is expected to take (a ring
-  // step lately), times the ring's distance; one hour at most, whatever that said.
+  // step lately), times the ring's distance; one hour at most, whatever that said. Neither it nor
+  // the share's wait after a probe holds an early one (once due, it stays so).
   const double dist = distance();
+  const bool hint_early = fire_step_ != 0 ? fire_early_ : early(f.step);
   const double wait = std::min(3600.0, expected_probe_s() / f.share * dist);
-  if (now < plan_start_ + std::max<Clock::duration>(kStartAfter, std::chrono::duration_cast<Clock::duration>(
+  if (!hint_early &&
+      now < plan_start_ + std::max<Clock::duration>(kStartAfter, std::chrono::duration_cast<Clock::duration>(
                                                                      std::chrono::duration<double>(wait)))) {
     return false;
   }
-  if (posted_any_) {
+  if (posted_any_ && !hint_early) {
     const auto spent = std::chrono::duration_cast<Clock::duration>(
         std::chrono::duration<double>(std::min(3600.0, std::max({took_, received_, stall_}) / f.share *
                                                            static_cast<double>(backoff()) * dist)));
@@ -168,6 +179,7 @@ bool LinkProbe::after_step(const StepFacts& f) {
   if (fire_step_ == 0) {
     grid_ = grid_for(f.step >= from_step_ ? f.step - from_step_ : 0, grid_);
     fire_step_ = next_on_grid(f.step, grid_);
+    fire_early_ = hint_early;
   }
   if (f.step < fire_step_) return false;
 
@@ -212,7 +224,8 @@ bool LinkProbe::after_step(const StepFacts& f) {
   ++sent_;
   ++job_sent_;
   if (job_steps_.size() < kJobStepsKept) job_steps_.push_back(f.step);
-  SC_LOG_DEBUG("link probe {} at step {}: {} bytes to rank {}", sent_, f.step, s.payload.size(), to);
+  SC_LOG_DEBUG("link probe {} at step {}: {} bytes to rank {}{}", sent_, f.step, s.payload.size(), to,
+               std::exchange(fire_early_, false) ? " (early: the ring's price is the trainers' dense iterations')" : "");
   if (metrics_ != nullptr) {
     metrics_->probes_sent.Increment();
     metrics_->add_bytes_sent(to, wire::kHeaderBytes + s.payload.size());

@@ -53,6 +53,16 @@
 //   was ~2x its sparse price (its probes 2x apart), on the box at 50 Mbit/s ~12x (8x); the small
 //   job's at 1 Gbit/s within it (1x). The nodes run the same steps, so their distances are alike
 //   and so are their grids.
+// - The hint's ring (2026-12-04): where the daemons have not run the ring this job (the warm-up
+//   was cut before it started), the ring's price is the trainers' dense iterations only, and
+//   those read 0.45-2.2x the daemons' ring steps at 1 Gbit/s on the 2-core box (36 jobs of the
+//   small model: gloo's first all-reduces). There the job's first kEarlyProbes probes go early,
+//   where the ring's distance is at most kEarlyDistance: the first kEarlySteps into its first
+//   sparse plan, the second kMinProbeSteps after it, each on its wait's grid, with no wait for
+//   kStartAfter or the share: the price they test decides the start (a rise needs two probes at
+//   half the price's time, or one at a quarter), and at that distance the link is fast (the small
+//   job's ring at 50 Mbit/s was 4.5-6x; a probe at 1 Gbit/s ~3 ms). At kStartAfter (1 s: step 128
+//   on the box) the probe-made ring trials of those jobs fell outside the start.
 // - One probe in flight at a time; a send that fails waits kRetryAfterFailure.
 // Counted in sparsecar_link_probes_total{direction="sent"}, its bytes in wire_bytes_sent_total.
 //
@@ -87,6 +97,9 @@ class LinkProbe {
   static constexpr std::chrono::seconds kStartAfter{1};
   static constexpr uint64_t kMaxBackoff = 8;
   static constexpr double kMaxDistance = 8;  // the most the ring's distance stretches a wait
+  static constexpr uint64_t kEarlyProbes = 2;    // the hint's ring: its job's first probes go early,
+  static constexpr uint64_t kEarlySteps = 8;     // the first this many steps into the plan,
+  static constexpr double kEarlyDistance = 2.5;  // where the ring's distance is at most this
 
   // What the step that just finished says about probing.
   struct StepFacts {
@@ -109,6 +122,7 @@ class LinkProbe {
     // the daemons' ring, or the trainers' dense step before the first step; 0 otherwise.
     double ring_step_s = 0;
     double dense_worth = 1.0;  // step_dense_worth: the factor on a sparse step's time in its price
+    bool ring_ran = false;     // the step ran the daemons' ring (its exchange, not the trainers')
   };
   static constexpr uint64_t kStallSteps = 2;  // the steps after a probe's post that it may delay
   static constexpr size_t kPaceSteps = 15;    // the steps whose median is this node's pace
@@ -184,6 +198,10 @@ class LinkProbe {
   uint64_t fire_step_ = 0;       // once due, the step of the grid it goes at (0: not due yet)
   uint64_t grid_ = 0;            // the last probe's grid (grid_for; 0: none, or the plan's first probe's)
   bool first_of_plan_ = false;   // the next probe is its sparse plan's first
+  bool ring_ran_ = false;        // the daemons ran the ring this job (else its price is the hint's)
+  bool early_plan_ = false;      // this sparse plan is the job's first, and started before any ring
+  bool fire_early_ = false;      // the probe due (fire_step_) is an early one
+  bool early(uint64_t step) const;  // an early probe is due at `step`
   uint64_t plan_probes_ = 0;     // probes of this sparse plan since it started or a rise (the back-off)
   // The back-off's factor on the wait after the last probe: 2 after a plan's first, then 4, up to
   // kMaxBackoff; 1 where a rise was seen since it.

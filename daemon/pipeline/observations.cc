@@ -473,6 +473,7 @@ LinkProbe::StepFacts ObservationCollector::probe_facts(const policies::NodeObser
   // A ring step's whole time (the probe's spacing by the ring's distance): this one's period, or
   // the trainers' dense step before the first step.
   f.ring_step_s = ring && o.period_s > 0 ? o.period_s : hint_step_s;
+  f.ring_ran = ring;
   for (const auto& l : o.link_samples) {  // the predecessor's probe, as this node's transport timed it
     if (w > 1 && l.peer == (rank_ + w - 1) % w && policies::link_probe_sized(l.bytes, f.payload_bytes)) {
       f.received_s = std::max(f.received_s, l.seconds);

@@ -388,6 +388,7 @@ TEST(LinkProbe, TheRingsDistanceStretchesEveryWait) {
       f.ring_probe_s = 0.010;
       f.ring_step_s = ring_step;
       f.step_s = ring_step;
+      f.ring_ran = true;  // the daemons' ring (not the trainers' hint: below)
       EXPECT_FALSE(probe.after_step(f));
       clock.advance(std::chrono::duration_cast<FakeClock::duration>(std::chrono::duration<double>(ring_step)));
     }
@@ -428,6 +429,91 @@ TEST(LinkProbe, TheRingsDistanceStretchesEveryWait) {
   std::tie(first, second) = spacing(1.0);
   expect_within(first, 0.5 * LinkProbe::kMaxDistance, "the first probe, distance 8 (the most)");
   expect_within(second, 1.0 * LinkProbe::kMaxDistance, "the second, distance 8");
+}
+
+// The hint's ring: where the daemons have not run the ring this job (a warm-up cut before it
+// started), its only price is the trainers' dense step (StepFacts::ring_step_s on the first
+// sparse step, not ring_ran). The job's first two probes (kEarlyProbes) then go early, where the
+// ring's distance (that step over the pace times step_dense_worth) is at most kEarlyDistance
+// (2.5): the first kEarlySteps (8) into the plan, the second kMinProbeSteps (10) after it, each
+// on its wait's grid, without waiting for kStartAfter or the share; the third waits as after any
+// probe. Else, or once the daemons ran the ring, or for a later plan, the first waits as any.
+TEST(LinkProbe, AJobWhoseRingOnlyTheHintPricedProbesItEarlyWhereTheRingIsNear) {
+  // Sparse steps of 10 ms priced at 16 ms (worth 1.6) from step 2; the hint's dense step `hint`
+  // (its wait 20 ms for a probe's bytes: 1 s at 2 %) arrives with the first; each probe completes
+  // at once. The steps of the plan's first `count` probes, and with `ring_after`, after the first
+  // a ring step, then how many steps into the next sparse plan its first probe went.
+  struct Probes {
+    std::vector<uint64_t> at;
+    uint64_t next_plan = 0;
+  };
+  const auto probes = [](double hint, bool ring_ran_first, size_t count, bool ring_after = false) {
+    FakeClock clock;
+    RecordingTransport net(0, 2);
+    LinkProbe probe(0, kJob, &net, nullptr, clock);
+    uint64_t step = 2;
+    if (ring_ran_first) {  // the warm-up's ring through the daemons
+      LinkProbe::StepFacts f = sparse_step(step++);
+      f.wanted = false;
+      f.ring_ran = true;
+      f.ring_probe_s = 0.020;
+      f.ring_step_s = f.step_s = hint;
+      EXPECT_FALSE(probe.after_step(f));
+      clock.advance(20ms);
+    }
+    const auto sparse = [&](bool with_hint) {
+      LinkProbe::StepFacts f = sparse_step(step++);
+      f.step_s = 0.010;
+      f.dense_worth = 1.6;
+      if (with_hint) {
+        f.ring_probe_s = 0.020;
+        f.ring_step_s = hint;
+      }
+      clock.advance(10ms);
+      const bool sent = probe.after_step(f);
+      if (sent) net.complete(net.sent.size() - 1);
+      return sent;
+    };
+    Probes out;
+    for (bool first = true; step < 5000 && out.at.size() < count; first = false) {
+      if (sparse(first && !ring_ran_first)) out.at.push_back(step - 1);
+    }
+    if (ring_after) {
+      clock.advance(1h);  // no wait after the last probe is left
+      LinkProbe::StepFacts ring = sparse_step(step++);
+      ring.wanted = false;
+      ring.ring_ran = true;
+      ring.ring_step_s = ring.step_s = hint;
+      EXPECT_FALSE(probe.after_step(ring));
+      const uint64_t plan = step;
+      while (step < 5000 && !sparse(false)) {}
+      out.next_plan = step - 1 - plan;
+    }
+    return out;
+  };
+  // 24 ms: 1.5x the price. The first due 8 steps into the plan (step 10), on the grid of 8 at 16,
+  // where a first probe waits for kStartAfter (1 s: step 102, on the grid of 128 at 128); the
+  // second due 10 steps later (26), on the grid of 16 at 32; the third waits at least
+  // kMinProbeInterval (250 ms: 25 steps).
+  const Probes near = probes(0.024, false, 3, false);
+  ASSERT_EQ(near.at.size(), 3u);
+  EXPECT_EQ(near.at[0], 16u) << "the hint's ring within 2.5x of the price";
+  EXPECT_EQ(near.at[1], 32u) << "the second early probe";
+  EXPECT_GE(near.at[2], near.at[1] + 25) << "the third waits as after any probe";
+  const Probes bound = probes(0.040, false, 2);
+  EXPECT_EQ(bound.at, (std::vector<uint64_t>{16, 32})) << "at 2.5x, the bound";
+  // Else the share's wait: 20 ms / 2 % x the distance, from the plan's first step; once due, at
+  // the next step of its grid (less than twice the wait).
+  const auto expect_waited = [](uint64_t at, uint64_t plan, double wait_s, const char* what) {
+    const double steps = wait_s / 0.010;
+    EXPECT_GE(static_cast<double>(at - plan), steps - 1) << what;
+    EXPECT_LT(static_cast<double>(at - plan), 2 * steps + 2) << what;
+  };
+  expect_waited(probes(0.024, true, 1).at.at(0), 3, 1.5, "the daemons ran the ring: its price is theirs (1.5x: 1.5 s)");
+  expect_waited(probes(0.041, false, 1).at.at(0), 2, 2.5625, "past 2.5x (2.56x: 2.56 s)");
+  const Probes after = probes(0.024, false, 1, true);
+  EXPECT_EQ(after.at, (std::vector<uint64_t>{16}));
+  expect_waited(after.next_plan, 0, 1.5, "the next plan's first probe, after the daemons' ring step");
 }
 
 TEST(LinkProbe, TheFirstProbeWaitsForTheExpectedTimeOverTheShareAndAJobForgetsIt) {

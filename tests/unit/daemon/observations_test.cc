@@ -519,7 +519,10 @@ TEST(ObservationCollector, AResidualNormThatComesAfterTheResultJoinsItsStepsObse
 // least LinkProbe::kStartAfter. What the ring took: the trainers' dense iterations before the
 // first step (their wait on the all-reduce, the DDP hook's start hint), or the daemons' last ring
 // step; neither known: kStartAfter. Times the ring's distance (LinkProbe): the hint's whole dense
-// step over the sparse steps' price (10 ms a step here, step_dense_worth 1), from 1 to 8.
+// step over the sparse steps' price (10 ms a step here, step_dense_worth 1), from 1 to 8. But
+// where the hint's is the only ring the job has (no daemons' ring step) and it is within
+// LinkProbe::kEarlyDistance of the sparse price, the job's first probe goes
+// LinkProbe::kEarlySteps into the plan (the early probe, tested in link_probe_test).
 TEST(ObservationCollector, TheFirstLinkProbeWaitsForARingStepsTimeOverTheShare) {
   struct Case {
     const char* name;
@@ -527,13 +530,16 @@ TEST(ObservationCollector, TheFirstLinkProbeWaitsForARingStepsTimeOverTheShare) 
     double hint_step_s;   // and their whole step
     double ring_exchange_s;  // > 0: step 0 runs the daemons' ring and took this
     std::chrono::milliseconds first;  // the first probe, from the sparse plan's start
+    bool early = false;               // ... or the early probe's step instead
   };
   using std::chrono::milliseconds;
   const Case cases[] = {
       {"a slow link's hint: 80 ms / 2 %, its 90 ms step 9x the sparse price: 8x", 0.08, 0.09, 0, milliseconds(32000)},
       {"a slow link's hint: 30 ms / 2 %, its 40 ms step 4x the sparse price", 0.03, 0.04, 0, milliseconds(6000)},
       {"a slow ring step: 50 ms / 2 % (its step's period unknown: the job's first)", 0, 0, 0.05, milliseconds(2500)},
-      {"a fast link's hint: 4 ms / 2 % x 1.4, at least 1 s", 0.004, 0.014, 0, milliseconds(1000)},
+      {"a fast link's hint, its 14 ms step 1.4x the sparse price: early", 0.004, 0.014, 0, milliseconds(0), true},
+      {"the same hint, then the daemons' ring (4 ms): 4 ms / 2 % x 1.4, at least 1 s", 0.004, 0.014, 0.004,
+       milliseconds(1000)},
       {"nothing known: 1 s", 0, 0, 0, milliseconds(1000)},
   };
   for (const Case& c : cases) {
@@ -581,7 +587,7 @@ TEST(ObservationCollector, TheFirstLinkProbeWaitsForARingStepsTimeOverTheShare) 
     }
     // Due at the step of `first` (10 ms a step); it goes at the next step of its grid
     // (LinkProbe::grid_for, tested in link_probe_test), where the other nodes' probes go too.
-    const uint64_t due = s - 1, waited = due - plan;
+    const uint64_t due = c.early ? plan + LinkProbe::kEarlySteps : s - 1, waited = due - plan;
     const uint64_t at = LinkProbe::next_on_grid(due, LinkProbe::grid_for(waited, 0));
     while (s <= at) {
       EXPECT_EQ(collector.probes_sent(), 0u) << "step " << s - 1 << ": due at " << due << ", goes at " << at;

@@ -160,6 +160,10 @@ struct Plant {
   // sample): a job's first ring steps, slower than its later ones (v22; the 2-core box's small job).
   uint64_t ring_slow_until = 0;
   double ring_slow = 1.0;
+  // The hook's dense iterations before the first step (StartHint): their exchange x this (gloo's
+  // first all-reduces: whole steps 0.45-2.2x the daemons' ring steps at 1 Gbit/s on the 2-core
+  // box; seed 6 of `down`: 27 ms, 24.6 of it the wait, against a ring step of 12.3 ms).
+  double hint_slow = 1.0;
   bool on_device = false;          // every node compresses on a GPU (the device path)
   // dense_collective=trainer: the ring is the trainers' own all-reduce, `trainer_ring` seconds a
   // step, in no link sample and not in the daemons' exchange time (the period holds it).
@@ -1065,7 +1069,8 @@ StartRun run_with_hint(Plant& plant, uint64_t steps, Profile profile, uint64_t w
   // The hook's dense step: the trainer's compute and the ring's exchange (no daemon, no copies);
   // with a trainers' ring given, that one (the hook's iterations run it whatever the daemons do).
   const double exchange = plant.trainer_ring > 0 ? plant.trainer_ring
-                                                 : plant.true_price(true, 1, profile(0)) - plant.compute - plant.overhead;
+                                                 : plant.hint_slow * (plant.true_price(true, 1, profile(0)) -
+                                                                      plant.compute - plant.overhead);
   StartRun out;
   out.at_start = job.start({kFirst, plant.compute + exchange, exchange, corrected});
   out.run = run_steps(job, plant, kFirst, steps, profile, density,
@@ -1701,6 +1706,47 @@ TEST(StepController, ARingThatLostTheFirstAnswerOnItsFirstStepsIsMeasuredAgainAn
     } else {
       expect_one_failed_ring_retry(r.run, k.what, 2);
     }
+  }
+}
+
+// The early probes (LinkProbe::kEarlyProbes, 2026-12-04): where the warm-up was cut before it
+// started on a hint whose exchange read 2.5-4x the daemons' ring (gloo's first all-reduces), the
+// ring's only record is that hint, past v22's 1.25x of the sparse price: no retry. The job's first
+// two probes, at steps 16 and 32 (LinkProbe), are compared with what that record says a ring
+// step's bytes take: at a quarter of it one makes the rise, at 0.25-0.5 two do; the ring is tried,
+// measured and kept, inside the start's settle window (steps 2-42). Without them, the first probe
+// at kStartAfter (1 s: step 128 on the box) made the same trial outside it (the `down` jobs of
+// 2026-12-04, seeds 6, 8, 12; seed 9's early probe read 0.4x and its second came at step 256).
+TEST(StepController, AHintThatOverpricedTheRingIsTestedByTheJobsEarlyProbes) {
+  struct Case {
+    double slow, beta;
+    uint64_t from, to;  // the trial's step
+    const char* what;
+  };
+  for (const Case k : {Case{4, kRate1G, 16, 20, "4x: the first probe"}, Case{2.5, kRate500M, 32, 36, "2.5x: the second"}}) {
+    SCOPED_TRACE(k.what);
+    const auto run = [&](uint64_t probe_every) {
+      Plant plant = small_real_job_going_up(probe_every);
+      plant.hint_slow = k.slow;
+      return run_with_hint(plant, 300, [&](uint64_t) { return k.beta; }, 6, 2, 0.005, std::nullopt, true);
+    };
+    {
+      Plant plant = small_real_job_going_up(0);
+      ASSERT_LT(plant.true_price(true, 1, k.beta), 1.6 * plant.true_price(false, 0.005, k.beta)) << "the ring wins";
+    }
+    const auto without = run(0);
+    ASSERT_TRUE(without.at_start.has_value()) << "the warm-up is cut before it starts";
+    EXPECT_EQ(without.run.decisions.size(), 1u) << "the cut; no probe, no retry: " << without.run.status.last_reason;
+    EXPECT_TRUE(without.run.in_force.back().compression);
+    const auto with = run(16);
+    ASSERT_TRUE(with.at_start.has_value());
+    ASSERT_GE(with.run.decisions.size(), 2u) << with.run.status.last_reason;
+    EXPECT_LE(decisions_in(with.run, 0, 42), 3u) << "the cut, the trial (and at most one correction)";
+    EXPECT_EQ(decisions_in(with.run, 42, 300), 0u) << with.run.status.step_model;
+    EXPECT_GE(with.run.decisions[1], k.from) << with.run.status.last_reason;
+    EXPECT_LE(with.run.decisions[1], k.to) << with.run.status.last_reason;
+    for (uint64_t s = 42; s < 300; ++s) EXPECT_FALSE(with.run.in_force[s - 2].compression) << "step " << s << " ran sparse";
+    expect_near_cheapest(with.run, 42, with.run.excess.size(), "after the early probes");
   }
 }
 
