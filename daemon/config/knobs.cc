@@ -650,7 +650,9 @@ const std::vector<KnobSpec>& knobs() {
               "messages do not show (a shaper's burst covers them) prices the ring anew; the probes take at most "
               "this share of the time (their own and the steps they delay; 0: none), and after each of a sparse plan's "
               "probes a half, a quarter, then an eighth of it, until a probe shows a faster link; and, where a ring "
-              "step cost more than the sparse plan's price when it last ran, that much less again (at most 8x)",
+              "step cost more than the sparse plan's price when it last ran, that much less again (at most 8x); but where only "
+              "the trainers' dense iterations priced the ring, at most 2.5x that price, the job's first two go early (8 and "
+              "10 steps apart) to test it",
        .field = knob_field<&Config::step_probe_share>},
       {.name = "step_timed_send_every", .type = K::kUint, .live = true, .agreed = false, .secret = false,
        .env = "", .min = 0, .max = 1024, .choices = "",
