@@ -11,7 +11,7 @@ the nodes' selections (the daemons' top-k with `error_feedback = "residual"`). T
     bench/controllers/dense_worth.py [--dataset digits|fmnist] [--hidden 256] [--steps 600]
         [--seeds 1-4] [--density 0.005] [--momentum-correction]
         [--plan "dense:0-150,topk"] [--digits digits.npz] [--out r.json]
-        [--step-ms dense=24/90,topk=19 [--phase-s 4]]
+        [--step-ms dense=24/90,topk=19 [--phase-s 4] [--rate-changes alternating|once]]
     bench/controllers/dense_worth.py --reanalyse r.json[,r2.json] --step-ms dense=24/90,topk=19
 
 A plan is a comma list of segments, each `dense` or `topk` with an optional step range
@@ -24,8 +24,10 @@ dense run's final test accuracy less --target-margin-pp, as bench/controllers/re
 is worth in steps on this model (the step controller's `step_dense_worth` prices it at 1.3).
 With --step-ms, a time model as well: each kind's step
 time on a link that alternates between two rates every --phase-s seconds (`dense=24/90`: 24 ms
-in the first phase, 90 in the second; the box's small `oscillating` job at 500 / 50 Mbit/s),
-and each plan's seconds to the target under it (--reanalyse: from saved reports). Also, per
+in the first phase, 90 in the second; the box's small `oscillating` job at 500 / 50 Mbit/s;
+`--rate-changes once`: the second rate from --phase-s on, real.py's `up` and `down`), and each
+plan's seconds to the target under it, paired per seed against dense and top-k (the geometric
+mean and its 90 % interval, as real.py's) (--reanalyse: from saved reports). Also, per
 sampled step of the top-k run, the statistics a daemon could see online: ||e||^2 /
 ||g||^2 (its residual against the gradient), the share of ||g + e||^2 the selection kept, the
 share of ||g||^2 a top-k of g alone would keep, and (which a daemon sees only on a dense probe)
@@ -47,6 +49,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "convergence"))
+sys.path.insert(0, HERE)
+from real_metrics import paired_interval  # noqa: E402
 
 NODES, LOCAL = 2, 2
 SAMPLED = (2, 5, 10, 20, 50, 100, 200, 300, 400, 500)
@@ -224,38 +228,50 @@ def parse_step_ms(text):
     return costs
 
 
-def seconds_to(plan, steps, costs, phase_s):
+def seconds_to(plan, steps, costs, phase_s, once=False):
     """The wall time of a plan's first `steps` steps on a link whose rate alternates every
-    phase_s seconds (the first phase first), each step costing its kind's ms in the phase it
-    starts in; the hook's first 2 iterations are dense, as in train()."""
+    phase_s seconds (the first phase first; `once`: the second rate from phase_s to the end, as
+    real.py's `up` and `down`), each step costing its kind's ms in the phase it starts in; the
+    hook's first 2 iterations are dense, as in train()."""
     t = 0.0
     for step in range(steps):
         kind = "dense" if step < 2 else kind_at(plan, step)
         ms = costs.get(kind, costs["dense" if kind == "dense" else "topk"])
-        t += ms[int(t // phase_s) % 2] / 1000
+        t += ms[min(1, int(t // phase_s)) if once else int(t // phase_s) % 2] / 1000
     return t
 
 
-def time_table(report, costs, phase_s):
-    """Prints and returns {plan: per-seed seconds to the target} under --step-ms, with the
-    geometric mean of each seed's ratio to its dense run."""
+def paired_text(times, name, base):
+    """The paired ratio of plan `name` to plan `base` over the seeds both reached: the geometric
+    mean with its 90 % interval (real_metrics.paired_interval), as text."""
+    pairs = [a / b for a, b in zip(times[name], times[base]) if a is not None and b is not None]
+    if name == base or not pairs:
+        return "-"
+    iv = paired_interval(pairs)
+    geo = math.exp(sum(math.log(x) for x in pairs) / len(pairs))
+    return f"{geo:.3f} over {len(pairs)}" if iv is None else f"{iv[0]:.3f} [{iv[1]:.3f}-{iv[2]:.3f}] over {len(pairs)}"
+
+
+def time_table(report, costs, phase_s, once=False):
+    """Prints and returns {plan: per-seed seconds to the target} under --step-ms, with each seed's
+    ratio to its dense run and to its top-k run (paired_text)."""
     seeds = sorted(report["seeds"], key=int)
-    names = list(report["seeds"][seeds[0]]["runs"])
+    # The plans every seed ran (reports joined by --reanalyse may hold more on some seeds).
+    names = [n for n in report["seeds"][seeds[0]]["runs"] if all(n in report["seeds"][s]["runs"] for s in seeds)]
     times = {}
     for name in names:
         plan = [("dense", 0, None)] if name == "dense" else [("topk", 0, None)] if name == "topk" else parse_plan(name)
         times[name] = [None if (st := report["seeds"][s]["runs"][name]["steps_to_target"]) is None
-                       else seconds_to(plan, st, costs, phase_s) for s in seeds]
-    print(f"\nseconds to the target, the link alternating every {phase_s:g} s, step ms {costs}:\n"
-          "| plan | s to the target (seeds) | median | paired x dense (geometric mean) |\n| --- | --- | --- | --- |")
+                       else seconds_to(plan, st, costs, phase_s, once) for s in seeds]
+    link = f"the second rate from {phase_s:g} s on" if once else f"the link alternating every {phase_s:g} s"
+    print(f"\nseconds to the target, {link}, step ms {costs}:\n"
+          "| plan | s to the target (seeds) | median | paired x dense | paired x topk |\n| --- | --- | --- | --- | --- |")
     for name in names:
         t = times[name]
         known = [x for x in t if x is not None]
-        pairs = [a / b for a, b in zip(t, times["dense"]) if a is not None and b is not None]
-        geo = math.exp(sum(math.log(x) for x in pairs) / len(pairs)) if pairs else None
         print(f"| {name} | {', '.join('-' if x is None else f'{x:.2f}' for x in t)} | "
               f"{statistics.median(known):.2f} | " if known else f"| {name} | - | - | ", end="")
-        print(f"{geo:.3f} over {len(pairs)} |" if geo else "- |")
+        print(f"{paired_text(times, name, 'dense')} | {paired_text(times, name, 'topk')} |")
     return times
 
 
@@ -284,8 +300,11 @@ def main(argv):
     p.add_argument("--data-dir", help="fmnist: the directory of the IDX .gz files (default: Debian's "
                                       "dataset-fashion-mnist's)")
     p.add_argument("--step-ms", help="a time model, e.g. dense=24/90,topk=19: each kind's step in ms on a link "
-                   "alternating between two rates every --phase-s s (the first value's first); prints seconds to the target")
+                   "between two rates (--rate-changes; the first value's first); prints seconds to the target")
     p.add_argument("--phase-s", type=float, default=4.0)
+    p.add_argument("--rate-changes", choices=["alternating", "once"], default="alternating",
+                   help="the time model's link: the two rates alternate every --phase-s s, or the second "
+                        "holds from --phase-s s on (real.py's up and down)")
     p.add_argument("--reanalyse", help="FILE[,FILE...]: reports of this tool, their seeds joined: only the tables (no training)")
     p.add_argument("--out", help="JSON report")
     args = p.parse_args(argv)
@@ -303,7 +322,7 @@ def main(argv):
                 joined["seeds"][seed] = v
         if costs is None:
             raise SystemExit("--reanalyse needs --step-ms (the steps are in the reports' own tables)")
-        time_table(joined, costs, args.phase_s)
+        time_table(joined, costs, args.phase_s, args.rate_changes == "once")
         return 0
     if not 0 < args.density <= 1:
         raise SystemExit("--density must be in (0, 1]")
@@ -370,7 +389,7 @@ def main(argv):
             print(f"  {key}: {summary[key]:.3f}" if vals else f"  {key}: -")
     report["summary"] = summary
     if costs is not None:
-        report["seconds_to_target"] = time_table(report, costs, args.phase_s)
+        report["seconds_to_target"] = time_table(report, costs, args.phase_s, args.rate_changes == "once")
     report["wall_s"] = time.monotonic() - t0
     if args.out:
         with open(args.out, "w") as f:

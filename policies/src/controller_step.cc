@@ -83,6 +83,12 @@
 // v22: a ring whose record holds only its first steps (the warm-up's 3, or the trainer's hint)
 // and that lost the first answer by less than 1.25x is measured again step_hold_steps later, as a
 // trial: a job's first ring steps run slower than its later ones (docs/controllers.md, "Step v22").
+// v23: the mirror of v22: the first answer does not leave the sparse plan for the ring by less
+// than 1.25x on a sparse record of its first steps only (fewer than 8): it waits until the record
+// holds 8. A job's first sparse steps run slower than its later ones, too: two `steady` jobs at
+// 200 Mbit/s on the 2-core box went to the ring at step 7 on sparse records of 34 and 16.8 ms
+// (x1.6: 1.06x and 1.02x the ring's price) where top-k's steady steps took ~12 and ~10 ms, and
+// took 2.1x and 1.1x top-k's time to the target (docs/controllers.md, "Step v23").
 #include "controller_internal.h"
 
 #include <algorithm>
@@ -117,6 +123,7 @@ constexpr uint64_t kProbeSteps = 20;    // the start-up probe's longest run
 constexpr uint64_t kStartSteps = 3;     // the job's first steps: no record of their times
 // v22: a ring record of fewer steps than this is its first steps' only (the warm-up's, or the
 // trainer's hint); one that lost the first answer by less than kRingRetryWithin is measured again.
+// v23: so is a sparse record; the first answer does not leave it for a ring that wins by less.
 constexpr uint64_t kRingRetrySteps = 8;
 constexpr double kRingRetryWithin = 1.25;
 // Steps in a row off a link fit by 2x that make it restart: 3, so that the scheduling noise of a
@@ -232,7 +239,7 @@ struct Record {
 class StepController final : public Controller {
  public:
   ControllerKind kind() const override { return ControllerKind::kStep; }
-  uint32_t version() const override { return 22; }  // the vN of the notes in this file
+  uint32_t version() const override { return 23; }  // the vN of the notes in this file
 
   Status update(const ControlContext& ctx, ControlKnobs* knobs) override {
     const auto& s = ctx.settings;
@@ -368,7 +375,11 @@ class StepController final : public Controller {
     // rate change: between near-equal plans the noise of a loaded host flips the comparison of
     // records taken at different times (the real jobs went 0.004 -> 0.064 -> 0.256 -> 0.064 ...
     // and ring -> sparse -> ring ... on a steady link). Down (too slow) stays open.
-    const bool room = explore_ && !now.dense && (best.plan.dense || best.plan.density >= 4 * now.density);
+    const bool up = explore_ && !now.dense && (best.plan.dense || best.plan.density >= 4 * now.density);
+    // v23: not to the ring, by less than kRingRetryWithin, on the first steps of the sparse plan in
+    // force: its record waits for kRingRetrySteps of them (and the first answer stays open).
+    const bool young = up && best.plan.dense && sparse_record_young(in, best);
+    const bool room = up && !young;
     const int want = too_slow ? -1 : room ? 1 : 0;
     if (want != 0 && want == want_) {
       ++wanted_;
@@ -381,7 +392,7 @@ class StepController final : public Controller {
     // as a decision would (until a rate change). Without it the answer stayed open all job, and
     // a near tie that drifted (the sparse record rising a few % late in a steady job) took a
     // real `steady` job to the ring at step 471.
-    if (warm_up && !decided_ && explore_ && in.measured) {
+    if (warm_up && !decided_ && explore_ && in.measured && !young) {
       kept_ = want == 0 ? kept_ + 1 : 0;
       if (kept_ >= std::max<uint64_t>(s.step.confirm_steps, 1)) {
         explore_ = false;
@@ -979,6 +990,14 @@ class StepController final : public Controller {
     const Record* r = trusted_record({true, 1.0});
     return !retried_ && ring.plan.dense && ring.measured && r != nullptr && r->steps < kRingRetrySteps &&
            ring.price > in.price && ring.price <= in.price * kRingRetryWithin;
+  }
+
+  // v23: the sparse plan in force `in` is measured on fewer than kRingRetrySteps steps, and the
+  // ring beats its price by less than kRingRetryWithin.
+  bool sparse_record_young(const Candidate& in, const Candidate& ring) const {
+    const Record* r = trusted_record(in.plan);
+    return !in.plan.dense && in.measured && r != nullptr && r->steps < kRingRetrySteps && ring.price < in.price &&
+           ring.price * kRingRetryWithin > in.price;
   }
 
   // The dense steps a sparse one is worth in this job (v21: corrected by the trainer's hook or not).

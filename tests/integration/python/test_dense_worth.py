@@ -104,6 +104,26 @@ def test_the_time_model_charges_each_step_the_phase_it_starts_in():
     assert dense_worth.seconds_to(dense_worth.parse_plan("dense:0-2,topk2"), 3, costs, 4.0) == pytest.approx(0.067)
 
 
+def test_the_time_model_of_a_rate_that_changes_once_holds_the_second_rate_to_the_end():
+    costs = dense_worth.parse_step_ms("dense=24/90,topk=19")
+    dense = [("dense", 0, None)]
+    # Steps start at 0, 24, 48, 72, 96 ms (fast), 120 (slow) and 210 ms: alternating every 0.1 s
+    # the 7th is fast again, 24 ms; changing once it stays slow, 90 ms.
+    assert dense_worth.seconds_to(dense, 7, costs, 0.1) == pytest.approx(0.234)
+    assert dense_worth.seconds_to(dense, 7, costs, 0.1, once=True) == pytest.approx(0.300)
+
+
+def test_plans_are_paired_per_seed_over_the_seeds_both_reached():
+    times = {"dense": [2.0, 4.0, None], "topk": [1.0, 1.0, 1.0], "x": [1.0, 2.0, 3.0]}
+    # x over dense: 0.5 and 0.5 (the third seed has no dense time): no spread, a point interval.
+    assert dense_worth.paired_text(times, "x", "dense") == "0.500 [0.500-0.500] over 2"
+    assert dense_worth.paired_text({"a": [1.0, None], "b": [2.0, 1.0]}, "a", "b") == "0.500 over 1"
+    assert dense_worth.paired_text(times, "topk", "topk") == "-"
+    # x over topk: 1, 2, 3: geometric mean 6^(1/3) = 1.817, and an interval around it.
+    text = dense_worth.paired_text(times, "x", "topk")
+    assert text.startswith("1.817 [") and text.endswith("] over 3")
+
+
 @pytest.mark.parametrize("bad", ["dense=24", "topk=19", "dense=24,topk=x", "dense=0,topk=19", "dense=1/2/3,topk=1",
                                  "ring=3,dense=1,topk=1"])
 def test_bad_time_models_are_refused(bad):
