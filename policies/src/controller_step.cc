@@ -738,6 +738,7 @@ class StepController final : public Controller {
       Link& link = links_[link_index(l.from, l.to)];
       const double per_byte = l.seconds / static_cast<double>(l.bytes);
       link.probe_last = per_byte;
+      last_probe_ = {o.step, per_byte / implied};
       ring_per_byte_ = 0;  // v16: the probe is the newer word on a ring step's bytes
       const double base = link.probe_ref > 0 ? std::min(implied, link.probe_ref) : implied;
       const bool first_after_ring = link.after_ring && !link.probe_any;
@@ -1147,7 +1148,7 @@ class StepController final : public Controller {
                     r.seconds * 1e3);
       measured += buf;
     }
-    char ratio[224] = "";  // v13, v14, v15: what prices a ring without a record
+    char ratio[320] = "";  // v13, v14, v15: what prices a ring without a record; the last probe
     int at = 0;
     if (ring_ratio_ >= 0) at = std::snprintf(ratio, sizeof ratio, "; the ring %.3gx its model", ring_ratio_);
     if (ring_floor_ > 0) {
@@ -1159,10 +1160,14 @@ class StepController final : public Controller {
                           ring_probed_ * 1e3);
     }
     if (const double floor = probe_floor(ctx.settings.world_size); floor > 0 && at < static_cast<int>(sizeof ratio)) {
-      std::snprintf(ratio + at, sizeof ratio - static_cast<size_t>(at), "; the ring >= %.3g ms by %s",
-                    floor * 1e3, ring_per_byte_ > 0 ? "its own steps" : "the last probe");
+      at += std::snprintf(ratio + at, sizeof ratio - static_cast<size_t>(at), "; the ring >= %.3g ms by %s",
+                          floor * 1e3, ring_per_byte_ > 0 ? "its own steps" : "the last probe");
     }
-    char buf[768];
+    if (last_probe_.of_price > 0 && at < static_cast<int>(sizeof ratio)) {
+      std::snprintf(ratio + at, sizeof ratio - static_cast<size_t>(at), "; the probe of step %llu %.3gx the ring's price",
+                    static_cast<unsigned long long>(last_probe_.step), last_probe_.of_price);
+    }
+    char buf[896];
     std::snprintf(buf, sizeof buf,
                   "links: alpha %.3g ms, %.4g MB/s (slowest of %zu, %llu rate changes); per element: encode "
                   "%.3g ns%s, ring %.3g ns%s; decode %.3g ns/entry%s; trainer %.3g ms, overhead %.3g ms%s; measured: %s; "
@@ -1216,6 +1221,13 @@ class StepController final : public Controller {
   double ring_floor_ = 0;   // v13: no voided ring costs less after the link got slower
   double ring_per_byte_ = 0;  // v16: seconds per byte of the ring's quickest step since a probe (probe_floor)
   double ring_probed_ = 0;  // v14: the ring's step time as the link probe scaled it (0: none)
+  // The last probe sample seen: its step and its time per byte over what the ring's price then held
+  // (what describe() says, for the operator and the debug log; a rise needs 0.5x or less of that,
+  // or of the fastest probe since the ring's price was set: watch_probes).
+  struct {
+    uint64_t step = 0;
+    double of_price = 0;
+  } last_probe_;
   std::vector<Record> ring_peers_;  // v20: the sparse records as the ring was last measured
   uint64_t last_link_change_step_ = 0;
   uint64_t slowed_at_ = 0;  // v17: the step the plan in force's own steps voided the records, slower

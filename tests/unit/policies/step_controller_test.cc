@@ -1477,6 +1477,14 @@ TEST(StepController, ASlowFirstProbeIsNoReferenceForARise) {
   ASSERT_GT(plant.true_price(true, 1, rate200M), 1.3 * plant.true_price(false, 0.005, rate200M));
   EXPECT_EQ(decisions_in(r.run, 20, 300), 0u) << r.run.status.last_reason;
   EXPECT_TRUE(r.run.in_force[299 - 2].compression);
+  // The status says what the last probe (step 280, the last multiple of 20) read against the
+  // ring's price (a rise needs 0.5x or less; none was read on this steady link).
+  const std::string& m = r.run.status.step_model;
+  const size_t at = m.find("; the probe of step 280 ");
+  ASSERT_NE(at, std::string::npos) << m;
+  const double read = std::stod(m.substr(at + std::string("; the probe of step 280 ").size()));
+  EXPECT_GT(read, 0.5) << m;
+  EXPECT_NE(m.find("x the ring's price", at), std::string::npos) << m;
 }
 
 TEST(StepController, ARiseWhereTheRingStaysDearIsTriedOnceNotAfterEveryProbe) {
