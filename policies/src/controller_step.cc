@@ -88,7 +88,7 @@
 // holds 8. A job's first sparse steps run slower than its later ones, too: two `steady` jobs at
 // 200 Mbit/s on the 2-core box went to the ring at step 7 on sparse records of 34 and 16.8 ms
 // (x1.6: 1.06x and 1.02x the ring's price) where top-k's steady steps took ~12 and ~10 ms, and
-// took 2.1x and 1.1x top-k's time to the target (docs/controllers.md, "Step v23").
+// took 2.1x and 1.1x top-k's time to the target (docs/controllers.md, "`up`'s ceiling, and step v23").
 #include "controller_internal.h"
 
 #include <algorithm>
