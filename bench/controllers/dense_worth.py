@@ -247,9 +247,8 @@ def paired_text(times, name, base):
     pairs = [a / b for a, b in zip(times[name], times[base]) if a is not None and b is not None]
     if name == base or not pairs:
         return "-"
-    iv = paired_interval(pairs)
-    geo = math.exp(sum(math.log(x) for x in pairs) / len(pairs))
-    return f"{geo:.3f} over {len(pairs)}" if iv is None else f"{iv[0]:.3f} [{iv[1]:.3f}-{iv[2]:.3f}] over {len(pairs)}"
+    iv = paired_interval(pairs)  # None for one pair: that pair alone
+    return f"{pairs[0]:.3f} over 1" if iv is None else f"{iv[0]:.3f} [{iv[1]:.3f}-{iv[2]:.3f}] over {len(pairs)}"
 
 
 def time_table(report, costs, phase_s, once=False):

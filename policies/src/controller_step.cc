@@ -988,17 +988,20 @@ class StepController final : public Controller {
   // v22: `ring` (the last candidate) lost to the sparse plan in force `in` by less than
   // kRingRetryWithin on a record of its first steps only; once a job.
   bool ring_worth_retrying(const Candidate& ring, const Candidate& in) const {
-    const Record* r = trusted_record({true, 1.0});
-    return !retried_ && ring.plan.dense && ring.measured && r != nullptr && r->steps < kRingRetrySteps &&
-           ring.price > in.price && ring.price <= in.price * kRingRetryWithin;
+    return !retried_ && ring.plan.dense && ring.measured && lost_on_first_steps(ring, in);
+  }
+  // v22, v23: `loser`'s record holds its first steps only (fewer than kRingRetrySteps) and
+  // `winner` beats its price by less than kRingRetryWithin: that record may yet say otherwise.
+  bool lost_on_first_steps(const Candidate& loser, const Candidate& winner) const {
+    const Record* r = trusted_record(loser.plan);
+    return r != nullptr && r->steps < kRingRetrySteps && loser.price > winner.price &&
+           loser.price <= winner.price * kRingRetryWithin;
   }
 
   // v23: the sparse plan in force `in` is measured on fewer than kRingRetrySteps steps, and the
   // ring beats its price by less than kRingRetryWithin.
   bool sparse_record_young(const Candidate& in, const Candidate& ring) const {
-    const Record* r = trusted_record(in.plan);
-    return !in.plan.dense && in.measured && r != nullptr && r->steps < kRingRetrySteps && ring.price < in.price &&
-           ring.price * kRingRetryWithin > in.price;
+    return !in.plan.dense && in.measured && lost_on_first_steps(in, ring);
   }
 
   // The dense steps a sparse one is worth in this job (v21: corrected by the trainer's hook or not).
